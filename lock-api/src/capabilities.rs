@@ -1,0 +1,126 @@
+//! The facts of the decision matrix, as each backend declares them. The conformance
+//! suite checks every claim against what it observes.
+
+use std::fmt;
+
+/// Where fencing tokens come from, and so how far they can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FencingKind {
+    /// Ordered by a consensus log (etcd revision, ZooKeeper zxid): survives any minority
+    /// failure.
+    ConsensusOrdered,
+    /// A counter on one server: regresses if that server loses its data.
+    SingleNodeCounter,
+    /// A max-register written to a quorum of independent nodes: survives the loss of any
+    /// node that kept its memory, but may regress as soon as one node of the quorum that
+    /// recorded the last token restarts empty (a later quorum can then be formed without
+    /// any node that saw it).
+    QuorumRegister,
+    /// A durable, committed database sequence.
+    Sequence,
+    /// An in-process counter.
+    InProcess,
+    /// No fencing: tokens carry no ordering guarantee.
+    None,
+}
+
+/// What frees a lock whose holder went silent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExpiryKind {
+    /// A TTL counted down by the server's clock.
+    ServerTtl,
+    /// A lease timed by the consensus leader (etcd).
+    LeaderTimedLease,
+    /// The client's session stops heartbeating (ZooKeeper).
+    SessionHeartbeat,
+    /// The server ends the holder's connection or transaction (Postgres).
+    ConnectionTransaction,
+    /// A TTL on the local process's clock.
+    LocalClock,
+}
+
+/// How the lock state is replicated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Replication {
+    /// In one process's memory.
+    InProcess,
+    /// One server (replicas, if any, are asynchronous and not part of the protocol).
+    SingleNode,
+    /// A majority of independent servers that do not talk to each other (Redlock).
+    IndependentQuorum {
+        /// Number of servers.
+        nodes: usize,
+    },
+    /// A consensus group (Raft, Zab).
+    Consensus {
+        /// Number of voting members, when known.
+        members: usize,
+    },
+}
+
+/// How a waiter learns that the lock became free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitKind {
+    /// The backend pushes a signal (pub/sub, watch, server lock queue).
+    Push,
+    /// The client polls with backoff.
+    Poll,
+}
+
+/// The order in which waiters get the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fairness {
+    /// First come, first served.
+    Fifo,
+    /// No order is promised.
+    None,
+}
+
+/// A backend's declared guarantees: the columns of the decision matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// Short backend name (`"memory"`, `"redis"`, `"redlock"`, `"etcd"`, `"zk"`,
+    /// `"postgres"`).
+    pub backend: &'static str,
+    /// Where fencing tokens come from.
+    pub fencing: FencingKind,
+    /// What frees a silent holder's lock.
+    pub expiry: ExpiryKind,
+    /// How state is replicated.
+    pub replication: Replication,
+    /// How waiters are woken.
+    pub wait: WaitKind,
+    /// The order waiters are served in.
+    pub fairness: Fairness,
+    /// Server failures this configuration survives without losing safety or liveness.
+    pub failures_tolerated: usize,
+    /// Whether mutual exclusion depends on clocks (bounded drift, no jumps, bounded pauses).
+    pub clock_dependent: bool,
+}
+
+impl fmt::Display for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: fencing {:?}, expiry {:?}, replication {:?}, wait {:?}, fairness {:?}, \
+             tolerates {} failure(s), {}",
+            self.backend,
+            self.fencing,
+            self.expiry,
+            self.replication,
+            self.wait,
+            self.fairness,
+            self.failures_tolerated,
+            if self.clock_dependent {
+                "clock-dependent"
+            } else {
+                "clock-independent"
+            }
+        )
+    }
+}

@@ -1,0 +1,220 @@
+//! What a successful acquire hands back: a [`Lease`] with its [`FencingToken`].
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::{LockError, LockKey};
+
+/// A number that strictly increases with every grant of the same key, across release,
+/// expiry and client crashes. Pass it to the resource you protect and have the resource
+/// reject any write carrying a token lower than the highest it has seen: that is what
+/// keeps a paused or partitioned former holder from doing damage.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The raw value.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Who holds a lease: 128 random bits from the OS CSPRNG, fresh for every acquire call
+/// and reused by that call's retries, so a retry after a lost reply is recognised as ours.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(pub [u8; 16]);
+
+impl OwnerId {
+    /// A new random owner id.
+    ///
+    /// # Panics
+    /// Never in practice: if the OS random source fails, it falls back to `rand`'s
+    /// thread-local generator (itself seeded from the OS).
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            bytes = rand::random();
+        }
+        Self(bytes)
+    }
+
+    /// Parses the 32-character lowercase hex form produced by `Display`.
+    pub fn parse(text: &str) -> Result<Self, LockError> {
+        let bad = || LockError::backend(format!("malformed owner id {text:?}"));
+        if text.len() != 32 || !text.is_ascii() {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Self(bytes))
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({self})")
+    }
+}
+
+/// Small backend-specific data a lease carries, so `Lease` stays plain data: the etcd
+/// lease id and key revision, the ZooKeeper node path, the Postgres slot, and so on.
+/// Backends define what each field means for them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseHandle {
+    /// A backend path or key name (ZooKeeper node path, etcd key).
+    pub path: String,
+    /// A backend id (etcd lease id, Postgres slot).
+    pub id: i64,
+    /// A backend revision (etcd create revision).
+    pub revision: i64,
+}
+
+/// A held lock: plain data that identifies the grant. Pass it back to
+/// [`crate::DistributedLock::extend`] and [`crate::DistributedLock::release`].
+///
+/// The deadline is conservative: it counts from the moment the acquire request was
+/// *sent* (not when the reply arrived) and subtracts an allowance for clock drift, so
+/// while `valid_until` has not passed on the local clock the server still considers
+/// the lock ours (under the backend's timing assumptions).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    key: LockKey,
+    owner: OwnerId,
+    token: FencingToken,
+    acquired_at: Instant,
+    valid_until: Instant,
+    ttl: Duration,
+    handle: LeaseHandle,
+}
+
+impl Lease {
+    /// Builds a lease granted with `ttl` by a request sent at `sent_at`; the deadline is
+    /// `sent_at + ttl - drift`.
+    pub fn new(
+        key: LockKey,
+        owner: OwnerId,
+        token: FencingToken,
+        sent_at: Instant,
+        ttl: Duration,
+        drift: Duration,
+    ) -> Self {
+        Self {
+            key,
+            owner,
+            token,
+            acquired_at: sent_at,
+            valid_until: deadline(sent_at, ttl, drift),
+            ttl,
+            handle: LeaseHandle::default(),
+        }
+    }
+
+    /// Attaches backend data.
+    pub fn with_handle(mut self, handle: LeaseHandle) -> Self {
+        self.handle = handle;
+        self
+    }
+
+    /// Records a successful extension whose request was sent at `sent_at`.
+    pub fn renewed(&mut self, sent_at: Instant, ttl: Duration, drift: Duration) {
+        self.valid_until = deadline(sent_at, ttl, drift);
+        self.ttl = ttl;
+    }
+
+    /// Moves the local deadline `by` earlier (never before [`acquired_at`](Self::acquired_at)):
+    /// an extra allowance for clock drift or pauses, applied by wrappers.
+    pub fn tighten(&mut self, by: Duration) {
+        self.valid_until = self
+            .valid_until
+            .checked_sub(by)
+            .map_or(self.acquired_at, |at| at.max(self.acquired_at));
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The owner id this grant was made to.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// The fencing token of this grant.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// When the acquire request was sent (local monotonic clock).
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The local deadline after which the lease must be presumed lost.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The TTL of the last grant or extension.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Time left before `valid_until`, as seen at `now`.
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.valid_until.saturating_duration_since(now)
+    }
+
+    /// Backend data.
+    pub fn handle(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+/// `sent_at + ttl - drift`, never earlier than `sent_at`.
+pub fn deadline(sent_at: Instant, ttl: Duration, drift: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(drift)
+}
+
+/// The default clock-drift allowance for a TTL: 1 % of it plus 2 ms (the Redlock paper's
+/// rule), used by backends whose expiry runs on another machine's clock.
+pub fn default_drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// What [`crate::DistributedLock::release`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lock was ours and is now free.
+    Released,
+    /// The lock was no longer ours (expired, or taken over): nothing was deleted.
+    NotHeld,
+}
+
+/// Who holds a key now, for inspection and monitoring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The holder's owner id.
+    pub owner: OwnerId,
+    /// The holder's fencing token, where the backend can tell it.
+    pub token: Option<FencingToken>,
+    /// Time left before the server frees the lock, where it has a TTL.
+    pub remaining: Option<Duration>,
+}

@@ -1,0 +1,55 @@
+//! # tenure-api
+//!
+//! The contract every tenure backend implements: [`DistributedLock`] (lease, extend,
+//! release, inspect) with a [`FencingToken`] on every grant, the renewing [`LockGuard`]
+//! that reports loss instead of hiding it, and [`MemoryLock`], the in-process backend.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tenure_api::{AcquireOptions, DistributedLock, LockExt, LockKey, MemoryLock};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tenure_api::LockError> {
+//! let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+//! let key = LockKey::new("billing/invoice-run")?;
+//! let opts = AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+//!
+//! let total = lock
+//!     .with_lock(&key, &opts, |fence, _lost| async move {
+//!         // Send `fence` with every write so the store can reject stale holders.
+//!         fence.get() * 10
+//!     })
+//!     .await?;
+//! assert!(total >= 10);
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod admin;
+mod capabilities;
+mod clock;
+mod error;
+mod guard;
+mod key;
+mod lease;
+mod lock;
+mod memory;
+mod options;
+pub mod urls;
+
+pub use admin::{Finding, LockAdmin, Problem};
+pub use async_trait::async_trait;
+pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{BoxError, LockError};
+pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal};
+pub use key::LockKey;
+pub use lease::{
+    deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseHandle, OwnerId, ReleaseOutcome,
+};
+pub use lock::{poll_acquire, DistributedLock};
+pub use memory::MemoryLock;
+pub use options::{validate_ttl, AcquireOptions, Backoff, MAX_TTL, MIN_TTL};

@@ -1,0 +1,142 @@
+//! The [`DistributedLock`] trait and the bounded polling loop shared by polling backends.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    AcquireOptions, Capabilities, Clock, HolderInfo, Lease, LockError, LockKey, ReleaseOutcome,
+};
+
+/// A lock service: leases with a TTL, extension, and a fencing token per grant.
+///
+/// Object-safe, so the backend can be chosen at run time:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tenure_api::{DistributedLock, LockKey, MemoryLock};
+///
+/// # tokio_test_block_on(async {
+/// let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+/// let key = LockKey::new("reports/daily")?;
+/// let lease = lock.try_acquire(&key, Duration::from_secs(10)).await?.expect("free");
+/// assert!(lock.try_acquire(&key, Duration::from_secs(10)).await?.is_none());
+/// lock.release(lease).await?;
+/// # Ok::<(), tenure_api::LockError>(())
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+///
+/// Implementations convert their client errors into [`LockError`] and keep those client
+/// types private. Every method is a single bounded operation: none retries forever.
+#[async_trait]
+pub trait DistributedLock: Send + Sync + Debug {
+    /// One attempt to take `key` for `ttl`. `Ok(None)`: someone else holds it. Never waits.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave a grant on the server that nobody holds a [`Lease`]
+    /// for; it is freed by the TTL (or session/connection end) at the latest. Backends
+    /// document where they do better.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError>;
+
+    /// Waits up to `opts.wait` for `key`, woken by the backend's push signal where it has
+    /// one. [`LockError::Timeout`] when the wait ends with the lock still held elsewhere.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire); a dropped wait leaves no waiter behind.
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError>;
+
+    /// Pushes the lease's deadline to now + `ttl`. [`LockError::LeaseLost`] if the lock is
+    /// no longer ours — it never re-acquires.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves `lease` as it was; the server may or may not have
+    /// applied the extension, which only ever lengthens our own grant.
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError>;
+
+    /// Releases the lock if it is still ours; never deletes another owner's lock.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the lock held until its TTL expires.
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError>;
+
+    /// Who holds `key` now (owner, token, remaining time), or `None` if it is free.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError>;
+
+    /// The guarantees this backend, in this configuration, declares.
+    fn capabilities(&self) -> Capabilities;
+}
+
+#[async_trait]
+impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        (**self).try_acquire(key, ttl).await
+    }
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        (**self).acquire(key, opts).await
+    }
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        (**self).extend(lease, ttl).await
+    }
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        (**self).release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        (**self).inspect(key).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+}
+
+/// The bounded retry loop for backends without a push signal (and for waiting out
+/// transient errors): calls `attempt` until it yields a lease, sleeping per
+/// `opts.backoff` in between, for at most `opts.wait`.
+///
+/// Retryable errors ([`LockError::is_retryable`]) are retried within the bound; if the
+/// last attempt failed with one, that error is returned instead of
+/// [`LockError::Timeout`], so "backend down" is never reported as "held". Other errors
+/// end the loop at once.
+///
+/// # Cancel safety
+/// As cancel-safe as one `attempt`.
+pub async fn poll_acquire<F, Fut>(
+    clock: &dyn Clock,
+    opts: &AcquireOptions,
+    mut attempt: F,
+) -> Result<Lease, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<Lease>, LockError>>,
+{
+    opts.validate()?;
+    let started = clock.now();
+    let deadline = started + opts.wait;
+    let mut tries = 0u32;
+    loop {
+        let last_error = match attempt().await {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => None,
+            Err(e) if e.is_retryable() => Some(e),
+            Err(e) => return Err(e),
+        };
+        let now = clock.now();
+        if now >= deadline {
+            return Err(last_error.unwrap_or(LockError::Timeout {
+                waited: now - started,
+            }));
+        }
+        let pause = opts.backoff.delay(tries).min(deadline - now);
+        tries = tries.saturating_add(1);
+        clock.sleep_until(now + pause).await;
+    }
+}

@@ -1,0 +1,335 @@
+//! [`MemoryLock`]: the complete in-process backend, and the suite's reference.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::{
+    validate_ttl, AcquireOptions, Capabilities, Clock, DistributedLock, ExpiryKind, Fairness,
+    FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome,
+    Replication, SystemClock, WaitKind,
+};
+
+/// Locks in this process's memory: TTL expiry on an injectable [`Clock`], fencing tokens
+/// from one counter (strictly increasing per key and overall), FIFO waiters woken by push
+/// (no polling), owner checks on extend and release.
+///
+/// Clones share state. Use it as the embedded default for tasks of one process, in
+/// examples, and as the reference the conformance suite is checked against.
+#[derive(Clone)]
+pub struct MemoryLock {
+    clock: Arc<dyn Clock>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    keys: HashMap<LockKey, Entry>,
+    last_token: u64,
+    last_waiter: u64,
+    ops_since_sweep: u32,
+}
+
+#[derive(Default)]
+struct Entry {
+    holder: Option<Holder>,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Holder {
+    owner: OwnerId,
+    token: FencingToken,
+    expires_at: Instant,
+}
+
+impl Holder {
+    fn info(&self, now: Instant) -> HolderInfo {
+        HolderInfo {
+            owner: self.owner,
+            token: Some(self.token),
+            remaining: Some(self.expires_at.saturating_duration_since(now)),
+        }
+    }
+}
+
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+impl Entry {
+    fn expire(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.holder = None;
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty()
+    }
+
+    fn wake_head(&self) {
+        if let Some(head) = self.waiters.front() {
+            head.wake.notify_one();
+        }
+    }
+
+    fn holds(&self, lease: &Lease, now: Instant) -> bool {
+        self.holder.as_ref().is_some_and(|h| {
+            h.owner == lease.owner() && h.token == lease.token() && h.expires_at > now
+        })
+    }
+}
+
+const SWEEP_EVERY: u32 = 1024;
+
+impl State {
+    /// The entry for `key`, with an expired holder already cleared.
+    fn entry(&mut self, key: &LockKey, now: Instant) -> &mut Entry {
+        self.ops_since_sweep += 1;
+        if self.ops_since_sweep >= SWEEP_EVERY {
+            self.ops_since_sweep = 0;
+            self.keys.retain(|_, entry| {
+                entry.expire(now);
+                !entry.is_idle()
+            });
+        }
+        let entry = self.keys.entry(key.clone()).or_default();
+        entry.expire(now);
+        entry
+    }
+
+    fn forget_if_idle(&mut self, key: &LockKey) {
+        if self.keys.get(key).is_some_and(Entry::is_idle) {
+            self.keys.remove(key);
+        }
+    }
+
+    fn grant(&mut self, key: &LockKey, ttl: Duration, now: Instant) -> Lease {
+        self.last_token += 1;
+        let token = FencingToken(self.last_token);
+        let owner = OwnerId::random();
+        self.keys.entry(key.clone()).or_default().holder = Some(Holder {
+            owner,
+            token,
+            expires_at: now + ttl,
+        });
+        Lease::new(key.clone(), owner, token, now, ttl, Duration::ZERO)
+    }
+}
+
+/// A queued waiter; dropping it (timeout, cancelled future) leaves the queue and hands
+/// the turn to the next waiter, so no ghost waiter blocks the key.
+struct QueueSlot<'a> {
+    lock: &'a MemoryLock,
+    key: &'a LockKey,
+    id: u64,
+    wake: Arc<Notify>,
+    queued: bool,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        if !self.queued {
+            return;
+        }
+        let mut state = self.lock.state();
+        if let Some(entry) = state.keys.get_mut(self.key) {
+            let was_head = entry.waiters.front().is_some_and(|w| w.id == self.id);
+            entry.waiters.retain(|w| w.id != self.id);
+            if was_head && entry.holder.is_none() {
+                entry.wake_head();
+            }
+        }
+        state.forget_if_idle(self.key);
+    }
+}
+
+impl MemoryLock {
+    /// A lock service timed by the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// A lock service timed by `clock` (e.g. a [`crate::ManualClock`] in tests).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Arc::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live holders of keys starting with `prefix`, sorted by key (for
+    /// [`crate::LockAdmin`]).
+    pub(crate) fn holders_with_prefix(&self, prefix: &str) -> Vec<(LockKey, HolderInfo)> {
+        let state = self.state();
+        let now = self.clock.now();
+        let mut holders: Vec<(LockKey, HolderInfo)> = state
+            .keys
+            .iter()
+            .filter(|(key, _)| key.as_str().starts_with(prefix))
+            .filter_map(|(key, entry)| {
+                let holder = entry.holder.as_ref().filter(|h| h.expires_at > now)?;
+                Some((key.clone(), holder.info(now)))
+            })
+            .collect();
+        holders.sort_by(|a, b| a.0.cmp(&b.0));
+        holders
+    }
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("MemoryLock")
+            .field("keys", &state.keys.len())
+            .field("last_token", &state.last_token)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    /// # Cancel safety
+    /// Cancel-safe: the grant happens within a single poll.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate_ttl(ttl)?;
+        let mut state = self.state();
+        let now = self.clock.now();
+        let lease = state
+            .entry(key, now)
+            .is_idle()
+            .then(|| state.grant(key, ttl, now));
+        state.forget_if_idle(key);
+        Ok(lease)
+    }
+
+    /// # Cancel safety
+    /// Cancel-safe: a dropped wait leaves the queue; the grant happens within one poll.
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let started = self.clock.now();
+        let deadline = started + opts.wait;
+        let mut slot = QueueSlot {
+            lock: self,
+            key,
+            id: 0,
+            wake: Arc::new(Notify::new()),
+            queued: false,
+        };
+        loop {
+            let wake_at = {
+                let mut state = self.state();
+                let now = self.clock.now();
+                let entry = state.entry(key, now);
+                let our_turn = match entry.waiters.front() {
+                    None => !slot.queued,
+                    Some(head) => slot.queued && head.id == slot.id,
+                };
+                if our_turn && entry.holder.is_none() {
+                    if slot.queued {
+                        entry.waiters.pop_front();
+                        slot.queued = false;
+                    }
+                    return Ok(state.grant(key, opts.ttl, now));
+                }
+                if now >= deadline {
+                    drop(state);
+                    return Err(LockError::Timeout {
+                        waited: now - started,
+                    });
+                }
+                let expires_at = entry.holder.as_ref().map(|h| h.expires_at);
+                if !slot.queued {
+                    state.last_waiter += 1;
+                    slot.id = state.last_waiter;
+                    slot.queued = true;
+                    let waiter = Waiter {
+                        id: slot.id,
+                        wake: slot.wake.clone(),
+                    };
+                    state.entry(key, now).waiters.push_back(waiter);
+                }
+                expires_at.map_or(deadline, |at| at.min(deadline))
+            };
+            tokio::select! {
+                _ = slot.wake.notified() => {}
+                _ = self.clock.sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    /// # Cancel safety
+    /// Cancel-safe: the extension happens within a single poll.
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        validate_ttl(ttl)?;
+        let mut state = self.state();
+        let now = self.clock.now();
+        let entry = state.entry(lease.key(), now);
+        if !entry.holds(lease, now) {
+            state.forget_if_idle(lease.key());
+            return Err(LockError::lost(format!(
+                "`{}` is no longer held by {}",
+                lease.key(),
+                lease.owner()
+            )));
+        }
+        if let Some(holder) = entry.holder.as_mut() {
+            holder.expires_at = now + ttl;
+        }
+        lease.renewed(now, ttl, Duration::ZERO);
+        Ok(())
+    }
+
+    /// # Cancel safety
+    /// Cancel-safe: the release happens within a single poll.
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        let mut state = self.state();
+        let now = self.clock.now();
+        let entry = state.entry(lease.key(), now);
+        let outcome = if entry.holds(&lease, now) {
+            entry.holder = None;
+            entry.wake_head();
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        };
+        state.forget_if_idle(lease.key());
+        Ok(outcome)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        let mut state = self.state();
+        let now = self.clock.now();
+        let info = state.entry(key, now).holder.as_ref().map(|h| h.info(now));
+        state.forget_if_idle(key);
+        Ok(info)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "memory",
+            fencing: FencingKind::InProcess,
+            expiry: ExpiryKind::LocalClock,
+            replication: Replication::InProcess,
+            wait: WaitKind::Push,
+            fairness: Fairness::Fifo,
+            failures_tolerated: 0,
+            clock_dependent: false,
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! How long to hold, how long to wait, and how to back off while waiting.
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// The shortest TTL accepted.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// The longest TTL accepted (one week): longer leases are almost always a bug.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Checks a TTL is within [`MIN_TTL`]..=[`MAX_TTL`]; otherwise [`LockError::InvalidInput`].
+pub fn validate_ttl(ttl: Duration) -> Result<Duration, LockError> {
+    if (MIN_TTL..=MAX_TTL).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(LockError::InvalidInput(format!(
+            "ttl {ttl:?} is outside the accepted range {MIN_TTL:?}..={MAX_TTL:?}"
+        )))
+    }
+}
+
+/// Options for [`crate::DistributedLock::acquire`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure_api::AcquireOptions;
+/// let opts = AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+/// assert_eq!(opts.ttl, Duration::from_secs(30));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct AcquireOptions {
+    /// How long the lease lasts unless extended.
+    pub ttl: Duration,
+    /// How long to wait for a held lock before giving up with [`LockError::Timeout`].
+    /// `Duration::ZERO` makes one attempt.
+    pub wait: Duration,
+    /// Retry pacing for backends that poll (and for retries after transient errors).
+    pub backoff: Backoff,
+}
+
+impl AcquireOptions {
+    /// Options with the given TTL, a wait of 10 s, and the default backoff.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            wait: Duration::from_secs(10),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Sets the wait bound.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the backoff.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Checks the TTL (see [`validate_ttl`]).
+    pub fn validate(&self) -> Result<(), LockError> {
+        validate_ttl(self.ttl).map(|_| ())
+    }
+}
+
+impl Default for AcquireOptions {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(30))
+    }
+}
+
+/// Exponential backoff with jitter: attempt `n` waits a random time in
+/// `[d·(1−jitter), d]` where `d = min(initial·2ⁿ, max)`. Random delays keep competing
+/// clients from retrying in lock-step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Backoff {
+    /// Delay before the first retry.
+    pub initial: Duration,
+    /// Upper bound of a delay.
+    pub max: Duration,
+    /// Fraction of each delay that is randomised, in `0.0..=1.0`.
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(200),
+            jitter: 0.5,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(20));
+        let base = self.initial.saturating_mul(factor).min(self.max);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        let keep = 1.0 - jitter * rand::random::<f64>();
+        base.mul_f64(keep)
+    }
+}
