@@ -1,0 +1,143 @@
+//! A wall-clock shift for one server process, by `LD_PRELOAD`.
+//!
+//! libfaketime hangs Debian's jemalloc `redis-server`, so this crate ships its own tiny shim
+//! (`shim/clockshift.c`): it overrides `clock_gettime` for `CLOCK_REALTIME` and
+//! `CLOCK_REALTIME_COARSE`, `gettimeofday` and `time`, reading the real time with raw
+//! syscalls and adding an offset in milliseconds read from the file named by
+//! [`OFFSET_FILE_ENV`] (re-read at most every 10 ms; a missing file means no shift). Other
+//! clocks (notably `CLOCK_MONOTONIC`) are untouched.
+//!
+//! It only works for programs that read the clock through libc: Go programs (etcd) and the
+//! JVM (ZooKeeper) bypass it, so clock faults are "not injectable" for them.
+//!
+//! [`ClockShim::build`] compiles the shim once per process with the system `cc` into
+//! `$TMPDIR/tenure-clockshift-<uid>/`, named by a hash of the source.
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::servers::{Result, ServerError};
+
+/// The C source of the shim.
+pub const SOURCE: &str = include_str!("../shim/clockshift.c");
+
+/// The environment variable naming the offset file read by the shim.
+pub const OFFSET_FILE_ENV: &str = "TENURE_CLOCK_OFFSET_FILE";
+
+/// The compiled shim, cached for the life of the process.
+static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// A compiled clock shim (`.so`), ready for `LD_PRELOAD`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClockShim {
+    path: PathBuf,
+}
+
+impl ClockShim {
+    /// Compile the shim (once per process; concurrent callers wait for one build) and
+    /// return it. Blocks for the compiler (~0.1 s); call it from `spawn_blocking` in async
+    /// code. Fails with [`ServerError::MissingBinary`] when `cc` is not installed.
+    pub fn build() -> Result<ClockShim> {
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(path) = built.as_ref().filter(|p| p.is_file()) {
+            return Ok(ClockShim { path: path.clone() });
+        }
+        let path = compile()?;
+        *built = Some(path.clone());
+        Ok(ClockShim { path })
+    }
+
+    /// Path of the shared object.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The environment a process needs to run under the shim, reading its offset from
+    /// `offset_file`: `LD_PRELOAD` and [`OFFSET_FILE_ENV`].
+    pub fn env(&self, offset_file: &Path) -> [(OsString, OsString); 2] {
+        [
+            ("LD_PRELOAD".into(), self.path.clone().into_os_string()),
+            (OFFSET_FILE_ENV.into(), offset_file.as_os_str().to_owned()),
+        ]
+    }
+}
+
+/// Atomically set the offset (milliseconds, may be negative) read by the shim from
+/// `offset_file`: write a temporary file next to it, then rename. Processes under the shim
+/// see the new offset within about 10 ms.
+pub fn write_offset(offset_file: &Path, offset_ms: i64) -> std::io::Result<()> {
+    let dir = offset_file.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    writeln!(tmp, "{offset_ms}")?;
+    tmp.persist(offset_file).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// FNV-1a, so that the cached file name depends only on the source.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A cache directory only we can write to.
+fn cache_dir() -> Result<PathBuf> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("tenure-clockshift-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(ServerError::ShimBuild {
+            detail: format!(
+                "{} is not a directory owned by uid {uid} and writable only by it; \
+                 remove it and retry",
+                dir.display()
+            ),
+        });
+    }
+    Ok(dir)
+}
+
+fn compile() -> Result<PathBuf> {
+    let cc = crate::servers::find_binary("cc", &[], "apt-get install -y gcc")?;
+    let dir = cache_dir()?;
+    let so = dir.join(format!("clockshift-{:016x}.so", fnv1a(SOURCE.as_bytes())));
+    if so.is_file() {
+        return Ok(so);
+    }
+    let src = dir.join(format!("clockshift-{}.c", std::process::id()));
+    std::fs::write(&src, SOURCE)?;
+    // Compile to a private name, then rename: concurrent builders (other test processes)
+    // never see a half-written file.
+    let tmp = tempfile::Builder::new()
+        .prefix("clockshift-")
+        .suffix(".so.tmp")
+        .tempfile_in(&dir)?
+        .into_temp_path();
+    let out = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .output();
+    let _ = std::fs::remove_file(&src);
+    let out = out?;
+    if !out.status.success() {
+        return Err(ServerError::ShimBuild {
+            detail: format!(
+                "{} exited with {}: {}",
+                cc.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    tmp.persist(&so).map_err(|e| e.error)?;
+    Ok(so)
+}

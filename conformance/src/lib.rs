@@ -1,0 +1,29 @@
+//! Conformance tooling for tenure lock backends: real servers on loopback ports, a TCP
+//! fault proxy, a clock shim for redis-server, the shared scenario suite, and a history
+//! checker that turns what clients observed into verdicts.
+//!
+//! A backend runs the whole suite from its `tests/conformance.rs`
+//! (`harness = false`):
+//!
+//! ```no_run
+//! use tenure_conformance::{runner, MemoryHarness};
+//! fn main() {
+//!     runner::run_suite(|| async { Ok(MemoryHarness::new()) }).exit();
+//! }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod clock_shim;
+pub mod harness;
+pub mod history;
+pub mod proxy;
+pub mod runner;
+pub mod servers;
+pub mod suite;
+
+pub use harness::{
+    retrying, ConnectFn, CuttableClient, Harness, Link, Links, MemoryHarness, UrlHarness,
+};
+pub use history::{FencedRegister, History, Report};
+pub use suite::{scenarios, Ctx, Failure, Outcome, Requirement, Scenario};

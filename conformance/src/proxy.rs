@@ -1,0 +1,313 @@
+//! A TCP fault proxy: listens on a loopback port, forwards to one target, and can be
+//! switched at run time to black-hole, reset or delay traffic — on existing connections as
+//! well as new ones.
+//!
+//! ```no_run
+//! # async fn demo(target: std::net::SocketAddr) -> std::io::Result<()> {
+//! use std::time::Duration;
+//! use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+//!
+//! let proxy = FaultProxy::start(target).await?;
+//! // Point the client under test at proxy.addr(), then:
+//! proxy.set_mode(ProxyMode::Blackhole);
+//! proxy.set_mode(ProxyMode::Delay { up: Duration::from_millis(200), down: Duration::ZERO });
+//! proxy.set_mode(ProxyMode::Pass);
+//! assert!(proxy.stats().accepted > 0);
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What the proxy does with traffic. Switching modes affects existing connections and new
+/// ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProxyMode {
+    /// Forward everything.
+    #[default]
+    Pass,
+    /// Accept connections and keep both sockets open, but forward nothing in either
+    /// direction: bytes read while black-holed (or still queued when the mode switched) are
+    /// dropped, never delivered. Clients see timeouts, not errors.
+    Blackhole,
+    /// Close existing connections with a TCP RST (zero linger) and reset new ones as soon as
+    /// they are accepted, until the mode changes.
+    Reset,
+    /// Forward, but hold each chunk for a fixed time per direction. `up` is client→server,
+    /// `down` is server→client. The delay applies to bytes read after the switch.
+    Delay {
+        /// Client→server delay.
+        up: Duration,
+        /// Server→client delay.
+        down: Duration,
+    },
+}
+
+/// Counters that show a fault fired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyStats {
+    /// Client connections accepted.
+    pub accepted: u64,
+    /// Connections currently open through the proxy.
+    pub active: u64,
+    /// Connections closed with RST because of [`ProxyMode::Reset`] (existing and new).
+    pub resets: u64,
+    /// Connections dropped because the target could not be reached.
+    pub connect_failures: u64,
+    /// Bytes delivered client→server.
+    pub bytes_up: u64,
+    /// Bytes delivered server→client.
+    pub bytes_down: u64,
+    /// Bytes read in either direction and dropped because of [`ProxyMode::Blackhole`].
+    pub bytes_blackholed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    accepted: AtomicU64,
+    active: AtomicU64,
+    resets: AtomicU64,
+    connect_failures: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+    bytes_blackholed: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    target: SocketAddr,
+    mode: watch::Sender<ProxyMode>,
+    counters: Counters,
+}
+
+/// A TCP proxy in front of one target, with switchable faults. Its tasks stop when it is
+/// dropped (open connections are then closed).
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
+
+impl FaultProxy {
+    /// Listen on `127.0.0.1:0` and forward to `target`, starting in [`ProxyMode::Pass`].
+    /// Must be called within a tokio runtime; the target need not be up yet.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is spawned until the listener is bound.
+    pub async fn start(target: SocketAddr) -> io::Result<FaultProxy> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            target,
+            mode: watch::Sender::new(ProxyMode::Pass),
+            counters: Counters::default(),
+        });
+        let cancel = CancellationToken::new();
+        tokio::spawn(accept_loop(listener, shared.clone(), cancel.clone()));
+        Ok(FaultProxy {
+            addr,
+            shared,
+            cancel,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address traffic is forwarded to.
+    pub fn target(&self) -> SocketAddr {
+        self.shared.target
+    }
+
+    /// Switch mode; takes effect on existing and new connections.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        self.shared.mode.send_replace(mode);
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ProxyMode {
+        *self.shared.mode.borrow()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ProxyStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProxyStats {
+            accepted: get(&c.accepted),
+            active: get(&c.active),
+            resets: get(&c.resets),
+            connect_failures: get(&c.connect_failures),
+            bytes_up: get(&c.bytes_up),
+            bytes_down: get(&c.bytes_down),
+            bytes_blackholed: get(&c.bytes_blackholed),
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cancel: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        let client = match accepted {
+            Ok((client, _)) => client,
+            Err(e) => {
+                tracing::debug!(error = %e, "fault proxy accept failed");
+                // Avoid a hot loop on e.g. EMFILE.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        if *shared.mode.borrow() == ProxyMode::Reset {
+            reset(&client);
+            shared.counters.resets.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        tokio::spawn(connection(client, shared.clone(), cancel.child_token()));
+    }
+}
+
+/// Arrange for the socket to be closed with RST when dropped.
+fn reset(s: &TcpStream) {
+    let _ = s.set_zero_linger();
+}
+
+struct ActiveGuard<'a>(&'a Counters);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn connection(mut client: TcpStream, shared: Arc<Shared>, cancel: CancellationToken) {
+    let c = &shared.counters;
+    c.active.fetch_add(1, Ordering::Relaxed);
+    let _active = ActiveGuard(c);
+    let connect = tokio::select! {
+        _ = cancel.cancelled() => return,
+        r = TcpStream::connect(shared.target) => r,
+    };
+    let mut server = match connect {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(target = %shared.target, error = %e, "fault proxy cannot reach target");
+            c.connect_failures.fetch_add(1, Ordering::Relaxed);
+            reset(&client);
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let mut mode_rx = shared.mode.subscribe();
+    let was_reset = {
+        let (cr, cw) = client.split();
+        let (sr, sw) = server.split();
+        let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, c);
+        let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, c);
+        let both = futures::future::try_join(up, down);
+        tokio::select! {
+            _ = cancel.cancelled() => false,
+            _ = both => false,
+            _ = mode_rx.wait_for(|m| *m == ProxyMode::Reset) => true,
+        }
+    };
+    if was_reset {
+        reset(&client);
+        reset(&server);
+        c.resets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Up,
+    Down,
+}
+
+/// Copy one direction, honouring the mode. Returns when the source reaches EOF (after
+/// half-closing the destination) or on an I/O error.
+async fn pump(
+    mut from: tokio::net::tcp::ReadHalf<'_>,
+    mut to: tokio::net::tcp::WriteHalf<'_>,
+    mut mode: watch::Receiver<ProxyMode>,
+    dir: Direction,
+    c: &Counters,
+) -> io::Result<()> {
+    /// Stop reading while this much is queued for delayed delivery.
+    const MAX_QUEUED: usize = 4 << 20;
+    let delivered = match dir {
+        Direction::Up => &c.bytes_up,
+        Direction::Down => &c.bytes_down,
+    };
+    let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let mut queued = 0usize;
+    let mut eof = false;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if eof && queue.is_empty() {
+            // A partition does not deliver FINs either: hold the half-close while
+            // black-holed.
+            let _ = mode.wait_for(|m| *m != ProxyMode::Blackhole).await;
+            let _ = to.shutdown().await;
+            return Ok(());
+        }
+        let next_due = queue.front().map(|(due, _)| *due);
+        tokio::select! {
+            r = from.read(&mut buf), if !eof && queued < MAX_QUEUED => {
+                let n = r?;
+                if n == 0 {
+                    eof = true;
+                    continue;
+                }
+                let delay = match *mode.borrow() {
+                    ProxyMode::Blackhole | ProxyMode::Reset => {
+                        c.bytes_blackholed.fetch_add(n as u64, Ordering::Relaxed);
+                        continue;
+                    }
+                    ProxyMode::Pass => Duration::ZERO,
+                    ProxyMode::Delay { up, down } => match dir {
+                        Direction::Up => up,
+                        Direction::Down => down,
+                    },
+                };
+                queue.push_back((Instant::now() + delay, buf[..n].to_vec()));
+                queued += n;
+            }
+            _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
+                let Some((_, chunk)) = queue.pop_front() else { continue };
+                queued -= chunk.len();
+                if matches!(*mode.borrow(), ProxyMode::Blackhole | ProxyMode::Reset) {
+                    c.bytes_blackholed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    continue;
+                }
+                to.write_all(&chunk).await?;
+                delivered.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! etcd: a cluster of 1 or 3 members on loopback ports.
+//!
+//! Members run with `--heartbeat-interval 50 --election-timeout 500` (milliseconds), so a
+//! killed leader is replaced in about a second. Members are stopped with `SIGKILL` (etcd is
+//! slow to stop on `SIGTERM`). Readiness is `GET /health` answering `"health":"true"`,
+//! which etcd only does once the cluster has a leader and serves linearizable reads.
+//!
+//! etcd is written in Go and reads the clock without libc: the
+//! [clock shim](crate::clock_shim) cannot shift it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::process::{CommandSpec, Probe, ServerProcess};
+use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+
+const INSTALL: &str = "apt-get install -y etcd-server";
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on finding a leader.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bound on one HTTP request to a member.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One etcd member.
+#[derive(Debug)]
+pub struct EtcdMember {
+    core: NodeCore,
+    name: String,
+}
+
+super::impl_node!(EtcdMember);
+
+impl EtcdMember {
+    super::node_control_methods!();
+
+    /// The member's name (`m0`, `m1`, …).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Client URL, direct: `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// Client URL of the fault proxy in front of this member.
+    pub fn proxied_endpoint(&self) -> String {
+        format!("http://{}", self.proxied_addr())
+    }
+
+    /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, bounded by 1 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn status(&self) -> Result<(u64, u64)> {
+        let what = || format!("etcd {}", self.name);
+        let body = tokio::time::timeout(
+            HTTP_TIMEOUT,
+            http(self.addr(), "POST", "/v3/maintenance/status", "{}"),
+        )
+        .await
+        .map_err(|_| ServerError::Timeout {
+            what: format!("{} to answer /v3/maintenance/status", what()),
+        })??;
+        let num = |key: &str| {
+            json_field(&body, key)
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| ServerError::Protocol {
+                    what: what(),
+                    detail: format!("no {key} in status reply {body:?}"),
+                })
+        };
+        Ok((num("member_id")?, num("leader")?))
+    }
+}
+
+/// An etcd cluster. Dropping it kills every member and deletes the data.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Arc<EtcdMember>>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Start `members` members (1 or 3; any positive number works) as a new cluster and
+    /// wait until every member reports healthy, which implies an elected leader.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: members started so far are killed when the future is dropped.
+    pub async fn start(members: usize) -> Result<EtcdCluster> {
+        if members == 0 {
+            return Err(ServerError::Unsupported {
+                what: "an etcd cluster needs at least one member".into(),
+            });
+        }
+        super::retry_on_port_clash(|| Self::try_start(members)).await
+    }
+
+    async fn try_start(n: usize) -> Result<EtcdCluster> {
+        let bin = super::find_binary("etcd", &[], INSTALL)?;
+        let dir = tempfile::Builder::new().prefix("tenure-etcd-").tempdir()?;
+        // Unique per cluster (the temp dir's name is "tenure-etcd-XXXXXX").
+        let token = dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tenure-etcd".into());
+        let ports = (0..n)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<Vec<(u16, u16)>>>()?;
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            members: Vec::with_capacity(n),
+            dir,
+        };
+        for (i, &(client, peer)) in ports.iter().enumerate() {
+            let name = format!("m{i}");
+            let addr = loopback(client);
+            let root = cluster.dir.path();
+            let spec = CommandSpec::new(&bin)
+                .cwd(root)
+                .arg("--name")
+                .arg(&name)
+                .arg("--data-dir")
+                .arg(root.join(&name))
+                .arg("--listen-client-urls")
+                .arg(format!("http://{addr}"))
+                .arg("--advertise-client-urls")
+                .arg(format!("http://{addr}"))
+                .arg("--listen-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer}"))
+                .arg("--initial-advertise-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer}"))
+                .arg("--initial-cluster")
+                .arg(&initial_cluster)
+                .arg("--initial-cluster-state")
+                .arg("new")
+                .arg("--initial-cluster-token")
+                .arg(&token)
+                .arg("--heartbeat-interval")
+                .arg("50")
+                .arg("--election-timeout")
+                .arg("500")
+                .arg("--logger")
+                .arg("zap")
+                .arg("--log-outputs")
+                .arg("stderr");
+            let probe: Probe = Arc::new(move || Box::pin(healthy(addr)));
+            let process = ServerProcess::new(
+                format!("etcd {name} on {addr}"),
+                spec,
+                root.join(format!("{name}.log")),
+                READY_TIMEOUT,
+                probe,
+            );
+            let member = EtcdMember {
+                core: NodeCore::new(process, addr).await?,
+                name,
+            };
+            member.core.process.spawn()?;
+            cluster.members.push(Arc::new(member));
+        }
+        futures::future::try_join_all(cluster.members.iter().map(|m| m.core.process.wait_ready()))
+            .await?;
+        Ok(cluster)
+    }
+
+    /// The members, in start order.
+    pub fn members(&self) -> &[Arc<EtcdMember>] {
+        &self.members
+    }
+
+    /// Direct client URLs (`http://127.0.0.1:<port>`) of all members.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint()).collect()
+    }
+
+    /// Client URLs of the fault proxies in front of all members.
+    pub fn proxied_endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.proxied_endpoint()).collect()
+    }
+
+    /// The temporary directory holding every member's data and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Index (into [`members`](Self::members)) of the current leader. Waits up to 15 s for
+    /// a leader that is itself running and answering, and that a responding member names;
+    /// right after the leader dies the survivors still name it until they elect another.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn leader_index(&self) -> Result<usize> {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        loop {
+            let statuses = futures::future::join_all(self.members.iter().map(|m| async move {
+                if m.is_running() && !m.is_paused() {
+                    m.status().await.ok()
+                } else {
+                    None
+                }
+            }))
+            .await;
+            let ids: Vec<Option<u64>> = statuses.iter().map(|s| s.map(|(id, _)| id)).collect();
+            let leader = statuses.iter().flatten().find_map(|&(_, leader)| {
+                ids.iter().position(|id| *id == Some(leader) && leader != 0)
+            });
+            if let Some(i) = leader {
+                return Ok(i);
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("an etcd leader (statuses {statuses:?})"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        kill_now(self.members.iter().map(|m| &m.core));
+    }
+}
+
+async fn healthy(addr: SocketAddr) -> Result<bool> {
+    let body = http(addr, "GET", "/health", "").await?;
+    Ok(body.replace(' ', "").contains(r#""health":"true""#))
+}
+
+/// A minimal HTTP/1.0 request (so the reply is neither chunked nor kept alive); returns
+/// the body of a 2xx reply.
+async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<String> {
+    let mut s = TcpStream::connect(addr).await?;
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).await?;
+    let reply = String::from_utf8_lossy(&reply);
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if !status.starts_with('2') {
+        return Err(ServerError::Protocol {
+            what: format!("etcd {addr} {method} {path}"),
+            detail: format!("HTTP status {status:?}: {body}"),
+        });
+    }
+    Ok(body.to_owned())
+}
+
+/// The first value of `"key":` in a JSON text, unquoted (enough for etcd's flat ids).
+fn json_field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!("\"{key}\"");
+    let rest = &json[json.find(&pat)? + pat.len()..];
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"').unwrap_or(rest);
+    let end = rest.find(['"', ',', '}'])?;
+    Some(rest[..end].trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_field;
+
+    #[test]
+    fn json_fields() {
+        let j = r#"{"header":{"cluster_id":"1","member_id":"42","revision":"1"},"leader":"42","raftIndex":"3"}"#;
+        assert_eq!(json_field(j, "member_id"), Some("42"));
+        assert_eq!(json_field(j, "leader"), Some("42"));
+        assert_eq!(json_field(j, "nope"), None);
+    }
+}

@@ -1,0 +1,402 @@
+//! Real servers on loopback ports, for tests: Redis (independent nodes or a
+//! primary/replica pair), etcd (1 or 3 members), ZooKeeper (standalone or 3 nodes) and
+//! Postgres.
+//!
+//! Every server is started from the installed binaries on free `127.0.0.1` ports, with its
+//! data and log files in a [`tempfile::TempDir`] owned by the cluster handle. Each node can
+//! be killed (`SIGKILL`), paused (`SIGSTOP`/`SIGCONT`), restarted on the same port and data
+//! dir, and reached directly or through its own [`FaultProxy`](crate::proxy::FaultProxy).
+//!
+//! Every process is started in its own process group, and signals go to that group, so
+//! helpers a server forks (Postgres backends) are stopped with it. Cluster handles kill
+//! everything they started when dropped, also while unwinding from a panic.
+//! [`spawned_pids`] lists the processes this crate started that are still alive, so a test
+//! can check that none outlive their handles.
+//!
+//! A missing binary is reported as [`ServerError::MissingBinary`], naming the `apt-get`
+//! command that installs it.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub mod etcd;
+pub mod postgres;
+mod process;
+pub mod redis;
+pub mod zk;
+
+pub use process::{pid_alive, spawned_pids};
+
+/// Errors from starting or controlling a server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A required program is not installed.
+    #[error("{binary} not found: install it with `{install}`")]
+    MissingBinary {
+        /// The program (or jar) that was looked for.
+        binary: String,
+        /// The command that installs it.
+        install: String,
+    },
+    /// A server did not start or did not become ready; `detail` includes the tail of its log.
+    #[error("failed to start {what}: {detail}")]
+    Start {
+        /// Which server.
+        what: String,
+        /// Why, with the tail of the server's log where there is one.
+        detail: String,
+    },
+    /// Waiting for a condition (a leader, a replica catching up, …) ran out of time.
+    #[error("timed out waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+    },
+    /// The operation needs a running process, and this one is not running.
+    #[error("{what} is not running")]
+    NotRunning {
+        /// Which server.
+        what: String,
+    },
+    /// A server answered something this harness did not expect.
+    #[error("unexpected reply from {what}: {detail}")]
+    Protocol {
+        /// Which server.
+        what: String,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+    /// The operation needs an option that this server was not started with.
+    #[error("{what}")]
+    Unsupported {
+        /// What is not supported, and how to enable it.
+        what: String,
+    },
+    /// Compiling the clock shim failed.
+    #[error("compiling the clock shim failed: {detail}")]
+    ShimBuild {
+        /// Compiler output.
+        detail: String,
+    },
+    /// An I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result type of this module.
+pub type Result<T> = std::result::Result<T, ServerError>;
+
+impl From<nix::errno::Errno> for ServerError {
+    fn from(e: nix::errno::Errno) -> Self {
+        ServerError::Io(e.into())
+    }
+}
+
+impl ServerError {
+    /// True when a start failed because a port was already taken (another process grabbed
+    /// a port between our probe and the server's bind); starts are retried on fresh ports.
+    fn is_port_clash(&self) -> bool {
+        match self {
+            ServerError::Start { detail, .. } => {
+                let d = detail.to_ascii_lowercase();
+                d.contains("address already in use") || d.contains("addrinuse")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Ports handed out by [`free_port`] in this process, never handed out twice.
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// Port 2024 is taken on the project's machines; never hand it out.
+const FORBIDDEN_PORT: u16 = 2024;
+
+/// A free loopback TCP port: bind `127.0.0.1:0`, take the port, close. Never 2024, and never
+/// a port already handed out by this process.
+pub(crate) fn free_port() -> Result<u16> {
+    for _ in 0..64 {
+        let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
+        let port = l.local_addr()?.port();
+        drop(l);
+        if port == FORBIDDEN_PORT {
+            continue;
+        }
+        let mut set = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if set.get_or_insert_with(HashSet::new).insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(ServerError::Io(std::io::Error::other(
+        "could not find a free loopback port",
+    )))
+}
+
+/// `127.0.0.1:port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// Run `start` up to three times while it fails with a port clash.
+pub(crate) async fn retry_on_port_clash<T, F, Fut>(mut start: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match start().await {
+            Err(e) if attempt < 3 && e.is_port_clash() => {
+                tracing::warn!(error = %e, "port clash while starting a server; retrying");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Find `name` in `PATH`, else in the first existing of `extra_dirs`.
+pub(crate) fn find_binary(name: &str, extra_dirs: &[PathBuf], install: &str) -> Result<PathBuf> {
+    let path_dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    path_dirs
+        .iter()
+        .chain(extra_dirs)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| ServerError::MissingBinary {
+            binary: name.to_owned(),
+            install: install.to_owned(),
+        })
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Generates the node-control methods shared by every node type, delegating to the
+/// node's `core: NodeCore` field.
+macro_rules! node_control_methods {
+    () => {
+        /// Kill the server with `SIGKILL` (its whole process group) and reap it. Does nothing
+        /// when it is not running.
+        ///
+        /// # Cancel safety
+        /// Cancel safe: the signal is sent before the first await; a cancelled reap is
+        /// finished in the background by tokio.
+        pub async fn kill(&self) -> $crate::servers::Result<()> {
+            self.core.process.kill().await
+        }
+
+        /// Freeze the server with `SIGSTOP` (its whole process group). Its sockets stay
+        /// open; clients see timeouts rather than errors.
+        pub fn pause(&self) -> $crate::servers::Result<()> {
+            self.core.process.pause()
+        }
+
+        /// Unfreeze the server with `SIGCONT`.
+        pub fn resume(&self) -> $crate::servers::Result<()> {
+            self.core.process.resume()
+        }
+
+        /// Kill the server if it is running, start it again on the same port and data dir
+        /// and wait until it is ready.
+        ///
+        /// # Cancel safety
+        /// Not cancel safe: cancelled midway, the server may be left stopped or starting.
+        pub async fn restart(&self) -> $crate::servers::Result<()> {
+            self.core.process.restart().await
+        }
+
+        /// PID of the running server process (its process-group leader), if running.
+        pub fn pid(&self) -> Option<u32> {
+            self.core.process.pid()
+        }
+
+        /// True while the server process is alive (also while it is paused).
+        pub fn is_running(&self) -> bool {
+            self.core.process.is_running()
+        }
+
+        /// True while the server is paused with [`pause`](Self::pause).
+        pub fn is_paused(&self) -> bool {
+            self.core.process.is_paused()
+        }
+
+        /// Direct address of the server's client port.
+        pub fn addr(&self) -> std::net::SocketAddr {
+            self.core.addr
+        }
+
+        /// The fault proxy in front of this node; started with the node and stable across
+        /// restarts.
+        pub fn proxy(&self) -> &$crate::proxy::FaultProxy {
+            &self.core.proxy
+        }
+
+        /// Address of the fault proxy in front of this node.
+        pub fn proxied_addr(&self) -> std::net::SocketAddr {
+            self.core.proxy.addr()
+        }
+
+        /// The file that the server's stdout and stderr are appended to.
+        pub fn log_path(&self) -> &std::path::Path {
+            self.core.process.log_path()
+        }
+
+        /// The last `max_bytes` of the server's log, for diagnostics.
+        pub fn log_tail(&self, max_bytes: usize) -> String {
+            $crate::servers::process::log_tail(self.core.process.log_path(), max_bytes)
+        }
+    };
+}
+pub(crate) use node_control_methods;
+
+/// Process control every server node offers, so a fault scenario can be written once for
+/// all backends (`Arc<dyn Node>`).
+#[async_trait::async_trait]
+pub trait Node: Send + Sync + std::fmt::Debug {
+    /// What this node is, for reports (`redis on 127.0.0.1:6379`).
+    fn label(&self) -> String;
+    /// Direct address of the client port.
+    fn addr(&self) -> SocketAddr;
+    /// `SIGKILL` (see the node type's `kill`).
+    ///
+    /// # Cancel safety
+    /// The signal is sent before the first await.
+    async fn kill(&self) -> Result<()>;
+    /// `SIGSTOP`.
+    fn pause(&self) -> Result<()>;
+    /// `SIGCONT`.
+    fn resume(&self) -> Result<()>;
+    /// Kill if running, start again on the same data, wait until ready.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the node may be left stopped.
+    async fn restart(&self) -> Result<()>;
+    /// True while the process is alive (also while paused).
+    fn is_running(&self) -> bool;
+    /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server nodes
+    /// started with the clock shim support it; others are [`ServerError::Unsupported`].
+    fn set_clock_offset(&self, offset_ms: i64) -> Result<()>;
+}
+
+/// Implements [`Node`] for a node type with a `core: NodeCore` field, delegating to the
+/// methods of [`node_control_methods`]; `clock` says how to shift its clock.
+macro_rules! impl_node {
+    ($ty:ty) => {
+        $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
+            Err($crate::servers::ServerError::Unsupported {
+                what: format!(
+                    "{}: the clock shim works for redis-server only (Go and the JVM read \
+                     the clock without libc)",
+                    node.core.process.what()
+                ),
+            })
+        });
+    };
+    ($ty:ty, $clock:expr) => {
+        #[async_trait::async_trait]
+        impl $crate::servers::Node for $ty {
+            fn label(&self) -> String {
+                self.core.process.what().to_owned()
+            }
+            fn addr(&self) -> std::net::SocketAddr {
+                self.core.addr
+            }
+            async fn kill(&self) -> $crate::servers::Result<()> {
+                self.core.process.kill().await
+            }
+            fn pause(&self) -> $crate::servers::Result<()> {
+                self.core.process.pause()
+            }
+            fn resume(&self) -> $crate::servers::Result<()> {
+                self.core.process.resume()
+            }
+            async fn restart(&self) -> $crate::servers::Result<()> {
+                self.core.process.restart().await
+            }
+            fn is_running(&self) -> bool {
+                self.core.process.is_running()
+            }
+            fn set_clock_offset(&self, offset_ms: i64) -> $crate::servers::Result<()> {
+                ($clock)(self, offset_ms)
+            }
+        }
+    };
+}
+pub(crate) use impl_node;
+
+/// State shared by every node type: the managed process, its client address and the fault
+/// proxy in front of it.
+#[derive(Debug)]
+pub(crate) struct NodeCore {
+    pub(crate) process: process::ServerProcess,
+    pub(crate) addr: SocketAddr,
+    pub(crate) proxy: crate::proxy::FaultProxy,
+}
+
+impl NodeCore {
+    /// A core for a process on `addr`, with a fresh proxy in front of it. Does not start the
+    /// process.
+    pub(crate) async fn new(process: process::ServerProcess, addr: SocketAddr) -> Result<Self> {
+        let proxy = crate::proxy::FaultProxy::start(addr).await?;
+        Ok(NodeCore {
+            process,
+            addr,
+            proxy,
+        })
+    }
+}
+
+/// Kill every process among `cores` without awaiting (for `Drop`).
+pub(crate) fn kill_now<'a>(cores: impl IntoIterator<Item = &'a NodeCore>) {
+    for c in cores {
+        c.process.kill_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binary_names_the_install_command() {
+        let e = find_binary(
+            "tenure-no-such-binary",
+            &[],
+            "apt-get install -y redis-server",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ServerError::MissingBinary { .. }));
+        assert_eq!(
+            e.to_string(),
+            "tenure-no-such-binary not found: install it with `apt-get install -y redis-server`"
+        );
+    }
+
+    #[test]
+    fn free_ports_are_distinct_and_never_2024() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        assert!(!distinct.contains(&FORBIDDEN_PORT));
+    }
+
+    #[test]
+    fn port_clash_is_detected() {
+        let e = ServerError::Start {
+            what: "x".into(),
+            detail: "bind: Address already in use".into(),
+        };
+        assert!(e.is_port_clash());
+        assert!(!ServerError::Timeout { what: "x".into() }.is_port_clash());
+    }
+}

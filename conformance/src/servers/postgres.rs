@@ -1,0 +1,307 @@
+//! Postgres: one server in a fresh data directory.
+//!
+//! `initdb` (trust authentication, user `postgres`, `--no-sync`) runs into a temporary
+//! directory; the server listens on `127.0.0.1:<port>` with its Unix socket inside the same
+//! directory, `fsync=on` and `synchronous_commit=on`, so a committed transaction survives a
+//! crash. When running as root, `initdb` and `postgres` run as the `postgres` user (initdb
+//! refuses root); the PID held is the postmaster's own.
+//!
+//! Binaries are looked up in `PATH`, then in the newest `/usr/lib/postgresql/*/bin`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::process::{CommandSpec, Probe, ServerProcess};
+use super::{free_port, loopback, NodeCore, Result, ServerError};
+
+const INSTALL: &str = "apt-get install -y postgresql";
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const PSQL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A Postgres server. Dropping it kills the server and deletes the data.
+///
+/// [`restart`](Self::restart) behaves like `pg_ctl restart -m immediate`: the postmaster
+/// and all its backends are killed with `SIGKILL`, then the server starts again on the same
+/// data directory and runs crash recovery; committed transactions survive.
+#[derive(Debug)]
+pub struct Postgres {
+    core: NodeCore,
+    bin_dir: PathBuf,
+    data: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+super::impl_node!(Postgres);
+
+impl Postgres {
+    super::node_control_methods!();
+
+    /// `initdb` a fresh data directory, start the server and wait until `pg_isready`
+    /// succeeds and `psql -c 'select 1'` works.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a server started so far is killed when the future is dropped.
+    pub async fn start() -> Result<Postgres> {
+        super::retry_on_port_clash(Self::try_start).await
+    }
+
+    async fn try_start() -> Result<Postgres> {
+        let bin_dir = bin_dir()?;
+        let user = run_as()?;
+        let dir = tempfile::Builder::new().prefix("tenure-pg-").tempdir()?;
+        let root = dir.path().to_owned();
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(
+                &root,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )?;
+        }
+        let data = root.join("data");
+        initdb(&bin_dir, &root, &data, user).await?;
+
+        let port = free_port()?;
+        let addr = loopback(port);
+        let spec = CommandSpec::new(bin_dir.join("postgres"))
+            .cwd(&root)
+            .user(user)
+            .env("LC_ALL", "C")
+            .arg("-D")
+            .arg(&data)
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-c")
+            .arg("listen_addresses=127.0.0.1")
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", root.display()))
+            .arg("-c")
+            .arg("fsync=on")
+            .arg("-c")
+            .arg("synchronous_commit=on")
+            .arg("-c")
+            .arg("shared_buffers=16MB")
+            .arg("-c")
+            .arg("max_connections=300")
+            .arg("-c")
+            .arg("logging_collector=off");
+        let probe_bins = bin_dir.clone();
+        let probe: Probe = Arc::new(move || Box::pin(ready(probe_bins.clone(), addr)));
+        let process = ServerProcess::new(
+            format!("postgres on {addr}"),
+            spec,
+            root.join("postgres.log"),
+            READY_TIMEOUT,
+            probe,
+        );
+        let pg = Postgres {
+            core: NodeCore::new(process, addr).await?,
+            bin_dir,
+            data,
+            dir,
+        };
+        pg.core.process.start().await?;
+        Ok(pg)
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`, direct.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@{}/postgres", self.addr())
+    }
+
+    /// The same through the fault proxy.
+    pub fn proxied_url(&self) -> String {
+        format!("postgres://postgres@{}/postgres", self.proxied_addr())
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// The temporary directory holding the data directory, the Unix socket and the logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run SQL with `psql -X -At` over TCP (direct) and return its trimmed stdout; a
+    /// failing statement is an error carrying psql's stderr. Bounded by 15 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: psql is killed if the future is dropped (the statement may or may not
+    /// have run).
+    pub async fn psql(&self, sql: &str) -> Result<String> {
+        tokio::time::timeout(PSQL_TIMEOUT, psql(&self.bin_dir, self.addr(), sql))
+            .await
+            .map_err(|_| ServerError::Timeout {
+                what: format!("psql on {}: {sql}", self.addr()),
+            })?
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.core.process.kill_now();
+        remove_shared_memory(&self.data);
+    }
+}
+
+/// A postmaster killed with `SIGKILL` leaves its small System V shared-memory segment
+/// behind (a later start on the same data dir would remove it). Remove it with `ipcrm`,
+/// using the id recorded in this data dir's `postmaster.pid`, so that runs do not
+/// accumulate segments.
+fn remove_shared_memory(data: &Path) {
+    let Ok(pidfile) = std::fs::read_to_string(data.join("postmaster.pid")) else {
+        return;
+    };
+    let Some(shmid) = pidfile
+        .lines()
+        .nth(6)
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|id| id.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let Ok(ipcrm) = super::find_binary("ipcrm", &[], "apt-get install -y util-linux") else {
+        return;
+    };
+    let _ = std::process::Command::new(ipcrm)
+        .arg("-m")
+        .arg(shmid.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// `(uid, gid)` of the `postgres` user when running as root, else `None`.
+fn run_as() -> Result<Option<(u32, u32)>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    match nix::unistd::User::from_name("postgres") {
+        Ok(Some(u)) => Ok(Some((u.uid.as_raw(), u.gid.as_raw()))),
+        Ok(None) => Err(ServerError::MissingBinary {
+            binary: "user `postgres` (initdb refuses to run as root)".into(),
+            install: INSTALL.into(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The directory holding `initdb`, `postgres`, `pg_isready` and `psql`.
+fn bin_dir() -> Result<PathBuf> {
+    let mut versioned: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .collect();
+    versioned.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
+    let extra: Vec<PathBuf> = versioned.into_iter().map(|(_, p)| p).collect();
+    let initdb = super::find_binary("initdb", &extra, INSTALL)?;
+    // Follow symlinks (e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin/initdb) to
+    // the directory that holds the matching server and tools.
+    let initdb = std::fs::canonicalize(&initdb).unwrap_or(initdb);
+    let dir = initdb
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_else(|| PathBuf::from("."));
+    for bin in ["postgres", "pg_isready", "psql"] {
+        if !dir.join(bin).is_file() {
+            return Err(ServerError::MissingBinary {
+                binary: dir.join(bin).display().to_string(),
+                install: INSTALL.into(),
+            });
+        }
+    }
+    Ok(dir)
+}
+
+async fn initdb(bin_dir: &Path, root: &Path, data: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(bin_dir.join("initdb"));
+    cmd.arg("-D")
+        .arg(data)
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        ])
+        .current_dir(root)
+        .env("LC_ALL", "C")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some((uid, gid)) = user {
+        cmd.uid(uid).gid(gid);
+    }
+    let out = cmd.output().await.map_err(|e| ServerError::Start {
+        what: "initdb".into(),
+        detail: e.to_string(),
+    })?;
+    let log = root.join("initdb.log");
+    let _ = std::fs::write(&log, [&out.stdout[..], &out.stderr[..]].concat());
+    if !out.status.success() {
+        return Err(ServerError::Start {
+            what: format!("initdb -D {}", data.display()),
+            detail: format!(
+                "exited with {}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    Ok(())
+}
+
+async fn ready(bin_dir: PathBuf, addr: SocketAddr) -> Result<bool> {
+    let status = tokio::process::Command::new(bin_dir.join("pg_isready"))
+        .args(["-q", "-t", "1", "-U", "postgres", "-d", "postgres", "-h"])
+        .arg(addr.ip().to_string())
+        .arg("-p")
+        .arg(addr.port().to_string())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .status()
+        .await?;
+    if !status.success() {
+        return Ok(false);
+    }
+    Ok(psql(&bin_dir, addr, "select 1").await? == "1")
+}
+
+async fn psql(bin_dir: &Path, addr: SocketAddr, sql: &str) -> Result<String> {
+    let out = tokio::process::Command::new(bin_dir.join("psql"))
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+        .args(["-U", "postgres", "-d", "postgres", "-h"])
+        .arg(addr.ip().to_string())
+        .arg("-p")
+        .arg(addr.port().to_string())
+        .arg("-c")
+        .arg(sql)
+        .env("PGCONNECT_TIMEOUT", "5")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(ServerError::Protocol {
+            what: format!("psql on {addr}"),
+            detail: format!(
+                "{sql:?} failed with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}

@@ -1,0 +1,456 @@
+//! Process plumbing shared by every server kind: spawn into its own process group with the
+//! log captured to a file, signal the group (kill, pause, resume), poll readiness with a
+//! bound, and keep a process-wide registry of what was spawned.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::Child;
+
+use super::{Result, ServerError};
+
+/// How often readiness is polled.
+const POLL_INTERVAL: Duration = Duration::from_millis(25);
+/// Bound on one readiness probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How much of the log goes into an error message.
+const LOG_TAIL_BYTES: usize = 3000;
+
+/// Process groups (leader PIDs) spawned by this crate in this process.
+static SPAWNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The PIDs of processes started by this crate (servers and anything they forked) that are
+/// still alive. Zombies count as dead. Empty once every cluster handle has been dropped.
+pub fn spawned_pids() -> Vec<u32> {
+    let mut groups = lock(&SPAWNED);
+    let procs = scan_proc();
+    let mut alive = Vec::new();
+    groups.retain(|&g| {
+        let members: Vec<u32> = procs
+            .iter()
+            .filter(|p| p.pgrp == g && p.live)
+            .map(|p| p.pid)
+            .collect();
+        let keep = !members.is_empty();
+        alive.extend(members);
+        keep
+    });
+    alive.sort_unstable();
+    alive
+}
+
+/// True if the process `pid`, or any process in the process group `pid`, is alive
+/// (zombies count as dead). Use it with a [`pid`](super::redis::RedisNode::pid) recorded
+/// earlier to check that a server and its helpers are gone.
+pub fn pid_alive(pid: u32) -> bool {
+    scan_proc()
+        .iter()
+        .any(|p| p.live && (p.pid == pid || p.pgrp == pid))
+}
+
+struct ProcInfo {
+    pid: u32,
+    pgrp: u32,
+    live: bool,
+}
+
+/// `(pgrp, live)` of one process from `/proc/<pid>/stat`, `None` if it is gone.
+fn proc_stat(pid: u32) -> Option<(u32, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((pgrp, !matches!(state, "Z" | "X" | "x")))
+}
+
+fn scan_proc() -> Vec<ProcInfo> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (pgrp, live) = proc_stat(pid)?;
+            Some(ProcInfo { pid, pgrp, live })
+        })
+        .collect()
+}
+
+/// The last `max_bytes` of a log file (lossy UTF-8), or a note that it cannot be read.
+pub(crate) fn log_tail(path: &Path, max_bytes: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let start = bytes.len().saturating_sub(max_bytes);
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(e) => format!("(cannot read log {}: {e})", path.display()),
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub(crate) struct CommandSpec {
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) env: Vec<(OsString, OsString)>,
+    pub(crate) cwd: Option<PathBuf>,
+    /// `(uid, gid)` to run as.
+    pub(crate) user: Option<(u32, u32)>,
+}
+
+impl CommandSpec {
+    pub(crate) fn new(program: impl Into<PathBuf>) -> Self {
+        CommandSpec {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            user: None,
+        }
+    }
+
+    pub(crate) fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    pub(crate) fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub(crate) fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    pub(crate) fn user(mut self, user: Option<(u32, u32)>) -> Self {
+        self.user = user;
+        self
+    }
+
+    /// Remove every occurrence of the option `name` and the `values` arguments after it.
+    pub(crate) fn remove_option(&mut self, name: &str, values: usize) {
+        while let Some(i) = self.args.iter().position(|a| a == name) {
+            let end = (i + 1 + values).min(self.args.len());
+            self.args.drain(i..end);
+        }
+    }
+
+    fn display(&self) -> String {
+        let mut s = self.program.display().to_string();
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&a.to_string_lossy());
+        }
+        s
+    }
+}
+
+/// A readiness probe: `Ok(true)` when ready, `Ok(false)` or an error while not yet.
+pub(crate) type Probe = Arc<dyn Fn() -> BoxFuture<'static, Result<bool>> + Send + Sync>;
+
+#[derive(Default)]
+struct State {
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// One server process that can be started, killed, paused, resumed and restarted, with
+/// its output appended to a log file.
+pub(crate) struct ServerProcess {
+    what: String,
+    spec: Mutex<CommandSpec>,
+    log: PathBuf,
+    probe: Probe,
+    ready_timeout: Duration,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for ServerProcess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerProcess")
+            .field("what", &self.what)
+            .field("pid", &self.pid())
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerProcess {
+    /// A process description; nothing is started yet.
+    pub(crate) fn new(
+        what: impl Into<String>,
+        spec: CommandSpec,
+        log: PathBuf,
+        ready_timeout: Duration,
+        probe: Probe,
+    ) -> Self {
+        ServerProcess {
+            what: what.into(),
+            spec: Mutex::new(spec),
+            log,
+            probe,
+            ready_timeout,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub(crate) fn what(&self) -> &str {
+        &self.what
+    }
+
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Change what the next start runs.
+    pub(crate) fn update_spec(&self, f: impl FnOnce(&mut CommandSpec)) {
+        f(&mut lock(&self.spec));
+    }
+
+    fn start_error(&self, detail: impl fmt::Display) -> ServerError {
+        ServerError::Start {
+            what: self.what.clone(),
+            detail: format!(
+                "{detail}\n--- last lines of {} ---\n{}",
+                self.log.display(),
+                log_tail(&self.log, LOG_TAIL_BYTES)
+            ),
+        }
+    }
+
+    /// Spawn the process (it must not be running). Does not wait for readiness.
+    pub(crate) fn spawn(&self) -> Result<u32> {
+        let mut st = lock(&self.state);
+        reap_if_exited(&mut st);
+        if st.child.is_some() {
+            return Err(self.start_error("already running"));
+        }
+        let spec = lock(&self.spec).clone();
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        writeln!(
+            log,
+            "==== tenure: starting {}: {}",
+            self.what,
+            spec.display()
+        )?;
+        let mut cmd = tokio::process::Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(dir) = &spec.cwd {
+            cmd.current_dir(dir);
+        }
+        if let Some((uid, gid)) = spec.user {
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| self.start_error(format_args!("spawning {}: {e}", spec.display())))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| self.start_error("spawned process has no pid"))?;
+        lock(&SPAWNED).push(pid);
+        st.child = Some(child);
+        st.paused = false;
+        Ok(pid)
+    }
+
+    /// Poll the readiness probe until it says ready, the process exits, or the bound runs out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (it only observes).
+    pub(crate) async fn wait_ready(&self) -> Result<()> {
+        let started = Instant::now();
+        let deadline = started + self.ready_timeout;
+        loop {
+            {
+                let mut st = lock(&self.state);
+                if let Some(status) = reap_if_exited(&mut st) {
+                    return Err(self
+                        .start_error(format_args!("exited with {status} before becoming ready")));
+                }
+                if st.child.is_none() {
+                    return Err(self.start_error("killed while starting"));
+                }
+            }
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, (self.probe)()).await {
+                Ok(Ok(true)) => {
+                    tracing::debug!(what = %self.what, elapsed = ?started.elapsed(), "ready");
+                    return Ok(());
+                }
+                Ok(Ok(false)) => "probe: not ready yet".to_owned(),
+                Ok(Err(e)) => format!("probe: {e}"),
+                Err(_) => format!("probe: no answer within {PROBE_TIMEOUT:?}"),
+            };
+            if Instant::now() >= deadline {
+                return Err(self.start_error(format_args!(
+                    "not ready within {:?} ({last})",
+                    self.ready_timeout
+                )));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Spawn and wait until ready.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled start leaves the process running (it is still
+    /// stopped on drop).
+    pub(crate) async fn start(&self) -> Result<()> {
+        self.spawn()?;
+        self.wait_ready().await
+    }
+
+    /// `SIGKILL` the process group and reap the leader. Idempotent.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the signal is sent before the first await; a dropped reap is finished
+    /// by tokio's orphan reaper.
+    pub(crate) async fn kill(&self) -> Result<()> {
+        let child = {
+            let mut st = lock(&self.state);
+            st.paused = false;
+            st.child.take()
+        };
+        let Some(mut child) = child else {
+            return Ok(());
+        };
+        signal_group(&child, Signal::SIGKILL)?;
+        child.wait().await?;
+        Ok(())
+    }
+
+    /// `SIGKILL` the process group without awaiting; the leader is reaped if it goes
+    /// within a few milliseconds, else left to tokio's orphan reaper. For `Drop`.
+    pub(crate) fn kill_now(&self) {
+        let child = {
+            let mut st = lock(&self.state);
+            st.paused = false;
+            st.child.take()
+        };
+        let Some(mut child) = child else {
+            return;
+        };
+        if let Err(e) = signal_group(&child, Signal::SIGKILL) {
+            tracing::warn!(what = %self.what, error = %e, "could not kill server");
+        }
+        for _ in 0..50 {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Dropping an unreaped tokio Child hands it to tokio's orphan reaper.
+    }
+
+    /// Kill if running, spawn again with the same spec, wait until ready.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe.
+    pub(crate) async fn restart(&self) -> Result<()> {
+        self.kill().await?;
+        self.start().await
+    }
+
+    /// `SIGSTOP` the process group.
+    pub(crate) fn pause(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP, true)
+    }
+
+    /// `SIGCONT` the process group.
+    pub(crate) fn resume(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT, false)
+    }
+
+    fn signal(&self, sig: Signal, paused: bool) -> Result<()> {
+        let mut st = lock(&self.state);
+        reap_if_exited(&mut st);
+        let child = st.child.as_ref().ok_or_else(|| ServerError::NotRunning {
+            what: self.what.clone(),
+        })?;
+        signal_group(child, sig)?;
+        st.paused = paused;
+        Ok(())
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        let mut st = lock(&self.state);
+        reap_if_exited(&mut st);
+        st.child.as_ref().and_then(Child::id)
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.pid().is_some()
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        let mut st = lock(&self.state);
+        reap_if_exited(&mut st);
+        st.child.is_some() && st.paused
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+/// Send `sig` to the child's process group. The leader is our unreaped child, so its PID
+/// (the group id) cannot have been reused. A group that is already gone is not an error.
+fn signal_group(child: &Child, sig: Signal) -> Result<()> {
+    let Some(pid) = child.id() else {
+        return Ok(());
+    };
+    let pid = i32::try_from(pid).map_err(|_| Errno::EINVAL)?;
+    match killpg(Pid::from_raw(pid), sig) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// If the leader has exited, kill what is left of its group, reap it and clear the state.
+fn reap_if_exited(st: &mut State) -> Option<ExitStatus> {
+    let child = st.child.as_mut()?;
+    let pid = child.id()?;
+    // Still running (or stopped): leave it. Checked via /proc so that we can signal the
+    // group while the zombie leader still holds the PID.
+    if matches!(proc_stat(pid), Some((_, true))) {
+        return None;
+    }
+    let _ = signal_group(child, Signal::SIGKILL);
+    match child.try_wait() {
+        Ok(Some(status)) => {
+            st.child = None;
+            st.paused = false;
+            Some(status)
+        }
+        _ => None,
+    }
+}

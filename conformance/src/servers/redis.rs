@@ -1,0 +1,711 @@
+//! Redis: N independent nodes ([`RedisCluster`]) or a primary with an asynchronous replica
+//! ([`RedisReplicaPair`]), plus a minimal RESP client ([`command`], [`RespConnection`]) so
+//! this crate needs no Redis client library.
+//!
+//! Nodes run `redis-server` with `--bind 127.0.0.1`, no protected mode, and by default no
+//! persistence at all (no RDB snapshots, no AOF): a restarted node comes back empty. With
+//! [`Persistence::AofAlways`] every write is fsynced to the AOF before it is acknowledged,
+//! so it survives a `SIGKILL`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::process::{CommandSpec, Probe, ServerProcess};
+use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+use crate::clock_shim::ClockShim;
+use crate::proxy::FaultProxy;
+
+const INSTALL: &str = "apt-get install -y redis-server";
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bound on [`RedisNode::command`].
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on waiting for replication (link up, offsets).
+const REPLICATION_TIMEOUT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(20);
+
+/// How a node persists data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Persistence {
+    /// No RDB snapshots and no AOF: a restart loses everything.
+    #[default]
+    None,
+    /// `appendonly yes`, `appendfsync always`: acknowledged writes survive a crash.
+    AofAlways,
+}
+
+/// Options for [`RedisCluster::start`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Number of independent nodes (default 1).
+    pub nodes: usize,
+    /// Persistence of every node (default none).
+    pub persistence: Persistence,
+    /// Run every node under the [clock shim](crate::clock_shim), enabling
+    /// [`RedisNode::set_clock_offset`] (default off).
+    pub clock_shim: bool,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            nodes: 1,
+            persistence: Persistence::None,
+            clock_shim: false,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Set the number of nodes.
+    pub fn nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Set the persistence mode.
+    pub fn persistence(mut self, persistence: Persistence) -> Self {
+        self.persistence = persistence;
+        self
+    }
+
+    /// Enable or disable the clock shim.
+    pub fn clock_shim(mut self, on: bool) -> Self {
+        self.clock_shim = on;
+        self
+    }
+}
+
+/// One `redis-server` process.
+#[derive(Debug)]
+pub struct RedisNode {
+    core: NodeCore,
+    dir: PathBuf,
+    offset_file: Option<PathBuf>,
+}
+
+super::impl_node!(RedisNode, RedisNode::set_clock_offset);
+
+impl RedisNode {
+    super::node_control_methods!();
+
+    /// `redis://127.0.0.1:<port>`, direct.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    /// `redis://127.0.0.1:<port>` of the fault proxy in front of this node.
+    pub fn proxied_url(&self) -> String {
+        format!("redis://{}", self.proxied_addr())
+    }
+
+    /// The node's working directory (AOF, RDB, clock offset file).
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Shift this node's wall clock by `offset_ms` milliseconds from real time (not
+    /// cumulative; 0 undoes it). Visible to the server within about 10 ms. Key expiry
+    /// (`PX`/`EX` deadlines) follows the shifted clock. Fails with
+    /// [`ServerError::Unsupported`] unless the cluster was started with
+    /// [`RedisOptions::clock_shim`].
+    pub fn set_clock_offset(&self, offset_ms: i64) -> Result<()> {
+        let file = self
+            .offset_file
+            .as_ref()
+            .ok_or_else(|| ServerError::Unsupported {
+                what: format!(
+                    "{}: clock offsets need RedisOptions::clock_shim(true)",
+                    self.core.process.what()
+                ),
+            })?;
+        crate::clock_shim::write_offset(file, offset_ms)?;
+        Ok(())
+    }
+
+    /// Run one command on a fresh direct connection, bounded by 5 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in that nothing is left behind, but the command may or may not have
+    /// run.
+    pub async fn command<A: AsRef<[u8]>>(&self, args: &[A]) -> Result<Resp> {
+        let addr = self.addr();
+        tokio::time::timeout(COMMAND_TIMEOUT, command(addr, args))
+            .await
+            .map_err(|_| ServerError::Timeout {
+                what: format!("a reply from redis {addr}"),
+            })?
+    }
+
+    /// One field of `INFO <section>` (e.g. `("replication", "master_link_status")`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn info_field(&self, section: &str, field: &str) -> Result<Option<String>> {
+        let info = self.command(&["INFO", section]).await?;
+        let text = info.as_text().ok_or_else(|| self.protocol(&info))?;
+        Ok(info_field(&text, field).map(str::to_owned))
+    }
+
+    /// Make this node a primary: `REPLICAOF NO ONE`. Later restarts also start it as a
+    /// primary.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the node may be promoted while its restart configuration still
+    /// names the old primary.
+    pub async fn promote(&self) -> Result<()> {
+        let r = self.command(&["REPLICAOF", "NO", "ONE"]).await?;
+        if !r.is_ok() {
+            return Err(self.protocol(&r));
+        }
+        self.core
+            .process
+            .update_spec(|s| s.remove_option("--replicaof", 2));
+        Ok(())
+    }
+
+    /// The node's replication offset: `master_repl_offset` on a primary, `slave_repl_offset`
+    /// (what it has processed) on a replica.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn replication_offset(&self) -> Result<i64> {
+        let info = self.command(&["INFO", "replication"]).await?;
+        let text = info.as_text().ok_or_else(|| self.protocol(&info))?;
+        let field = if info_field(&text, "role") == Some("slave") {
+            "slave_repl_offset"
+        } else {
+            "master_repl_offset"
+        };
+        info_field(&text, field)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ServerError::Protocol {
+                what: self.core.process.what().to_owned(),
+                detail: format!("INFO replication has no {field}"),
+            })
+    }
+
+    fn protocol(&self, r: &Resp) -> ServerError {
+        ServerError::Protocol {
+            what: self.core.process.what().to_owned(),
+            detail: format!("{r:?}"),
+        }
+    }
+
+    /// Create (not start) a node in `root/name`.
+    async fn create(
+        root: &Path,
+        name: &str,
+        persistence: Persistence,
+        shim: Option<&ClockShim>,
+        replica_of: Option<SocketAddr>,
+    ) -> Result<RedisNode> {
+        let bin = super::find_binary("redis-server", &[], INSTALL)?;
+        let port = free_port()?;
+        let addr = loopback(port);
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let mut spec = CommandSpec::new(bin)
+            .cwd(&dir)
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--protected-mode")
+            .arg("no")
+            .arg("--logfile")
+            .arg("")
+            .arg("--save")
+            .arg("")
+            .arg("--repl-diskless-sync-delay")
+            .arg("0");
+        spec = match persistence {
+            Persistence::None => spec.arg("--appendonly").arg("no"),
+            Persistence::AofAlways => spec
+                .arg("--appendonly")
+                .arg("yes")
+                .arg("--appendfsync")
+                .arg("always"),
+        };
+        if let Some(primary) = replica_of {
+            spec = spec
+                .arg("--replicaof")
+                .arg(primary.ip().to_string())
+                .arg(primary.port().to_string());
+        }
+        let offset_file = match shim {
+            Some(shim) => {
+                let file = dir.join("clock-offset-ms");
+                crate::clock_shim::write_offset(&file, 0)?;
+                for (k, v) in shim.env(&file) {
+                    spec = spec.env(k, v);
+                }
+                Some(file)
+            }
+            None => None,
+        };
+        let probe: Probe = Arc::new(move || Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
+        let process = ServerProcess::new(
+            format!("redis-server {name} on {addr}"),
+            spec,
+            root.join(format!("{name}.log")),
+            READY_TIMEOUT,
+            probe,
+        );
+        Ok(RedisNode {
+            core: NodeCore::new(process, addr).await?,
+            dir,
+            offset_file,
+        })
+    }
+}
+
+/// N independent Redis nodes (not a Redis Cluster: no slots, no gossip), as used by
+/// Redlock. Dropping it kills every node and deletes the data.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<Arc<RedisNode>>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Start `options.nodes` nodes and wait until each answers `PING`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nodes started so far are killed when the future is dropped.
+    pub async fn start(options: RedisOptions) -> Result<RedisCluster> {
+        let shim = if options.clock_shim {
+            Some(
+                tokio::task::spawn_blocking(ClockShim::build)
+                    .await
+                    .map_err(std::io::Error::other)??,
+            )
+        } else {
+            None
+        };
+        super::retry_on_port_clash(|| Self::try_start(&options, shim.as_ref())).await
+    }
+
+    async fn try_start(options: &RedisOptions, shim: Option<&ClockShim>) -> Result<RedisCluster> {
+        let dir = tempfile::Builder::new().prefix("tenure-redis-").tempdir()?;
+        let mut cluster = RedisCluster {
+            nodes: Vec::with_capacity(options.nodes),
+            dir,
+        };
+        for i in 0..options.nodes {
+            let node = RedisNode::create(
+                cluster.dir.path(),
+                &format!("node{i}"),
+                options.persistence,
+                shim,
+                None,
+            )
+            .await?;
+            node.core.process.spawn()?;
+            cluster.nodes.push(Arc::new(node));
+        }
+        futures::future::try_join_all(cluster.nodes.iter().map(|n| n.core.process.wait_ready()))
+            .await?;
+        Ok(cluster)
+    }
+
+    /// The nodes, in start order.
+    pub fn nodes(&self) -> &[Arc<RedisNode>] {
+        &self.nodes
+    }
+
+    /// Direct URLs of all nodes.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// Proxied URLs of all nodes.
+    pub fn proxied_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.proxied_url()).collect()
+    }
+
+    /// The temporary directory holding every node's data and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        kill_now(self.nodes.iter().map(|n| &n.core));
+    }
+}
+
+/// A Redis primary with one asynchronous replica. Dropping it kills both and deletes the
+/// data.
+///
+/// The replica replicates through its own [`FaultProxy`] (the
+/// [`replication_link`](Self::replication_link)), so the link can be cut without touching
+/// either server. Replication is asynchronous: a write acknowledged by the primary can be
+/// missing on the replica when the primary dies. Black-hole the link, write, kill the
+/// primary, [`promote`](RedisNode::promote) the replica, and the write is gone.
+///
+/// Pausing the replica (`SIGSTOP`) is *not* enough for that: the kernel still accepts the
+/// replication stream into the stopped replica's socket buffer, and the replica applies it
+/// as soon as it is resumed, before it can be promoted.
+#[derive(Debug)]
+pub struct RedisReplicaPair {
+    primary: Arc<RedisNode>,
+    replica: Arc<RedisNode>,
+    link: FaultProxy,
+    dir: tempfile::TempDir,
+}
+
+impl RedisReplicaPair {
+    /// Start a primary and a replica (no persistence) and wait until the replication link
+    /// is up.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: processes started so far are killed when the future is dropped.
+    pub async fn start() -> Result<RedisReplicaPair> {
+        super::retry_on_port_clash(Self::try_start).await
+    }
+
+    async fn try_start() -> Result<RedisReplicaPair> {
+        let dir = tempfile::Builder::new()
+            .prefix("tenure-redis-pair-")
+            .tempdir()?;
+        let primary = Arc::new(
+            RedisNode::create(dir.path(), "primary", Persistence::None, None, None).await?,
+        );
+        let link = FaultProxy::start(primary.addr()).await?;
+        let replica = Arc::new(
+            RedisNode::create(
+                dir.path(),
+                "replica",
+                Persistence::None,
+                None,
+                Some(link.addr()),
+            )
+            .await?,
+        );
+        let pair = RedisReplicaPair {
+            primary,
+            replica,
+            link,
+            dir,
+        };
+        pair.primary.core.process.spawn()?;
+        pair.replica.core.process.spawn()?;
+        futures::future::try_join(
+            pair.primary.core.process.wait_ready(),
+            pair.replica.core.process.wait_ready(),
+        )
+        .await?;
+        pair.wait_link_up().await?;
+        Ok(pair)
+    }
+
+    /// The primary.
+    pub fn primary(&self) -> &Arc<RedisNode> {
+        &self.primary
+    }
+
+    /// The replica.
+    pub fn replica(&self) -> &Arc<RedisNode> {
+        &self.replica
+    }
+
+    /// The fault proxy that carries replication from the primary to the replica. Set it to
+    /// [`ProxyMode::Blackhole`](crate::proxy::ProxyMode::Blackhole) to cut replication while
+    /// both servers keep running.
+    pub fn replication_link(&self) -> &FaultProxy {
+        &self.link
+    }
+
+    /// The temporary directory holding both nodes' data and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Wait (up to 20 s) until the replica reports `master_link_status:up`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_link_up(&self) -> Result<()> {
+        let deadline = Instant::now() + REPLICATION_TIMEOUT;
+        loop {
+            let status = self
+                .replica
+                .info_field("replication", "master_link_status")
+                .await;
+            if matches!(&status, Ok(Some(s)) if s == "up") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!(
+                        "the replica's link to the primary (last status {status:?}); replica log:\n{}",
+                        self.replica.log_tail(1500)
+                    ),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Wait (up to 20 s) until the replica has processed everything the primary had
+    /// written when this was called.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_synced(&self) -> Result<()> {
+        let target = self.primary.replication_offset().await?;
+        let deadline = Instant::now() + REPLICATION_TIMEOUT;
+        loop {
+            let got = self.replica.replication_offset().await;
+            if matches!(got, Ok(o) if o >= target) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("the replica to reach offset {target} (last {got:?})"),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for RedisReplicaPair {
+    fn drop(&mut self) {
+        kill_now([&self.primary.core, &self.replica.core]);
+    }
+}
+
+/// A RESP2 reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resp {
+    /// `+OK`
+    Simple(String),
+    /// `-ERR …`
+    Error(String),
+    /// `:1`
+    Integer(i64),
+    /// `$3\r\nfoo` or the nil bulk string `$-1` (`None`).
+    Bulk(Option<Vec<u8>>),
+    /// `*2…` or the nil array `*-1` (`None`).
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// True for `+OK`.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Resp::Simple(s) if s == "OK")
+    }
+
+    /// True for a nil bulk string or nil array.
+    pub fn is_nil(&self) -> bool {
+        matches!(self, Resp::Bulk(None) | Resp::Array(None))
+    }
+
+    /// The text of a simple string or bulk string (lossy UTF-8).
+    pub fn as_text(&self) -> Option<String> {
+        match self {
+            Resp::Simple(s) => Some(s.clone()),
+            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// The value of an integer reply.
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Resp::Integer(i) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+/// One field of an `INFO` reply.
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| {
+        l.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+/// A plain connection speaking RESP2, for tests and readiness checks.
+#[derive(Debug)]
+pub struct RespConnection {
+    stream: TcpStream,
+    addr: SocketAddr,
+    buf: Vec<u8>,
+}
+
+impl RespConnection {
+    /// Connect (unbounded: wrap in a timeout if the target may hang).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn connect(addr: SocketAddr) -> Result<RespConnection> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(RespConnection {
+            stream,
+            addr,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Send one command and read its reply. An `-ERR` reply is returned as
+    /// [`Resp::Error`], not as an `Err`. Unbounded: wrap in a timeout if the server may
+    /// hang.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled call can leave a reply in flight; drop the connection.
+    pub async fn command<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Result<Resp> {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            let a = a.as_ref();
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a);
+            req.extend_from_slice(b"\r\n");
+        }
+        self.stream.write_all(&req).await?;
+        loop {
+            match parse(&self.buf) {
+                Ok(Some((resp, used))) => {
+                    self.buf.drain(..used);
+                    return Ok(resp);
+                }
+                Ok(None) => {}
+                Err(detail) => {
+                    return Err(ServerError::Protocol {
+                        what: format!("redis {}", self.addr),
+                        detail,
+                    })
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(ServerError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("redis {} closed the connection", self.addr),
+                )));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Run one command on a fresh connection. Unbounded: wrap in a timeout if the server may
+/// hang.
+///
+/// # Cancel safety
+/// Cancel safe in that nothing is left behind, but the command may or may not have run.
+pub async fn command<A: AsRef<[u8]>>(addr: SocketAddr, args: &[A]) -> Result<Resp> {
+    RespConnection::connect(addr).await?.command(args).await
+}
+
+/// `PING` on a fresh connection; `Ok` only for `+PONG`. Unbounded: wrap in a timeout if the
+/// server may hang.
+///
+/// # Cancel safety
+/// Cancel safe.
+pub async fn ping(addr: SocketAddr) -> Result<()> {
+    match command(addr, &["PING"]).await? {
+        Resp::Simple(s) if s == "PONG" => Ok(()),
+        other => Err(ServerError::Protocol {
+            what: format!("redis {addr}"),
+            detail: format!("PING answered {other:?}"),
+        }),
+    }
+}
+
+/// Parse one reply from the front of `buf`: `Ok(None)` if incomplete.
+fn parse(buf: &[u8]) -> std::result::Result<Option<(Resp, usize)>, String> {
+    let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let Some((&kind, line)) = buf[..line_end].split_first() else {
+        return Err("empty line".into());
+    };
+    let line = std::str::from_utf8(line).map_err(|e| e.to_string())?;
+    let after = line_end + 2;
+    let int = || {
+        line.parse::<i64>()
+            .map_err(|e| format!("bad length/integer {line:?}: {e}"))
+    };
+    Ok(Some(match kind {
+        b'+' => (Resp::Simple(line.to_owned()), after),
+        b'-' => (Resp::Error(line.to_owned()), after),
+        b':' => (Resp::Integer(int()?), after),
+        b'$' => {
+            let Ok(len) = usize::try_from(int()?) else {
+                return Ok(Some((Resp::Bulk(None), after)));
+            };
+            if buf.len() < after + len + 2 {
+                return Ok(None);
+            }
+            (
+                Resp::Bulk(Some(buf[after..after + len].to_vec())),
+                after + len + 2,
+            )
+        }
+        b'*' => {
+            let Ok(len) = usize::try_from(int()?) else {
+                return Ok(Some((Resp::Array(None), after)));
+            };
+            let mut items = Vec::with_capacity(len.min(1024));
+            let mut pos = after;
+            for _ in 0..len {
+                match parse(&buf[pos..])? {
+                    Some((item, used)) => {
+                        items.push(item);
+                        pos += used;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            (Resp::Array(Some(items)), pos)
+        }
+        other => return Err(format!("unknown reply type {:?}", other as char)),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_replies() {
+        assert_eq!(
+            parse(b"+PONG\r\n"),
+            Ok(Some((Resp::Simple("PONG".into()), 7)))
+        );
+        assert_eq!(parse(b"+PON"), Ok(None));
+        assert_eq!(parse(b"$-1\r\n"), Ok(Some((Resp::Bulk(None), 5))));
+        assert_eq!(parse(b"$3\r\nfo"), Ok(None));
+        assert_eq!(
+            parse(b"*2\r\n:1\r\n$1\r\nx\r\n"),
+            Ok(Some((
+                Resp::Array(Some(vec![
+                    Resp::Integer(1),
+                    Resp::Bulk(Some(b"x".to_vec()))
+                ])),
+                15
+            )))
+        );
+        assert_eq!(
+            info_field("# Replication\r\nrole:slave\r\n", "role"),
+            Some("slave")
+        );
+    }
+}

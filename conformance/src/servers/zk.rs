@@ -1,0 +1,327 @@
+//! ZooKeeper: a standalone server or a 3-node ensemble on loopback ports.
+//!
+//! Servers run `java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
+//! org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg` (the jar's manifest pulls in
+//! jute, netty, slf4j-api and the rest; set `TENURE_ZK_CLASSPATH` to override) with a small
+//! heap, the admin server off, and every four-letter word enabled. Readiness is `ruok` →
+//! `imok` and `srvr` reporting `Mode: standalone`, `leader` or `follower`.
+//!
+//! Sessions expire between 2 and 20 × `tickTime`; use a short
+//! [`tick_time_ms`](ZkOptions::tick_time_ms) (e.g. 200) for fast expiry and fast failure
+//! detection in an ensemble (`syncLimit` is 5 ticks, `initLimit` 10).
+//!
+//! The JVM reads the clock without libc: the [clock shim](crate::clock_shim) cannot shift
+//! it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::process::{CommandSpec, Probe, ServerProcess};
+use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+
+const INSTALL: &str = "apt-get install -y zookeeper";
+const JAVA_INSTALL: &str = "apt-get install -y default-jre-headless";
+const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
+const SLF4J_BINDING: &str = "/usr/share/java/slf4j-simple.jar";
+/// Environment variable overriding the ZooKeeper classpath.
+pub const CLASSPATH_ENV: &str = "TENURE_ZK_CLASSPATH";
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Options for [`ZkEnsemble::start`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZkOptions {
+    /// Number of servers: 1 (standalone) or 3 (default 1).
+    pub nodes: usize,
+    /// `tickTime` in milliseconds (default 2000). Session timeouts are bounded to
+    /// 2–20 ticks.
+    pub tick_time_ms: u32,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        ZkOptions {
+            nodes: 1,
+            tick_time_ms: 2000,
+        }
+    }
+}
+
+impl ZkOptions {
+    /// Set the number of servers.
+    pub fn nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Set `tickTime` in milliseconds.
+    pub fn tick_time_ms(mut self, ms: u32) -> Self {
+        self.tick_time_ms = ms;
+        self
+    }
+}
+
+/// One ZooKeeper server.
+#[derive(Debug)]
+pub struct ZkNode {
+    core: NodeCore,
+    id: u32,
+}
+
+super::impl_node!(ZkNode);
+
+impl ZkNode {
+    super::node_control_methods!();
+
+    /// The server id (`myid`, from 1).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// `127.0.0.1:<port>`, direct.
+    pub fn connect_string(&self) -> String {
+        self.addr().to_string()
+    }
+
+    /// Send a four-letter word (`ruok`, `srvr`, `mntr`, …) and return the reply, bounded
+    /// by 1 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn four_letter(&self, word: &str) -> Result<String> {
+        four_letter(self.addr(), word).await
+    }
+
+    /// The `Mode:` reported by `srvr` (`standalone`, `leader`, `follower`), or `None` while
+    /// the server is not serving (e.g. during an election).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn mode(&self) -> Result<Option<String>> {
+        Ok(srvr_mode(&self.four_letter("srvr").await?).map(str::to_owned))
+    }
+}
+
+/// A ZooKeeper ensemble (or a standalone server). Dropping it kills every server and
+/// deletes the data.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    nodes: Vec<Arc<ZkNode>>,
+    dir: tempfile::TempDir,
+}
+
+impl ZkEnsemble {
+    /// Start the servers and wait until each is serving (in an ensemble: a leader has been
+    /// elected and every server has joined it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: servers started so far are killed when the future is dropped.
+    pub async fn start(options: ZkOptions) -> Result<ZkEnsemble> {
+        if options.nodes == 0 || options.tick_time_ms == 0 {
+            return Err(ServerError::Unsupported {
+                what: format!("ZooKeeper needs at least one node and a tick: {options:?}"),
+            });
+        }
+        super::retry_on_port_clash(|| Self::try_start(&options)).await
+    }
+
+    async fn try_start(options: &ZkOptions) -> Result<ZkEnsemble> {
+        let java = super::find_binary("java", &[], JAVA_INSTALL)?;
+        let classpath = classpath()?;
+        let dir = tempfile::Builder::new().prefix("tenure-zk-").tempdir()?;
+        let n = options.nodes;
+        let ports = (0..n)
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+            .collect::<Result<Vec<(u16, u16, u16)>>>()?;
+        let servers: String = if n > 1 {
+            ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, quorum, election))| {
+                    format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+                })
+                .collect()
+        } else {
+            String::new()
+        };
+        let mut ensemble = ZkEnsemble {
+            nodes: Vec::with_capacity(n),
+            dir,
+        };
+        for (i, &(client, _, _)) in ports.iter().enumerate() {
+            let id = u32::try_from(i + 1).map_err(|_| ServerError::Unsupported {
+                what: "too many ZooKeeper nodes".into(),
+            })?;
+            let root = ensemble.dir.path();
+            let data = root.join(format!("zk{id}"));
+            std::fs::create_dir_all(&data)?;
+            std::fs::write(data.join("myid"), format!("{id}\n"))?;
+            let cfg = root.join(format!("zoo{id}.cfg"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "tickTime={tick}\ninitLimit=10\nsyncLimit=5\ndataDir={data}\n\
+                     clientPort={client}\nclientPortAddress=127.0.0.1\n\
+                     admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n\
+                     {servers}",
+                    tick = options.tick_time_ms,
+                    data = data.display(),
+                ),
+            )?;
+            let addr = loopback(client);
+            let spec = CommandSpec::new(&java)
+                .cwd(root)
+                .arg("-Xmx256m")
+                .arg("-Xms32m")
+                .arg("-XX:+UseSerialGC")
+                .arg("-XX:TieredStopAtLevel=1")
+                // No /tmp/hsperfdata_<user>/<pid> file left behind by a SIGKILLed JVM.
+                .arg("-XX:-UsePerfData")
+                .arg("-Djava.net.preferIPv4Stack=true")
+                .arg("-Dzookeeper.admin.enableServer=false")
+                .arg("-Dzookeeper.preAllocSize=1024")
+                .arg("-cp")
+                .arg(&classpath)
+                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+                .arg(&cfg);
+            let probe: Probe = Arc::new(move || Box::pin(serving(addr)));
+            let process = ServerProcess::new(
+                format!("zookeeper {id} on {addr}"),
+                spec,
+                root.join(format!("zk{id}.log")),
+                READY_TIMEOUT,
+                probe,
+            );
+            let node = ZkNode {
+                core: NodeCore::new(process, addr).await?,
+                id,
+            };
+            node.core.process.spawn()?;
+            ensemble.nodes.push(Arc::new(node));
+        }
+        futures::future::try_join_all(ensemble.nodes.iter().map(|n| n.core.process.wait_ready()))
+            .await?;
+        Ok(ensemble)
+    }
+
+    /// The servers, in id order (index 0 has id 1).
+    pub fn nodes(&self) -> &[Arc<ZkNode>] {
+        &self.nodes
+    }
+
+    /// `127.0.0.1:p1,127.0.0.1:p2,…`, direct.
+    pub fn connect_string(&self) -> String {
+        join(self.nodes.iter().map(|n| n.addr()))
+    }
+
+    /// The same through each server's fault proxy.
+    pub fn proxied_connect_string(&self) -> String {
+        join(self.nodes.iter().map(|n| n.proxied_addr()))
+    }
+
+    /// The temporary directory holding every server's config, data and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Index (into [`nodes`](Self::nodes)) of the server reporting `Mode: leader` (or
+    /// `standalone`). Waits up to 30 s, e.g. while an election is running.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn leader_index(&self) -> Result<usize> {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        loop {
+            let modes = futures::future::join_all(self.nodes.iter().map(|n| async move {
+                if n.is_running() && !n.is_paused() {
+                    n.mode().await.ok().flatten()
+                } else {
+                    None
+                }
+            }))
+            .await;
+            if let Some(i) = modes
+                .iter()
+                .position(|m| matches!(m.as_deref(), Some("leader" | "standalone")))
+            {
+                return Ok(i);
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("a ZooKeeper leader (modes {modes:?})"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for ZkEnsemble {
+    fn drop(&mut self) {
+        kill_now(self.nodes.iter().map(|n| &n.core));
+    }
+}
+
+fn join(addrs: impl Iterator<Item = SocketAddr>) -> String {
+    addrs.map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn classpath() -> Result<String> {
+    if let Some(cp) = std::env::var_os(CLASSPATH_ENV).filter(|cp| !cp.is_empty()) {
+        return Ok(cp.to_string_lossy().into_owned());
+    }
+    if !Path::new(ZK_JAR).is_file() {
+        return Err(ServerError::MissingBinary {
+            binary: ZK_JAR.into(),
+            install: INSTALL.into(),
+        });
+    }
+    let mut cp = vec![PathBuf::from(ZK_JAR)];
+    // Without a binding slf4j logs nothing (and says so); with slf4j-simple the log goes
+    // to stderr, which is captured.
+    if Path::new(SLF4J_BINDING).is_file() {
+        cp.push(SLF4J_BINDING.into());
+    }
+    Ok(cp
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":"))
+}
+
+fn srvr_mode(srvr: &str) -> Option<&str> {
+    srvr.lines()
+        .find_map(|l| l.strip_prefix("Mode:"))
+        .map(str::trim)
+}
+
+async fn serving(addr: SocketAddr) -> Result<bool> {
+    if four_letter(addr, "ruok").await?.trim() != "imok" {
+        return Ok(false);
+    }
+    Ok(matches!(
+        srvr_mode(&four_letter(addr, "srvr").await?),
+        Some("standalone" | "leader" | "follower")
+    ))
+}
+
+async fn four_letter(addr: SocketAddr, word: &str) -> Result<String> {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(word.as_bytes()).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok::<_, ServerError>(out)
+    };
+    tokio::time::timeout(FOUR_LETTER_TIMEOUT, exchange)
+        .await
+        .map_err(|_| ServerError::Timeout {
+            what: format!("zookeeper {addr} to answer {word}"),
+        })?
+}

@@ -1,0 +1,807 @@
+//! The shared scenario suite: one `pub async fn` per scenario, run against every backend
+//! through a [`Harness`]. Scenario floor from madelson's DistributedLock core tests,
+//! ShedLock's fuzz counter and Jepsen's lock workload.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tenure_api::{
+    AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease, LockError, LockExt,
+    LockKey, OwnerId, ReleaseOutcome,
+};
+
+use crate::history::{FencedRegister, History};
+use crate::Harness;
+
+/// Why a scenario failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<LockError> for Failure {
+    fn from(error: LockError) -> Self {
+        Self(format!("unexpected error: {error}"))
+    }
+}
+
+impl From<crate::history::Rejected> for Failure {
+    fn from(error: crate::history::Rejected) -> Self {
+        Self(format!("fenced register: {error}"))
+    }
+}
+
+/// A scenario's result.
+pub type Outcome = Result<(), Failure>;
+
+/// Fails the scenario with a message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::suite::Failure(format!($($fmt)+)));
+        }
+    };
+}
+
+/// What a scenario needs from the backend; without it the scenario is reported ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requirement {
+    /// A silent holder's lock is freed after its TTL while the holder's client stays
+    /// connected (not true of session-based ZooKeeper locks).
+    TtlExpiry,
+    /// The backend declares FIFO fairness (the scenario then checks it).
+    Fifo,
+    /// The harness can cut a client's link.
+    LinkCut,
+}
+
+impl Requirement {
+    /// Whether a backend with these capabilities and this harness meets the requirement.
+    pub fn met_by(self, caps: &Capabilities, harness: &dyn Harness) -> bool {
+        match self {
+            Self::TtlExpiry => caps.expiry != ExpiryKind::SessionHeartbeat,
+            Self::Fifo => caps.fairness == Fairness::Fifo,
+            Self::LinkCut => harness.can_cut_links(),
+        }
+    }
+}
+
+/// What one scenario run sees: the harness and a key namespace of its own.
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    /// The backend's harness.
+    pub harness: &'a dyn Harness,
+    prefix: String,
+}
+
+impl<'a> Ctx<'a> {
+    /// A context whose keys live under `prefix`.
+    pub fn new(harness: &'a dyn Harness, prefix: impl Into<String>) -> Self {
+        Self {
+            harness,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// A key unique to this run and scenario.
+    ///
+    /// # Panics
+    /// If the prefix makes the key invalid (longer than 512 bytes, control characters):
+    /// a broken harness, reported as a failed scenario.
+    pub fn key(&self, name: &str) -> LockKey {
+        LockKey::new(format!("{}/{}", self.prefix, name))
+            .unwrap_or_else(|e| panic!("bad scenario key prefix {:?}: {e}", self.prefix))
+    }
+
+    /// A fresh independent client.
+    ///
+    /// # Cancel safety
+    /// As [`Harness::client`].
+    pub async fn client(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
+        self.harness
+            .client()
+            .await
+            .map_err(|e| Failure(format!("could not create a client: {e}")))
+    }
+
+    /// The harness's short TTL.
+    pub fn short_ttl(&self) -> Duration {
+        self.harness.short_ttl()
+    }
+}
+
+/// A named scenario with its requirements.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    /// Its name (also the test name).
+    pub name: &'static str,
+    /// What it needs; unmet requirements make it *ignored*.
+    pub requires: &'static [Requirement],
+    /// Runs it.
+    pub run: for<'a> fn(&'a Ctx<'a>) -> BoxFuture<'a, Outcome>,
+}
+
+impl fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scenario")
+            .field("name", &self.name)
+            .field("requires", &self.requires)
+            .finish()
+    }
+}
+
+impl Scenario {
+    /// The first requirement `caps`/`harness` do not meet, if any.
+    pub fn unmet(&self, caps: &Capabilities, harness: &dyn Harness) -> Option<Requirement> {
+        self.requires
+            .iter()
+            .copied()
+            .find(|r| !r.met_by(caps, harness))
+    }
+}
+
+macro_rules! scenarios {
+    ($($name:ident $([$($req:ident),*])?),* $(,)?) => {
+        /// Every scenario of the suite, in a stable order.
+        pub fn scenarios() -> Vec<Scenario> {
+            vec![$({
+                fn run<'a>(ctx: &'a Ctx<'a>) -> BoxFuture<'a, Outcome> {
+                    Box::pin($name(ctx))
+                }
+                Scenario {
+                    name: stringify!($name),
+                    requires: &[$($(Requirement::$req),*)?],
+                    run,
+                }
+            }),*]
+        }
+    };
+}
+
+scenarios![
+    acquire_release_reacquire,
+    try_while_held_is_none,
+    keys_are_independent,
+    inspect_reports_the_holder,
+    invalid_ttl_is_rejected,
+    acquire_times_out_while_held,
+    extend_keeps_the_lease,
+    non_owner_cannot_extend_or_release,
+    tokens_strictly_increase,
+    two_clients_never_share,
+    counter_loses_no_update,
+    ttl_expiry_and_takeover[TtlExpiry],
+    extend_after_expiry_fails[TtlExpiry],
+    releasing_a_stolen_lease_keeps_the_new_owner[TtlExpiry],
+    crashed_client_is_freed,
+    cancelled_acquire_leaves_no_ghost,
+    drop_without_release_frees_the_lock,
+    guard_renews_past_the_ttl,
+    lost_fires_when_the_link_is_cut[LinkCut],
+    waiters_are_served_fifo[Fifo],
+    many_keys_stress,
+];
+
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+async fn must_acquire(
+    lock: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+    ttl: Duration,
+) -> Result<Lease, Failure> {
+    lock.try_acquire(key, ttl)
+        .await?
+        .ok_or_else(|| Failure(format!("`{key}` should be free")))
+}
+
+async fn holder(
+    lock: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+) -> Result<Option<OwnerId>, Failure> {
+    Ok(lock.inspect(key).await?.map(|h| h.owner))
+}
+
+/// Acquire, release, and acquire again with a new owner and a larger token.
+pub async fn acquire_release_reacquire(ctx: &Ctx<'_>) -> Outcome {
+    let lock = ctx.client().await?;
+    let key = ctx.key("k");
+    let first = must_acquire(&lock, &key, LONG_TTL).await?;
+    let outcome = lock.release(first.clone()).await?;
+    ensure!(
+        outcome == ReleaseOutcome::Released,
+        "release said {outcome:?}"
+    );
+    let again = lock.release(first.clone()).await?;
+    ensure!(
+        again == ReleaseOutcome::NotHeld,
+        "double release said {again:?}"
+    );
+    let second = must_acquire(&lock, &key, LONG_TTL).await?;
+    ensure!(second.owner() != first.owner(), "owner id reused");
+    ensure!(
+        second.token() > first.token(),
+        "token {} after {}",
+        second.token(),
+        first.token()
+    );
+    lock.release(second).await?;
+    Ok(())
+}
+
+/// `try_acquire` on a held key returns `None` at once, from any client.
+pub async fn try_while_held_is_none(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let lease = must_acquire(&a, &key, LONG_TTL).await?;
+    ensure!(
+        b.try_acquire(&key, LONG_TTL).await?.is_none(),
+        "second client got a held lock"
+    );
+    ensure!(
+        a.try_acquire(&key, LONG_TTL).await?.is_none(),
+        "same client got it twice"
+    );
+    a.release(lease).await?;
+    let lease = must_acquire(&b, &key, LONG_TTL).await?;
+    b.release(lease).await?;
+    Ok(())
+}
+
+/// Holding one key does not block another.
+pub async fn keys_are_independent(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let one = must_acquire(&a, &ctx.key("one"), LONG_TTL).await?;
+    let two = must_acquire(&b, &ctx.key("two"), LONG_TTL).await?;
+    a.release(one).await?;
+    b.release(two).await?;
+    Ok(())
+}
+
+/// `inspect` names the holder and its token, and `None` when free.
+pub async fn inspect_reports_the_holder(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    ensure!(b.inspect(&key).await?.is_none(), "free key has a holder");
+    let lease = must_acquire(&a, &key, LONG_TTL).await?;
+    let info = b
+        .inspect(&key)
+        .await?
+        .ok_or_else(|| Failure("held key shows no holder".into()))?;
+    ensure!(
+        info.owner == lease.owner(),
+        "inspect owner {} != {}",
+        info.owner,
+        lease.owner()
+    );
+    if let Some(token) = info.token {
+        ensure!(
+            token == lease.token(),
+            "inspect token {token} != {}",
+            lease.token()
+        );
+    }
+    if let Some(remaining) = info.remaining {
+        ensure!(
+            remaining <= LONG_TTL,
+            "remaining {remaining:?} exceeds the ttl"
+        );
+    }
+    a.release(lease).await?;
+    ensure!(
+        b.inspect(&key).await?.is_none(),
+        "released key still has a holder"
+    );
+    Ok(())
+}
+
+/// A zero or absurd TTL is `InvalidInput`, and takes no lock.
+pub async fn invalid_ttl_is_rejected(ctx: &Ctx<'_>) -> Outcome {
+    let lock = ctx.client().await?;
+    let key = ctx.key("k");
+    for ttl in [Duration::ZERO, Duration::from_secs(400 * 86_400)] {
+        match lock.try_acquire(&key, ttl).await {
+            Err(LockError::InvalidInput(_)) => {}
+            other => {
+                return Err(Failure(format!(
+                    "ttl {ttl:?}: expected InvalidInput, got {other:?}"
+                )))
+            }
+        }
+    }
+    ensure!(
+        lock.inspect(&key).await?.is_none(),
+        "a rejected acquire left a lock"
+    );
+    Ok(())
+}
+
+/// `acquire` on a held key really waits its bound, then reports `Timeout`.
+pub async fn acquire_times_out_while_held(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let lease = must_acquire(&a, &key, LONG_TTL).await?;
+    let wait = Duration::from_millis(400);
+    let started = Instant::now();
+    let result = b
+        .acquire(&key, &AcquireOptions::new(LONG_TTL).wait(wait))
+        .await;
+    let waited = started.elapsed();
+    ensure!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "expected Timeout, got {result:?}"
+    );
+    ensure!(
+        waited >= wait,
+        "returned after {waited:?}, before its {wait:?} bound"
+    );
+    ensure!(
+        holder(&b, &key).await? == Some(lease.owner()),
+        "holder changed"
+    );
+    a.release(lease).await?;
+    Ok(())
+}
+
+/// Extending before expiry keeps the lock past its original TTL.
+pub async fn extend_keeps_the_lease(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let mut lease = must_acquire(&a, &key, ttl).await?;
+    for _ in 0..3 {
+        tokio::time::sleep(ttl / 2).await;
+        a.extend(&mut lease, ttl).await?;
+    }
+    ensure!(
+        lease.valid_until() > Instant::now(),
+        "deadline not moved by extend"
+    );
+    ensure!(
+        b.try_acquire(&key, ttl).await?.is_none(),
+        "lost despite extensions"
+    );
+    a.release(lease).await?;
+    Ok(())
+}
+
+/// A forged lease (another owner id, the holder's token) can neither extend nor release.
+pub async fn non_owner_cannot_extend_or_release(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let lease = must_acquire(&a, &key, LONG_TTL).await?;
+    let mut forged = Lease::new(
+        key.clone(),
+        OwnerId::random(),
+        lease.token(),
+        Instant::now(),
+        LONG_TTL,
+        Duration::ZERO,
+    )
+    .with_handle(lease.handle().clone());
+    match b.extend(&mut forged, LONG_TTL).await {
+        Err(LockError::LeaseLost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "non-owner extend: expected LeaseLost, got {other:?}"
+            )))
+        }
+    }
+    match b.release(forged).await {
+        Ok(ReleaseOutcome::NotHeld) | Err(LockError::LeaseLost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "non-owner release: expected NotHeld, got {other:?}"
+            )))
+        }
+    }
+    ensure!(
+        holder(&b, &key).await? == Some(lease.owner()),
+        "non-owner disturbed the lock"
+    );
+    a.release(lease).await?;
+    Ok(())
+}
+
+/// Tokens strictly increase over a sequence of grants to competing clients.
+pub async fn tokens_strictly_increase(ctx: &Ctx<'_>) -> Outcome {
+    let clients = [ctx.client().await?, ctx.client().await?];
+    let key = ctx.key("k");
+    let mut last = None;
+    for i in 0..20 {
+        let lock = &clients[i % 2];
+        let lease = must_acquire(lock, &key, LONG_TTL).await?;
+        if let Some(prev) = last {
+            ensure!(
+                lease.token() > prev,
+                "grant {i}: token {} after {prev}",
+                lease.token()
+            );
+        }
+        last = Some(lease.token());
+        lock.release(lease).await?;
+    }
+    Ok(())
+}
+
+/// Several clients contend for one key; the checker finds no overlap of believed holds
+/// and tokens that increase in acquisition order.
+pub async fn two_clients_never_share(ctx: &Ctx<'_>) -> Outcome {
+    let history = History::new();
+    let key = ctx.key("k");
+    let run_for = Duration::from_millis(1500);
+    let mut tasks = Vec::new();
+    for client in 0..3 {
+        let lock = ctx.client().await?;
+        let (history, key) = (history.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(10));
+            let started = Instant::now();
+            while started.elapsed() < run_for {
+                let invoked = Instant::now();
+                let lease = lock.acquire(&key, &opts).await?;
+                let completed = Instant::now();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                history.record(client, &lease, invoked, completed, Instant::now());
+                lock.release(lease).await?;
+            }
+            Ok::<(), LockError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| Failure(format!("task: {e}")))??;
+    }
+    let report = history.check();
+    ensure!(report.is_safe(), "{report}");
+    let holds = history.holds();
+    for client in 0..3 {
+        ensure!(
+            holds.iter().any(|h| h.client == client),
+            "client {client} never acquired"
+        );
+    }
+    Ok(())
+}
+
+/// N tasks, each with its own client, do read-sleep-write increments under the lock,
+/// on a plain counter and on a fenced register: no update is lost, nothing is rejected.
+pub async fn counter_loses_no_update(ctx: &Ctx<'_>) -> Outcome {
+    const TASKS: u64 = 4;
+    const ROUNDS: u64 = 8;
+    let key = ctx.key("counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let register = Arc::new(FencedRegister::new());
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let lock = ctx.client().await?;
+        let (key, counter, register) = (key.clone(), counter.clone(), register.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(20));
+            for _ in 0..ROUNDS {
+                let lease = lock.acquire(&key, &opts).await?;
+                let read = counter.load(Ordering::SeqCst);
+                let fenced = register.read(lease.token())?;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                counter.store(read + 1, Ordering::SeqCst);
+                register.write(lease.token(), fenced + 1)?;
+                lock.release(lease).await?;
+            }
+            Ok::<(), Failure>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| Failure(format!("task: {e}")))??;
+    }
+    let total = counter.load(Ordering::SeqCst);
+    ensure!(
+        total == TASKS * ROUNDS,
+        "counter {total}, expected {}",
+        TASKS * ROUNDS
+    );
+    ensure!(
+        register.value() == TASKS * ROUNDS,
+        "fenced register {}",
+        register.value()
+    );
+    Ok(())
+}
+
+/// A holder that never extends loses the lock after its TTL; a waiter gets it, not
+/// before the old holder's local deadline, with a larger token.
+pub async fn ttl_expiry_and_takeover(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let old = must_acquire(&a, &key, ttl).await?;
+    let opts = AcquireOptions::new(LONG_TTL).wait(ttl * 4 + Duration::from_secs(2));
+    let new = b.acquire(&key, &opts).await?;
+    let got_at = Instant::now();
+    ensure!(
+        got_at >= old.valid_until(),
+        "taken over {:?} before the old holder's deadline",
+        old.valid_until() - got_at
+    );
+    ensure!(
+        new.token() > old.token(),
+        "token {} after {}",
+        new.token(),
+        old.token()
+    );
+    b.release(new).await?;
+    Ok(())
+}
+
+/// Extending an expired lease fails with `LeaseLost` and does not re-acquire it.
+pub async fn extend_after_expiry_fails(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let mut lease = must_acquire(&a, &key, ttl).await?;
+    // Wait until another client can take it: the server has expired it.
+    let taker = b
+        .acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(ttl * 4 + Duration::from_secs(2)),
+        )
+        .await?;
+    b.release(taker).await?;
+    match a.extend(&mut lease, ttl).await {
+        Err(LockError::LeaseLost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "extend after expiry: expected LeaseLost, got {other:?}"
+            )))
+        }
+    }
+    ensure!(
+        holder(&b, &key).await?.is_none(),
+        "extend re-acquired the expired lock"
+    );
+    Ok(())
+}
+
+/// After expiry and takeover, the old holder's release leaves the new owner's lock alone.
+pub async fn releasing_a_stolen_lease_keeps_the_new_owner(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let old = must_acquire(&a, &key, ttl).await?;
+    let new = b
+        .acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(ttl * 4 + Duration::from_secs(2)),
+        )
+        .await?;
+    match a.release(old).await {
+        Ok(ReleaseOutcome::NotHeld) | Err(LockError::LeaseLost { .. }) => {}
+        other => {
+            return Err(Failure(format!(
+                "stale release: expected NotHeld, got {other:?}"
+            )))
+        }
+    }
+    ensure!(
+        holder(&b, &key).await? == Some(new.owner()),
+        "stale release removed the new owner's lock"
+    );
+    b.release(new).await?;
+    Ok(())
+}
+
+/// A client that crashes while holding (dropped: no release, no renewal) does not block
+/// the key for longer than its TTL.
+pub async fn crashed_client_is_freed(ctx: &Ctx<'_>) -> Outcome {
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    {
+        let doomed = ctx.client().await?;
+        let _lease = must_acquire(&doomed, &key, ttl).await?;
+    } // the client and its lease are gone
+    let survivor = ctx.client().await?;
+    let lease = survivor
+        .acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(ttl * 4 + Duration::from_secs(3)),
+        )
+        .await
+        .map_err(|e| Failure(format!("the crashed holder's lock was never freed: {e}")))?;
+    survivor.release(lease).await?;
+    Ok(())
+}
+
+/// An `acquire` cancelled while waiting leaves no ghost waiter or lock behind.
+pub async fn cancelled_acquire_leaves_no_ghost(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let key = ctx.key("k");
+    let held = must_acquire(&a, &key, LONG_TTL).await?;
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(20)),
+        ),
+    )
+    .await;
+    ensure!(
+        cancelled.is_err(),
+        "the waiting acquire returned: {cancelled:?}"
+    );
+    a.release(held).await?;
+    // A ghost would hold or block the key for the 30 s TTL.
+    let lease = c
+        .acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(|e| Failure(format!("a ghost blocks the key: {e}")))?;
+    ensure!(
+        holder(&c, &key).await? == Some(lease.owner()),
+        "holder is not the new client"
+    );
+    c.release(lease).await?;
+    Ok(())
+}
+
+/// Dropping a guard without `release` frees the lock long before its TTL.
+pub async fn drop_without_release_frees_the_lock(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let guard = a.lock(&key, &AcquireOptions::new(LONG_TTL)).await?;
+    drop(guard);
+    let lease = b
+        .acquire(
+            &key,
+            &AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(|e| Failure(format!("dropped guard did not release: {e}")))?;
+    b.release(lease).await?;
+    Ok(())
+}
+
+/// A guard keeps the lock across several TTLs by renewing it.
+pub async fn guard_renews_past_the_ttl(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let guard = a.lock(&key, &AcquireOptions::new(ttl)).await?;
+    tokio::time::sleep(ttl * 3).await;
+    ensure!(
+        !guard.is_lost(),
+        "guard lost: {:?}",
+        guard.lost_signal().reason()
+    );
+    ensure!(
+        b.try_acquire(&key, ttl).await?.is_none(),
+        "lock expired under a renewing guard"
+    );
+    let outcome = guard.release().await?;
+    ensure!(
+        outcome == ReleaseOutcome::Released,
+        "release said {outcome:?}"
+    );
+    Ok(())
+}
+
+/// Cutting a holder's link makes its guard report loss, by its own deadline.
+pub async fn lost_fires_when_the_link_is_cut(ctx: &Ctx<'_>) -> Outcome {
+    let Some(client) = ctx.harness.cuttable_client().await? else {
+        return Err(Failure(
+            "harness declared link cutting but gave no client".into(),
+        ));
+    };
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let guard = client.lock.lock(&key, &AcquireOptions::new(ttl)).await?;
+    let deadline = guard.lease().await.map(|l| l.valid_until());
+    client.link.cut();
+    let lost = tokio::time::timeout(ttl * 3, guard.lost()).await;
+    client.link.heal();
+    ensure!(
+        lost.is_ok(),
+        "guard did not report loss within 3×ttl of the cut"
+    );
+    ensure!(client.link.fired(), "the cut did not hold back any traffic");
+    if let Some(deadline) = deadline {
+        // Loss is reported when a renewal fails or at the latest at the (moving) deadline.
+        ensure!(
+            Instant::now() <= deadline + ttl * 2,
+            "loss reported long after the deadline"
+        );
+    }
+    Ok(())
+}
+
+/// Waiters queued one after another get the lock in that order (backends declaring FIFO).
+pub async fn waiters_are_served_fifo(ctx: &Ctx<'_>) -> Outcome {
+    const WAITERS: usize = 5;
+    let holder_client = ctx.client().await?;
+    let key = ctx.key("k");
+    let held = must_acquire(&holder_client, &key, LONG_TTL).await?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let lock = ctx.client().await?;
+        let (key, order) = (key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(30));
+            let lease = lock.acquire(&key, &opts).await?;
+            order.lock().unwrap_or_else(PoisonError::into_inner).push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lock.release(lease).await?;
+            Ok::<(), LockError>(())
+        }));
+        // Let waiter i queue before waiter i+1 asks.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    holder_client.release(held).await?;
+    for task in tasks {
+        task.await.map_err(|e| Failure(format!("task: {e}")))??;
+    }
+    let order = order.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    ensure!(
+        order == (0..WAITERS).collect::<Vec<_>>(),
+        "declared FIFO but served in order {order:?}"
+    );
+    Ok(())
+}
+
+/// Many keys, several clients, interleaved try/release: no errors, every lock freed.
+pub async fn many_keys_stress(ctx: &Ctx<'_>) -> Outcome {
+    const KEYS: usize = 60;
+    let keys: Arc<Vec<LockKey>> = Arc::new((0..KEYS).map(|i| ctx.key(&format!("k{i}"))).collect());
+    let mut tasks = Vec::new();
+    for client in 0..3 {
+        let lock = ctx.client().await?;
+        let keys = keys.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut granted = Vec::new();
+            for round in 0..3 {
+                for i in 0..KEYS {
+                    let key = &keys[(i * 7 + client * 13 + round) % KEYS];
+                    if let Some(lease) = lock.try_acquire(key, LONG_TTL).await? {
+                        granted.push((key.clone(), lease.token()));
+                        lock.release(lease).await?;
+                    }
+                }
+            }
+            Ok::<_, LockError>(granted)
+        }));
+    }
+    let mut grants = Vec::new();
+    for task in tasks {
+        grants.extend(task.await.map_err(|e| Failure(format!("task: {e}")))??);
+    }
+    ensure!(
+        grants.len() >= KEYS,
+        "only {} grants over {KEYS} keys",
+        grants.len()
+    );
+    grants.sort();
+    ensure!(
+        grants.windows(2).all(|w| w[0] != w[1]),
+        "a token was issued twice for one key"
+    );
+    let lock = ctx.client().await?;
+    for key in keys.iter() {
+        ensure!(
+            lock.inspect(key).await?.is_none(),
+            "`{key}` still held after the stress"
+        );
+    }
+    Ok(())
+}

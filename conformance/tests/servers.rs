@@ -1,0 +1,487 @@
+//! Live-server tests for the launchers, the fault proxy and the clock shim.
+//!
+//! Each test starts real servers from the installed binaries and asserts real effects.
+//! Start-up times are printed as `STARTUP <kind>: <ms> ms` (run with `--nocapture`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tenure_conformance::proxy::ProxyMode;
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::servers::postgres::Postgres;
+use tenure_conformance::servers::redis::{
+    self, Persistence, RedisCluster, RedisOptions, RedisReplicaPair, Resp, RespConnection,
+};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_conformance::servers::{pid_alive, spawned_pids, ServerError};
+
+/// A test failure that prints its message readably (multi-line server logs included).
+struct Failure(String);
+
+impl<E: fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+type TestResult = Result<(), Failure>;
+
+fn startup(kind: &str, since: Instant) {
+    eprintln!("STARTUP {kind}: {} ms", since.elapsed().as_millis());
+}
+
+/// `PING` bounded by `ms`; `Err` describes a timeout or a connection error.
+async fn ping_within(addr: SocketAddr, ms: u64) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_millis(ms), redis::ping(addr)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("error: {e}")),
+        Err(_) => Err("timeout".into()),
+    }
+}
+
+fn is_timeout(r: &Result<(), String>) -> bool {
+    matches!(r, Err(e) if e == "timeout")
+}
+
+async fn get(addr: SocketAddr, key: &str) -> Result<Resp, Failure> {
+    Ok(tokio::time::timeout(Duration::from_secs(5), redis::command(addr, &["GET", key])).await??)
+}
+
+async fn set(addr: SocketAddr, args: &[&str]) -> TestResult {
+    let mut cmd = vec!["SET"];
+    cmd.extend_from_slice(args);
+    let r = tokio::time::timeout(Duration::from_secs(5), redis::command(addr, &cmd)).await??;
+    assert!(r.is_ok(), "SET {args:?} answered {r:?}");
+    Ok(())
+}
+
+/// Poll `cond` every 20 ms for up to `within`.
+async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_single_node_starts() -> TestResult {
+    let t = Instant::now();
+    let c = RedisCluster::start(RedisOptions::default()).await?;
+    startup("redis x1", t);
+    assert_eq!(c.nodes().len(), 1);
+    let node = &c.nodes()[0];
+    ping_within(node.addr(), 2000).await?;
+    assert!(node.url().starts_with("redis://127.0.0.1:"));
+    // Clock offsets need the shim.
+    assert!(matches!(
+        node.set_clock_offset(1000),
+        Err(ServerError::Unsupported { .. })
+    ));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_three_nodes_kill_restart_pause() -> TestResult {
+    let t = Instant::now();
+    let c = RedisCluster::start(RedisOptions::default().nodes(3)).await?;
+    startup("redis x3", t);
+    let [n0, n1, n2] = c.nodes() else {
+        panic!("expected 3 nodes")
+    };
+    let ports: std::collections::HashSet<u16> = c.nodes().iter().map(|n| n.addr().port()).collect();
+    assert_eq!(ports.len(), 3, "distinct ports");
+    for n in c.nodes() {
+        ping_within(n.addr(), 2000).await?;
+    }
+    set(n0.addr(), &["k", "v"]).await?;
+
+    // Kill: PING fails on n0, others fine; the process is gone.
+    let pid = n0.pid().expect("running");
+    n0.kill().await?;
+    n0.kill().await?; // idempotent
+    assert!(!n0.is_running());
+    assert_eq!(n0.pid(), None);
+    assert!(!pid_alive(pid), "pid {pid} survived SIGKILL");
+    let r = ping_within(n0.addr(), 1000).await;
+    assert!(
+        r.is_err() && !is_timeout(&r),
+        "PING on a killed node: {r:?}"
+    );
+    ping_within(n1.addr(), 2000).await?;
+    ping_within(n2.addr(), 2000).await?;
+    assert!(matches!(n0.pause(), Err(ServerError::NotRunning { .. })));
+
+    // Restart: same port, answers again, and without persistence the data is gone.
+    n0.restart().await?;
+    assert!(n0.is_running());
+    assert_ne!(n0.pid(), Some(pid));
+    ping_within(n0.addr(), 2000).await?;
+    assert!(
+        get(n0.addr(), "k").await?.is_nil(),
+        "data survived a restart without persistence"
+    );
+
+    // Pause: PING times out (no error); resume: it works again.
+    n1.pause()?;
+    assert!(n1.is_paused() && n1.is_running());
+    let r = ping_within(n1.addr(), 300).await;
+    assert!(is_timeout(&r), "PING on a paused node: {r:?}");
+    n1.resume()?;
+    assert!(!n1.is_paused());
+    ping_within(n1.addr(), 2000).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_aof_always_survives_restart() -> TestResult {
+    let c =
+        RedisCluster::start(RedisOptions::default().persistence(Persistence::AofAlways)).await?;
+    let n = &c.nodes()[0];
+    set(n.addr(), &["durable", "yes"]).await?;
+    n.restart().await?;
+    assert_eq!(
+        get(n.addr(), "durable").await?.as_text().as_deref(),
+        Some("yes")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_faults() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default()).await?;
+    let n = &c.nodes()[0];
+    let proxy = n.proxy();
+    let via = n.proxied_addr();
+    assert_ne!(via, n.addr());
+    assert_eq!(proxy.target(), n.addr());
+    assert!(n.proxied_url().ends_with(&via.port().to_string()));
+
+    // Pass.
+    ping_within(via, 2000).await?;
+    let mut existing = RespConnection::connect(via).await?;
+    assert_eq!(
+        existing.command(&["PING"]).await?,
+        Resp::Simple("PONG".into())
+    );
+    let s = proxy.stats();
+    assert!(
+        s.accepted >= 2 && s.bytes_up > 0 && s.bytes_down > 0,
+        "{s:?}"
+    );
+
+    // Blackhole: new and existing connections time out; direct still works.
+    proxy.set_mode(ProxyMode::Blackhole);
+    assert_eq!(proxy.mode(), ProxyMode::Blackhole);
+    let r = ping_within(via, 300).await;
+    assert!(is_timeout(&r), "PING through a black hole: {r:?}");
+    let r = tokio::time::timeout(Duration::from_millis(300), existing.command(&["PING"])).await;
+    assert!(
+        r.is_err(),
+        "existing connection through a black hole: {r:?}"
+    );
+    ping_within(n.addr(), 2000).await?;
+    assert!(proxy.stats().bytes_blackholed > 0, "{:?}", proxy.stats());
+
+    // Reset: existing connections get RST, new ones too.
+    proxy.set_mode(ProxyMode::Pass);
+    let mut existing = RespConnection::connect(via).await?;
+    assert_eq!(
+        existing.command(&["PING"]).await?,
+        Resp::Simple("PONG".into())
+    );
+    let resets_before = proxy.stats().resets;
+    proxy.set_mode(ProxyMode::Reset);
+    let r = tokio::time::timeout(Duration::from_secs(2), existing.command(&["PING"])).await;
+    assert!(
+        matches!(r, Ok(Err(_))),
+        "existing connection after reset: {r:?}"
+    );
+    let r = ping_within(via, 1000).await;
+    assert!(r.is_err() && !is_timeout(&r), "PING through reset: {r:?}");
+    assert!(
+        proxy.stats().resets >= resets_before + 2,
+        "{:?}",
+        proxy.stats()
+    );
+
+    // Delay up 200 ms: a round trip takes at least that.
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::from_millis(200),
+        down: Duration::ZERO,
+    });
+    let t = Instant::now();
+    ping_within(via, 2000).await?;
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(200),
+        "delayed PING took {took:?}"
+    );
+
+    // Back to pass: fast again.
+    proxy.set_mode(ProxyMode::Pass);
+    let t = Instant::now();
+    ping_within(via, 2000).await?;
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // The proxy is stable across a restart of its node.
+    n.restart().await?;
+    ping_within(via, 2000).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_clock_shim_expires_keys() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default().clock_shim(true)).await?;
+    let n = &c.nodes()[0];
+    set(n.addr(), &["k", "v", "PX", "10000"]).await?;
+    let pttl = n.command(&["PTTL", "k"]).await?.as_int().unwrap_or(-9);
+    assert!(pttl > 5000, "PTTL before the jump: {pttl}");
+
+    n.set_clock_offset(20_000)?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (expired, last) = loop {
+        let r = get(n.addr(), "k").await?;
+        if r.is_nil() || Instant::now() >= deadline {
+            break (r.is_nil(), r);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(expired, "key still there after a +20 s jump: {last:?}");
+    assert_eq!(n.command(&["PTTL", "k"]).await?.as_int(), Some(-2));
+
+    // The server is alive and responsive under the shim (no libfaketime-style hang).
+    assert!(n.is_running());
+    ping_within(n.addr(), 2000).await?;
+    set(n.addr(), &["k2", "v", "PX", "10000"]).await?;
+    let pttl = n.command(&["PTTL", "k2"]).await?.as_int().unwrap_or(-9);
+    assert!(pttl > 5000, "PTTL after the jump: {pttl}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_replica_failover_loses_unreplicated_write() -> TestResult {
+    let t = Instant::now();
+    let pair = RedisReplicaPair::start().await?;
+    startup("redis pair", t);
+    let (p, r) = (pair.primary(), pair.replica());
+    assert_eq!(
+        r.info_field("replication", "role").await?.as_deref(),
+        Some("slave")
+    );
+
+    set(p.addr(), &["replicated", "1"]).await?;
+    pair.wait_synced().await?;
+    assert_eq!(
+        get(r.addr(), "replicated").await?.as_text().as_deref(),
+        Some("1")
+    );
+
+    // Cut replication, write, lose the primary, promote the replica.
+    pair.replication_link().set_mode(ProxyMode::Blackhole);
+    set(p.addr(), &["unreplicated", "2"]).await?;
+    // The write was sent towards the replica and dropped on the way.
+    let dropped = eventually(Duration::from_secs(2), || async {
+        pair.replication_link().stats().bytes_blackholed > 0
+    })
+    .await;
+    assert!(dropped, "{:?}", pair.replication_link().stats());
+    p.kill().await?;
+    r.promote().await?;
+    assert_eq!(
+        r.info_field("replication", "role").await?.as_deref(),
+        Some("master")
+    );
+    assert!(
+        get(r.addr(), "unreplicated").await?.is_nil(),
+        "an unreplicated write survived failover"
+    );
+    assert_eq!(
+        get(r.addr(), "replicated").await?.as_text().as_deref(),
+        Some("1")
+    );
+    set(r.addr(), &["after", "promotion"]).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_single_member() -> TestResult {
+    let t = Instant::now();
+    let c = EtcdCluster::start(1).await?;
+    startup("etcd x1", t);
+    assert_eq!(c.endpoints().len(), 1);
+    assert!(c.endpoints()[0].starts_with("http://127.0.0.1:"));
+    assert_eq!(c.leader_index().await?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_three_members_leader_failover() -> TestResult {
+    let t = Instant::now();
+    let c = EtcdCluster::start(3).await?;
+    startup("etcd x3", t);
+    assert_eq!(c.proxied_endpoints().len(), 3);
+    let old = c.leader_index().await?;
+    let killed = &c.members()[old];
+    killed.kill().await?;
+
+    let t = Instant::now();
+    let new = c.leader_index().await?;
+    eprintln!("etcd: new leader after {} ms", t.elapsed().as_millis());
+    assert_ne!(new, old);
+
+    // The killed member rejoins: healthy (restart waits for /health) and follows the
+    // new leader.
+    killed.restart().await?;
+    let leader_id = c.members()[new].status().await?.0;
+    let followed = eventually(Duration::from_secs(5), || async {
+        matches!(killed.status().await, Ok((_, l)) if l == leader_id)
+    })
+    .await;
+    assert!(followed, "restarted member does not follow the leader");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_standalone() -> TestResult {
+    let t = Instant::now();
+    let zk = ZkEnsemble::start(ZkOptions::default()).await?;
+    startup("zk x1", t);
+    let n = &zk.nodes()[0];
+    assert_eq!(n.four_letter("ruok").await?, "imok");
+    assert_eq!(n.mode().await?.as_deref(), Some("standalone"));
+    assert_eq!(zk.leader_index().await?, 0);
+    assert_eq!(zk.connect_string(), n.addr().to_string());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_three_nodes_leader_failover() -> TestResult {
+    let t = Instant::now();
+    let zk = ZkEnsemble::start(ZkOptions::default().nodes(3).tick_time_ms(200)).await?;
+    startup("zk x3", t);
+    assert_eq!(zk.connect_string().split(',').count(), 3);
+    assert_eq!(zk.proxied_connect_string().split(',').count(), 3);
+    let mut modes = Vec::new();
+    for n in zk.nodes() {
+        assert_eq!(n.four_letter("ruok").await?, "imok");
+        modes.push(n.mode().await?);
+    }
+    let old = zk.leader_index().await?;
+    assert_eq!(modes[old].as_deref(), Some("leader"));
+    assert_eq!(
+        modes
+            .iter()
+            .filter(|m| m.as_deref() == Some("follower"))
+            .count(),
+        2,
+        "{modes:?}"
+    );
+
+    zk.nodes()[old].kill().await?;
+    let t = Instant::now();
+    let new = zk.leader_index().await?;
+    eprintln!("zk: new leader after {} ms", t.elapsed().as_millis());
+    assert_ne!(new, old);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_restart_keeps_commits() -> TestResult {
+    let t = Instant::now();
+    let pg = Postgres::start().await?;
+    startup("postgres", t);
+    assert!(pg.url().starts_with("postgres://postgres@127.0.0.1:"));
+    assert_eq!(pg.psql("select 1").await?, "1");
+    pg.psql("create table t (v int); insert into t values (42)")
+        .await?;
+
+    let pid = pg.pid().expect("running");
+    pg.restart().await?;
+    assert!(!pid_alive(pid), "old postmaster or its backends survived");
+    assert_ne!(pg.pid(), Some(pid));
+    assert_eq!(pg.psql("select v from t").await?, "42");
+    let log = std::fs::read_to_string(pg.log_path())?;
+    assert!(
+        log.contains("not properly shut down") || log.contains("redo"),
+        "no crash recovery in the log"
+    );
+
+    // Through the proxy the port answers too.
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(pg.proxied_addr()),
+    )
+    .await??;
+
+    drop(pg);
+    assert!(!pid_alive(pid));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_processes_outlive_their_handles() -> TestResult {
+    // Plain drop.
+    let c = RedisCluster::start(RedisOptions::default().nodes(2)).await?;
+    let pids: Vec<u32> = c.nodes().iter().filter_map(|n| n.pid()).collect();
+    assert_eq!(pids.len(), 2);
+    let live = spawned_pids();
+    assert!(
+        pids.iter().all(|p| live.contains(p)),
+        "{pids:?} not in {live:?}"
+    );
+    // A paused node is killed too.
+    c.nodes()[1].pause()?;
+    drop(c);
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} outlived its cluster");
+        assert!(!spawned_pids().contains(p));
+    }
+
+    // A task that panics while holding a cluster.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let c = RedisCluster::start(RedisOptions::default())
+            .await
+            .expect("redis starts");
+        tx.send(c.nodes()[0].pid().expect("running"))
+            .expect("send pid");
+        panic!("deliberate panic while holding a cluster");
+    });
+    let pid = rx.await?;
+    assert!(task.await.is_err_and(|e| e.is_panic()));
+    assert!(!pid_alive(pid), "pid {pid} outlived a panicking task");
+
+    // catch_unwind around a synchronous body that panics while holding a pair.
+    let pair = RedisReplicaPair::start().await?;
+    let pids = [pair.primary().pid(), pair.replica().pid()];
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _pair = pair;
+        panic!("deliberate panic in catch_unwind");
+    }));
+    assert!(caught.is_err());
+    for p in pids.into_iter().flatten() {
+        assert!(!pid_alive(p), "pid {p} outlived a panic");
+    }
+    Ok(())
+}
