@@ -1,0 +1,233 @@
+//! [`LockAdmin`] for Redis: walks the lock keys under the prefix with `SCAN` (never
+//! `KEYS`, which blocks the server), reading each key's type, value and PTTL with one
+//! script call per page.
+//!
+//! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` has no TTL
+//! by design and is skipped. A lock key whose PTTL is `-1` never expires: that is the
+//! leak the doctor looks for (the `TTL = -1` check).
+
+use std::sync::LazyLock;
+
+use async_trait::async_trait;
+use redis::Script;
+use tenure_api::admin::undecodable;
+use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
+
+use crate::scripts::parse_lock_value;
+use crate::{bounded, unavailable, RedisLock};
+
+/// Keys asked for per `SCAN` call.
+const SCAN_COUNT: usize = 500;
+
+/// For each key in KEYS: `{type, value or false, pttl}` (the value only for strings).
+const SURVEY: &str = r#"
+local out = {}
+for i, k in ipairs(KEYS) do
+  local kind = redis.call('TYPE', k).ok
+  local value = false
+  if kind == 'string' then value = redis.call('GET', k) end
+  out[i] = {kind, value, redis.call('PTTL', k)}
+end
+return out
+"#;
+
+static SURVEY_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SURVEY));
+
+/// One lock key a scan found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ScannedLock {
+    /// The Redis key.
+    pub(crate) redis_key: String,
+    /// The lock key it stands for, if the name decodes to one.
+    pub(crate) key: Option<LockKey>,
+    /// The Redis type (`string` for a lock; `none` if it vanished meanwhile).
+    pub(crate) kind: String,
+    /// The stored value, for strings.
+    pub(crate) value: Option<String>,
+    /// The PTTL: milliseconds left, `-1` without expiry, `-2` gone.
+    pub(crate) pttl: i64,
+}
+
+impl ScannedLock {
+    /// The holder this entry describes, if it is a well-formed live lock.
+    fn holder(&self) -> Option<(LockKey, HolderInfo)> {
+        let (owner, token) = parse_lock_value(self.value.as_deref()?).ok()?;
+        Some((
+            self.key.clone()?,
+            HolderInfo {
+                owner,
+                token: Some(token),
+                remaining: u64::try_from(self.pttl)
+                    .ok()
+                    .map(std::time::Duration::from_millis),
+            },
+        ))
+    }
+
+    /// What is wrong with this entry, if anything.
+    fn finding(&self, endpoint: &str) -> Option<Finding> {
+        let location = format!("redis {endpoint} key {}", self.redis_key);
+        let Some(key) = &self.key else {
+            return Some(undecodable(&self.redis_key, location));
+        };
+        let malformed = if self.kind != "string" {
+            Some(format!("a {} where a lock value was expected", self.kind))
+        } else {
+            self.value
+                .as_deref()
+                .and_then(|v| parse_lock_value(v).err())
+                .map(|e| e.to_string())
+        };
+        let (problem, detail) = match (self.pttl, malformed) {
+            (-1, why) => (
+                Problem::NoExpiry,
+                format!(
+                    "the lock key has no TTL (PTTL -1), so nothing will ever free it{}",
+                    why.map(|w| format!("; also {w}")).unwrap_or_default()
+                ),
+            ),
+            (_, Some(why)) => (Problem::Malformed, why),
+            _ => return None,
+        };
+        Some(Finding {
+            key: key.to_string(),
+            problem,
+            location,
+            detail,
+        })
+    }
+}
+
+impl RedisLock {
+    /// Every lock key whose lock key starts with `prefix`, with its type, value and PTTL,
+    /// found with `SCAN … MATCH` (never `KEYS`). Each call is bounded by the command
+    /// timeout; the walk ends when `SCAN` says so.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    pub(crate) async fn scan_locks(&self, prefix: &str) -> Result<Vec<ScannedLock>, LockError> {
+        let namespace = format!("{{{}", self.config.prefix);
+        let pattern = format!("{}*", glob_escape(&format!("{namespace}{prefix}")));
+        let limit = self.config.command_timeout;
+        let mut found = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut conn = self.conn.clone();
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let (next, keys): (u64, Vec<String>) = bounded(limit, scan.query_async(&mut conn))
+                .await
+                .map_err(|e| unavailable(&self.config, "scan", e))?;
+            // Lock keys end with the closing brace; fence counters with `}:fence`.
+            let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
+            if !locks.is_empty() {
+                let mut invocation = SURVEY_SCRIPT.prepare_invoke();
+                for key in &locks {
+                    invocation.key(key);
+                }
+                let surveyed: Vec<(String, Option<String>, i64)> =
+                    self.call("survey", invocation).await?;
+                found.extend(locks.into_iter().zip(surveyed).map(
+                    |(redis_key, (kind, value, pttl))| {
+                        ScannedLock {
+                            key: redis_key
+                                .strip_prefix(&namespace)
+                                .and_then(|k| k.strip_suffix('}'))
+                                .and_then(|k| LockKey::new(k).ok()),
+                            redis_key,
+                            kind,
+                            value,
+                            pttl,
+                        }
+                    },
+                ));
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        found.retain(|lock| lock.kind != "none");
+        found.sort_by(|a, b| a.redis_key.cmp(&b.redis_key));
+        Ok(found)
+    }
+}
+
+/// Escapes the characters `SCAN … MATCH` treats as a pattern.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `holders` lists the well-formed locks; `doctor` reports lock keys without a TTL and
+/// values tenure cannot read.
+#[async_trait]
+impl LockAdmin for RedisLock {
+    async fn holders(&self, prefix: &str) -> Result<Vec<(LockKey, HolderInfo)>, LockError> {
+        let scanned = self.scan_locks(prefix).await?;
+        let mut holders: Vec<_> = scanned.iter().filter_map(ScannedLock::holder).collect();
+        holders.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(holders)
+    }
+
+    async fn doctor(&self) -> Result<Vec<Finding>, LockError> {
+        let endpoint = self.config.endpoint();
+        Ok(self
+            .scan_locks("")
+            .await?
+            .iter()
+            .filter_map(|lock| lock.finding(&endpoint))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scanned(value: Option<&str>, kind: &str, pttl: i64) -> ScannedLock {
+        ScannedLock {
+            redis_key: "{tenure:jobs/a}".into(),
+            key: Some(LockKey::new("jobs/a").unwrap()),
+            kind: kind.into(),
+            value: value.map(Into::into),
+            pttl,
+        }
+    }
+
+    #[test]
+    fn only_ttl_less_or_unreadable_locks_are_findings() {
+        let good = "0123456789abcdef0123456789abcdef:7";
+        assert_eq!(scanned(Some(good), "string", 900).finding("h:1"), None);
+        let holder = scanned(Some(good), "string", 900).holder().unwrap();
+        assert_eq!(holder.1.token.map(|t| t.get()), Some(7));
+        assert_eq!(holder.1.remaining.map(|r| r.as_millis()), Some(900));
+
+        let leak = scanned(Some(good), "string", -1).finding("h:1").unwrap();
+        assert_eq!(leak.problem, Problem::NoExpiry);
+        assert_eq!(leak.key, "jobs/a");
+        assert!(leak.location.contains("h:1") && leak.location.contains("{tenure:jobs/a}"));
+
+        let junk = scanned(Some("junk"), "string", 500).finding("h:1").unwrap();
+        assert_eq!(junk.problem, Problem::Malformed);
+        let hash = scanned(None, "hash", -1).finding("h:1").unwrap();
+        assert_eq!(hash.problem, Problem::NoExpiry);
+        assert!(hash.detail.contains("a hash"), "{}", hash.detail);
+        assert!(scanned(Some("junk"), "string", -1).holder().is_none());
+    }
+
+    #[test]
+    fn match_patterns_are_escaped() {
+        assert_eq!(glob_escape("{t:a*b?[c]\\"), "{t:a\\*b\\?\\[c\\]\\\\");
+    }
+}

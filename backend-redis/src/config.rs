@@ -1,0 +1,163 @@
+//! `redis://` / `rediss://` URLs with tenure's own options, and secret redaction.
+
+use std::fmt;
+use std::time::Duration;
+
+use tenure_api::urls::{parse_millis, redact_url};
+use tenure_api::LockError;
+
+/// How to reach one Redis server and how to name locks there.
+///
+/// Parsed from `redis://[user[:password]@]host[:port][/db][?options]` or `rediss://…`
+/// (TLS). tenure's options, removed before the URL reaches the Redis client:
+/// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
+/// `command_timeout_ms` (default 1000). Passwords never appear in `Debug`, `Display`
+/// or errors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    url: url::Url,
+    /// Prepended to every lock key.
+    pub prefix: String,
+    /// Bound on establishing a connection.
+    pub connect_timeout: Duration,
+    /// Bound on one command's reply.
+    pub command_timeout: Duration,
+}
+
+impl RedisConfig {
+    /// Parses a URL; a bad URL or option is [`LockError::Config`].
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let mut url = url::Url::parse(text)
+            .map_err(|e| LockError::Config(format!("bad Redis URL {}: {e}", redact_url(text))))?;
+        if !matches!(url.scheme(), "redis" | "rediss") {
+            return Err(LockError::Config(format!(
+                "Redis URL must start with redis:// or rediss://, got {}://",
+                url.scheme()
+            )));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(LockError::Config(format!(
+                "Redis URL {} has no host",
+                redact(&url)
+            )));
+        }
+        let mut config = Self {
+            url: url.clone(),
+            prefix: "tenure:".into(),
+            connect_timeout: Duration::from_millis(1000),
+            command_timeout: Duration::from_millis(1000),
+        };
+        let mut kept = Vec::new();
+        for (name, value) in url.query_pairs() {
+            let millis = || parse_millis(&name, &value, 1..=600_000);
+            match name.as_ref() {
+                "prefix" => config.prefix = value.to_string(),
+                "connect_timeout_ms" => config.connect_timeout = millis()?,
+                "command_timeout_ms" => config.command_timeout = millis()?,
+                _ => kept.push((name.to_string(), value.to_string())),
+            }
+        }
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(kept);
+        }
+        if let Some(db) = url
+            .path_segments()
+            .and_then(|mut s| s.next())
+            .filter(|s| !s.is_empty())
+        {
+            db.parse::<u16>().map_err(|_| {
+                LockError::Config(format!(
+                    "Redis db {db:?} in {} is not a number",
+                    redact(&url)
+                ))
+            })?;
+        }
+        config.url = url;
+        Ok(config)
+    }
+
+    /// The URL handed to the Redis client (with its password).
+    pub fn client_url(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// `host:port` of the server.
+    pub fn endpoint(&self) -> String {
+        format!(
+            "{}:{}",
+            self.url.host_str().unwrap_or_default(),
+            self.url.port().unwrap_or(6379)
+        )
+    }
+}
+
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.url))
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+/// The URL with any password replaced by `***`.
+pub fn redact(url: &url::Url) -> String {
+    redact_url(url.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_parsed_and_stripped() {
+        let c = RedisConfig::from_url(
+            "redis://u:s3cret@h:7000/2?prefix=app:&command_timeout_ms=250&protocol=resp3",
+        )
+        .unwrap();
+        assert_eq!(c.prefix, "app:");
+        assert_eq!(c.command_timeout, Duration::from_millis(250));
+        assert_eq!(c.client_url(), "redis://u:s3cret@h:7000/2?protocol=resp3");
+        assert_eq!(c.endpoint(), "h:7000");
+    }
+
+    #[test]
+    fn secrets_are_redacted_everywhere() {
+        let c = RedisConfig::from_url("rediss://user:hunter2@h/0").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        let err = RedisConfig::from_url("redis://user:hunter2@h:notaport").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let err = RedisConfig::from_url("redis://user:hunter2@h/x").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for bad in [
+            "",
+            "http://h",
+            "redis://",
+            "redis://h?command_timeout_ms=0",
+            "redis://h?connect_timeout_ms=abc",
+            "redis://h/notadb",
+        ] {
+            assert!(
+                matches!(RedisConfig::from_url(bad), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,430 @@
+//! # tenure-redis
+//!
+//! A [`DistributedLock`] on one Redis server. Acquire is one Lua script: take the key
+//! with `PX ttl` if free and `INCR` a per-key fence counter in the same hash slot (the
+//! counter has no TTL), returning the token — or the remaining PTTL when held. Release is
+//! a compare-and-delete that `PUBLISH`es on the key's channel; waiters subscribe and
+//! retry on a message, falling back to the holder's PTTL. Extend is a
+//! compare-and-`PEXPIRE`.
+//!
+//! **Guarantees** ([`RedisLock::capabilities`]): a single node with server-TTL expiry.
+//! Safety depends on the server's clock (a jump forward expires locks early) and on the
+//! node keeping its data: a restart without persistence, or a failover to an async
+//! replica, can grant the lock twice and make the fence counter regress. The conformance
+//! suite demonstrates each of these; use the fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tenure_api::LockError> {
+//! use std::time::Duration;
+//! use tenure_api::{DistributedLock, LockKey};
+//! let lock = tenure_redis::RedisLock::connect("redis://127.0.0.1:6379/0?prefix=app:").await?;
+//! let lease = lock.try_acquire(&LockKey::new("job")?, Duration::from_secs(10)).await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod admin;
+mod config;
+pub mod scripts;
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisError;
+use tenure_api::{
+    default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
+    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
+    OwnerId, ReleaseOutcome, Replication, WaitKind,
+};
+
+pub use config::{redact, RedisConfig};
+use scripts::{parse_lock_value, SCRIPTS};
+
+/// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
+/// one auto-reconnecting connection.
+#[derive(Clone)]
+pub struct RedisLock {
+    config: RedisConfig,
+    client: redis::Client,
+    conn: ConnectionManager,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one run of the acquire script on a node found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// The lock is ours, with this node's fence token.
+    Granted(FencingToken),
+    /// Another owner holds it for this much longer.
+    Held(Duration),
+}
+
+/// What one acquire attempt found.
+enum Attempt {
+    Granted(Lease),
+    Held { pttl: Duration },
+}
+
+impl RedisLock {
+    /// Connects to the server named by a `redis://` or `rediss://` URL (see
+    /// [`RedisConfig`]).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is left behind.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::with_config(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with an explicit configuration.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is left behind.
+    pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
+        let client = redis::Client::open(config.client_url())
+            .map_err(|e| LockError::Config(format!("{config}: {e}")))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(config.connect_timeout)
+            .set_response_timeout(config.command_timeout)
+            .set_number_of_retries(1)
+            .set_max_delay(100);
+        let conn = bounded(
+            config.connect_timeout * 2,
+            client.get_connection_manager_with_config(manager_config),
+        )
+        .await
+        .map_err(|e| unavailable(&config, "connect", e))?;
+        Ok(Self {
+            config,
+            client,
+            conn,
+        })
+    }
+
+    /// The configuration (its `Display` hides the password).
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// The Redis key holding `key`'s lock: the prefixed name in a hash tag.
+    pub fn lock_key(&self, key: &LockKey) -> String {
+        format!("{{{}{}}}", self.config.prefix, key)
+    }
+
+    fn fence_key(lock_key: &str) -> String {
+        format!("{lock_key}:fence")
+    }
+
+    fn channel(lock_key: &str) -> String {
+        format!("{lock_key}:released")
+    }
+
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let mut conn = self.conn.clone();
+        let limit = self.config.command_timeout;
+        let mut result = bounded(limit, invocation.invoke_async(&mut conn)).await;
+        // The first command after the server came back fails on the dead socket while the
+        // manager reconnects. Every script is idempotent for its owner (a repeated acquire
+        // is recognised, extend and release compare the owner), so one retry is safe.
+        if result
+            .as_ref()
+            .is_err_and(|e| e.is_connection_dropped() || e.is_connection_refusal())
+        {
+            result = bounded(limit, invocation.invoke_async(&mut conn)).await;
+        }
+        result.map_err(|e| unavailable(&self.config, what, e))
+    }
+
+    /// Runs the acquire script once: the lock for `owner` with a fresh fence token, or
+    /// the holder's remaining PTTL. The building block of [`DistributedLock::try_acquire`]
+    /// and of Redlock's per-node round.
+    ///
+    /// # Cancel safety
+    /// If dropped after sending, the lock may be granted to nobody until its TTL.
+    pub async fn grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Grant, LockError> {
+        let lock_key = self.lock_key(key);
+        let mut invocation = SCRIPTS.acquire.prepare_invoke();
+        invocation
+            .key(&lock_key)
+            .key(Self::fence_key(&lock_key))
+            .arg(owner.to_string())
+            .arg(millis(ttl));
+        let (granted, value): (i64, i64) = self.call("acquire", invocation).await?;
+        if granted != 1 {
+            return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
+        }
+        u64::try_from(value)
+            .ok()
+            .filter(|t| *t > 0)
+            .map(|t| Grant::Granted(FencingToken(t)))
+            .ok_or_else(|| LockError::backend(format!("server returned fence {value}")))
+    }
+
+    /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s.
+    ///
+    /// # Cancel safety
+    /// The server may or may not have applied the extension.
+    pub async fn extend_owner(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let mut invocation = SCRIPTS.extend.prepare_invoke();
+        invocation
+            .key(self.lock_key(key))
+            .arg(owner.to_string())
+            .arg(millis(ttl));
+        Ok(self.call::<i64>("extend", invocation).await? == 1)
+    }
+
+    /// Deletes `owner`'s lock and announces it; `false` if it is not `owner`'s.
+    ///
+    /// # Cancel safety
+    /// The server may or may not have released the lock.
+    pub async fn release_owner(&self, key: &LockKey, owner: OwnerId) -> Result<bool, LockError> {
+        let lock_key = self.lock_key(key);
+        let mut invocation = SCRIPTS.release.prepare_invoke();
+        invocation
+            .key(&lock_key)
+            .arg(owner.to_string())
+            .arg(Self::channel(&lock_key));
+        Ok(self.call::<i64>("release", invocation).await? == 1)
+    }
+
+    /// Raises the key's fence counter to at least `token` and records `token` in the lock
+    /// if it is still `owner`'s (the write round of Redlock's quorum max-register).
+    /// Returns whether the lock is still `owner`'s.
+    ///
+    /// # Cancel safety
+    /// The server may or may not have applied the write; it only ever raises the fence.
+    pub async fn raise_fence(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        token: FencingToken,
+    ) -> Result<bool, LockError> {
+        let lock_key = self.lock_key(key);
+        let mut invocation = SCRIPTS.raise_fence.prepare_invoke();
+        invocation
+            .key(&lock_key)
+            .key(Self::fence_key(&lock_key))
+            .arg(owner.to_string())
+            .arg(token.get());
+        Ok(self.call::<i64>("raise fence", invocation).await? == 1)
+    }
+
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let sent = Instant::now();
+        Ok(match self.grant(key, owner, ttl).await? {
+            Grant::Held(pttl) => Attempt::Held { pttl },
+            Grant::Granted(token) => Attempt::Granted(
+                Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl)).with_handle(
+                    LeaseHandle {
+                        path: self.lock_key(key),
+                        ..LeaseHandle::default()
+                    },
+                ),
+            ),
+        })
+    }
+
+    /// Subscribes to `key`'s release channel.
+    async fn subscribe(&self, key: &LockKey) -> Result<redis::aio::PubSub, LockError> {
+        let channel = Self::channel(&self.lock_key(key));
+        let mut pubsub = bounded(self.config.connect_timeout, self.client.get_async_pubsub())
+            .await
+            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
+        bounded(self.config.command_timeout, pubsub.subscribe(&channel))
+            .await
+            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
+        Ok(pubsub)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    /// # Cancel safety
+    /// If dropped after the script was sent, the lock may be held by nobody until its TTL.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate_ttl(ttl)?;
+        match self.attempt(key, OwnerId::random(), ttl).await? {
+            Attempt::Granted(lease) => Ok(Some(lease)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Subscribes to the key's release channel, then retries on each release message,
+    /// or when the holder's PTTL runs out, until `opts.wait` has passed. Retries of one
+    /// call reuse its owner id, so a retry after a lost reply is recognised as ours.
+    ///
+    /// # Cancel safety
+    /// As `try_acquire`; the subscription is dropped with the future.
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let owner = OwnerId::random();
+        let started = Instant::now();
+        let deadline = started + opts.wait;
+        let mut pubsub = None;
+        let mut failures = 0u32;
+        loop {
+            // Subscribe before trying, so a release between the try and the wait is seen.
+            if pubsub.is_none() && !opts.wait.is_zero() {
+                pubsub = self.subscribe(key).await.ok();
+            }
+            let retry_in = match self.attempt(key, owner, opts.ttl).await {
+                Ok(Attempt::Granted(lease)) => return Ok(lease),
+                Ok(Attempt::Held { pttl }) => {
+                    failures = 0;
+                    pttl.max(Duration::from_millis(1))
+                }
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    failures += 1;
+                    pubsub = None;
+                    opts.backoff.delay(failures)
+                }
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout {
+                    waited: now - started,
+                });
+            }
+            let sleep = tokio::time::sleep(retry_in.min(deadline - now));
+            match pubsub.as_mut() {
+                Some(sub) => {
+                    let mut messages = sub.on_message();
+                    tokio::select! {
+                        message = messages.next() => if message.is_none() {
+                            drop(messages);
+                            pubsub = None; // connection lost: resubscribe next round
+                        },
+                        _ = sleep => {}
+                    }
+                }
+                None => sleep.await,
+            }
+        }
+    }
+
+    /// # Cancel safety
+    /// The server may have applied the extension; `lease` is unchanged.
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        validate_ttl(ttl)?;
+        let sent = Instant::now();
+        let extended = self.extend_owner(lease.key(), lease.owner(), ttl).await?;
+        if !extended {
+            return Err(LockError::lost(format!(
+                "`{}` is no longer held by {} (expired or taken over)",
+                lease.key(),
+                lease.owner()
+            )));
+        }
+        lease.renewed(sent, ttl, default_drift(ttl));
+        Ok(())
+    }
+
+    /// # Cancel safety
+    /// If dropped, the lock may stay held until its TTL.
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        let released = self.release_owner(lease.key(), lease.owner()).await?;
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        let mut invocation = SCRIPTS.inspect.prepare_invoke();
+        invocation.key(self.lock_key(key));
+        let (value, pttl): (Option<String>, i64) = self.call("inspect", invocation).await?;
+        let Some(value) = value else { return Ok(None) };
+        let (owner, token) = parse_lock_value(&value)?;
+        Ok(Some(HolderInfo {
+            owner,
+            token: Some(token),
+            // PTTL -1 would mean a lock without expiry: report it as such (None).
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "redis",
+            fencing: FencingKind::SingleNodeCounter,
+            expiry: ExpiryKind::ServerTtl,
+            replication: Replication::SingleNode,
+            wait: WaitKind::Push,
+            fairness: Fairness::None,
+            failures_tolerated: 0,
+            clock_dependent: true,
+        }
+    }
+}
+
+fn millis(ttl: Duration) -> u64 {
+    ttl.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Runs `future` for at most `limit`; running out counts as a timeout error.
+async fn bounded<T>(
+    limit: Duration,
+    future: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no reply within {limit:?}"),
+            )))
+        })
+}
+
+/// Connection-level failures are `Unavailable`; anything else is `Backend`.
+fn unavailable(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
+    let message = format!("{what} on {}: {error}", config.endpoint());
+    if error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_unrecoverable_error()
+    {
+        LockError::Unavailable {
+            message,
+            source: Some(Box::new(error)),
+        }
+    } else {
+        LockError::Backend {
+            message,
+            source: Some(Box::new(error)),
+        }
+    }
+}

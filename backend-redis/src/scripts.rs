@@ -1,0 +1,112 @@
+//! The Lua scripts behind the Redis protocol, shared with the Redlock backend.
+//!
+//! Layout per lock key `K` (both keys share the hash tag, so a Redis Cluster keeps them
+//! in one slot): `{K}` holds `"<owner>:<token>"` with a PX expiry; `{K}:fence` is the fence
+//! counter, with no expiry. Releases are published on the lock key's channel.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
+/// lost). KEYS: lock, fence. ARGV: owner, ttl ms.
+/// Returns `{1, token}` when granted, `{0, pttl}` when held by another.
+pub const ACQUIRE: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local sep = string.find(current, ':', 1, true)
+  if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(string.sub(current, sep + 1))}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return {1, token}
+"#;
+
+/// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so
+/// the owner alone identifies it). KEYS: lock. ARGV: owner, ttl ms. Returns 1 when
+/// extended, 0 otherwise.
+pub const EXTEND: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Deletes the lock only if it is still ours, and announces the release.
+/// KEYS: lock. ARGV: owner, channel. Returns 1 when released, 0 otherwise.
+pub const RELEASE: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+"#;
+
+/// The write round of a quorum max-register (Redlock fencing): raises the fence counter
+/// to at least the token and, if the lock is still ours, records the token in it.
+/// KEYS: lock, fence. ARGV: owner, token. Returns 1 if the lock is still ours, else 0.
+pub const RAISE_FENCE: &str = r#"
+local token = tonumber(ARGV[2])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if token > fence then redis.call('SET', KEYS[2], ARGV[2]) end
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
+  return 1
+end
+return 0
+"#;
+
+/// Reads the holder's value and remaining time. KEYS: lock. Returns `{value, pttl}` or
+/// `{false, -2}` when free.
+pub const INSPECT: &str = r#"
+local current = redis.call('GET', KEYS[1])
+return {current, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// The scripts, built once per process (their SHA-1 is computed at construction).
+#[derive(Debug)]
+pub struct Scripts {
+    /// [`ACQUIRE`].
+    pub acquire: Script,
+    /// [`EXTEND`].
+    pub extend: Script,
+    /// [`RELEASE`].
+    pub release: Script,
+    /// [`INSPECT`].
+    pub inspect: Script,
+    /// [`RAISE_FENCE`].
+    pub raise_fence: Script,
+}
+
+/// The shared script set.
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(ACQUIRE),
+    extend: Script::new(EXTEND),
+    release: Script::new(RELEASE),
+    inspect: Script::new(INSPECT),
+    raise_fence: Script::new(RAISE_FENCE),
+});
+
+/// Splits a stored lock value into owner and token.
+pub fn parse_lock_value(
+    value: &str,
+) -> Result<(tenure_api::OwnerId, tenure_api::FencingToken), tenure_api::LockError> {
+    let (owner, token) = value
+        .split_once(':')
+        .ok_or_else(|| tenure_api::LockError::backend(format!("malformed lock value {value:?}")))?;
+    let token = token
+        .parse::<u64>()
+        .map_err(|_| tenure_api::LockError::backend(format!("malformed token in {value:?}")))?;
+    Ok((
+        tenure_api::OwnerId::parse(owner)?,
+        tenure_api::FencingToken(token),
+    ))
+}
