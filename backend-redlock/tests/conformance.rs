@@ -1,0 +1,19 @@
+//! The shared suite against Redlock on five live redis-servers.
+
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::{runner, UrlHarness};
+use tenure_redlock::Redlock;
+
+fn main() {
+    runner::run_suite(|| async {
+        let cluster = RedisCluster::start(RedisOptions::default().nodes(5)).await?;
+        let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
+        Ok(
+            UrlHarness::new("redlock", "redlock://{hosts}", targets, |url| async move {
+                Redlock::connect(&url).await
+            })
+            .owning(cluster),
+        )
+    })
+    .exit();
+}

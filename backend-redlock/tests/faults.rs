@@ -1,0 +1,320 @@
+//! Redlock on five live masters under real faults. Each test asserts its expected
+//! outcome — unsafe ones must be observed — and that its fault fired.
+
+use std::time::{Duration, Instant};
+
+use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::redis::{Persistence, RedisCluster, RedisNode, RedisOptions};
+use tenure_conformance::{FencedRegister, History};
+use tenure_redlock::Redlock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+async fn five(options: RedisOptions) -> RedisCluster {
+    RedisCluster::start(options.nodes(5)).await.unwrap()
+}
+
+fn url(addrs: impl IntoIterator<Item = std::net::SocketAddr>, options: &str) -> String {
+    let hosts: Vec<String> = addrs.into_iter().map(|a| a.to_string()).collect();
+    format!("redlock://{}{options}", hosts.join(","))
+}
+
+async fn direct(cluster: &RedisCluster) -> Redlock {
+    Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
+        .await
+        .unwrap()
+}
+
+/// A client with a private proxy per node; the nodes in `cut` are black-holed for it.
+async fn partitioned(
+    cluster: &RedisCluster,
+    cut: &[usize],
+    options: &str,
+) -> (Redlock, Vec<FaultProxy>) {
+    let mut proxies = Vec::new();
+    for node in cluster.nodes() {
+        proxies.push(FaultProxy::start(node.addr()).await.unwrap());
+    }
+    let lock = Redlock::connect(&url(proxies.iter().map(|p| p.addr()), options))
+        .await
+        .unwrap();
+    for &i in cut {
+        proxies[i].set_mode(ProxyMode::Blackhole);
+    }
+    (lock, proxies)
+}
+
+/// Whether `node` holds a lock key for `key` (read directly, bypassing the client).
+async fn node_holds(node: &RedisNode, key: &LockKey) -> bool {
+    let reply = node
+        .command(&["EXISTS", &format!("{{tenure:{key}}}")])
+        .await
+        .unwrap();
+    reply.as_int() == Some(1)
+}
+
+async fn churn(lock: &Redlock, key: &LockKey, n: usize) {
+    for _ in 0..n {
+        let lease = lock.try_acquire(key, TTL).await.unwrap().unwrap();
+        lock.release(lease).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing() {
+    let cluster = five(RedisOptions::default()).await;
+    let lock = direct(&cluster).await;
+    let nodes = cluster.nodes();
+    let k = key("quorum");
+
+    nodes[0].kill().await.unwrap();
+    nodes[1].kill().await.unwrap();
+    assert!(
+        !nodes[0].is_running() && !nodes[1].is_running(),
+        "the fault fired"
+    );
+    let lease = lock
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("3 of 5 is a majority");
+    lock.release(lease).await.unwrap();
+
+    nodes[2].kill().await.unwrap();
+    let err = lock.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(
+        matches!(err, LockError::NoQuorum { got: 2, needed: 3 }),
+        "expected NoQuorum {{ got: 2, needed: 3 }}, got {err}"
+    );
+    for survivor in &nodes[3..] {
+        assert!(
+            !node_holds(survivor, &k).await,
+            "a partial lock was left on a survivor"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_node_does_not_stall_acquire() {
+    let cluster = five(RedisOptions::default()).await;
+    let lock = direct(&cluster).await;
+    let k = key("paused-node");
+    churn(&lock, &k, 1).await; // connections are up
+    cluster.nodes()[4].pause().unwrap();
+    let started = Instant::now();
+    let lease = lock
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("4 of 5 answer");
+    let latency = started.elapsed();
+    cluster.nodes()[4].resume().unwrap();
+    eprintln!(
+        "acquire with one node paused (SIGSTOP): {latency:?} (per-node timeout {:?})",
+        lock.config().node_timeout_for(TTL)
+    );
+    assert!(
+        latency < TTL / 10,
+        "bounded by the per-node timeout, not the paused node"
+    );
+    assert!(
+        latency >= lock.config().node_timeout_for(TTL) / 2,
+        "the fault fired: one node never answered in time"
+    );
+    lock.release(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_delayed_past_the_ttl_are_refused() {
+    let cluster = five(RedisOptions::default()).await;
+    let (lock, proxies) = partitioned(&cluster, &[], "?node_timeout_ms=2000").await;
+    let k = key("slow-replies");
+    let ttl = Duration::from_millis(200);
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: Duration::from_millis(300),
+        });
+    }
+    let err = lock.try_acquire(&k, ttl).await.unwrap_err();
+    assert!(
+        err.to_string().contains("validity"),
+        "refused for lack of validity: {err}"
+    );
+    assert!(
+        proxies.iter().all(|p| p.stats().bytes_down > 0),
+        "the fault fired: replies came, late"
+    );
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    // The clean-up release reached every node (or the keys expired): nothing is held.
+    let observer = direct(&cluster).await;
+    tokio::time::sleep(ttl).await;
+    assert!(observer.inspect(&k).await.unwrap().is_none());
+}
+
+/// The seed's A–E scenario: client 1 locks A, B, C; C restarts without persistence;
+/// client 2 locks C, D, E.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice() {
+    let cluster = five(RedisOptions::default()).await;
+    let k = key("amnesia");
+    churn(&direct(&cluster).await, &k, 3).await;
+    let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
+    let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
+
+    let invoked = Instant::now();
+    let held = one
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("A, B, C grant");
+    let completed = Instant::now();
+    let node_c = &cluster.nodes()[2];
+    node_c.restart().await.unwrap();
+    assert!(
+        !node_holds(node_c, &k).await,
+        "the fault fired: C forgot the lock"
+    );
+
+    let invoked2 = Instant::now();
+    let stolen = two
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("UNSAFE (expected): C, D, E grant");
+    let completed2 = Instant::now();
+    let history = History::new();
+    history.record(1, &stolen, invoked2, completed2, Instant::now());
+    history.record(0, &held, invoked, completed, Instant::now());
+    let report = history.check();
+    eprintln!(
+        "A–E restart without persistence: {report}; tokens {} then {}",
+        held.token(),
+        stolen.token()
+    );
+    assert!(report.overlaps() >= 1, "double grant observed");
+    // Honest finding: the register majority {A, B, C} lost C, so {C, D, E} does not
+    // intersect what client 1 wrote: the fence does not increase.
+    assert!(
+        stolen.token() <= held.token(),
+        "fence did not contain it this time"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_delayed_past_the_max_ttl_grants_once() {
+    let cluster = five(RedisOptions::default()).await;
+    let k = key("delayed-restart");
+    let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
+    let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
+    let ttl = Duration::from_millis(800);
+
+    let invoked = Instant::now();
+    let held = one
+        .try_acquire(&k, ttl)
+        .await
+        .unwrap()
+        .expect("A, B, C grant");
+    let completed = Instant::now();
+    let node_c = &cluster.nodes()[2];
+    node_c.kill().await.unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await; // down for longer than the max TTL
+    node_c.restart().await.unwrap();
+
+    let invoked2 = Instant::now();
+    // The client's link to C reconnects on first use after the restart: allow retries.
+    let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(3));
+    let next = two.acquire(&k, &wait).await.expect("C, D, E grant");
+    let history = History::new();
+    history.record(0, &held, invoked, completed, Instant::now());
+    history.record(1, &next, invoked2, Instant::now(), Instant::now());
+    let report = history.check();
+    assert_eq!(report.overlaps(), 0, "SAFE: {report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
+    let cluster = five(RedisOptions::default().clock_shim(true)).await;
+    let k = key("clock-partition");
+    churn(&direct(&cluster).await, &k, 3).await;
+    let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
+    let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
+    let register = FencedRegister::new();
+
+    let invoked = Instant::now();
+    let held = one
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("A, B, C grant");
+    let completed = Instant::now();
+    let seen_by_one = register.read(held.token()).unwrap();
+    cluster.nodes()[2]
+        .set_clock_offset(2 * TTL.as_millis() as i64)
+        .unwrap();
+
+    let invoked2 = Instant::now();
+    let mut stolen: Option<Lease> = None;
+    while stolen.is_none() && invoked2.elapsed() < Duration::from_secs(3) {
+        stolen = two.try_acquire(&k, TTL).await.unwrap();
+    }
+    let stolen = stolen.expect("UNSAFE (expected): C's clock jump freed the majority C, D, E");
+    let completed2 = Instant::now();
+    let history = History::new();
+    history.record(1, &stolen, invoked2, completed2, Instant::now());
+    history.record(0, &held, invoked, completed, Instant::now());
+    assert!(history.check().overlaps() >= 1, "double grant observed");
+    eprintln!(
+        "clock jump + partition: tokens {} then {}",
+        held.token(),
+        stolen.token()
+    );
+
+    let seen = register.read(stolen.token()).unwrap();
+    register.write(stolen.token(), seen + 1).unwrap();
+    assert!(
+        register.write(held.token(), seen_by_one + 1).is_err(),
+        "the quorum fence contains it: C remembered the fence, so the new token is larger"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_competing_clients_and_minority_restarts() {
+    let cluster = five(RedisOptions::default().persistence(Persistence::AofAlways)).await;
+    let clients = [direct(&cluster).await, direct(&cluster).await];
+    let k = key("monotonic");
+    let mut last = 0;
+    let mut restarts = 0;
+    for i in 0..1000usize {
+        if i % 250 == 125 {
+            let node = &cluster.nodes()[(i / 250) % 5];
+            node.restart().await.unwrap();
+            restarts += 1;
+        }
+        let lock = &clients[i % 2];
+        let lease = loop {
+            match lock.try_acquire(&k, TTL).await {
+                Ok(Some(lease)) => break lease,
+                Ok(None) | Err(LockError::NoQuorum { .. }) | Err(LockError::Unavailable { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => panic!("acquire {i}: {e}"),
+            }
+        };
+        assert!(
+            lease.token().get() > last,
+            "acquire {i}: token {} after {last}",
+            lease.token()
+        );
+        last = lease.token().get();
+        lock.release(lease).await.unwrap();
+    }
+    assert_eq!(restarts, 4, "the fault fired");
+}
