@@ -1,0 +1,382 @@
+//! `etcd://` / `etcds://` URLs with a host list, and secret redaction.
+//!
+//! `url::Url` rejects comma-separated host lists (`h1:2379,h2:2379`), so the URL is
+//! parsed here by hand.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tenure_api::LockError;
+
+/// The default client port.
+pub const DEFAULT_PORT: u16 = 2379;
+
+/// How to reach an etcd cluster and how to name locks there.
+///
+/// Parsed from `etcd://[user[:password]@]host[:port][,host[:port]…][/prefix][?options]`
+/// or `etcds://…` (TLS, verified against the system's CA store, or `ca_file`). Hosts may
+/// be names, IPv4 addresses or bracketed IPv6 addresses; the port defaults to 2379.
+/// The path is the key prefix (default `tenure`); the `prefix` option, if given,
+/// overrides it. User, password and prefix may be percent-encoded.
+///
+/// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
+/// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
+/// `tls_domain` (the name to verify the server certificate against).
+/// Passwords never appear in `Debug`, `Display` or errors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// True for `etcds://`.
+    pub tls: bool,
+    /// `host:port` of each endpoint, as given.
+    pub hosts: Vec<String>,
+    /// User name for etcd authentication.
+    pub user: Option<String>,
+    password: Option<String>,
+    /// Prefix of every lock key (no leading or trailing `/`).
+    pub prefix: String,
+    /// Bound on establishing the client (authentication, member list).
+    pub connect_timeout: Duration,
+    /// Bound on every request.
+    pub request_timeout: Duration,
+    /// A PEM CA bundle to trust instead of the system's store.
+    pub ca_file: Option<PathBuf>,
+    /// The server name TLS verifies, if not the host's.
+    pub tls_domain: Option<String>,
+}
+
+impl EtcdConfig {
+    /// Parses a URL; a bad URL or option is [`LockError::Config`], never a panic.
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let bad =
+            |why: String| LockError::Config(format!("bad etcd URL {}: {why}", redact_str(text)));
+        let (scheme, rest) = text
+            .split_once("://")
+            .ok_or_else(|| bad("expected etcd://hosts or etcds://hosts".into()))?;
+        let tls = match scheme {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(bad(format!(
+                    "the scheme must be etcd or etcds, not {:?}",
+                    redact_str(other)
+                )))
+            }
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(info) => {
+                let (user, password) = match info.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (info, None),
+                };
+                let user =
+                    percent_decode(user).ok_or_else(|| bad("bad %-escape in the user".into()))?;
+                if user.is_empty() {
+                    return Err(bad("empty user name".into()));
+                }
+                let password = password
+                    .map(|p| {
+                        percent_decode(p).ok_or_else(|| bad("bad %-escape in the password".into()))
+                    })
+                    .transpose()?;
+                (Some(user), password)
+            }
+        };
+        let hosts = hostlist
+            .split(',')
+            .map(parse_host)
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(bad)?;
+        let prefix =
+            percent_decode(path).ok_or_else(|| bad("bad %-escape in the prefix".into()))?;
+        let prefix = prefix.trim_matches('/').to_string();
+        if prefix.chars().any(char::is_control) {
+            return Err(bad("the prefix contains a control character".into()));
+        }
+        let mut config = Self {
+            tls,
+            hosts,
+            user,
+            password,
+            prefix: if prefix.is_empty() {
+                "tenure".into()
+            } else {
+                prefix
+            },
+            connect_timeout: Duration::from_millis(2000),
+            request_timeout: Duration::from_millis(2000),
+            ca_file: None,
+            tls_domain: None,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value)
+                .ok_or_else(|| bad(format!("bad %-escape in option {name}")))?;
+            let millis = || {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=600_000).contains(ms))
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "option {name}={value} must be a number of milliseconds in 1..=600000"
+                        ))
+                    })
+            };
+            match name {
+                "prefix" => {
+                    let prefix = value.trim_matches('/');
+                    if prefix.is_empty() || prefix.chars().any(char::is_control) {
+                        return Err(bad(format!("bad prefix {value:?}")));
+                    }
+                    config.prefix = prefix.to_string();
+                }
+                "connect_timeout_ms" => config.connect_timeout = millis()?,
+                "request_timeout_ms" => config.request_timeout = millis()?,
+                "ca_file" if tls && !value.is_empty() => config.ca_file = Some(value.into()),
+                "tls_domain" if tls && !value.is_empty() => config.tls_domain = Some(value),
+                "ca_file" | "tls_domain" => {
+                    return Err(bad(format!("option {name} needs etcds:// and a value")))
+                }
+                other => return Err(bad(format!("unknown option {other:?}"))),
+            }
+        }
+        Ok(config)
+    }
+
+    /// The endpoint URLs handed to the etcd client (`http://h:p` or `https://h:p`).
+    pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls { "https" } else { "http" };
+        self.hosts
+            .iter()
+            .map(|h| format!("{scheme}://{h}"))
+            .collect()
+    }
+
+    /// User and password, if authentication is configured.
+    pub fn credentials(&self) -> Option<(String, String)> {
+        self.user
+            .clone()
+            .map(|u| (u, self.password.clone().unwrap_or_default()))
+    }
+
+    /// Sets user and password for etcd authentication.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+}
+
+/// Parses `host[:port]` or `[v6]:port`; returns `host:port`.
+fn parse_host(text: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("endpoint {text:?}: {why}");
+    if text.is_empty() {
+        return Err(bad("empty host"));
+    }
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("not an IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?),
+        };
+        (format!("[{host}]"), port)
+    } else {
+        let (host, port) = match text.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        };
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        if host.is_empty() || !host.chars().all(valid) {
+            return Err(bad("bad host name"));
+        }
+        (host.to_string(), port)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad("the port must be a number in 1..=65535"))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Decodes `%XX` escapes; `None` on a malformed escape or invalid UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Hides everything between the scheme and the last `@` of an unparsed URL, where a
+/// password may hide.
+fn redact_str(text: &str) -> String {
+    let authority_end = |start: usize| {
+        text[start..]
+            .find(['/', '?'])
+            .map_or(text.len(), |i| start + i)
+    };
+    match text.find("://") {
+        Some(start) => {
+            let end = authority_end(start + 3);
+            match text[..end].rfind('@') {
+                Some(at) if at > start => format!("{}://***@{}", &text[..start], &text[at + 1..]),
+                _ => text.to_string(),
+            }
+        }
+        // No scheme separator: anything before an '@' might be a secret.
+        None => match text.rfind('@') {
+            Some(at) => format!("***@{}", &text[at + 1..]),
+            None => text.to_string(),
+        },
+    }
+}
+
+impl fmt::Display for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://", if self.tls { "etcds" } else { "etcd" })?;
+        if let Some(user) = &self.user {
+            write!(f, "{user}")?;
+            if self.password.is_some() {
+                f.write_str(":***")?;
+            }
+            f.write_str("@")?;
+        }
+        write!(f, "{}/{}", self.hosts.join(","), self.prefix)
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("tls", &self.tls)
+            .field("hosts", &self.hosts)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("ca_file", &self.ca_file)
+            .field("tls_domain", &self.tls_domain)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_prefix_and_options_are_parsed() {
+        let c = EtcdConfig::from_url(
+            "etcd://u:p%40ss@h1:2379,10.0.0.2,[::1]:23790/app/locks/?request_timeout_ms=250",
+        )
+        .unwrap();
+        assert!(!c.tls);
+        assert_eq!(c.hosts, ["h1:2379", "10.0.0.2:2379", "[::1]:23790"]);
+        assert_eq!(
+            c.endpoints(),
+            [
+                "http://h1:2379",
+                "http://10.0.0.2:2379",
+                "http://[::1]:23790"
+            ]
+        );
+        assert_eq!(c.credentials(), Some(("u".into(), "p@ss".into())));
+        assert_eq!(c.prefix, "app/locks");
+        assert_eq!(c.request_timeout, Duration::from_millis(250));
+        assert_eq!(c.connect_timeout, Duration::from_millis(2000));
+
+        let c =
+            EtcdConfig::from_url("etcds://h?ca_file=/etc/ca.pem&tls_domain=etcd.local").unwrap();
+        assert!(c.tls);
+        assert_eq!(c.endpoints(), ["https://h:2379"]);
+        assert_eq!(c.prefix, "tenure");
+        assert_eq!(
+            c.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert_eq!(c.tls_domain.as_deref(), Some("etcd.local"));
+        assert_eq!(c.to_string(), "etcds://h:2379/tenure");
+    }
+
+    #[test]
+    fn secrets_are_redacted_everywhere() {
+        let c = EtcdConfig::from_url("etcds://root:hunter2@h1,h2/p").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        for bad in [
+            "etcd://root:hunter2@h:notaport",
+            "etcd://root:hunter2@h,,h2",
+            "etcd://root:hunter2@h?nope=1",
+            "etcd://root:hunter2@h?request_timeout_ms=0",
+            "etcd://root:hunter2%zz@h",
+            "http://root:hunter2@h",
+            "root:hunter2@h",
+            "etcd://root:hunter2@[::1/p",
+        ] {
+            let err = EtcdConfig::from_url(bad).unwrap_err();
+            assert!(matches!(err, LockError::Config(_)), "{bad}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_never_panics() {
+        for bad in [
+            "",
+            "etcd://",
+            "etcd:///prefix",
+            "etcd://h:0",
+            "etcd://h:65536",
+            "etcd://h:",
+            "etcd://h:1:2",
+            "etcd://[zz]:1",
+            "etcd://[::1]x",
+            "etcd://h/%",
+            "etcd://h/%ff",
+            "etcd://h/a%00b",
+            "etcd://@h",
+            "etcd://h?connect_timeout_ms=abc",
+            "etcd://h?ca_file=/x",
+            "etcds://h?ca_file=",
+            "etcd://h w",
+            "etcd://h\u{e9}",
+            "etcd://%%@h",
+        ] {
+            assert!(
+                matches!(EtcdConfig::from_url(bad), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! etcd under real faults on a 3-member cluster. Each test asserts its expected outcome
+//! and that its fault really fired.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tenure_api::{
+    AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
+    ReleaseOutcome,
+};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::{retrying, FencedRegister, History};
+use tenure_etcd::EtcdLock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// Each test starts three etcd members; run them one at a time so a shared machine's
+/// fsyncs and elections do not blur their timings.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+fn all_hosts(cluster: &EtcdCluster) -> String {
+    let hosts: Vec<String> = cluster
+        .members()
+        .iter()
+        .map(|m| m.addr().to_string())
+        .collect();
+    hosts.join(",")
+}
+
+async fn connect(hosts: &str, options: &str) -> EtcdLock {
+    EtcdLock::connect(&format!("etcd://{hosts}/faults?{options}"))
+        .await
+        .unwrap()
+}
+
+/// Number of keys (holder and waiters) queued for `key`, read with a plain etcd client
+/// (retried for a while: it may route a request to a member that was just killed).
+async fn queued(lock: &EtcdLock, hosts: &str, key: &LockKey) -> usize {
+    let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+    let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let started = Instant::now();
+    loop {
+        match client
+            .get(lock.queue_prefix(key), Some(options.clone()))
+            .await
+        {
+            Ok(reply) => return reply.count() as usize,
+            Err(e) if started.elapsed() < Duration::from_secs(5) => {
+                eprintln!("queue count failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("queue count: {e}"),
+        }
+    }
+}
+
+/// One served waiter: (index, token, acquired at, release started at).
+type Served = (usize, FencingToken, Instant, Instant);
+
+/// Starts a waiter on its own client and returns once its key is queued behind
+/// `ahead` others. The task reports (index, lease, acquired-at) and releases after
+/// `hold`, reporting when it started the release.
+async fn spawn_waiter(
+    hosts: &str,
+    key: &LockKey,
+    index: usize,
+    ahead: usize,
+    hold: Duration,
+    log: Arc<Mutex<Vec<Served>>>,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let lock = connect(hosts, "").await;
+    let probe = lock.clone();
+    let key = key.clone();
+    let task = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+            let lease = lock.acquire(&key, &opts).await?;
+            let acquired = Instant::now();
+            tokio::time::sleep(hold).await;
+            let releasing = Instant::now();
+            log.lock().unwrap_or_else(PoisonError::into_inner).push((
+                index,
+                lease.token(),
+                acquired,
+                releasing,
+            ));
+            let outcome = lock.release(lease).await?;
+            assert_eq!(outcome, ReleaseOutcome::Released);
+            Ok(())
+        })
+    };
+    let started = Instant::now();
+    while queued(&probe, hosts, &key).await < ahead + 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "waiter {index} never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    task
+}
+
+/// Checks the waiters were served in index order with increasing tokens; returns the
+/// hand-off latencies (one waiter's release started → the next one acquired).
+fn check_fifo(log: &[Served], after: FencingToken) -> Vec<Duration> {
+    let order: Vec<usize> = log.iter().map(|entry| entry.0).collect();
+    assert_eq!(
+        order,
+        (0..log.len()).collect::<Vec<_>>(),
+        "served in FIFO order"
+    );
+    let mut last = after;
+    for &(i, token, _, _) in log {
+        assert!(token > last, "waiter {i}: token {token} after {last}");
+        last = token;
+    }
+    log.windows(2)
+        .map(|w| w[1].2.saturating_duration_since(w[0].3))
+        .collect()
+}
+
+fn summary(latencies: &mut [Duration]) -> String {
+    latencies.sort();
+    let n = latencies.len();
+    format!(
+        "n={n} min={:?} median={:?} max={:?}",
+        latencies[0],
+        latencies[n / 2],
+        latencies[n - 1]
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let hosts = all_hosts(&cluster);
+    let holder = connect(&hosts, "").await;
+    let k = key("leader-killed");
+    let mut held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let hold = Duration::from_millis(20);
+        waiters.push(spawn_waiter(&hosts, &k, i, i + 1, hold, log.clone()).await);
+    }
+
+    let leader = cluster.leader_index().await.unwrap();
+    cluster.members()[leader].kill().await.unwrap();
+    assert!(
+        !cluster.members()[leader].is_running(),
+        "the fault fired: leader down"
+    );
+    let new_leader = cluster.leader_index().await.unwrap();
+    assert_ne!(new_leader, leader, "a new leader was elected");
+    eprintln!("leader m{leader} killed; m{new_leader} elected");
+
+    // The lease survived the election: the lock is still the holder's.
+    let (extended, failures) = retrying(Duration::from_secs(5), || {
+        let (holder, mut lease) = (&holder, held.clone());
+        async move { holder.extend(&mut lease, TTL).await.map(|()| lease) }
+    })
+    .await;
+    held = extended.expect("the holder's lease survives the election");
+    eprintln!("extend after the election needed {failures} retries");
+    let (info, _) = retrying(Duration::from_secs(5), || holder.inspect(&k)).await;
+    let info = info.unwrap().expect("still held");
+    assert_eq!(info.owner, held.owner(), "still held by its owner");
+    assert_eq!(info.token, Some(held.token()));
+    assert_eq!(
+        queued(&holder, &hosts, &k).await,
+        4,
+        "the waiters are still queued"
+    );
+
+    let (released, _) = retrying(Duration::from_secs(5), || holder.release(held.clone())).await;
+    assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut latencies = check_fifo(&log, held.token());
+    eprintln!(
+        "after leader failover: hand-off latency {}",
+        summary(&mut latencies)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_killed_is_still_available() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let hosts = all_hosts(&cluster);
+    let lock = connect(&hosts, "").await;
+    assert_eq!(lock.capabilities().failures_tolerated, 1);
+    let k = key("minority");
+    let before = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+
+    let leader = cluster.leader_index().await.unwrap();
+    let follower = (leader + 1) % 3;
+    cluster.members()[follower].kill().await.unwrap();
+    assert!(
+        !cluster.members()[follower].is_running(),
+        "the fault fired: a follower is down"
+    );
+
+    // Requests the client had routed to the dead member may fail once; the cluster
+    // itself keeps serving.
+    let started = Instant::now();
+    let (released, failures) =
+        retrying(Duration::from_secs(5), || lock.release(before.clone())).await;
+    assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+    for _ in 0..5 {
+        let (lease, more) = retrying(Duration::from_secs(5), || lock.try_acquire(&k, TTL)).await;
+        let lease = lease.unwrap().expect("free");
+        assert!(lease.token() > before.token());
+        let (released, again) =
+            retrying(Duration::from_secs(5), || lock.release(lease.clone())).await;
+        assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(more + again, 0, "no failures once the dead member is known");
+    }
+    eprintln!(
+        "minority down: 6 operations in {:?}, {failures} retried",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_killed_is_unavailable_within_the_timeout() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let hosts = all_hosts(&cluster);
+    let timeout = Duration::from_millis(1000);
+    let lock = connect(&hosts, "request_timeout_ms=1000").await;
+    let k = key("majority");
+    let short = Duration::from_secs(2);
+    let mut held = lock.try_acquire(&key("held"), TTL).await.unwrap().unwrap();
+
+    let leader = cluster.leader_index().await.unwrap();
+    let survivor = (leader + 1) % 3;
+    for (i, member) in cluster.members().iter().enumerate() {
+        if i != survivor {
+            member.kill().await.unwrap();
+        }
+    }
+    let down = cluster.members().iter().filter(|m| !m.is_running()).count();
+    assert_eq!(down, 2, "the fault fired: a majority is down");
+
+    // A single operation is three requests at most (grant, txn, revoke).
+    let bound = timeout * 3 + Duration::from_millis(500);
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let result = lock.try_acquire(&k, short).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(result, Err(LockError::Unavailable { .. })),
+            "try {attempt}: expected Unavailable, got {result:?}"
+        );
+        assert!(took <= bound, "try {attempt} took {took:?}");
+    }
+    let started = Instant::now();
+    let wait = Duration::from_secs(2);
+    let result = lock
+        .acquire(&k, &AcquireOptions::new(short).wait(wait))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "acquire: expected Unavailable (not Timeout, never a lease), got {result:?}"
+    );
+    assert!(took <= wait + bound, "acquire took {took:?}");
+    let result = lock.extend(&mut held, TTL).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "extend: expected Unavailable, got {result:?}"
+    );
+    let result = lock.inspect(&k).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "inspect: expected Unavailable (require_leader), got {result:?}"
+    );
+
+    // Back to a quorum: no attempt left a lock behind beyond its short TTL.
+    for (i, member) in cluster.members().iter().enumerate() {
+        if i != survivor {
+            member.restart().await.unwrap();
+        }
+    }
+    let opts = AcquireOptions::new(short).wait(short * 2);
+    let (lease, _) = retrying(Duration::from_secs(10), || lock.acquire(&k, &opts)).await;
+    let lease = lease.expect("free again once a quorum is back");
+    lock.release(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_expires_and_is_fenced_off() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let hosts = all_hosts(&cluster);
+    let proxy = FaultProxy::start(cluster.members()[0].addr())
+        .await
+        .unwrap();
+    let holder: Arc<EtcdLock> =
+        Arc::new(connect(&proxy.addr().to_string(), "request_timeout_ms=500").await);
+    let waiter = connect(&hosts, "").await;
+    let k = key("blackhole");
+    let ttl = Duration::from_secs(2);
+    let register = FencedRegister::new();
+    let history = History::new();
+
+    let invoked = Instant::now();
+    let guard = holder.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let completed = Instant::now();
+    let stale = guard.lease().await.unwrap();
+    let seen_by_stale = register.read(stale.token()).unwrap();
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let w_invoked = Instant::now();
+    let fresh = waiter
+        .acquire(&k, &AcquireOptions::new(TTL).wait(ttl * 4))
+        .await
+        .expect("the expired holder's lock is taken over");
+    let w_completed = Instant::now();
+    eprintln!(
+        "blackholed holder: taken over {:?} after the cut",
+        w_completed - w_invoked
+    );
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "the fault fired: the holder's renewals were dropped"
+    );
+    tokio::time::timeout(ttl, guard.lost())
+        .await
+        .expect("the stale holder's guard reports the loss");
+    assert!(
+        w_completed >= stale.valid_until(),
+        "taken over before the stale holder's own deadline"
+    );
+    assert!(fresh.token() > stale.token(), "tokens increase");
+    history.record(0, &stale, invoked, completed, Instant::now());
+    history.record(1, &fresh, w_invoked, w_completed, Instant::now());
+    let report = history.check();
+    assert!(report.is_safe(), "{report}");
+
+    // The stale holder writes as if nothing had happened: fencing rejects it.
+    assert!(register
+        .stale_write_after_takeover(fresh.token(), stale.token(), seen_by_stale)
+        .unwrap());
+    assert_eq!(register.value(), 1, "only the fresh holder's update landed");
+    assert_eq!(register.rejected(), 1);
+
+    proxy.set_mode(ProxyMode::Pass);
+    let outcome = guard.release().await;
+    assert!(
+        matches!(outcome, Ok(ReleaseOutcome::NotHeld) | Err(_)),
+        "the stale release must not free the new lock: {outcome:?}"
+    );
+    let info = waiter.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!(info.owner, fresh.owner(), "the new owner keeps the lock");
+    waiter.release(fresh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_waiters_are_served_in_fifo_order() {
+    const WAITERS: usize = 16;
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(3).await.unwrap();
+    let hosts = all_hosts(&cluster);
+    let holder = connect(&hosts, "").await;
+    let k = key("fifo16");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        waiters.push(spawn_waiter(&hosts, &k, i, i + 1, Duration::ZERO, log.clone()).await);
+    }
+    assert_eq!(queued(&holder, &hosts, &k).await, WAITERS + 1);
+    let released_at = Instant::now();
+    holder.release(held.clone()).await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut latencies = check_fifo(&log, held.token());
+    latencies.push(log[0].2.saturating_duration_since(released_at));
+    eprintln!(
+        "{WAITERS} waiters: hand-off latency (release → next acquired) {}",
+        summary(&mut latencies)
+    );
+    assert_eq!(queued(&holder, &hosts, &k).await, 0, "nothing left queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_ttl_is_rounded_up_and_the_deadline_stays_conservative() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let lock = connect(&all_hosts(&cluster), "").await;
+    let k = key("rounding");
+    let ttl = Duration::from_millis(1500);
+    let sent = Instant::now();
+    let mut lease: Lease = lock.try_acquire(&k, ttl).await.unwrap().unwrap();
+    assert!(
+        lease.valid_until() <= sent + ttl,
+        "deadline within the requested ttl"
+    );
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    let remaining = info.remaining.unwrap();
+    assert!(
+        remaining >= Duration::from_secs(1) && remaining <= Duration::from_secs(2),
+        "the server holds 2 whole seconds: {remaining:?}"
+    );
+    // A longer TTL moves the key to a longer lease, keeping its token.
+    let token = lease.token();
+    lock.extend(&mut lease, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(lease.token(), token);
+    let info = lock.inspect(&k).await.unwrap().unwrap();
+    assert!(
+        info.remaining.unwrap() > Duration::from_secs(15),
+        "{info:?}"
+    );
+    assert_eq!(info.token, Some(token));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        lock.try_acquire(&k, ttl).await.unwrap().is_none(),
+        "still held past the old lease's ttl"
+    );
+    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    assert!(lock.inspect(&k).await.unwrap().is_none());
+}
