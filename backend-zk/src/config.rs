@@ -1,0 +1,482 @@
+//! `zk://` URLs: a host list (parsed here, since `url::Url` rejects comma-separated
+//! authorities), a chroot, tenure's options, digest credentials, and their redaction.
+
+use std::fmt::{self, Write as _};
+use std::time::Duration;
+
+use tenure_api::LockError;
+
+use crate::names::validate_znode_path;
+
+/// The ZooKeeper client port used when a host names none.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// How to reach a ZooKeeper ensemble and where to keep locks in it.
+///
+/// Parsed from
+/// `zk://[user:password@]host[:port][,host[:port]…][/chroot][?option=value&…]`, where a
+/// host is a name, an IPv4 address or a bracketed IPv6 address (`[::1]:2181`), and the
+/// port defaults to 2181. Locks live under `<chroot>/<prefix>/<encoded key>/`.
+///
+/// Options (all optional):
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed) |
+/// | `session_timeout_ms` | 10000 | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
+/// | `connect_timeout_ms` | 5000 | bound on establishing a session |
+/// | `op_timeout_ms` | 2000 | bound on one request's reply |
+///
+/// `user:password` enables ZooKeeper's `digest` authentication; the nodes tenure creates
+/// then carry the `auth` ACL (full rights for that identity only, `Acls::creator_all`), so
+/// every client sharing a lock must use the same credentials. User and password may be
+/// percent-encoded. The password never appears in `Debug`, `Display` or errors.
+///
+/// Unknown options, empty hosts, bad ports, and chroots or prefixes that are not valid
+/// ZooKeeper paths are [`LockError::Config`] errors, never panics.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    hosts: Vec<Host>,
+    chroot: String,
+    auth: Option<Credentials>,
+    /// Path under the chroot holding every lock, without leading or trailing `/`.
+    pub prefix: String,
+    /// Session timeout asked of the server (it may negotiate another one).
+    pub session_timeout: Duration,
+    /// Bound on establishing a session.
+    pub connect_timeout: Duration,
+    /// Bound on one request's reply.
+    pub op_timeout: Duration,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct Host {
+    /// A name, an IPv4 address, or an IPv6 address without brackets.
+    name: String,
+    port: u16,
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.name.contains(':') {
+            write!(f, "[{}]:{}", self.name, self.port)
+        } else {
+            write!(f, "{}:{}", self.name, self.port)
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct Credentials {
+    user: String,
+    password: String,
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL; anything malformed is [`LockError::Config`].
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let bad = |why: String| {
+            LockError::Config(format!("bad ZooKeeper URL {}: {why}", redact_str(text)))
+        };
+        let rest = strip_scheme(text).ok_or_else(|| bad("it must start with zk://".into()))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        if rest.contains('#') {
+            return Err(bad("fragments (#…) are not allowed".into()));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let auth = userinfo.map(parse_userinfo).transpose().map_err(bad)?;
+        let hosts = hostlist
+            .split(',')
+            .map(parse_host)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        let chroot = parse_chroot(path).map_err(bad)?;
+        let mut config = Self {
+            hosts,
+            chroot,
+            auth,
+            prefix: "tenure".into(),
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(2),
+        };
+        for pair in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|p| !p.is_empty())
+        {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = percent_decode(name).map_err(bad)?;
+            let value = percent_decode(value).map_err(bad)?;
+            let millis = |max: u64| {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=max).contains(ms))
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "option {name}={value} must be a number of milliseconds in 1..={max}"
+                        ))
+                    })
+            };
+            match name.as_str() {
+                "prefix" => config.prefix = value.clone(),
+                "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
+                "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
+                "op_timeout_ms" => config.op_timeout = millis(600_000)?,
+                other => {
+                    return Err(bad(format!(
+                        "unknown option {other:?} (known: prefix, session_timeout_ms, \
+                         connect_timeout_ms, op_timeout_ms)"
+                    )))
+                }
+            }
+        }
+        config.prefix = normalise_prefix(&config.prefix).map_err(bad)?;
+        if config.lock_root().split('/').nth(1) == Some("zookeeper") {
+            return Err(bad("/zookeeper is reserved for the server".into()));
+        }
+        Ok(config)
+    }
+
+    /// The servers, as `host:port` (IPv6 bracketed), in URL order.
+    pub fn hosts(&self) -> Vec<String> {
+        self.hosts.iter().map(Host::to_string).collect()
+    }
+
+    /// The chroot: `""` for none, else an absolute path such as `/app`.
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+
+    /// The digest user, if credentials were given.
+    pub fn user(&self) -> Option<&str> {
+        self.auth.as_ref().map(|c| c.user.as_str())
+    }
+
+    /// The absolute znode path under which every lock's directory lives:
+    /// `<chroot>/<prefix>`.
+    pub fn lock_root(&self) -> String {
+        format!("{}/{}", self.chroot, self.prefix)
+    }
+
+    /// The connect string handed to the client: `h1:p1,h2:p2` (no chroot: tenure prefixes
+    /// paths itself, so a missing chroot node is created rather than failing).
+    pub fn connect_string(&self) -> String {
+        self.hosts().join(",")
+    }
+
+    /// `user:password` for the `digest` scheme.
+    pub fn digest(&self) -> Option<Vec<u8>> {
+        self.auth
+            .as_ref()
+            .map(|c| format!("{}:{}", c.user, c.password).into_bytes())
+    }
+}
+
+impl fmt::Display for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("zk://")?;
+        if let Some(auth) = &self.auth {
+            write!(f, "{}:***@", percent_encode(&auth.user))?;
+        }
+        write!(f, "{}{}", self.connect_string(), self.chroot)?;
+        write!(
+            f,
+            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&op_timeout_ms={}",
+            percent_encode(&self.prefix),
+            self.session_timeout.as_millis(),
+            self.connect_timeout.as_millis(),
+            self.op_timeout.as_millis()
+        )
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts())
+            .field("chroot", &self.chroot)
+            .field("user", &self.user())
+            .field("password", &self.auth.as_ref().map(|_| "***"))
+            .field("prefix", &self.prefix)
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .finish()
+    }
+}
+
+fn strip_scheme(text: &str) -> Option<&str> {
+    let (scheme, rest) = text.split_once("://")?;
+    scheme.eq_ignore_ascii_case("zk").then_some(rest)
+}
+
+fn parse_userinfo(userinfo: &str) -> Result<Credentials, String> {
+    let (user, password) = userinfo
+        .split_once(':')
+        .ok_or_else(|| "credentials must be user:password".to_string())?;
+    let user = percent_decode(user)?;
+    let password = percent_decode(password)?;
+    if user.is_empty() {
+        return Err("the user name is empty".into());
+    }
+    if user.contains(':') {
+        return Err("the user name must not contain ':'".into());
+    }
+    Ok(Credentials { user, password })
+}
+
+fn parse_host(text: &str) -> Result<Host, String> {
+    if text.is_empty() {
+        return Err("empty host in the host list".into());
+    }
+    let (name, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (name, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed '[' in host {text:?}"))?;
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(format!("bad IPv6 address in host {text:?}"));
+        }
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("unexpected text after ']' in host {text:?}"))?,
+            ),
+        };
+        (name, port)
+    } else {
+        match text.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (text, None),
+        }
+    };
+    if name.is_empty() {
+        return Err(format!("empty host name in {text:?}"));
+    }
+    if !text.starts_with('[')
+        && !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    {
+        return Err(format!("bad host name {name:?}"));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("bad port {p:?} in host {text:?}"))?,
+    };
+    Ok(Host {
+        name: name.to_string(),
+        port,
+    })
+}
+
+fn parse_chroot(path: &str) -> Result<String, String> {
+    let path = percent_decode(path)?;
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    validate_znode_path(trimmed).map_err(|why| format!("chroot {trimmed:?}: {why}"))?;
+    Ok(trimmed.to_string())
+}
+
+fn normalise_prefix(prefix: &str) -> Result<String, String> {
+    let trimmed = prefix.trim_matches('/');
+    if trimmed.is_empty() {
+        return Err("prefix must not be empty".into());
+    }
+    validate_znode_path(&format!("/{trimmed}"))
+        .map_err(|why| format!("prefix {prefix:?}: {why}"))?;
+    Ok(trimmed.to_string())
+}
+
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "bad percent-encoding".to_string())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding is not UTF-8".to_string())
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// `text` with any credentials hidden: everything between `://` and the last `@` of the
+/// authority becomes `***`. For showing URLs that failed to parse.
+pub fn redact(text: &str) -> String {
+    redact_str(text)
+}
+
+fn redact_str(text: &str) -> String {
+    let Some(start) = text.find("://").map(|i| i + 3) else {
+        return text.to_string();
+    };
+    let authority_end = text[start..]
+        .find(['/', '?', '#'])
+        .map_or(text.len(), |i| start + i);
+    match text[start..authority_end].rfind('@') {
+        Some(at) => format!("{}***@{}", &text[..start], &text[start + at + 1..]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> ZkConfig {
+        ZkConfig::from_url(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn host_lists_chroot_and_options() {
+        let c = parse(
+            "zk://h1:2181,10.0.0.2,[::1]:2182/app/locks?prefix=svc/a&session_timeout_ms=4000\
+             &connect_timeout_ms=900&op_timeout_ms=250",
+        );
+        assert_eq!(c.hosts(), ["h1:2181", "10.0.0.2:2181", "[::1]:2182"]);
+        assert_eq!(c.connect_string(), "h1:2181,10.0.0.2:2181,[::1]:2182");
+        assert_eq!(c.chroot(), "/app/locks");
+        assert_eq!(c.prefix, "svc/a");
+        assert_eq!(c.lock_root(), "/app/locks/svc/a");
+        assert_eq!(c.session_timeout, Duration::from_millis(4000));
+        assert_eq!(c.connect_timeout, Duration::from_millis(900));
+        assert_eq!(c.op_timeout, Duration::from_millis(250));
+        assert_eq!(c.user(), None);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("zk://localhost");
+        assert_eq!(c.hosts(), ["localhost:2181"]);
+        assert_eq!(c.chroot(), "");
+        assert_eq!(c.lock_root(), "/tenure");
+        assert_eq!(c.session_timeout, Duration::from_secs(10));
+        assert_eq!(parse("ZK://h/").chroot(), "");
+        assert_eq!(parse("zk://h/app/").chroot(), "/app");
+        assert_eq!(parse("zk://h?prefix=/x/").prefix, "x");
+    }
+
+    #[test]
+    fn display_round_trips() {
+        let c = parse("zk://u:p@h1,h2:2/r?prefix=a/b&op_timeout_ms=7");
+        let again = parse(&c.to_string().replace("***", "p"));
+        assert_eq!(c, again);
+    }
+
+    #[test]
+    fn digest_credentials_are_decoded_and_redacted_everywhere() {
+        let c = parse("zk://alice:hunter%402@h1:2181,h2:2181/app");
+        assert_eq!(c.user(), Some("alice"));
+        assert_eq!(c.digest().unwrap(), b"alice:hunter@2");
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains("hunter"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        for bad in [
+            "zk://alice:hunter2@h1:notaport",
+            "zk://alice:hunter2@h1,,h2",
+            "zk://alice:hunter2@h1/a//b",
+            "zk://alice:hunter2@h1?bogus=1",
+            "zk://alice:hunter2@h1?session_timeout_ms=0",
+            "zk://alice:hunter2@",
+            "http://alice:hunter2@h1",
+        ] {
+            let err = ZkConfig::from_url(bad).unwrap_err();
+            assert!(matches!(err, LockError::Config(_)), "{bad}: {err:?}");
+            let shown = err.to_string();
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_never_panics() {
+        for bad in [
+            "",
+            "zk",
+            "zk:/h",
+            "redis://h",
+            "zk://",
+            "zk://,",
+            "zk://h1,",
+            "zk://:2181",
+            "zk://h:0",
+            "zk://h:65536",
+            "zk://h:-1",
+            "zk://h:2181:3",
+            "zk://[::1",
+            "zk://[::1]x",
+            "zk://[]:2181",
+            "zk://h h",
+            "zk://h/./x",
+            "zk://h/../x",
+            "zk://h/a\u{1}b",
+            "zk://h/zookeeper",
+            "zk://h?prefix=",
+            "zk://h?prefix=a//b",
+            "zk://h?session_timeout_ms=abc",
+            "zk://h?op_timeout_ms=99999999999999999999",
+            "zk://h?unknown=1",
+            "zk://h#frag",
+            "zk://h/%zz",
+            "zk://h/%ff",
+            "zk://:pw@h",
+            "zk://user@h",
+        ] {
+            assert!(
+                matches!(ZkConfig::from_url(bad), Err(LockError::Config(_))),
+                "{bad:?} should be a Config error"
+            );
+        }
+    }
+
+    #[test]
+    fn redaction_of_unparseable_text() {
+        assert_eq!(redact("zk://u:s3cret@h:x/p"), "zk://***@h:x/p");
+        assert_eq!(redact("zk://h/p@q"), "zk://h/p@q");
+        assert_eq!(redact("nonsense"), "nonsense");
+    }
+}

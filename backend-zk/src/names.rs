@@ -1,0 +1,183 @@
+//! How keys and lock nodes are named in ZooKeeper.
+//!
+//! A key's directory is one path component: the key with `/`, `%` and every character
+//! ZooKeeper refuses in a path percent-encoded (so `jobs/nightly` and `jobs%2Fnightly`
+//! cannot collide, and no key can escape the prefix or clash with another key's
+//! directory). Lock nodes inside it are named `lock-<owner id hex>-<sequence>`.
+
+use std::fmt::Write as _;
+
+use tenure_api::OwnerId;
+
+/// Name prefix of every lock node.
+pub(crate) const LOCK_PREFIX: &str = "lock-";
+
+/// Whether ZooKeeper refuses `c` in a path (`PathUtils.validatePath`; its surrogate range
+/// U+D800–U+DFFF cannot occur in a Rust string).
+fn forbidden(c: char) -> bool {
+    c == '\0'
+        || c.is_control()
+        || ('\u{e000}'..='\u{f8ff}').contains(&c)
+        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+}
+
+/// Checks `path` is an absolute ZooKeeper path other than `/`: no empty, `.` or `..`
+/// component, no trailing `/`, no character the server refuses.
+pub(crate) fn validate_znode_path(path: &str) -> Result<(), String> {
+    let rest = path
+        .strip_prefix('/')
+        .ok_or_else(|| "must start with '/'".to_string())?;
+    if rest.is_empty() {
+        return Err("must not be the root".into());
+    }
+    for component in rest.split('/') {
+        match component {
+            "" => return Err("empty path component".into()),
+            "." | ".." => return Err("relative path component".into()),
+            c => {
+                if let Some(bad) = c.chars().find(|c| forbidden(*c)) {
+                    return Err(format!("character {bad:?} is not allowed"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The single path component holding `key`'s lock nodes.
+pub(crate) fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        if c == '/' || c == '%' || forbidden(c) {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    if out == "." || out == ".." {
+        out = out.replace('.', "%2E");
+    }
+    out
+}
+
+/// The name prefix of `owner`'s node; the server appends the sequence number.
+pub(crate) fn node_prefix(owner: OwnerId) -> String {
+    format!("{LOCK_PREFIX}{owner}-")
+}
+
+/// A lock node found in a key's directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LockNode {
+    /// The node's name (last path component).
+    pub(crate) name: String,
+    /// Whose node it is.
+    pub(crate) owner: OwnerId,
+    /// Its sequence number: the queue position.
+    pub(crate) sequence: i64,
+}
+
+impl LockNode {
+    /// Parses `lock-<32 hex>-<digits>`; anything else is not a lock node.
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix(LOCK_PREFIX)?;
+        let (owner, sequence) = rest.split_once('-')?;
+        if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Self {
+            name: name.to_string(),
+            owner: OwnerId::parse(owner).ok()?,
+            sequence: sequence.parse().ok()?,
+        })
+    }
+}
+
+/// The lock nodes among `children`, in queue order (lowest sequence first).
+pub(crate) fn queue(children: &[String]) -> Vec<LockNode> {
+    let mut nodes: Vec<LockNode> = children.iter().filter_map(|c| LockNode::parse(c)).collect();
+    nodes.sort_by_key(|n| n.sequence);
+    nodes
+}
+
+/// The owner encoded in a lock node path's last component.
+pub(crate) fn owner_of_path(path: &str) -> Option<OwnerId> {
+    let name = path.rsplit('/').next()?;
+    LockNode::parse(name).map(|n| n.owner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_map_to_one_valid_component_injectively() {
+        let keys = [
+            "jobs/nightly",
+            "jobs%2Fnightly",
+            "jobs",
+            ".",
+            "..",
+            "...",
+            "a b",
+            "ünïcödé/ключ",
+            "\u{e000}private",
+            "\u{fff0}",
+            "lock-x",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for key in keys {
+            let encoded = encode_key(key);
+            assert!(!encoded.contains('/'), "{key:?} -> {encoded:?}");
+            validate_znode_path(&format!("/p/{encoded}"))
+                .unwrap_or_else(|e| panic!("{key:?} -> {encoded:?}: {e}"));
+            assert!(seen.insert(encoded), "collision for {key:?}");
+        }
+        assert_eq!(encode_key("jobs/nightly"), "jobs%2Fnightly");
+        assert_eq!(encode_key(".."), "%2E%2E");
+    }
+
+    #[test]
+    fn paths_are_validated() {
+        for good in ["/a", "/a/b", "/a.b/..c", "/ü"] {
+            assert!(validate_znode_path(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "a",
+            "/",
+            "/a/",
+            "//a",
+            "/a//b",
+            "/./a",
+            "/a/..",
+            "/a\u{7f}",
+            "/\u{e000}",
+        ] {
+            assert!(validate_znode_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lock_nodes_parse_and_sort_by_sequence() {
+        let a = OwnerId([0xab; 16]);
+        let b = OwnerId([0x01; 16]);
+        let children = vec![
+            format!("{}0000000010", node_prefix(a)),
+            "not-a-lock".to_string(),
+            format!("{}0000000002", node_prefix(b)),
+            format!("{}2147483648000", node_prefix(b)),
+            format!("{LOCK_PREFIX}zz-0000000001"),
+            format!("{}", node_prefix(a)),
+        ];
+        let q = queue(&children);
+        assert_eq!(
+            q.iter().map(|n| (n.owner, n.sequence)).collect::<Vec<_>>(),
+            [(b, 2), (a, 10), (b, 2_147_483_648_000)]
+        );
+        assert_eq!(owner_of_path(&format!("/t/k/{}", q[1].name)), Some(a));
+        assert_eq!(owner_of_path("/t/k/other"), None);
+    }
+}

@@ -1,0 +1,226 @@
+//! One ZooKeeper session, and a local watch over its health that does not wait for the
+//! server to say the session is gone.
+//!
+//! ZooKeeper can only tell a client its session expired once the client reaches a server
+//! again; a partitioned client hears nothing (the trap Curator fell into, CURATOR-460).
+//! So the monitor here declares the session lost on its own once it has been
+//! disconnected for longer than the negotiated session timeout, and then drops its
+//! client, so that the library closes the session (deleting its ephemeral nodes) if it
+//! ever gets through again. Leases additionally carry a deadline capped at
+//! *request sent + session timeout* (see the crate docs), which is tighter still.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tenure_api::LockError;
+use tokio::sync::watch;
+use zookeeper_client::{Client, SessionState, StateWatcher};
+
+use crate::config::ZkConfig;
+use crate::error::from_zk;
+
+/// What the monitor knows about the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Health {
+    /// Connected to a server.
+    Connected,
+    /// Reconnecting since this instant.
+    Disconnected {
+        /// When the disconnect was observed.
+        since: Instant,
+    },
+    /// Expired, closed, refused, or disconnected for longer than the session timeout.
+    /// Terminal: the session is never used again.
+    Lost(String),
+}
+
+/// A ZooKeeper session. Dropping the last handle closes it.
+pub(crate) struct Session {
+    client: Arc<Mutex<Option<Client>>>,
+    id: i64,
+    timeout: Duration,
+    health: watch::Receiver<Health>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:#x}", self.id))
+            .field("timeout", &self.timeout)
+            .field("health", &*self.health.borrow())
+            .finish()
+    }
+}
+
+impl Session {
+    /// Establishes a new session, bounded by the configured connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a half-made session is dropped (and closed) with the future.
+    pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<Self>, LockError> {
+        let mut connector = Client::connector().with_session_timeout(config.session_timeout);
+        if let Some(digest) = config.digest() {
+            connector = connector.with_auth("digest", &digest);
+        }
+        let target = config.connect_string();
+        let client =
+            match tokio::time::timeout(config.connect_timeout, connector.connect(&target)).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(error)) => return Err(from_zk("connect", &target, error)),
+                Err(_) => {
+                    return Err(LockError::Unavailable {
+                        message: format!(
+                            "connect to {target}: no session within {:?}",
+                            config.connect_timeout
+                        ),
+                        source: None,
+                    })
+                }
+            };
+        let id = client.session_id().0;
+        let timeout = client.session_timeout();
+        let states = client.state_watcher();
+        let initial = states.peek_state();
+        let slot = Arc::new(Mutex::new(Some(client)));
+        let (sender, health) = watch::channel(Health::Connected);
+        let monitor = tokio::spawn(monitor(
+            states,
+            initial,
+            timeout,
+            sender,
+            Arc::downgrade(&slot),
+        ));
+        Ok(Arc::new(Self {
+            client: slot,
+            id,
+            timeout,
+            health,
+            monitor,
+        }))
+    }
+
+    /// The session id (the `ephemeral_owner` of its nodes).
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The negotiated session timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A handle for requests, unless the session is lost.
+    pub(crate) fn client(&self) -> Result<Client, LockError> {
+        self.client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| LockError::Unavailable {
+                message: format!(
+                    "ZooKeeper session {:#x} is gone: {}",
+                    self.id,
+                    self.lost_reason()
+                ),
+                source: None,
+            })
+    }
+
+    /// The current health.
+    pub(crate) fn health(&self) -> Health {
+        self.health.borrow().clone()
+    }
+
+    /// Why the session was lost, or a generic text if it was not.
+    pub(crate) fn lost_reason(&self) -> String {
+        match self.health() {
+            Health::Lost(reason) => reason,
+            _ => "it was closed".into(),
+        }
+    }
+
+    /// Whether the session is lost for good.
+    pub(crate) fn is_lost(&self) -> bool {
+        matches!(self.health(), Health::Lost(_))
+    }
+
+    /// Completes (with the reason) once the session is lost.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub(crate) async fn lost(&self) -> String {
+        let mut health = self.health.clone();
+        let reason = match health.wait_for(|h| matches!(h, Health::Lost(_))).await {
+            Ok(h) => match &*h {
+                Health::Lost(reason) => reason.clone(),
+                _ => String::new(),
+            },
+            Err(_) => "the session monitor stopped".into(),
+        };
+        reason
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+/// Follows the library's session states; declares the session lost on expiry, close,
+/// auth failure, or a disconnect longer than `timeout`, and then drops the client.
+async fn monitor(
+    mut states: StateWatcher,
+    mut state: SessionState,
+    timeout: Duration,
+    health: watch::Sender<Health>,
+    client: Weak<Mutex<Option<Client>>>,
+) {
+    let mut since: Option<Instant> = None;
+    loop {
+        let give_up_at = match state {
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                since = None;
+                health.send_replace(Health::Connected);
+                None
+            }
+            SessionState::Disconnected => {
+                let since = *since.get_or_insert_with(Instant::now);
+                health.send_replace(Health::Disconnected { since });
+                Some(since + timeout)
+            }
+            SessionState::Expired => return lose(&health, &client, "the session expired".into()),
+            SessionState::Closed => return lose(&health, &client, "the session was closed".into()),
+            SessionState::AuthFailed => {
+                return lose(&health, &client, "authentication failed".into())
+            }
+        };
+        state = match give_up_at {
+            None => states.changed().await,
+            Some(at) => tokio::select! {
+                next = states.changed() => next,
+                _ = tokio::time::sleep_until(at.into()) => {
+                    return lose(
+                        &health,
+                        &client,
+                        format!(
+                            "disconnected for longer than the session timeout ({timeout:?}): \
+                             the ensemble may have expired the session"
+                        ),
+                    );
+                }
+            },
+        };
+    }
+}
+
+fn lose(health: &watch::Sender<Health>, client: &Weak<Mutex<Option<Client>>>, reason: String) {
+    health.send_replace(Health::Lost(reason));
+    // Without a client handle the library closes the session as soon as it can reach a
+    // server (or gives up), so nodes we no longer vouch for do not linger.
+    if let Some(slot) = client.upgrade() {
+        let dropped = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(dropped);
+    }
+}

@@ -1,0 +1,539 @@
+//! ZooKeeper under real faults, on a 3-node ensemble and (where cheap) a standalone
+//! server, all with `tickTime` = 200 ms so sessions may last 0.4–4 s. Each test asserts
+//! its expected outcome and that its fault really fired.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tenure_api::{
+    AcquireOptions, DistributedLock, FencingToken, LockError, LockExt, LockKey, ReleaseOutcome,
+};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_conformance::{retrying, FencedRegister, History};
+use tenure_zk::{QueuedNode, ZkLock};
+
+const TICK_MS: u32 = 200;
+/// The longest session the servers grant (20 × tickTime): enough to ride out an election.
+const SESSION: Duration = Duration::from_millis(4000);
+/// Bound on one request of the clients under test.
+const OP: Duration = Duration::from_millis(500);
+const TTL: Duration = Duration::from_secs(10);
+/// How long a waiter may wait for its turn.
+const WAIT: Duration = Duration::from_secs(60);
+/// Replies held back by [`hold_replies`]: longer than anything in these tests, so they
+/// are lost unless [`drop_held_replies`] discards them first.
+const HELD: Duration = Duration::from_secs(600);
+
+/// Each test starts its own servers; run them one at a time so that their timings do
+/// not blur each other on a shared machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+async fn start(nodes: usize) -> ZkEnsemble {
+    ZkEnsemble::start(ZkOptions::default().nodes(nodes).tick_time_ms(TICK_MS))
+        .await
+        .unwrap()
+}
+
+/// A client with its own session on `hosts` (`h:p,h:p…`).
+async fn connect(hosts: &str, session: Duration, op: Duration) -> ZkLock {
+    ZkLock::connect(&format!(
+        "zk://{hosts}/faults?session_timeout_ms={}&op_timeout_ms={}",
+        session.as_millis(),
+        op.as_millis()
+    ))
+    .await
+    .unwrap()
+}
+
+/// Polls `probe` every 10 ms until it yields a value; panics after `limit`.
+async fn poll<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `key`'s queue (holder first) as `observer` sees it, retried through elections.
+async fn queue(observer: &ZkLock, key: &LockKey) -> Vec<QueuedNode> {
+    retrying(SESSION, || observer.queue(key)).await.0.unwrap()
+}
+
+/// The name of the node a lease was granted on.
+fn node_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or_default()
+}
+
+/// One served waiter: (index, token, acquired at, release started at).
+type Served = (usize, FencingToken, Instant, Instant);
+
+/// Starts waiter `index` on its own client and returns once its node is queued (so
+/// each waiter is queued before the next one starts). The task holds the lock for
+/// `hold` once granted, logs itself, and releases.
+async fn spawn_waiter(
+    hosts: &str,
+    observer: &ZkLock,
+    key: &LockKey,
+    index: usize,
+    hold: Duration,
+    log: Arc<Mutex<Vec<Served>>>,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let lock = connect(hosts, SESSION, OP).await;
+    let ahead = queue(observer, key).await.len();
+    let task = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let lease = lock
+                .acquire(&key, &AcquireOptions::new(TTL).wait(WAIT))
+                .await?;
+            let acquired = Instant::now();
+            tokio::time::sleep(hold).await;
+            let releasing = Instant::now();
+            log.lock().unwrap_or_else(PoisonError::into_inner).push((
+                index,
+                lease.token(),
+                acquired,
+                releasing,
+            ));
+            assert_eq!(lock.release(lease).await?, ReleaseOutcome::Released);
+            Ok(())
+        })
+    };
+    let what = format!("waiter {index} to queue behind {ahead}");
+    poll(&what, Duration::from_secs(10), || async {
+        (queue(observer, key).await.len() > ahead).then_some(())
+    })
+    .await;
+    task
+}
+
+/// Awaits the waiters; checks they were served in index order with tokens increasing
+/// from `after`; returns the hand-off latencies (release started → next acquired), the
+/// first measured from `released_at`.
+async fn served_in_fifo_order(
+    waiters: Vec<tokio::task::JoinHandle<Result<(), LockError>>>,
+    log: &Mutex<Vec<Served>>,
+    after: FencingToken,
+    released_at: Instant,
+) -> Vec<Duration> {
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let order: Vec<usize> = log.iter().map(|entry| entry.0).collect();
+    assert_eq!(
+        order,
+        (0..log.len()).collect::<Vec<_>>(),
+        "served in FIFO order"
+    );
+    let mut last = after;
+    for &(i, token, _, _) in &log {
+        assert!(token > last, "waiter {i}: token {token} after {last}");
+        last = token;
+    }
+    let mut released = released_at;
+    log.iter()
+        .map(|&(_, _, acquired, releasing)| {
+            let latency = acquired.saturating_duration_since(released);
+            released = releasing;
+            latency
+        })
+        .collect()
+}
+
+fn summary(latencies: &mut [Duration]) -> String {
+    latencies.sort();
+    let n = latencies.len();
+    format!(
+        "n={n} p50={:?} max={:?}",
+        latencies[n / 2],
+        latencies[n - 1]
+    )
+}
+
+/// Holds back every reply to `proxy`'s client while its requests still reach the server.
+fn hold_replies(proxy: &FaultProxy) {
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: HELD,
+    });
+}
+
+/// Resets the client's connection, discarding the replies held back, then lets it
+/// reconnect (to the same session).
+async fn drop_held_replies(proxy: &FaultProxy) {
+    let before = proxy.stats().resets;
+    proxy.set_mode(ProxyMode::Reset);
+    poll(
+        "the proxy to reset the connection",
+        Duration::from_secs(5),
+        || async { (proxy.stats().resets > before).then_some(()) },
+    )
+    .await;
+    proxy.set_mode(ProxyMode::Pass);
+}
+
+/// Runs `call` (an acquire of `key` through `proxy`) with replies held back, while
+/// `holder` holds `key` (so the lock directory exists and `call` has to queue); returns
+/// once its node is queued on the server — the create went through, its reply did not
+/// come back.
+async fn create_with_reply_held<T: Send + 'static>(
+    proxy: &FaultProxy,
+    holder: &ZkLock,
+    key: &LockKey,
+    call: impl Future<Output = T> + Send + 'static,
+) -> (QueuedNode, tokio::task::JoinHandle<T>) {
+    assert_eq!(queue(holder, key).await.len(), 1, "held by `holder` alone");
+    hold_replies(proxy);
+    let delivered = proxy.stats().bytes_down;
+    let call = tokio::spawn(call);
+    let node = poll(
+        "the lock node to be created",
+        Duration::from_secs(5),
+        || async { queue(holder, key).await.into_iter().nth(1) },
+    )
+    .await;
+    assert_eq!(
+        proxy.stats().bytes_down,
+        delivered,
+        "the fault fired: no reply reached the client"
+    );
+    (node, call)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(3).await;
+    let hosts = zk.connect_string();
+    let holder = connect(&hosts, SESSION, OP).await;
+    let observer = connect(&hosts, SESSION, OP).await;
+    let k = key("leader-killed");
+    let mut held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let session = holder.session_id();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let hold = Duration::from_millis(20);
+        waiters.push(spawn_waiter(&hosts, &observer, &k, i, hold, log.clone()).await);
+    }
+
+    let leader = zk.leader_index().await.unwrap();
+    zk.nodes()[leader].kill().await.unwrap();
+    assert!(
+        !zk.nodes()[leader].is_running(),
+        "the fault fired: leader down"
+    );
+    let new_leader = zk.leader_index().await.unwrap();
+    assert_ne!(new_leader, leader, "a new leader was elected");
+    eprintln!(
+        "leader zk{} killed; zk{} elected",
+        leader + 1,
+        new_leader + 1
+    );
+
+    // Every client was cut off (followers drop their clients while they elect); the
+    // holder's session and lock survive the election.
+    let (extended, failures) = retrying(SESSION, || {
+        let (holder, mut lease) = (&holder, held.clone());
+        async move { holder.extend(&mut lease, TTL).await.map(|()| lease) }
+    })
+    .await;
+    held = extended.expect("the holder's lock survives the election");
+    eprintln!("extend after the election needed {failures} retries");
+    assert_eq!(holder.session_id(), session, "the same session");
+    let (info, _) = retrying(SESSION, || observer.inspect(&k)).await;
+    let info = info.unwrap().expect("still held");
+    assert_eq!(info.owner, held.owner(), "still held by its owner");
+    assert_eq!(info.token, Some(held.token()));
+    assert_eq!(
+        queue(&observer, &k).await.len(),
+        4,
+        "the waiters are still queued"
+    );
+
+    // Grants after the election: in order, with larger tokens.
+    let released_at = Instant::now();
+    let (released, _) = retrying(SESSION, || holder.release(held.clone())).await;
+    assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+    let mut latencies = served_in_fifo_order(waiters, &log, held.token(), released_at).await;
+    eprintln!(
+        "after leader failover: hand-off latency {}",
+        summary(&mut latencies)
+    );
+}
+
+/// The holder reaches ZooKeeper through its own proxy, which then black-holes its link
+/// past the session timeout. The server expires the session and hands the lock to the
+/// queued waiter; the holder, hearing nothing, must find out on its own (CURATOR-460).
+async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
+    let zk = start(nodes).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let session = Duration::from_millis(2000);
+    let holder = Arc::new(connect(&proxy.addr().to_string(), session, OP).await);
+    let negotiated = holder.session_timeout().unwrap();
+    assert_eq!(
+        negotiated, session,
+        "the server granted the session asked for"
+    );
+    let waiter = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("expiry");
+    let register = FencedRegister::new();
+    let history = History::new();
+
+    let invoked = Instant::now();
+    let guard = holder.lock(&k, &AcquireOptions::new(TTL)).await.unwrap();
+    let completed = Instant::now();
+    let stale = guard.lease().await.unwrap();
+    let seen_by_stale = register.read(stale.token()).unwrap();
+    let w_invoked = Instant::now();
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await;
+            (lease, Instant::now())
+        })
+    };
+    poll("the waiter to queue", Duration::from_secs(5), || async {
+        (queue(&waiter, &k).await.len() == 2).then_some(())
+    })
+    .await;
+
+    let cut = Instant::now();
+    proxy.set_mode(ProxyMode::Blackhole);
+    tokio::time::timeout(negotiated * 2, guard.lost())
+        .await
+        .expect("the stale holder's guard reports the loss");
+    let lost_at = Instant::now();
+    let (fresh, granted_at) = waiting.await.unwrap();
+    let fresh = fresh.expect("the expired holder's lock is taken over");
+    let last = guard.lease().await.unwrap();
+    eprintln!(
+        "{nodes} node(s), session {negotiated:?}: loss reported {:?} after the cut, \
+         lock taken over {:?} after the cut ({})",
+        lost_at - cut,
+        granted_at - cut,
+        guard.lost_signal().reason().unwrap_or_default()
+    );
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "the fault fired: the holder's requests were dropped"
+    );
+    assert!(
+        lost_at - cut <= negotiated,
+        "loss reported {:?} after the cut, later than the session timeout",
+        lost_at - cut
+    );
+    assert!(
+        lost_at <= granted_at,
+        "loss reported only after the takeover"
+    );
+    assert!(
+        granted_at >= last.valid_until(),
+        "taken over before the stale holder's own deadline"
+    );
+    assert!(fresh.token() > stale.token(), "tokens increase");
+    history.record(0, &last, invoked, completed, lost_at);
+    history.record(1, &fresh, w_invoked, granted_at, Instant::now());
+    let report = history.check();
+    assert!(report.is_safe(), "{report}");
+
+    // The stale holder writes as if nothing had happened: fencing rejects it.
+    assert!(register
+        .stale_write_after_takeover(fresh.token(), stale.token(), seen_by_stale)
+        .unwrap());
+    assert_eq!(register.value(), 1, "only the fresh holder's update landed");
+    assert_eq!(register.rejected(), 1);
+
+    proxy.set_mode(ProxyMode::Pass);
+    let outcome = guard.release().await;
+    assert!(
+        matches!(outcome, Ok(ReleaseOutcome::NotHeld) | Err(_)),
+        "the stale release must not free the new lock: {outcome:?}"
+    );
+    let info = waiter.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!(info.owner, fresh.owner(), "the new owner keeps the lock");
+    assert_eq!(
+        waiter.release(fresh).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_holder_is_told_locally_and_fenced_off_ensemble() {
+    let _serial = SERIAL.lock().await;
+    expired_holder_is_told_locally_and_fenced_off(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_holder_is_told_locally_and_fenced_off_standalone() {
+    let _serial = SERIAL.lock().await;
+    expired_holder_is_told_locally_and_fenced_off(1).await;
+}
+
+/// An acquire whose create reaches the server but whose reply is lost: the call's retry
+/// finds the node by the owner id in its name, keeps its place in the queue and is
+/// granted on it — no second node, no orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_is_recognised_by_the_retry() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(3).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let session = client.session_id();
+    let holder = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("lost-reply-retry");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let acquire = {
+        let (client, k) = (client.clone(), k.clone());
+        async move {
+            client
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await
+        }
+    };
+    let (node, acquiring) = create_with_reply_held(&proxy, &holder, &k, acquire).await;
+    drop_held_replies(&proxy).await;
+    let released_at = Instant::now();
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = acquiring
+        .await
+        .unwrap()
+        .expect("granted once the link is back");
+    eprintln!(
+        "lost create reply: granted on the first node {:?} after the release",
+        released_at.elapsed()
+    );
+
+    assert_eq!(
+        node_name(&lease.handle().path),
+        node.name,
+        "the retry recognised its node"
+    );
+    assert_eq!(node.owner, lease.owner());
+    assert_eq!(client.session_id(), session, "the same session");
+    assert_eq!(queue(&holder, &k).await, [node], "no second node");
+    assert_eq!(
+        client.release(lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(queue(&holder, &k).await.is_empty(), "nothing left behind");
+}
+
+/// A `try_acquire` whose create reaches the server but whose reply is lost runs out of
+/// time and fails, leaving a node that no caller knows about; once the holder releases,
+/// that orphan holds the lock for nobody. The failed call sweeps it away as soon as its
+/// client reaches a server again — well before the session timeout. (Had the link stayed
+/// down, only the session's expiry, at most one session timeout after the cut, would
+/// have freed the lock: that is the bound the design guarantees without the link.)
+async fn failed_acquire_leaves_no_orphan(nodes: usize) {
+    let zk = start(nodes).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let session = client.session_id();
+    let other = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("lost-reply-orphan");
+    let held = other.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let attempt = {
+        let (client, k) = (client.clone(), k.clone());
+        async move { client.try_acquire(&k, TTL).await }
+    };
+    let (orphan, attempt) = create_with_reply_held(&proxy, &other, &k, attempt).await;
+    let result = attempt.await.unwrap();
+    let failed_at = Instant::now();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    assert_eq!(other.release(held).await.unwrap(), ReleaseOutcome::Released);
+    let info = other
+        .inspect(&k)
+        .await
+        .unwrap()
+        .expect("the orphan holds it");
+    assert_eq!(info.owner, orphan.owner, "held by the failed call's node");
+    assert!(other.try_acquire(&k, TTL).await.unwrap().is_none());
+
+    drop_held_replies(&proxy).await;
+    let lease = other
+        .acquire(&k, &AcquireOptions::new(TTL).wait(SESSION))
+        .await
+        .expect("the orphan goes away");
+    let freed = failed_at.elapsed();
+    eprintln!("{nodes} node(s): orphan of a failed acquire gone {freed:?} after the failure");
+    assert!(
+        freed < SESSION / 2,
+        "freed after {freed:?}: not well below the session timeout {SESSION:?}"
+    );
+    assert_eq!(
+        client.session_id(),
+        session,
+        "freed by the sweep, not by the session's expiry"
+    );
+    assert!(lease.token() > info.token.unwrap(), "tokens increase");
+    let left = queue(&other, &k).await;
+    assert_eq!(left.len(), 1, "only the new holder's node: {left:?}");
+    assert_eq!(left[0].owner, lease.owner());
+    other.release(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_acquire_leaves_no_orphan_ensemble() {
+    let _serial = SERIAL.lock().await;
+    failed_acquire_leaves_no_orphan(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_acquire_leaves_no_orphan_standalone() {
+    let _serial = SERIAL.lock().await;
+    failed_acquire_leaves_no_orphan(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_waiters_are_served_in_fifo_order() {
+    const WAITERS: usize = 16;
+    let _serial = SERIAL.lock().await;
+    let zk = start(3).await;
+    let hosts = zk.connect_string();
+    let holder = connect(&hosts, SESSION, OP).await;
+    let k = key("fifo16");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        waiters.push(spawn_waiter(&hosts, &holder, &k, i, Duration::ZERO, log.clone()).await);
+    }
+    assert_eq!(queue(&holder, &k).await.len(), WAITERS + 1);
+
+    let released_at = Instant::now();
+    assert_eq!(
+        holder.release(held.clone()).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let mut latencies = served_in_fifo_order(waiters, &log, held.token(), released_at).await;
+    eprintln!(
+        "{WAITERS} waiters: hand-off latency (release → next acquired) {}",
+        summary(&mut latencies)
+    );
+    assert!(queue(&holder, &k).await.is_empty(), "nothing left queued");
+}
