@@ -1,0 +1,445 @@
+//! `postgres://` URLs with tenure's own options, validated SQL identifiers, and secret
+//! redaction.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use tenure_api::LockError;
+
+/// Connection parameters understood by the Postgres client (sqlx); anything else in the
+/// query string that is not a tenure option is rejected, so a typo is an error rather than
+/// a silently ignored setting.
+const CLIENT_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// The longest identifier Postgres keeps without truncating it (`NAMEDATALEN - 1`).
+const MAX_IDENT: usize = 63;
+/// Suffixes appended to the table name for the holder table and the fence sequence.
+const HOLDERS_SUFFIX: &str = "_holders";
+const FENCE_SUFFIX: &str = "_fence";
+
+/// How to reach one Postgres server and where the lock table lives.
+///
+/// Parsed from `postgres://[user[:password]@]host[:port][/database][?options]`
+/// (`postgresql://` is accepted too). tenure's options, removed before the URL reaches the
+/// client:
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `schema` | `public` | schema of the lock table, holder table and fence sequence |
+/// | `table` | `tenure_locks` | lock table; the holder table is `<table>_holders`, the fence sequence `<table>_fence` |
+/// | `prefix` | (empty) | prepended to every lock key |
+/// | `max_held` | `64` | dedicated connections this client may use at once (held locks plus acquires in progress) |
+/// | `pool_size` | `4` | autocommit connections (row insert, fence, inspect) |
+/// | `idle_connections` | `4` | clean dedicated connections kept for reuse after a release |
+/// | `connect_timeout_ms` | `5000` | bound on opening a connection |
+/// | `command_timeout_ms` | `5000` | bound on one statement's reply (a blocking acquire adds its wait) |
+/// | `migrate` | `true` | create the table, holder table and sequence on connect if missing |
+///
+/// The client's own parameters pass through: `sslmode` (`disable`, `prefer`, `require`,
+/// `verify-ca`, `verify-full`; TLS is rustls), `sslrootcert`, `sslcert`, `sslkey`,
+/// `application_name`, `options`, `host`, `port`, `user`, `password`, `dbname`, … Unknown
+/// parameters are a [`LockError::Config`].
+///
+/// Schema and table names must be plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`, at most 63
+/// bytes for the schema and 55 for the table, so that the derived names fit); they are
+/// always double-quoted in SQL, so a bad name is a typed error and never SQL injection.
+///
+/// Passwords (in the authority or as `password=`) never appear in `Debug`, `Display` or
+/// errors.
+#[derive(Clone)]
+pub struct PgConfig {
+    url: url::Url,
+    options: PgConnectOptions,
+    schema: String,
+    table: String,
+    /// Prepended to every lock key.
+    pub prefix: String,
+    /// Dedicated connections this client may use at once: held locks plus acquires in
+    /// progress. Reaching it is an error, not a wait.
+    pub max_held: usize,
+    /// Size of the autocommit pool.
+    pub pool_size: u32,
+    /// Clean dedicated connections kept for reuse.
+    pub idle_connections: usize,
+    /// Bound on opening a connection.
+    pub connect_timeout: Duration,
+    /// Bound on one statement's reply.
+    pub command_timeout: Duration,
+    /// Create the schema objects on connect if they are missing.
+    pub migrate: bool,
+}
+
+impl PgConfig {
+    /// Parses a URL; a bad URL or option is [`LockError::Config`].
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let mut url = url::Url::parse(text).map_err(|e| {
+            LockError::Config(format!("bad Postgres URL {}: {e}", redact_str(text)))
+        })?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(LockError::Config(format!(
+                "Postgres URL must start with postgres:// or postgresql://, got {}://",
+                url.scheme()
+            )));
+        }
+        let mut config = Self {
+            url: url.clone(),
+            options: PgConnectOptions::new_without_pgpass(),
+            schema: "public".into(),
+            table: "tenure_locks".into(),
+            prefix: String::new(),
+            max_held: 64,
+            pool_size: 4,
+            idle_connections: 4,
+            connect_timeout: Duration::from_millis(5000),
+            command_timeout: Duration::from_millis(5000),
+            migrate: true,
+        };
+        let mut kept = Vec::new();
+        let mut has_host_param = false;
+        for (name, value) in url.query_pairs() {
+            let millis = || {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=600_000).contains(ms))
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| {
+                        LockError::Config(format!(
+                            "option {name}={value} must be a number of milliseconds in 1..=600000"
+                        ))
+                    })
+            };
+            let count = |max: usize| {
+                value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| {
+                        LockError::Config(format!("option {name}={value} must be in 1..={max}"))
+                    })
+            };
+            match name.as_ref() {
+                "schema" => config.schema = value.to_string(),
+                "table" => config.table = value.to_string(),
+                "prefix" => config.prefix = value.to_string(),
+                "max_held" => config.max_held = count(10_000)?,
+                "pool_size" => config.pool_size = count(1_000)? as u32,
+                "idle_connections" => {
+                    config.idle_connections = if value == "0" { 0 } else { count(1_000)? }
+                }
+                "connect_timeout_ms" => config.connect_timeout = millis()?,
+                "command_timeout_ms" => config.command_timeout = millis()?,
+                "migrate" => {
+                    config.migrate = match value.as_ref() {
+                        "true" | "1" | "on" => true,
+                        "false" | "0" | "off" => false,
+                        _ => {
+                            return Err(LockError::Config(format!(
+                                "option migrate={value} must be true or false"
+                            )))
+                        }
+                    }
+                }
+                client if CLIENT_PARAMS.contains(&client) => {
+                    has_host_param |= client == "host" || client == "hostaddr";
+                    kept.push((name.to_string(), value.to_string()));
+                }
+                other => {
+                    return Err(LockError::Config(format!(
+                        "unknown option `{other}` in {}",
+                        redact(&url)
+                    )))
+                }
+            }
+        }
+        if url.host_str().is_none_or(str::is_empty) && !has_host_param {
+            return Err(LockError::Config(format!(
+                "Postgres URL {} has no host",
+                redact(&url)
+            )));
+        }
+        validate_ident("schema", &config.schema, MAX_IDENT)?;
+        validate_ident(
+            "table",
+            &config.table,
+            MAX_IDENT - HOLDERS_SUFFIX.len().max(FENCE_SUFFIX.len()),
+        )?;
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(kept);
+        }
+        config.options = PgConnectOptions::from_str(url.as_str())
+            .map_err(|e| LockError::Config(format!("bad Postgres URL {}: {e}", redact(&url))))?;
+        config.url = url;
+        Ok(config)
+    }
+
+    /// Sets the schema; a name that is not a plain identifier is [`LockError::Config`].
+    pub fn with_schema(mut self, schema: &str) -> Result<Self, LockError> {
+        validate_ident("schema", schema, MAX_IDENT)?;
+        self.schema = schema.into();
+        Ok(self)
+    }
+
+    /// Sets the lock table; a name that is not a plain identifier (or is longer than 55
+    /// bytes) is [`LockError::Config`].
+    pub fn with_table(mut self, table: &str) -> Result<Self, LockError> {
+        validate_ident(
+            "table",
+            table,
+            MAX_IDENT - HOLDERS_SUFFIX.len().max(FENCE_SUFFIX.len()),
+        )?;
+        self.table = table.into();
+        Ok(self)
+    }
+
+    /// The schema holding the lock objects.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The lock table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The quoted, schema-qualified lock table.
+    pub(crate) fn lock_table(&self) -> String {
+        qualified(&self.schema, &self.table)
+    }
+
+    /// The quoted, schema-qualified holder table.
+    pub(crate) fn holder_table(&self) -> String {
+        qualified(&self.schema, &format!("{}{HOLDERS_SUFFIX}", self.table))
+    }
+
+    /// The quoted, schema-qualified fence sequence.
+    pub(crate) fn fence_sequence(&self) -> String {
+        qualified(&self.schema, &format!("{}{FENCE_SUFFIX}", self.table))
+    }
+
+    /// The client's connection options (with the password).
+    pub fn connect_options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+
+    /// `host:port` of the server (or the socket directory).
+    pub fn endpoint(&self) -> String {
+        format!("{}:{}", self.options.get_host(), self.options.get_port())
+    }
+}
+
+impl fmt::Display for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.url))
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("url", &redact(&self.url))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("prefix", &self.prefix)
+            .field("max_held", &self.max_held)
+            .field("pool_size", &self.pool_size)
+            .field("idle_connections", &self.idle_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+/// Checks that `name` is a plain SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most `max`
+/// bytes. Anything else is [`LockError::Config`].
+pub fn validate_ident(what: &str, name: &str, max: usize) -> Result<(), LockError> {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(LockError::Config(format!(
+            "{what} name {name:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)"
+        )));
+    }
+    if name.len() > max {
+        return Err(LockError::Config(format!(
+            "{what} name {name:?} is {} bytes long; the limit is {max}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `"schema"."name"` for names already checked by [`validate_ident`].
+pub(crate) fn qualified(schema: &str, name: &str) -> String {
+    format!("\"{schema}\".\"{name}\"")
+}
+
+/// The URL with any password (in the authority or as `password=`) replaced by `***`.
+pub fn redact(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    if shown.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = shown
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "***".to_string()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        shown.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    shown.to_string()
+}
+
+fn redact_str(text: &str) -> String {
+    // An unparseable URL may still carry a password: hide everything between the scheme
+    // and the last '@', and drop the query (it may hold `password=`).
+    let text = text.split('?').next().unwrap_or_default();
+    match (text.find("://"), text.rfind('@')) {
+        (Some(start), Some(at)) if at > start => {
+            format!("{}://***@{}", &text[..start], &text[at + 1..])
+        }
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_parsed_and_stripped() {
+        let c = PgConfig::from_url(
+            "postgres://u:s3cret@h:6000/app?schema=locks&table=leases&prefix=svc/\
+             &max_held=8&command_timeout_ms=250&sslmode=disable&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(c.schema(), "locks");
+        assert_eq!(c.table(), "leases");
+        assert_eq!(c.prefix, "svc/");
+        assert_eq!(c.max_held, 8);
+        assert_eq!(c.command_timeout, Duration::from_millis(250));
+        assert_eq!(
+            c.url.as_str(),
+            "postgres://u:s3cret@h:6000/app?sslmode=disable&application_name=x"
+        );
+        assert_eq!(c.endpoint(), "h:6000");
+        assert_eq!(c.connect_options().get_database(), Some("app"));
+        assert_eq!(c.connect_options().get_username(), "u");
+        assert_eq!(c.lock_table(), "\"locks\".\"leases\"");
+        assert_eq!(c.holder_table(), "\"locks\".\"leases_holders\"");
+        assert_eq!(c.fence_sequence(), "\"locks\".\"leases_fence\"");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = PgConfig::from_url("postgresql://h").unwrap();
+        assert_eq!(c.schema(), "public");
+        assert_eq!(c.table(), "tenure_locks");
+        assert_eq!(c.prefix, "");
+        assert!(c.migrate);
+        assert_eq!(c.endpoint(), "h:5432");
+    }
+
+    #[test]
+    fn secrets_are_redacted_everywhere() {
+        let c = PgConfig::from_url("postgres://user:hunter2@h/db?sslmode=require").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        let c = PgConfig::from_url("postgres://user@h/db?password=hunter2").unwrap();
+        for shown in [format!("{c}"), format!("{c:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        for bad in [
+            "postgres://user:hunter2@h:notaport/db",
+            "postgres://user:hunter2@h/db?bogus=1",
+            "postgres://user:hunter2@h/db?schema=a;drop",
+            "postgres://user@h/db?password=hunter2&bogus=1",
+            "postgres://user:hunter2@h/db?sslmode=sometimes",
+            "postgres://user:hunter2@[::1/db",
+        ] {
+            let err = PgConfig::from_url(bad).unwrap_err();
+            assert!(matches!(err, LockError::Config(_)), "{bad}: {err:?}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for bad in [
+            "",
+            "h:5432",
+            "http://h",
+            "postgres://",
+            "postgres:///db",
+            "postgres://h?command_timeout_ms=0",
+            "postgres://h?connect_timeout_ms=abc",
+            "postgres://h?max_held=0",
+            "postgres://h?pool_size=-1",
+            "postgres://h?migrate=maybe",
+            "postgres://h?unknown_option=1",
+            "postgres://h?sslmode=bogus",
+            "postgres://h?table=",
+            "postgres://h?table=1abc",
+            "postgres://h?table=a\"b",
+            "postgres://h?schema=a.b",
+            "postgres://h?table=Robert');DROP TABLE students;--",
+        ] {
+            assert!(
+                matches!(PgConfig::from_url(bad), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(validate_ident("t", "tenure_locks", 63).is_ok());
+        assert!(validate_ident("t", "_T1", 63).is_ok());
+        for bad in ["", "1a", "a-b", "a b", "a\"b", "a;b", "é", "a.b"] {
+            assert!(validate_ident("t", bad, 63).is_err(), "{bad:?}");
+        }
+        assert!(validate_ident("t", &"a".repeat(64), 63).is_err());
+        let c = PgConfig::from_url("postgres://h").unwrap();
+        assert!(c.clone().with_table(&"a".repeat(56)).is_err());
+        assert!(c.clone().with_table(&"a".repeat(55)).is_ok());
+        assert!(c.clone().with_schema("x y").is_err());
+        assert_eq!(c.with_schema("app").unwrap().schema(), "app");
+    }
+}

@@ -1,0 +1,465 @@
+//! Postgres under real faults. Each test asserts its expected outcome and that its fault
+//! really fired.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tenure_api::{
+    AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
+    ReleaseOutcome,
+};
+use tenure_conformance::servers::postgres::Postgres;
+use tenure_conformance::History;
+use tenure_postgres::{FencedTable, FencedWrite, PgLock};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+async fn connect(server: &Postgres) -> PgLock {
+    PgLock::connect(&format!("{}?pool_size=2", server.url()))
+        .await
+        .unwrap()
+}
+
+/// Retries `try_acquire` for up to `limit` while the client reconnects.
+async fn acquire_eventually(lock: &PgLock, key: &LockKey, limit: Duration) -> Option<Lease> {
+    let started = Instant::now();
+    loop {
+        match lock.try_acquire(key, TTL).await {
+            Ok(lease) => return lease,
+            Err(e) if e.is_retryable() && started.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("acquire failed: {e}"),
+        }
+    }
+}
+
+async fn backend_alive(server: &Postgres, pid: i64) -> bool {
+    let count = server
+        .psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+        ))
+        .await
+        .unwrap();
+    count == "1"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_holder_loses_its_lease_and_the_next_client_acquires() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let k = key("terminated");
+    let ttl = Duration::from_secs(1);
+
+    // A guard-held lease: the watchdog's next tick reports the loss.
+    let guard = a.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    let pid = first.handle().id;
+    assert!(backend_alive(&server, pid).await);
+    let killed = server
+        .psql(&format!("SELECT pg_terminate_backend({pid})"))
+        .await
+        .unwrap();
+    assert_eq!(
+        killed, "t",
+        "the fault fired: the holder's backend was terminated"
+    );
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the guard reports the loss on its next tick");
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("lease lost"), "{reason}");
+
+    // Another client gets it at once (the server freed the row with the session).
+    let second = b
+        .acquire(&k, &AcquireOptions::new(TTL).wait(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert!(second.token() > first.token());
+    assert_eq!(b.inspect(&k).await.unwrap().unwrap().owner, second.owner());
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+    b.release(second.clone()).await.unwrap();
+
+    // A plain lease: the next extend is LeaseLost, release is NotHeld.
+    let mut plain = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    assert!(plain.token() > second.token());
+    let killed = server
+        .psql(&format!(
+            "SELECT pg_terminate_backend({})",
+            plain.handle().id
+        ))
+        .await
+        .unwrap();
+    assert_eq!(killed, "t", "the fault fired");
+    let err = a.extend(&mut plain, TTL).await.unwrap_err();
+    assert!(matches!(err, LockError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(
+        a.release(plain.clone()).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+    let third = b.try_acquire(&k, TTL).await.unwrap().expect("free again");
+    assert!(third.token() > plain.token());
+    assert_eq!(a.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_holder_is_cut_off_by_the_server_after_its_ttl() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let k = key("silent");
+    let ttl = Duration::from_millis(600);
+
+    let mut stale = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let info = b.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.owner, stale.owner());
+    assert_eq!(info.token, Some(stale.token()));
+    let remaining = info
+        .remaining
+        .expect("same role: remaining time is visible");
+    assert!(
+        remaining <= ttl && remaining > Duration::ZERO,
+        "{remaining:?}"
+    );
+
+    // A says nothing; B queues in the server and is woken when the server ends A's session.
+    let waited_from = Instant::now();
+    let fresh = b
+        .acquire(&k, &AcquireOptions::new(TTL).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let got_at = Instant::now();
+    assert!(
+        got_at >= stale.valid_until(),
+        "taken over {:?} before A's deadline",
+        stale.valid_until() - got_at
+    );
+    assert!(got_at - waited_from < ttl + Duration::from_secs(2));
+    assert!(fresh.token() > stale.token());
+    assert!(
+        !backend_alive(&server, stale.handle().id).await,
+        "the fault fired: the server ended the silent holder's session"
+    );
+    assert!(
+        server
+            .log_tail(64 * 1024)
+            .contains("idle-in-transaction timeout"),
+        "the server logged the idle-in-transaction timeout"
+    );
+    let err = a.extend(&mut stale, ttl).await.unwrap_err();
+    assert!(matches!(err, LockError::LeaseLost { .. }), "{err:?}");
+    assert_eq!(a.release(stale).await.unwrap(), ReleaseOutcome::NotHeld);
+    assert_eq!(b.inspect(&k).await.unwrap().unwrap().owner, fresh.owner());
+    assert_eq!(b.release(fresh).await.unwrap(), ReleaseOutcome::Released);
+    assert!(b.inspect(&k).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_restart_while_held_keeps_tokens_increasing() {
+    let server = Postgres::start().await.unwrap();
+    let a = connect(&server).await;
+    let k = key("crash");
+    let mut issued = Vec::new();
+    // Cross a sequence WAL-logging boundary (nextval logs 32 values ahead).
+    for _ in 0..40 {
+        let lease = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+        issued.push(lease.token());
+        a.release(lease).await.unwrap();
+    }
+    let mut held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    issued.push(held.token());
+    let highest = *issued.iter().max().unwrap();
+
+    let pid_before = server.pid();
+    server.restart().await.unwrap(); // SIGKILL, then crash recovery on the same data dir
+    assert_ne!(
+        server.pid(),
+        pid_before,
+        "the fault fired: a new postmaster"
+    );
+
+    let err = a.extend(&mut held, TTL).await.unwrap_err();
+    assert!(matches!(err, LockError::LeaseLost { .. }), "{err:?}");
+    let b = connect(&server).await;
+    let after = acquire_eventually(&b, &k, Duration::from_secs(10))
+        .await
+        .expect("the crash freed the lock");
+    assert!(
+        after.token() > highest,
+        "token {} after the crash, but {highest} was issued before it",
+        after.token()
+    );
+    // The old client recovers too (stale pooled and cached connections are replaced).
+    b.release(after.clone()).await.unwrap();
+    let again = acquire_eventually(&a, &k, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(again.token() > after.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_blocking_waiters_each_get_it_without_polling() {
+    const WAITERS: usize = 16;
+    let server = Postgres::start().await.unwrap();
+    let holder = connect(&server).await;
+    let k = key("sixteen");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..WAITERS {
+        clients.push(Arc::new(connect(&server).await));
+    }
+    let xacts = || async {
+        server
+            .psql(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+                 WHERE datname = 'postgres'",
+            )
+            .await
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let history = History::new();
+    let mut tasks = Vec::new();
+    for (i, lock) in clients.iter().enumerate() {
+        let (lock, k, history) = (lock.clone(), k.clone(), history.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
+            let invoked = Instant::now();
+            let lease = lock.acquire(&k, &opts).await.unwrap();
+            let completed = Instant::now();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            history.record(i, &lease, invoked, completed, Instant::now());
+            assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+        }));
+    }
+    // The fault: all sixteen are queued in the server behind the holder.
+    let queued_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: usize = server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        if waiting >= WAITERS {
+            break;
+        }
+        assert!(Instant::now() < queued_by, "only {waiting} waiters queued");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // From here on, every statement the waiters send is counted. Hold on a while: polling
+    // clients (5–200 ms backoff) would issue well over a hundred statements in 1.5 s.
+    let before = xacts().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let report = history.check();
+    assert!(report.is_safe(), "{report}");
+    assert_eq!(history.holds().len(), WAITERS, "each waiter got the lock");
+
+    // Closing the clients ends their backends, which flushes their statistics.
+    for lock in &clients {
+        lock.close().await;
+    }
+    holder.close().await;
+    // (No probing meanwhile: our own psql sessions would count too.)
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let spent = xacts().await - before;
+    let left = server
+        .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tenure'")
+        .await
+        .unwrap();
+    assert_eq!(
+        left, "0",
+        "client backends exited and flushed their statistics"
+    );
+    eprintln!("{WAITERS} blocking waiters: {spent} transactions in total");
+    // Per waiter: the lock transaction and the fence commit; plus the holder's commit,
+    // pool connection start-ups and our own psql probes.
+    let bound = (WAITERS as i64) * 3 + 40;
+    assert!(
+        spent <= bound,
+        "{spent} transactions > {bound}: busy polling?"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_try_acquire_at_any_point_leaves_no_ghost() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let k = key("cancel");
+    let mut cancelled = 0;
+    for step in 0..40u64 {
+        let limit = Duration::from_micros(400 * step);
+        match tokio::time::timeout(limit, a.try_acquire(&k, TTL)).await {
+            Ok(lease) => {
+                let lease = lease.unwrap().expect("free");
+                a.release(lease).await.unwrap();
+            }
+            Err(_) => cancelled += 1,
+        }
+        // Dropping the future dropped its connection: the server rolls back at once.
+        let started = Instant::now();
+        let lease = b
+            .acquire(&k, &AcquireOptions::new(TTL).wait(Duration::from_secs(3)))
+            .await
+            .unwrap_or_else(|e| panic!("ghost lock after cancelling at {limit:?}: {e}"));
+        assert!(started.elapsed() < Duration::from_secs(2));
+        b.release(lease).await.unwrap();
+    }
+    assert!(
+        cancelled >= 5,
+        "the fault fired: {cancelled} acquires were cancelled"
+    );
+    assert_eq!(a.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_write_rejects_a_stale_holder() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let k = key("fenced");
+    let orders = FencedTable::new("public", "order_state").unwrap();
+    orders.create(&a).await.unwrap();
+    orders.create(&b).await.unwrap(); // idempotent
+
+    let ttl = Duration::from_millis(300);
+    let mut stale = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let write = orders
+        .write(&a, "order-1001", stale.token(), "pending")
+        .await;
+    assert_eq!(write.unwrap(), FencedWrite::Accepted);
+    let write = orders
+        .write(&a, "order-1001", stale.token(), "checked")
+        .await;
+    assert_eq!(
+        write.unwrap(),
+        FencedWrite::Accepted,
+        "same token writes again"
+    );
+
+    // A pauses past its TTL; B takes over and writes.
+    tokio::time::sleep(ttl * 2).await;
+    let fresh = b
+        .acquire(&k, &AcquireOptions::new(TTL).wait(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    assert!(fresh.token() > stale.token());
+    let write = orders
+        .write(&b, "order-1001", fresh.token(), "processing")
+        .await;
+    assert_eq!(write.unwrap(), FencedWrite::Accepted);
+
+    // A wakes and writes as if nothing happened: the database refuses it.
+    let err = a.extend(&mut stale, ttl).await.unwrap_err();
+    assert!(
+        matches!(err, LockError::LeaseLost { .. }),
+        "the fault fired: A's lease is gone ({err:?})"
+    );
+    let write = orders
+        .write(&a, "order-1001", stale.token(), "shipped")
+        .await;
+    assert_eq!(
+        write.unwrap(),
+        FencedWrite::Rejected {
+            last_fence: fresh.token()
+        }
+    );
+    let (fence, value) = orders.read(&b, "order-1001").await.unwrap().unwrap();
+    assert_eq!((fence, value.as_str()), (fresh.token(), "processing"));
+    assert!(orders.read(&b, "order-9").await.unwrap().is_none());
+    let _ = FencingToken(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_held_is_enforced_with_a_clear_error() {
+    let server = Postgres::start().await.unwrap();
+    let lock = PgLock::connect(&format!("{}?max_held=2", server.url()))
+        .await
+        .unwrap();
+    let one = lock.try_acquire(&key("one"), TTL).await.unwrap().unwrap();
+    let two = lock.try_acquire(&key("two"), TTL).await.unwrap().unwrap();
+    let err = lock.try_acquire(&key("three"), TTL).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_held=2"), "{err}");
+    assert!(!err.is_retryable());
+    lock.release(one).await.unwrap();
+    let three = lock.try_acquire(&key("three"), TTL).await.unwrap().unwrap();
+    assert_eq!(lock.held_count(), 2);
+    lock.release(two).await.unwrap();
+    lock.release(three).await.unwrap();
+    assert_eq!(lock.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_use_migrations_are_safe() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?schema=tenure_app&table=leases", server.url());
+    let connects: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PgLock::connect(&url).await })
+        })
+        .collect();
+    let mut locks = Vec::new();
+    for c in connects {
+        locks.push(c.await.unwrap().unwrap());
+    }
+    let k = key("migrated");
+    let lease = locks[0].try_acquire(&k, TTL).await.unwrap().unwrap();
+    assert!(locks[7].try_acquire(&k, TTL).await.unwrap().is_none());
+    locks[0].release(lease).await.unwrap();
+    let tables = server
+        .psql(
+            "SELECT string_agg(relname, ',' ORDER BY relname) FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = 'tenure_app' \
+             AND relkind IN ('r', 'S')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(tables, "leases,leases_fence,leases_holders");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_and_bad_settings_are_typed_errors() {
+    let server = Postgres::start().await.unwrap();
+    // TLS is compiled in and attempted: this server does not offer it.
+    let err = PgLock::connect(&format!(
+        "postgres://postgres:hunter2@{}/postgres?sslmode=require&connect_timeout_ms=2000",
+        server.addr()
+    ))
+    .await
+    .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("tls")
+            || err.to_string().to_lowercase().contains("ssl"),
+        "{err}"
+    );
+    // Nothing listens here.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let err = PgLock::connect(&format!(
+        "postgres://postgres:hunter2@127.0.0.1:{port}/postgres?connect_timeout_ms=1000"
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    // Unknown database: configuration.
+    let err = PgLock::connect(&format!("postgres://postgres@{}/nope", server.addr()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}
