@@ -1,0 +1,471 @@
+//! `tenure bench`: lock cycles per second and latency per backend, against the raw
+//! protocol floor measured in the same process, interleaved slice by slice so that a noisy
+//! machine shifts both alike.
+//!
+//! Modes (DESIGN.md §6): `seq` — one task, acquire + release of a fresh key per cycle;
+//! `par64` — 64 tasks on one client, each on fresh keys of its own; `contended` — 16
+//! clients, one key, blocking `acquire`. The floor of `seq`/`par64` is the same cycle sent
+//! with the backend's plain client crate ([`floor`]); the floor of `contended` is the same
+//! library polling with `try_acquire` and 10 ms sleeps, the loop push wake-ups replace.
+//! `held` is not a cycle: it holds N leases with renewing guards and reports the RSS.
+
+mod floor;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tenure_api::{async_trait, AcquireOptions, DistributedLock, LockError, LockExt, LockKey};
+
+/// What one cycle measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One task; acquire + release on a fresh key per cycle.
+    Seq,
+    /// 64 concurrent tasks on one client, each on its own fresh keys.
+    Par64,
+    /// 16 clients on one key, blocking acquire: hand-offs per second.
+    Contended,
+}
+
+impl Mode {
+    /// Every cycle mode.
+    pub const ALL: [Mode; 3] = [Mode::Seq, Mode::Par64, Mode::Contended];
+
+    fn tasks(self) -> usize {
+        match self {
+            Mode::Seq => 1,
+            Mode::Par64 => 64,
+            Mode::Contended => 16,
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Seq => "seq",
+            Mode::Par64 => "par64",
+            Mode::Contended => "contended",
+        })
+    }
+}
+
+impl FromStr for Mode {
+    type Err = LockError;
+    fn from_str(text: &str) -> Result<Self, LockError> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.to_string() == text)
+            .ok_or_else(|| {
+                LockError::InvalidInput(format!("mode {text:?}: expected seq, par64 or contended"))
+            })
+    }
+}
+
+/// How long and how to run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BenchOptions {
+    /// Measured time per implementation.
+    pub secs: f64,
+    /// Lease TTL of every grant.
+    pub ttl: Duration,
+    /// Also measure the floor, interleaved.
+    pub floor: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            secs: 5.0,
+            ttl: Duration::from_secs(10),
+            floor: false,
+        }
+    }
+}
+
+/// One run: the JSON line `tenure bench` prints (DESIGN.md §6), plus which implementation
+/// ran and, on library lines measured with `--floor`, the ratio to the floor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchLine {
+    /// Backend name.
+    pub backend: String,
+    /// The mode.
+    pub mode: Mode,
+    /// `tenure` (the library), `floor` (plain client) or `poll10ms` (contended floor).
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// Measured seconds.
+    pub secs: f64,
+    /// Completed cycles.
+    pub cycles: u64,
+    /// Cycles per second.
+    pub cycles_per_s: f64,
+    /// Median cycle latency, µs.
+    pub p50_us: u64,
+    /// 99th percentile cycle latency, µs.
+    pub p99_us: u64,
+    /// Failed cycles.
+    pub errors: u64,
+    /// `contended` only: grants per second that went to another client than the previous
+    /// grant (a client re-taking the lock it just released is not a hand-off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoffs_per_s: Option<f64>,
+    /// Library throughput divided by the floor's (cycles/s; hand-offs/s in `contended`),
+    /// on library lines run with a floor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+}
+
+/// Takes and releases a lock once.
+#[async_trait]
+pub(crate) trait Locker: Send + Sync {
+    /// One acquire + release of `key`; calls `held` while holding it.
+    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String>;
+}
+
+/// The library: `try_acquire` (seq, par64 — the key is fresh, so it must be granted),
+/// blocking `acquire` (contended), or a 10 ms polling loop (the contended floor).
+struct Library {
+    lock: Arc<dyn DistributedLock>,
+    ttl: Duration,
+    wait: Wait,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    None,
+    Push,
+    Poll10ms,
+}
+
+#[async_trait]
+impl Locker for Library {
+    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+        let key = LockKey::new(key).map_err(|e| e.to_string())?;
+        let lease = match self.wait {
+            Wait::None => self
+                .lock
+                .try_acquire(&key, self.ttl)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("a fresh key was busy")?,
+            Wait::Push => self
+                .lock
+                .acquire(
+                    &key,
+                    &AcquireOptions::new(self.ttl).wait(Duration::from_secs(30)),
+                )
+                .await
+                .map_err(|e| e.to_string())?,
+            Wait::Poll10ms => loop {
+                match self.lock.try_acquire(&key, self.ttl).await {
+                    Ok(Some(lease)) => break lease,
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Err(e) => return Err(e.to_string()),
+                }
+            },
+        };
+        held();
+        self.lock
+            .release(lease)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Counts and latencies of one implementation, over all its slices.
+struct Stats {
+    histogram: Histogram<u64>,
+    cycles: u64,
+    /// Grants to another task than the previous grant's (contended mode).
+    handoffs: u64,
+    errors: u64,
+    elapsed: Duration,
+    first_error: Option<String>,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Self {
+            histogram: Histogram::new(3).expect("3 significant figures is valid"),
+            cycles: 0,
+            handoffs: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+            first_error: None,
+        }
+    }
+
+    fn line(&self, backend: &str, mode: Mode, implementation: &'static str) -> BenchLine {
+        let secs = self.elapsed.as_secs_f64();
+        let per_s = |n: u64| {
+            if secs > 0.0 {
+                (n as f64 / secs * 10.0).round() / 10.0
+            } else {
+                0.0
+            }
+        };
+        BenchLine {
+            backend: backend.to_owned(),
+            mode,
+            implementation,
+            secs: (secs * 1000.0).round() / 1000.0,
+            cycles: self.cycles,
+            cycles_per_s: per_s(self.cycles),
+            handoffs_per_s: (mode == Mode::Contended).then(|| per_s(self.handoffs)),
+            p50_us: self.histogram.value_at_quantile(0.5),
+            p99_us: self.histogram.value_at_quantile(0.99),
+            errors: self.errors,
+            ratio: None,
+        }
+    }
+}
+
+/// Runs `mode.tasks()` tasks over `lockers` (task i uses locker i mod n) until `slice`
+/// has passed; adds what they did to `stats`.
+async fn drive(
+    lockers: &[Arc<dyn Locker>],
+    mode: Mode,
+    run: &str,
+    slice: Duration,
+    stats: &mut Stats,
+) {
+    let started = Instant::now();
+    let until = started + slice;
+    let last_holder = Arc::new(AtomicUsize::new(usize::MAX));
+    let tasks: Vec<_> = (0..mode.tasks())
+        .map(|task| {
+            let locker = lockers[task % lockers.len()].clone();
+            let run = run.to_owned();
+            let last_holder = last_holder.clone();
+            tokio::spawn(async move {
+                let handoffs = AtomicU64::new(0);
+                let held = || {
+                    if last_holder.swap(task, Ordering::Relaxed) != task {
+                        handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                };
+                let mut local = Stats::new();
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    let key = match mode {
+                        Mode::Contended => format!("{run}/contended"),
+                        _ => format!("{run}/{task}/{n}"),
+                    };
+                    n += 1;
+                    let begun = Instant::now();
+                    match locker.cycle(&key, &held).await {
+                        Ok(()) => {
+                            let micros = begun.elapsed().as_micros();
+                            let _ = local
+                                .histogram
+                                .record(u64::try_from(micros).unwrap_or(u64::MAX));
+                            local.cycles += 1;
+                        }
+                        Err(e) => {
+                            local.errors += 1;
+                            local.first_error.get_or_insert(e);
+                            // A dead backend fails fast: do not spin on it.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                local.handoffs = handoffs.load(Ordering::Relaxed);
+                local
+            })
+        })
+        .collect();
+    for task in tasks {
+        if let Ok(local) = task.await {
+            let _ = stats.histogram.add(&local.histogram);
+            stats.cycles += local.cycles;
+            stats.handoffs += local.handoffs;
+            stats.errors += local.errors;
+            if stats.first_error.is_none() {
+                stats.first_error = local.first_error;
+            }
+        }
+    }
+    stats.elapsed += started.elapsed();
+}
+
+/// The backend name of a URL, from its scheme.
+fn backend_name(url: &str) -> String {
+    url.split_once("://")
+        .and_then(|(scheme, _)| crate::backend_of_scheme(scheme))
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
+async fn library_lockers(
+    url: &str,
+    mode: Mode,
+    ttl: Duration,
+    wait: Wait,
+) -> Result<Vec<Arc<dyn Locker>>, LockError> {
+    // Contended: 16 separate clients, as 16 processes would be. Otherwise one client.
+    let clients = if mode == Mode::Contended {
+        mode.tasks()
+    } else {
+        1
+    };
+    let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let lock = crate::connect(url).await?;
+        lockers.push(Arc::new(Library { lock, ttl, wait }));
+    }
+    Ok(lockers)
+}
+
+/// Runs `mode` against `url` for `options.secs` (per implementation), in 1 s slices
+/// alternating library and floor. Returns the library line (with its ratio) and, with a
+/// floor, the floor's line. A run where every cycle failed is an error carrying the
+/// first failure.
+///
+/// # Cancel safety
+/// Dropping it abandons the run; locks it held expire by TTL.
+pub async fn run(
+    url: &str,
+    mode: Mode,
+    options: BenchOptions,
+) -> Result<Vec<BenchLine>, LockError> {
+    tenure_api::validate_ttl(options.ttl)?;
+    if !(options.secs > 0.0 && options.secs <= 3600.0) {
+        return Err(LockError::InvalidInput(format!(
+            "--secs {} must be in (0, 3600]",
+            options.secs
+        )));
+    }
+    let backend = backend_name(url);
+    let wait = if mode == Mode::Contended {
+        Wait::Push
+    } else {
+        Wait::None
+    };
+    let library = library_lockers(url, mode, options.ttl, wait).await?;
+    let floor = match (options.floor, mode) {
+        (false, _) => None,
+        (true, Mode::Contended) => Some((
+            library_lockers(url, mode, options.ttl, Wait::Poll10ms).await?,
+            "poll10ms",
+        )),
+        (true, _) => Some((
+            floor::lockers(url, mode.tasks(), options.ttl).await?,
+            "floor",
+        )),
+    };
+    let run = format!("tenure-bench/{:08x}", rand::random::<u32>());
+    let total = Duration::from_secs_f64(options.secs);
+    let slice = total.min(Duration::from_secs(1));
+    let (mut ours, mut theirs) = (Stats::new(), Stats::new());
+    while ours.elapsed < total {
+        let this = slice.min(total - ours.elapsed);
+        drive(&library, mode, &format!("{run}/lib"), this, &mut ours).await;
+        if let Some((lockers, _)) = &floor {
+            drive(lockers, mode, &format!("{run}/floor"), this, &mut theirs).await;
+        }
+    }
+    for (stats, what) in [(&ours, "tenure"), (&theirs, "floor")] {
+        if stats.cycles == 0 && stats.errors > 0 {
+            return Err(LockError::backend(format!(
+                "{backend} {mode} ({what}): every cycle failed; the first: {}",
+                stats.first_error.as_deref().unwrap_or("?")
+            )));
+        }
+    }
+    let mut line = ours.line(&backend, mode, "tenure");
+    let mut lines = Vec::new();
+    if let Some((_, implementation)) = floor {
+        let floor_line = theirs.line(&backend, mode, implementation);
+        let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
+        if throughput(&floor_line) > 0.0 {
+            line.ratio =
+                Some((throughput(&line) / throughput(&floor_line) * 100.0).round() / 100.0);
+        }
+        lines.push(line);
+        lines.push(floor_line);
+    } else {
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+/// What `held` measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeldLine {
+    /// Backend name.
+    pub backend: String,
+    /// Always `held`.
+    pub mode: &'static str,
+    /// Leases held at once, each with a renewing guard.
+    pub leases: usize,
+    /// Resident set size of this process before acquiring, MiB.
+    pub rss_before_mb: f64,
+    /// Resident set size while all leases were held (after a renewal round), MiB.
+    pub rss_held_mb: f64,
+    /// Seconds to acquire them all.
+    pub acquire_secs: f64,
+    /// Guards that reported a lost lease while held.
+    pub lost: usize,
+}
+
+/// This process's resident set size in MiB, from `/proc/self/status`.
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| (kb / 1024.0 * 10.0).round() / 10.0)
+}
+
+/// Holds `leases` locks at once on one client, each with a [`tenure_api::LockGuard`]
+/// renewing it, for one and a half renewal rounds; reports the RSS, then releases all.
+///
+/// # Cancel safety
+/// Dropping it drops the guards, which release in the background.
+pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, LockError> {
+    tenure_api::validate_ttl(ttl)?;
+    let lock = crate::connect(url).await?;
+    let before = rss_mb();
+    let run = format!("tenure-bench/{:08x}/held", rand::random::<u32>());
+    let started = Instant::now();
+    let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
+    let mut guards = Vec::with_capacity(leases);
+    // Acquire in waves of 256 so a remote backend sees bounded concurrency.
+    for wave in (0..leases).collect::<Vec<_>>().chunks(256) {
+        let acquired = futures::future::join_all(wave.iter().map(|i| {
+            let (lock, opts) = (lock.clone(), opts.clone());
+            let key = LockKey::new(format!("{run}/{i}"));
+            async move { lock.lock(&key?, &opts).await }
+        }))
+        .await;
+        for guard in acquired {
+            guards.push(guard?);
+        }
+    }
+    let acquire_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(tenure_api::renewal_interval(ttl).mul_f64(1.5)).await;
+    let held_rss = rss_mb();
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    futures::future::join_all(guards.into_iter().map(|g| g.release())).await;
+    Ok(HeldLine {
+        backend: backend_name(url),
+        mode: "held",
+        leases,
+        rss_before_mb: before,
+        rss_held_mb: held_rss,
+        acquire_secs: (acquire_secs * 1000.0).round() / 1000.0,
+        lost,
+    })
+}

@@ -1,0 +1,345 @@
+//! The `tenure` command: run a command under a lock, or acquire, extend, release and
+//! inspect locks from scripts.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tenure::{
+    AcquireOptions, Config, DistributedLock, ExpiryKind, FencingToken, Lease, LeaseHandle,
+    LockError, LockExt, LockKey, OwnerId, ReleaseOutcome,
+};
+
+mod bench;
+mod matrix;
+
+/// Exit code: the lock is held by someone else (after waiting).
+const EXIT_BUSY: u8 = 75;
+/// Exit code: the lease was lost while the command ran; the command was stopped.
+const EXIT_LOST: u8 = 76;
+/// Exit code: bad configuration or input.
+const EXIT_CONFIG: u8 = 78;
+/// Exit code: the backend failed.
+const EXIT_BACKEND: u8 = 69;
+/// Exit code: `tenure doctor` found leaked locks.
+const EXIT_FINDINGS: u8 = 1;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tenure",
+    version,
+    about = "Distributed locks with fencing tokens"
+)]
+struct Cli {
+    /// Backend URL (memory://, redis://, redlock://h1,h2,h3, …).
+    #[arg(long, global = true, env = "TENURE_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// TOML config file with `url`, `ttl`, `wait`.
+    #[arg(long, global = true, conflicts_with = "url")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Measure lock cycles/s and latency (JSON lines with --json), optionally against the
+    /// raw protocol floor; --all-local starts every backend's servers and runs them all.
+    Bench(bench::BenchArgs),
+    /// The decision matrix, measured: starts every backend's servers (or uses
+    /// --clusters), runs the suite, fault scenarios and a performance run, and writes
+    /// matrix.md, matrix.json and matrix.html.
+    Matrix(matrix::MatrixArgs),
+    /// Run CMD while holding the lock; renews it, passes TENURE_FENCE and TENURE_KEY, stops
+    /// CMD (SIGTERM, then SIGKILL) if the lease is lost. Exits with CMD's status, 75 when
+    /// the lock stayed busy, 76 when the lease was lost.
+    Run {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Time between SIGTERM and SIGKILL when the lease is lost.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+    /// Acquire the lock and print the lease as JSON, for scripts (TTL backends: redis,
+    /// redlock, etcd; ZooKeeper and Postgres locks end with the process).
+    Acquire {
+        #[command(flatten)]
+        lock: LockArgs,
+    },
+    /// Extend a lease printed by `acquire` (read from stdin).
+    Extend {
+        /// New TTL.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Release a lease printed by `acquire` (read from stdin).
+    Release,
+    /// Show who holds KEY: owner, fencing token, remaining time. With --prefix, one JSON
+    /// line per held lock whose key starts with PREFIX ("" for all).
+    Inspect {
+        /// The lock key.
+        #[arg(required_unless_present = "prefix", conflicts_with = "prefix")]
+        key: Option<String>,
+        /// List every held lock whose key starts with this.
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Look for leaked locks (Redis keys without TTL, etcd keys without a live lease,
+    /// ZooKeeper nodes that are not ephemeral, Postgres holders idle past their TTL):
+    /// one JSON line per finding. Exits 1 when it found any, 0 when clean.
+    Doctor,
+}
+
+#[derive(Args, Debug)]
+struct LockArgs {
+    /// The lock key.
+    #[arg(long)]
+    key: String,
+    /// Lease TTL (default from config, else 30s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// How long to wait for a held lock (default from config, else 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait: Option<Duration>,
+}
+
+/// A lease as `tenure acquire` prints it (the handle fields carry backend data such as
+/// etcd's lease id and key).
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+struct LeaseJson {
+    key: String,
+    owner: String,
+    token: u64,
+    ttl_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    path: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    id: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    revision: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("tenure: {}", tenure::redact_url(&error.to_string()));
+            ExitCode::from(match error {
+                LockError::Timeout { .. } => EXIT_BUSY,
+                LockError::LeaseLost { .. } => EXIT_LOST,
+                LockError::Config(_) | LockError::InvalidInput(_) => EXIT_CONFIG,
+                _ => EXIT_BACKEND,
+            })
+        }
+    }
+}
+
+fn config(cli: &Cli) -> Result<Config, LockError> {
+    match (&cli.config, &cli.url) {
+        (Some(path), _) => Config::from_file(path),
+        (None, Some(url)) => Ok(Config::new(url.clone())),
+        (None, None) => Err(LockError::Config(
+            "no backend: pass --url, --config, or set TENURE_URL".into(),
+        )),
+    }
+}
+
+impl LockArgs {
+    fn options(&self, config: &Config) -> Result<(LockKey, AcquireOptions), LockError> {
+        let opts = AcquireOptions::new(self.ttl.unwrap_or(config.ttl))
+            .wait(self.wait.unwrap_or(config.wait));
+        Ok((LockKey::new(self.key.clone())?, opts))
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, LockError> {
+    match &cli.command {
+        Command::Bench(args) => return bench::run(cli.url.as_deref(), args).await,
+        Command::Matrix(args) => return matrix::run(args).await,
+        _ => {}
+    }
+    let config = config(&cli)?;
+    let lock = config.connect().await?;
+    match cli.command {
+        Command::Bench(_) | Command::Matrix(_) => unreachable!("handled above"),
+        Command::Run {
+            lock: args,
+            grace,
+            cmd,
+        } => {
+            let (key, opts) = args.options(&config)?;
+            run_under_lock(lock, key, opts, grace, cmd).await
+        }
+        Command::Acquire { lock: args } => {
+            let (key, opts) = args.options(&config)?;
+            let expiry = lock.capabilities().expiry;
+            if matches!(
+                expiry,
+                ExpiryKind::SessionHeartbeat | ExpiryKind::ConnectionTransaction
+            ) {
+                return Err(LockError::InvalidInput(format!(
+                    "a {} lock lives only as long as this process's session or connection \
+                     ({expiry:?}), so it would end as soon as `tenure acquire` exits: use \
+                     `tenure run` instead",
+                    lock.capabilities().backend
+                )));
+            }
+            let lease = lock.acquire(&key, &opts).await?;
+            print_lease(&lease);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Extend { ttl } => {
+            let mut lease = read_lease()?;
+            let ttl = ttl.unwrap_or(lease.ttl());
+            lock.extend(&mut lease, ttl).await?;
+            print_lease(&lease);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Release => {
+            let outcome = lock.release(read_lease()?).await?;
+            println!(
+                "{}",
+                serde_json::json!({ "released": outcome == ReleaseOutcome::Released })
+            );
+            Ok(if outcome == ReleaseOutcome::Released {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_LOST)
+            })
+        }
+        Command::Inspect { key, prefix } => {
+            let holders = match (key, prefix) {
+                (_, Some(prefix)) => config.connect_admin().await?.holders(&prefix).await?,
+                (Some(key), None) => {
+                    let key = LockKey::new(key)?;
+                    match lock.inspect(&key).await? {
+                        Some(holder) => vec![(key, holder)],
+                        None => {
+                            println!(
+                                "{}",
+                                serde_json::json!({ "key": key.as_str(), "held": false })
+                            );
+                            return Ok(ExitCode::SUCCESS);
+                        }
+                    }
+                }
+                (None, None) => return Err(LockError::InvalidInput("give KEY or --prefix".into())),
+            };
+            for (key, h) in holders {
+                let shown = serde_json::json!({
+                    "key": key.as_str(),
+                    "held": true,
+                    "owner": h.owner.to_string(),
+                    "token": h.token.map(FencingToken::get),
+                    "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
+                });
+                println!("{shown}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor => {
+            let findings = config.connect_admin().await?.doctor().await?;
+            for f in &findings {
+                let shown = serde_json::json!({
+                    "key": f.key,
+                    "problem": f.problem.as_str(),
+                    "location": f.location,
+                    "detail": f.detail,
+                });
+                println!("{shown}");
+            }
+            eprintln!("tenure doctor: {} finding(s)", findings.len());
+            Ok(if findings.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_FINDINGS)
+            })
+        }
+    }
+}
+
+fn print_lease(lease: &Lease) {
+    let json = LeaseJson {
+        key: lease.key().to_string(),
+        owner: lease.owner().to_string(),
+        token: lease.token().get(),
+        ttl_ms: lease.ttl().as_millis() as u64,
+        path: lease.handle().path.clone(),
+        id: lease.handle().id,
+        revision: lease.handle().revision,
+    };
+    println!("{}", serde_json::to_string(&json).unwrap_or_default());
+}
+
+fn read_lease() -> Result<Lease, LockError> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_line(&mut text)
+        .map_err(|e| LockError::InvalidInput(format!("cannot read the lease from stdin: {e}")))?;
+    let json: LeaseJson = serde_json::from_str(text.trim()).map_err(|e| {
+        LockError::InvalidInput(format!("not a lease printed by `tenure acquire`: {e}"))
+    })?;
+    Ok(Lease::new(
+        LockKey::new(json.key)?,
+        OwnerId::parse(&json.owner).map_err(|_| LockError::InvalidInput("bad owner id".into()))?,
+        FencingToken(json.token),
+        Instant::now(),
+        Duration::from_millis(json.ttl_ms),
+        Duration::ZERO,
+    )
+    .with_handle(LeaseHandle {
+        path: json.path,
+        id: json.id,
+        revision: json.revision,
+    }))
+}
+
+async fn run_under_lock(
+    lock: Arc<dyn DistributedLock>,
+    key: LockKey,
+    opts: AcquireOptions,
+    grace: Duration,
+    cmd: Vec<String>,
+) -> Result<ExitCode, LockError> {
+    let guard = lock.lock(&key, &opts).await?;
+    let mut child = tokio::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("TENURE_FENCE", guard.fencing_token().to_string())
+        .env("TENURE_KEY", key.as_str())
+        .spawn()
+        .map_err(|e| LockError::InvalidInput(format!("cannot start {:?}: {e}", cmd[0])))?;
+    tokio::select! {
+        status = child.wait() => {
+            let status = status.map_err(|e| LockError::backend(format!("waiting for the command: {e}")))?;
+            guard.release().await?;
+            Ok(ExitCode::from(status.code().map_or(128 + 9, |c| c.clamp(0, 255)) as u8))
+        }
+        _ = guard.lost() => {
+            eprintln!(
+                "tenure: lease on `{key}` lost ({}); stopping the command",
+                guard.lost_signal().reason().unwrap_or_default()
+            );
+            if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! [`Config`]: which backend and the defaults, from TOML, the environment, or code.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use tenure_api::urls::redact_url;
+use tenure_api::{AcquireOptions, DistributedLock, LockError};
+
+use crate::layers::DriftMargin;
+use crate::observe::{Metered, Traced};
+
+/// Which lock service to use and the defaults for acquiring, so that the backend is a
+/// configuration choice, not a code change.
+///
+/// ```toml
+/// url = "redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379"
+/// ttl = "30s"           # default lease TTL
+/// wait = "10s"          # default wait for a held lock
+/// prefix = "billing/"   # namespace of every lock key (any backend)
+/// drift = "50ms"        # extra clock-drift allowance on every lease deadline
+/// trace = true          # a tracing span per lock operation
+/// metrics = true        # tenure_* metrics through the `metrics` facade
+///
+/// # Options of one backend, used only when the URL is of that backend; the same
+/// # names as the URL's query options.
+/// [redlock]
+/// node_timeout_ms = 50
+/// [etcd]
+/// request_timeout_ms = 2000
+/// ```
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The backend URL (see [`crate::connect`]).
+    pub url: String,
+    /// Default lease TTL.
+    #[serde(default = "default_ttl", deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// Default wait bound for a held lock.
+    #[serde(default = "default_wait", deserialize_with = "duration")]
+    pub wait: Duration,
+    /// Key namespace, passed to the backend as its `prefix` option.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Extra clock-drift allowance subtracted from every lease's local deadline
+    /// ([`DriftMargin`]); must be below a third of `ttl`.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub drift: Option<Duration>,
+    /// Wrap the lock in [`Traced`]: a `tracing` span per operation.
+    #[serde(default)]
+    pub trace: bool,
+    /// Wrap the lock in [`Metered`]: metrics through the `metrics` facade.
+    #[serde(default)]
+    pub metrics: bool,
+    /// Options for `redis://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub redis: BTreeMap<String, String>,
+    /// Options for `redlock://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub redlock: BTreeMap<String, String>,
+    /// Options for `etcd://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub etcd: BTreeMap<String, String>,
+    /// Options for `zk://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub zk: BTreeMap<String, String>,
+    /// Options for `postgres://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub postgres: BTreeMap<String, String>,
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_wait() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+/// A table of strings, integers and booleans, kept as text (URL query values).
+fn scalars<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Bool(bool),
+    }
+    let table = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(table
+        .into_iter()
+        .map(|(name, value)| {
+            let text = match value {
+                Scalar::Text(t) => t,
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (name, text)
+        })
+        .collect())
+}
+
+impl Config {
+    /// A configuration for `url` with default TTL (30 s) and wait (10 s).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ttl: default_ttl(),
+            wait: default_wait(),
+            prefix: None,
+            drift: None,
+            trace: false,
+            metrics: false,
+            redis: BTreeMap::new(),
+            redlock: BTreeMap::new(),
+            etcd: BTreeMap::new(),
+            zk: BTreeMap::new(),
+            postgres: BTreeMap::new(),
+        }
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, LockError> {
+        let config: Self = toml::from_str(text).map_err(|e| {
+            LockError::Config(format!("bad tenure config: {}", redact_url(e.message())))
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, LockError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LockError::Config(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text)
+    }
+
+    /// From the environment: `TENURE_URL` (required), `TENURE_TTL`, `TENURE_WAIT`,
+    /// `TENURE_DRIFT` (durations like `30s`, `500ms`), `TENURE_PREFIX`, and the flags
+    /// `TENURE_TRACE`, `TENURE_METRICS` (`true`/`false`/`1`/`0`).
+    pub fn from_env() -> Result<Self, LockError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, LockError> {
+        let url =
+            var("TENURE_URL").ok_or_else(|| LockError::Config("TENURE_URL is not set".into()))?;
+        let mut config = Self::new(url);
+        let duration = |name: &str| -> Result<Option<Duration>, LockError> {
+            var(name)
+                .map(|text| {
+                    humantime::parse_duration(&text)
+                        .map_err(|e| LockError::Config(format!("{name}={text:?}: {e}")))
+                })
+                .transpose()
+        };
+        if let Some(ttl) = duration("TENURE_TTL")? {
+            config.ttl = ttl;
+        }
+        if let Some(wait) = duration("TENURE_WAIT")? {
+            config.wait = wait;
+        }
+        config.drift = duration("TENURE_DRIFT")?;
+        let flag = |name: &str| -> Result<bool, LockError> {
+            match var(name).as_deref() {
+                None | Some("false" | "0") => Ok(false),
+                Some("true" | "1") => Ok(true),
+                Some(other) => Err(LockError::Config(format!(
+                    "{name}={other:?}: expected true, false, 1 or 0"
+                ))),
+            }
+        };
+        config.trace = flag("TENURE_TRACE")?;
+        config.metrics = flag("TENURE_METRICS")?;
+        config.prefix = var("TENURE_PREFIX");
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the TTL and the drift allowance.
+    pub fn validate(&self) -> Result<(), LockError> {
+        tenure_api::validate_ttl(self.ttl).map_err(|e| LockError::Config(e.to_string()))?;
+        match self.drift {
+            Some(drift) if drift >= self.ttl / 3 => Err(LockError::Config(format!(
+                "drift {drift:?} must be below a third of the ttl {:?}, or every lease would \
+                 be presumed lost before its first renewal",
+                self.ttl
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The acquire options these defaults describe.
+    pub fn acquire_options(&self) -> AcquireOptions {
+        AcquireOptions::new(self.ttl).wait(self.wait)
+    }
+
+    /// The URL with `prefix` and the backend's option table appended as query options.
+    /// An option given both in the URL and in the configuration is an error.
+    pub fn resolved_url(&self) -> Result<String, LockError> {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        let table = match crate::backend_of_scheme(scheme) {
+            Some("redis") => &self.redis,
+            Some("redlock") => &self.redlock,
+            Some("etcd") => &self.etcd,
+            Some("zk") => &self.zk,
+            Some("postgres") => &self.postgres,
+            _ => return Ok(self.url.clone()),
+        };
+        let mut options: Vec<(&str, &str)> = table
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if let Some(prefix) = &self.prefix {
+            options.push(("prefix", prefix));
+        }
+        let existing = self.url.split_once('?').map_or("", |(_, q)| q);
+        let mut url = self.url.clone();
+        for (name, value) in options {
+            let clash = existing
+                .split('&')
+                .any(|pair| pair.split_once('=').map_or(pair, |(n, _)| n) == name);
+            if clash {
+                return Err(LockError::Config(format!(
+                    "option {name} is set both in the URL {} and in the configuration",
+                    redact_url(&self.url)
+                )));
+            }
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(name);
+            url.push('=');
+            url.extend(url::form_urlencoded::byte_serialize(value.as_bytes()));
+        }
+        Ok(url)
+    }
+
+    /// Connects to the configured backend, wrapped in the layers the configuration asks
+    /// for, innermost first: the drift allowance, [`Traced`], [`Metered`] (so the metrics
+    /// time what the caller sees).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
+        self.validate()?;
+        let mut lock = crate::connect(&self.resolved_url()?).await?;
+        if let Some(margin) = self.drift {
+            lock = Arc::new(DriftMargin::new(lock, margin));
+        }
+        if self.trace {
+            lock = Arc::new(Traced::new(lock));
+        }
+        if self.metrics {
+            lock = Arc::new(Metered::new(lock));
+        }
+        Ok(lock)
+    }
+
+    /// Connects to the configured backend (with its prefix and options) for
+    /// administration: listing holders, finding leaked locks.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn connect_admin(&self) -> Result<Arc<dyn tenure_api::LockAdmin>, LockError> {
+        crate::admin::connect_admin(&self.resolved_url()?).await
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &redact_url(&self.url))
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("prefix", &self.prefix)
+            .field("drift", &self.drift)
+            .field("trace", &self.trace)
+            .field("metrics", &self.metrics)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (ttl {:?}, wait {:?})",
+            redact_url(&self.url),
+            self.ttl,
+            self.wait
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_with_defaults_and_durations() {
+        let c = Config::from_toml("url = \"redis://h\"\nttl = \"2s\"").unwrap();
+        assert_eq!(c.ttl, Duration::from_secs(2));
+        assert_eq!(c.wait, Duration::from_secs(10));
+        assert!(Config::from_toml("url = \"redis://h\"\nttl = \"soon\"").is_err());
+        assert!(Config::from_toml("url = \"redis://h\"\nttl_typo = \"2s\"").is_err());
+        assert!(Config::from_toml("ttl = \"2s\"").is_err());
+        assert!(Config::from_toml("url = \"redis://h\"\nttl = \"0s\"").is_err());
+        let drift = Config::from_toml("url = \"redis://h\"\nttl = \"3s\"\ndrift = \"1s\"");
+        assert!(matches!(drift, Err(LockError::Config(m)) if m.contains("third")));
+        assert!(!c.trace && !c.metrics, "layers are off by default");
+        let on = Config::from_toml("url = \"redis://h\"\ntrace = true\nmetrics = true").unwrap();
+        assert!(on.trace && on.metrics);
+        assert!(Config::from_toml("url = \"redis://h\"\ntrace = \"yes\"").is_err());
+    }
+
+    #[test]
+    fn backend_tables_and_prefix_become_url_options() {
+        let text = r#"
+            url = "redlock://a:1,b:2,c:3?fencing=true"
+            prefix = "billing/é"
+            drift = "20ms"
+            [redlock]
+            node_timeout_ms = 50
+            [etcd]
+            request_timeout_ms = 900
+        "#;
+        let c = Config::from_toml(text).unwrap();
+        assert_eq!(c.drift, Some(Duration::from_millis(20)));
+        assert_eq!(
+            c.resolved_url().unwrap(),
+            "redlock://a:1,b:2,c:3?fencing=true&node_timeout_ms=50&prefix=billing%2F%C3%A9"
+        );
+        let mut etcd = c.clone();
+        etcd.url = "etcd://h/app".into();
+        assert_eq!(
+            etcd.resolved_url().unwrap(),
+            "etcd://h/app?request_timeout_ms=900&prefix=billing%2F%C3%A9"
+        );
+        let mut clash = c;
+        clash.url = "redlock://a,b,c?node_timeout_ms=9".into();
+        let err = clash.resolved_url().unwrap_err().to_string();
+        assert!(err.contains("node_timeout_ms is set both"), "{err}");
+        assert_eq!(
+            Config::new("memory://").resolved_url().unwrap(),
+            "memory://"
+        );
+    }
+
+    #[test]
+    fn env_vars() {
+        let vars = |name: &str| match name {
+            "TENURE_URL" => Some("redlock://a,b,c".to_string()),
+            "TENURE_WAIT" => Some("250ms".to_string()),
+            "TENURE_PREFIX" => Some("jobs/".to_string()),
+            _ => None,
+        };
+        let c = Config::from_vars(vars).unwrap();
+        assert_eq!(c.url, "redlock://a,b,c");
+        assert_eq!(c.wait, Duration::from_millis(250));
+        assert_eq!(c.prefix.as_deref(), Some("jobs/"));
+        assert!(Config::from_vars(|_| None).is_err());
+        let bad = |name: &str| {
+            (name == "TENURE_URL")
+                .then(|| "x".into())
+                .or_else(|| (name == "TENURE_TTL").then(|| "x".into()))
+        };
+        assert!(matches!(Config::from_vars(bad), Err(LockError::Config(_))));
+        assert!(!c.trace && !c.metrics);
+        for (value, expected) in [("true", true), ("1", true), ("false", false), ("0", false)] {
+            let flags = |name: &str| match name {
+                "TENURE_URL" => Some("memory://".to_string()),
+                "TENURE_TRACE" | "TENURE_METRICS" => Some(value.to_string()),
+                _ => None,
+            };
+            let c = Config::from_vars(flags).unwrap();
+            assert_eq!((c.trace, c.metrics), (expected, expected), "{value}");
+        }
+        let bad_flag = |name: &str| match name {
+            "TENURE_URL" => Some("memory://".to_string()),
+            "TENURE_METRICS" => Some("yes".to_string()),
+            _ => None,
+        };
+        let err = Config::from_vars(bad_flag).unwrap_err().to_string();
+        assert!(err.contains("TENURE_METRICS"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let mut config = Config::new("redlock://:hunter2@a:1,b:2,c:3");
+        config.redlock.insert("node_timeout_ms".into(), "x".into());
+        let shown = format!("{config:?} {config}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("***"),
+            "{shown}"
+        );
+        let err = Config::from_toml("url = 5").unwrap_err();
+        assert!(matches!(err, LockError::Config(_)));
+        let mut clash = Config::new("redis://u:hunter2@h?prefix=a");
+        clash.prefix = Some("b".into());
+        let err = clash.resolved_url().unwrap_err().to_string();
+        assert!(!err.contains("hunter2") && err.contains("***"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_applies_the_drift_layer() {
+        let mut config = Config::new("memory://");
+        config.drift = Some(Duration::from_millis(500));
+        let lock = config.connect().await.unwrap();
+        assert!(format!("{lock:?}").contains("DriftMargin"));
+        let lease = lock
+            .try_acquire(
+                &tenure_api::LockKey::new("k").unwrap(),
+                Duration::from_secs(3),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(lease.valid_until() - lease.acquired_at() <= Duration::from_millis(2500));
+    }
+
+    #[tokio::test]
+    async fn connect_applies_the_observability_layers_outermost() {
+        let mut config = Config::new("memory://");
+        config.drift = Some(Duration::from_millis(500));
+        config.trace = true;
+        config.metrics = true;
+        let shown = format!("{:?}", config.connect().await.unwrap());
+        let at = |name: &str| {
+            shown
+                .find(name)
+                .unwrap_or_else(|| panic!("{name}: {shown}"))
+        };
+        assert!(
+            at("Metered") < at("Traced") && at("Traced") < at("DriftMargin"),
+            "{shown}"
+        );
+        let plain = format!("{:?}", Config::new("memory://").connect().await.unwrap());
+        assert!(
+            !plain.contains("Traced") && !plain.contains("Metered"),
+            "{plain}"
+        );
+    }
+}

@@ -1,0 +1,174 @@
+//! Backends on local servers started by the conformance launcher, for `tenure bench
+//! --all-local` and `tenure matrix`: Redis ×1, Redlock ×5, etcd ×3, ZooKeeper ×3, Postgres.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::servers::postgres::Postgres;
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_conformance::servers::Node;
+use tenure_conformance::UrlHarness;
+
+/// ZooKeeper's tick on local ensembles: sessions may then be 0.4–4 s, so expiry scenarios
+/// run in seconds.
+const ZK_TICK_MS: u32 = 200;
+
+/// Finds the index (into [`LocalBackend::nodes`]) of the consensus leader, if any.
+pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
+
+/// A backend on servers this process started. Dropping it stops them.
+#[derive(Clone)]
+pub struct LocalBackend {
+    /// The backend's name (`redis`, `redlock`, `etcd`, `zk`, `postgres`).
+    pub name: &'static str,
+    /// A harness whose clients are `tenure::connect(url)`; it owns the servers.
+    pub harness: UrlHarness,
+    /// The servers, for process faults.
+    pub nodes: Vec<Arc<dyn Node>>,
+    /// Whether the nodes run under the clock shim (Redis only).
+    pub clock_shim: bool,
+    /// The consensus leader (etcd, ZooKeeper).
+    pub leader: Option<LeaderFn>,
+}
+
+impl fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("name", &self.name)
+            .field("harness", &self.harness)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`LeaderFn`] over a shared cluster handle.
+fn leader_of<C, F>(cluster: &Arc<C>, find: F) -> LeaderFn
+where
+    C: Send + Sync + 'static,
+    F: for<'a> Fn(&'a C) -> BoxFuture<'a, Option<usize>> + Send + Sync + Copy + 'static,
+{
+    let cluster = cluster.clone();
+    Arc::new(move || {
+        let cluster = cluster.clone();
+        Box::pin(async move { find(&cluster).await })
+    })
+}
+
+/// What to start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocalOptions {
+    /// Run redis-server under the clock shim, so fault scenarios can jump its clock (it
+    /// turns `clock_gettime` into a syscall: leave it off for benchmarks).
+    pub clock_shim: bool,
+}
+
+/// The backends `start` knows, in matrix order, restricted to this build's features.
+pub fn backends() -> Vec<&'static str> {
+    ["redis", "redlock", "etcd", "zk", "postgres"]
+        .into_iter()
+        .filter(|b| crate::BACKENDS.contains(b))
+        .collect()
+}
+
+fn nodes<N: Node + 'static>(nodes: &[Arc<N>]) -> Vec<Arc<dyn Node>> {
+    nodes.iter().map(|n| n.clone() as Arc<dyn Node>).collect()
+}
+
+fn harness(name: &str, template: &str, nodes: &[Arc<dyn Node>]) -> UrlHarness {
+    let targets = nodes.iter().map(|n| n.addr()).collect();
+    UrlHarness::new(name, template, targets, |url| async move {
+        crate::connect(&url).await
+    })
+}
+
+/// Starts the servers of `backend` on free loopback ports.
+///
+/// # Cancel safety
+/// Cancel-safe: servers started so far are stopped when dropped.
+pub async fn start(
+    backend: &str,
+    options: LocalOptions,
+) -> Result<LocalBackend, Box<dyn Error + Send + Sync>> {
+    let redis = |n| {
+        RedisOptions::default()
+            .nodes(n)
+            .clock_shim(options.clock_shim)
+    };
+    let mut leader = None;
+    let (name, harness, nodes, clock_shim) = match backend {
+        "redis" => {
+            let cluster = RedisCluster::start(redis(1)).await?;
+            let nodes = nodes(cluster.nodes());
+            let harness = harness("redis", "redis://{hosts}", &nodes)
+                .cut_query("command_timeout_ms=300")
+                .owning(cluster);
+            ("redis", harness, nodes, options.clock_shim)
+        }
+        "redlock" => {
+            let cluster = RedisCluster::start(redis(5)).await?;
+            let nodes = nodes(cluster.nodes());
+            let harness = harness("redlock", "redlock://{hosts}", &nodes)
+                // The default per-node bound (ttl/100, at least 10 ms) is tight for a
+                // machine that also runs every other backend's servers and trials.
+                .query("node_timeout_ms=50")
+                .owning(cluster);
+            ("redlock", harness, nodes, options.clock_shim)
+        }
+        "etcd" => {
+            let cluster = Arc::new(EtcdCluster::start(3).await?);
+            leader = Some(leader_of(&cluster, |c| {
+                Box::pin(async move { c.leader_index().await.ok() })
+            }));
+            let nodes = nodes(cluster.members());
+            let harness = harness("etcd", "etcd://{hosts}/tenure", &nodes)
+                .cut_query("request_timeout_ms=500")
+                // Leases count whole seconds, at least ~1.5 election timeouts.
+                .with_short_ttl(Duration::from_secs(2))
+                .owning(cluster);
+            ("etcd", harness, nodes, false)
+        }
+        "zk" => {
+            let options = ZkOptions::default().nodes(3).tick_time_ms(ZK_TICK_MS);
+            let ensemble = Arc::new(ZkEnsemble::start(options).await?);
+            leader = Some(leader_of(&ensemble, |e| {
+                Box::pin(async move { e.leader_index().await.ok() })
+            }));
+            let nodes = nodes(ensemble.nodes());
+            let harness = harness("zk", "zk://{hosts}", &nodes)
+                .query("session_timeout_ms=4000")
+                .cut_query("session_timeout_ms=1000&op_timeout_ms=300")
+                .owning(ensemble);
+            ("zk", harness, nodes, false)
+        }
+        "postgres" => {
+            let server = Arc::new(Postgres::start().await?);
+            let nodes: Vec<Arc<dyn Node>> = vec![server.clone()];
+            let harness = harness("postgres", "postgres://postgres@{hosts}/postgres", &nodes)
+                // The schema exists once a direct client has connected; a short command
+                // timeout would cut a migration queued behind concurrent ones.
+                .cut_query("command_timeout_ms=300&migrate=false")
+                .owning(server);
+            ("postgres", harness, nodes, false)
+        }
+        other => {
+            return Err(format!(
+                "no local servers for backend {other:?} in this build (known: {})",
+                backends().join(", ")
+            )
+            .into())
+        }
+    };
+    Ok(LocalBackend {
+        name,
+        harness,
+        nodes,
+        clock_shim,
+        leader,
+    })
+}

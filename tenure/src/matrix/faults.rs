@@ -1,0 +1,977 @@
+//! The fault scenarios of the matrix, written once for every backend.
+//!
+//! A trial is one holder/contender pair on a key of its own. The holder takes the lock
+//! and writes to a [`FencedRegister`] with its token; the fault is injected; a contender
+//! (a healthy client) asks for the lock. If the contender is granted it while the holder
+//! still believes it holds the lock (or, for a paused holder, before the holder's delayed
+//! write), mutual exclusion was violated: the holder then makes its stale write, and the
+//! verdict says whether the register's fencing rejected it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tenure_api::{
+    AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
+    ReleaseOutcome,
+};
+use tenure_conformance::proxy::ProxyMode;
+use tenure_conformance::servers::redis::RedisReplicaPair;
+use tenure_conformance::servers::Node;
+use tenure_conformance::{retrying, FencedRegister, Link, Links};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::Target;
+
+/// A fault the matrix injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// The holder's process stops (GC pause, SIGSTOP) past its TTL, then writes.
+    PausedHolder,
+    /// The server's replies to the holder's acquire arrive after the TTL.
+    DelayedReply,
+    /// The server's wall clock jumps forward by twice the TTL.
+    ClockJump,
+    /// The server holding the lock crashes and restarts (Redis: without persistence).
+    Restart,
+    /// The holder's links are black-holed past the TTL.
+    Blackhole,
+    /// ⌊(n−1)/2⌋ of n servers are killed.
+    MinorityLoss,
+    /// One server (the leader, where there is one) is frozen with SIGSTOP.
+    ServerPause,
+    /// Redis fails over to an asynchronous replica that missed the grant.
+    ReplicaFailover,
+    /// The acquire request reaches the server but its reply is lost.
+    LostReply,
+}
+
+impl Fault {
+    /// Every fault, in matrix order.
+    pub const ALL: [Fault; 9] = [
+        Fault::PausedHolder,
+        Fault::DelayedReply,
+        Fault::ClockJump,
+        Fault::Restart,
+        Fault::Blackhole,
+        Fault::MinorityLoss,
+        Fault::ServerPause,
+        Fault::ReplicaFailover,
+        Fault::LostReply,
+    ];
+
+    /// Short title for tables.
+    pub fn title(self) -> &'static str {
+        match self {
+            Fault::PausedHolder => "holder paused past TTL",
+            Fault::DelayedReply => "delayed replies",
+            Fault::ClockJump => "server clock jump",
+            Fault::Restart => "restart (Redis: no persistence)",
+            Fault::Blackhole => "client↔server blackhole",
+            Fault::MinorityLoss => "minority node loss",
+            Fault::ServerPause => "server SIGSTOP",
+            Fault::ReplicaFailover => "failover to async replica",
+            Fault::LostReply => "acquire with lost reply",
+        }
+    }
+
+    /// Whether the fault hits servers (injected in rounds, several pairs per round) rather
+    /// than one client's links (injected per trial, all trials at once).
+    pub fn is_server_fault(self) -> bool {
+        matches!(
+            self,
+            Fault::ClockJump
+                | Fault::Restart
+                | Fault::MinorityLoss
+                | Fault::ServerPause
+                | Fault::ReplicaFailover
+        )
+    }
+}
+
+/// The outcome of one trial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Verdict {
+    /// Mutual exclusion held.
+    #[serde(rename = "SAFE")]
+    Safe,
+    /// Two holders, and fencing rejected the stale holder's write.
+    #[serde(rename = "F-SAFE")]
+    FencedSafe,
+    /// Two holders (or a regressed token), and fencing did not contain it.
+    #[serde(rename = "UNSAFE")]
+    Unsafe,
+    /// No violation, but a healthy client could not get the lock.
+    #[serde(rename = "UNAVAIL")]
+    Unavail,
+}
+
+impl Verdict {
+    /// The label used in reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Safe => "SAFE",
+            Verdict::FencedSafe => "F-SAFE",
+            Verdict::Unsafe => "UNSAFE",
+            Verdict::Unavail => "UNAVAIL",
+        }
+    }
+}
+
+/// One trial's result.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Trial {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Whether there is evidence that the fault took effect in this trial.
+    pub fired: bool,
+    /// What was observed, when worth saying.
+    pub note: Option<String>,
+}
+
+/// A cell of the matrix: one backend under one fault.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum Cell {
+    /// The fault was injected.
+    Ran {
+        /// Trials per verdict (only trials where the fault fired).
+        counts: BTreeMap<Verdict, usize>,
+        /// Trials run.
+        trials: usize,
+        /// Separate injections of the fault (server faults inject once per round).
+        injections: usize,
+        /// Trials where there was no evidence the fault fired (not counted above).
+        not_fired: usize,
+        /// Whether fencing contained every violation observed (`None`: none observed).
+        fencing_contained: Option<bool>,
+        /// Distinct observations, for the report.
+        notes: Vec<String>,
+    },
+    /// This setup cannot inject the fault.
+    NotInjectable {
+        /// Why.
+        reason: String,
+    },
+    /// The fault does not apply to this backend's design.
+    NotApplicable {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Cell {
+    /// Aggregates trials.
+    pub fn from_trials(trials: Vec<Trial>, injections: usize) -> Cell {
+        let mut counts = BTreeMap::new();
+        let mut notes: Vec<String> = Vec::new();
+        let mut not_fired = 0;
+        for trial in &trials {
+            if trial.fired {
+                *counts.entry(trial.verdict).or_insert(0) += 1;
+            } else {
+                not_fired += 1;
+            }
+            if let Some(note) = &trial.note {
+                if !notes.contains(note) && notes.len() < 4 {
+                    notes.push(note.clone());
+                }
+            }
+        }
+        let violations = |v| counts.get(&v).copied().unwrap_or(0);
+        let fencing_contained = match (violations(Verdict::FencedSafe), violations(Verdict::Unsafe))
+        {
+            (0, 0) => None,
+            (_, 0) => Some(true),
+            _ => Some(false),
+        };
+        Cell::Ran {
+            counts,
+            trials: trials.len(),
+            injections,
+            not_fired,
+            fencing_contained,
+            notes,
+        }
+    }
+
+    /// The verdicts observed (empty unless it ran).
+    pub fn verdicts(&self) -> Vec<Verdict> {
+        match self {
+            Cell::Ran { counts, .. } => counts.keys().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A short summary: `SAFE 20`, `F-SAFE 18 · UNSAFE 2`, `not injectable`.
+    pub fn summary(&self) -> String {
+        match self {
+            Cell::Ran {
+                counts, not_fired, ..
+            } => {
+                let mut parts: Vec<String> = counts
+                    .iter()
+                    .map(|(v, n)| format!("{} {n}", v.label()))
+                    .collect();
+                if *not_fired > 0 {
+                    parts.push(format!("not fired {not_fired}"));
+                }
+                if parts.is_empty() {
+                    "no trials".into()
+                } else {
+                    parts.join(" · ")
+                }
+            }
+            Cell::NotInjectable { .. } => "not injectable".into(),
+            Cell::NotApplicable { .. } => "n/a".into(),
+        }
+    }
+}
+
+/// The holder of a trial and what it believes.
+struct Holder {
+    lock: Arc<dyn DistributedLock>,
+    token: FencingToken,
+    belief: Belief,
+}
+
+/// How long the holder believes it holds the lock.
+enum Belief {
+    /// A renewing guard: until it reports loss. Like an application using `with_lock`,
+    /// the holder stops and drops the guard (releasing in the background) as soon as it
+    /// learns of the loss; the task does that, or releases at the end of the trial.
+    Guard(Arc<OnceLock<Instant>>, oneshot::Sender<()>, JoinHandle<()>),
+    /// A bare lease received at the instant given: from then until its local deadline.
+    Lease(Lease, Instant),
+    /// Frozen: it cannot check anything, so it acts as if it still held the lock.
+    Paused(Lease),
+    /// It was refused (or failed) and holds nothing.
+    Nothing,
+}
+
+impl Belief {
+    /// Whether the holder believed it held the lock at `at`.
+    fn holds_at(&self, at: Instant) -> bool {
+        match self {
+            Belief::Guard(lost_at, _, _) => lost_at.get().is_none_or(|lost| at < *lost),
+            Belief::Lease(lease, since) => *since <= at && at < lease.valid_until(),
+            Belief::Paused(_) => true,
+            Belief::Nothing => false,
+        }
+    }
+}
+
+impl Holder {
+    /// Ends the trial for the holder: releases what it may still hold.
+    async fn finish(self) {
+        let lease = match self.belief {
+            Belief::Guard(_, done, task) => {
+                let _ = done.send(());
+                let _ = task.await;
+                return;
+            }
+            Belief::Paused(lease) | Belief::Lease(lease, _) => lease,
+            Belief::Nothing => return,
+        };
+        let _ = self.lock.release(lease).await;
+    }
+}
+
+/// What the contender got, and when its call returned.
+struct Contended {
+    at: Instant,
+    granted: Option<Lease>,
+    error: Option<LockError>,
+}
+
+/// Asks for `key` with a healthy client, for a lease of the target's TTL, waiting up to
+/// [`patience`].
+async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey) -> Contended {
+    let opts = AcquireOptions::new(target.ttl).wait(patience(target));
+    let result = lock.acquire(key, &opts).await;
+    let at = Instant::now();
+    match result {
+        Ok(lease) => Contended {
+            at,
+            granted: Some(lease),
+            error: None,
+        },
+        Err(error) => Contended {
+            at,
+            granted: None,
+            error: Some(error),
+        },
+    }
+}
+
+/// Judges a trial: the contender's outcome against the holder's belief, and the holder's
+/// stale write against the register.
+async fn judge(
+    holder: Holder,
+    contender: &Arc<dyn DistributedLock>,
+    outcome: Contended,
+    register: &FencedRegister,
+    fired: bool,
+) -> Trial {
+    let trial = |verdict, note: Option<String>| Trial {
+        verdict,
+        fired,
+        note,
+    };
+    let result = match outcome.granted {
+        None => match outcome.error {
+            // Still held by the holder: that is mutual exclusion working.
+            Some(LockError::Timeout { .. }) if holder.belief.holds_at(outcome.at) => {
+                trial(Verdict::Safe, None)
+            }
+            Some(LockError::Timeout { .. }) => trial(
+                Verdict::Unavail,
+                Some("the lock stayed held after its holder lost it".into()),
+            ),
+            Some(error) => trial(Verdict::Unavail, Some(short(&error))),
+            None => trial(Verdict::Unavail, None),
+        },
+        Some(lease) => {
+            let believed = holder.belief.holds_at(outcome.at);
+
+            let fresh = register.write(lease.token(), 1).is_ok();
+            let regressed = lease.token() <= holder.token;
+            let verdict = if believed {
+                // The holder, still in its critical section, writes with its old token.
+                let stale_accepted = register.write(holder.token, 2).is_ok();
+                if stale_accepted || regressed {
+                    Verdict::Unsafe
+                } else {
+                    Verdict::FencedSafe
+                }
+            } else if regressed {
+                Verdict::Unsafe
+            } else {
+                Verdict::Safe
+            };
+            let note = match (believed, regressed, fresh) {
+                (_, true, _) => Some(format!(
+                    "fence regressed: token {} after {}",
+                    lease.token(),
+                    holder.token
+                )),
+                (true, false, _) => Some("double grant; the stale write was fenced off".into()),
+                _ => None,
+            };
+            let _ = contender.release(lease).await;
+            trial(verdict, note)
+        }
+    };
+    holder.finish().await;
+    result
+}
+
+fn short(error: &LockError) -> String {
+    let text = error.to_string();
+    match text.char_indices().nth(90) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
+}
+
+/// Takes `key` for a trial's holder, with a renewing guard or as a bare lease, and makes
+/// its first fenced write.
+async fn hold(
+    lock: Arc<dyn DistributedLock>,
+    key: &LockKey,
+    ttl: Duration,
+    guard: bool,
+    register: &FencedRegister,
+) -> Result<Holder, LockError> {
+    let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
+    let (token, belief) = if guard {
+        let guard = lock.lock(key, &opts).await?;
+        let token = guard.fencing_token();
+        let (lost_at, (done, finished)) = (Arc::new(OnceLock::new()), oneshot::channel());
+        let task = tokio::spawn({
+            let lost_at = lost_at.clone();
+            async move {
+                tokio::select! {
+                    _ = guard.lost() => {
+                        let _ = lost_at.set(Instant::now());
+                    }
+                    _ = finished => {}
+                }
+                let _ = guard.release().await;
+            }
+        });
+        (token, Belief::Guard(lost_at, done, task))
+    } else {
+        let lease = lock.acquire(key, &opts).await?;
+        (lease.token(), Belief::Lease(lease, Instant::now()))
+    };
+    let _ = register.write(token, 0);
+    Ok(Holder {
+        lock,
+        token,
+        belief,
+    })
+}
+
+/// A trial that could not be set up (a client or the holder's lock failed before any
+/// fault): counted as not fired, with the reason in the notes.
+fn setup_failed(what: &str, error: LockError) -> Trial {
+    Trial {
+        verdict: Verdict::Unavail,
+        fired: false,
+        note: Some(format!("{what}: {}", short(&error))),
+    }
+}
+
+/// How long a contender waits: past any TTL or session expiry in play.
+fn patience(target: &Target) -> Duration {
+    target.ttl * 4 + Duration::from_secs(3)
+}
+
+/// Runs `trials` trials of `fault` against `target`.
+///
+/// # Cancel safety
+/// Dropping it abandons the trials; their locks expire and faults stay injected until the
+/// servers are dropped.
+pub async fn run(fault: Fault, target: &Target, trials: usize, rounds: usize) -> Cell {
+    if let Some(cell) = applicability(fault, target) {
+        return cell;
+    }
+    if !fault.is_server_fault() {
+        let all = futures::future::join_all((0..trials).map(|i| client_trial(fault, target, i)));
+        return Cell::from_trials(all.await, trials);
+    }
+    let rounds = rounds.clamp(1, trials.max(1));
+    let mut results = Vec::with_capacity(trials);
+    let mut injections = 0;
+    for round in 0..rounds {
+        let pairs = trials / rounds + usize::from(round < trials % rounds);
+        if pairs == 0 {
+            continue;
+        }
+        injections += 1;
+        results.extend(server_round(fault, target, round, pairs).await);
+    }
+    Cell::from_trials(results, injections)
+}
+
+/// Why `fault` cannot run on `target`, if it cannot.
+fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
+    let backend = target.caps.backend;
+    let not_injectable = |reason: &str| {
+        Some(Cell::NotInjectable {
+            reason: reason.into(),
+        })
+    };
+    let no_process = target.nodes.is_empty() && fault.is_server_fault();
+    match fault {
+        _ if no_process => not_injectable("no process control over these servers"),
+        Fault::ClockJump if !target.clock_shim => not_injectable(match backend {
+            "etcd" | "zk" => "the clock shim cannot shift Go or JVM clocks",
+            "postgres" => "the harness runs no clock shim under postgres",
+            _ => "servers not started under the clock shim",
+        }),
+        Fault::MinorityLoss if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+            reason: "a single node has no minority to lose".into(),
+        }),
+        Fault::ReplicaFailover => match backend {
+            "redis" => None,
+            "redlock" => Some(Cell::NotApplicable {
+                reason: "independent masters without replicas".into(),
+            }),
+            "etcd" | "zk" => Some(Cell::NotApplicable {
+                reason: "replication is synchronous consensus".into(),
+            }),
+            _ => not_injectable("the harness starts no replica for this backend"),
+        },
+        _ => None,
+    }
+}
+
+/// What a trial on one holder's links works with.
+struct ClientTrial<'a> {
+    target: &'a Target,
+    /// The holder's client, reaching every server through its own proxies.
+    lock: Arc<dyn DistributedLock>,
+    links: Links,
+    /// A healthy client.
+    contender: Arc<dyn DistributedLock>,
+    key: LockKey,
+    register: FencedRegister,
+}
+
+/// One trial of a fault on the holder's own links.
+async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
+    let query = match fault {
+        Fault::DelayedReply => target.patient_query.as_str(),
+        _ => target.harness.cut_options(),
+    };
+    let (lock, links) = match target.harness.proxied_client(query).await {
+        Ok(client) => client,
+        Err(e) => return setup_failed("proxied client", e),
+    };
+    let contender = match target.client().await {
+        Ok(c) => c,
+        Err(e) => return setup_failed("contender", e),
+    };
+    let trial = ClientTrial {
+        target,
+        lock,
+        links,
+        contender,
+        key: target.key(fault, 0, index),
+        register: FencedRegister::new(),
+    };
+    match fault {
+        Fault::PausedHolder => trial.paused_holder().await,
+        Fault::DelayedReply => trial.delayed_reply().await,
+        Fault::Blackhole => trial.blackhole().await,
+        _ => trial.lost_reply().await,
+    }
+}
+
+impl ClientTrial<'_> {
+    fn set_mode(&self, mode: ProxyMode) {
+        for proxy in self.links.proxies() {
+            proxy.set_mode(mode);
+        }
+    }
+
+    async fn contend(&self) -> Contended {
+        contend(self.target, &self.contender, &self.key).await
+    }
+
+    async fn judge(self, holder: Holder, outcome: Contended, fired: bool) -> Trial {
+        judge(holder, &self.contender, outcome, &self.register, fired).await
+    }
+
+    async fn paused_holder(self) -> Trial {
+        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
+        let lease = match self.lock.acquire(&self.key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let _ = self.register.write(lease.token(), 0);
+        // Frozen between its last check and its next write: no traffic, no renewals.
+        self.links.cut();
+        let outcome = self.contend().await;
+        // Evidence: the pause outlived the lease.
+        let fired = Instant::now() >= lease.valid_until();
+        self.links.heal();
+        let holder = Holder {
+            lock: self.lock.clone(),
+            token: lease.token(),
+            belief: Belief::Paused(lease),
+        };
+        self.judge(holder, outcome, fired).await
+    }
+
+    async fn delayed_reply(self) -> Trial {
+        let delay = self.target.ttl + Duration::from_millis(500);
+        self.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: delay,
+        });
+        let sent = Instant::now();
+        let holder = async {
+            let granted = self.lock.try_acquire(&self.key, self.target.ttl).await;
+            (granted, Instant::now())
+        };
+        // The contender starts once the holder's request is surely on the server.
+        let contender = async {
+            tokio::time::sleep(self.target.ttl / 4).await;
+            self.contend().await
+        };
+        let ((granted, replied), outcome) = tokio::join!(holder, contender);
+        self.set_mode(ProxyMode::Pass);
+        let fired = replied - sent >= delay;
+        let note = match &granted {
+            Ok(Some(l)) if l.valid_until() <= replied => {
+                Some("granted after its deadline: the holder knows it is already expired".into())
+            }
+            Ok(Some(_)) => None,
+            Ok(None) | Err(_) => Some("the holder refused the late grant".into()),
+        };
+        let (token, belief) = match granted {
+            Ok(Some(lease)) => (lease.token(), Belief::Lease(lease, replied)),
+            Ok(None) | Err(_) => (FencingToken(0), Belief::Nothing),
+        };
+        let holder = Holder {
+            lock: self.lock.clone(),
+            token,
+            belief,
+        };
+        let mut trial = self.judge(holder, outcome, fired).await;
+        trial.note = trial.note.or(note);
+        trial
+    }
+
+    async fn blackhole(self) -> Trial {
+        let holder = match hold(
+            self.lock.clone(),
+            &self.key,
+            self.target.ttl,
+            true,
+            &self.register,
+        )
+        .await
+        {
+            Ok(h) => h,
+            Err(e) => return setup_failed("holder", e),
+        };
+        self.links.cut();
+        let outcome = self.contend().await;
+        let fired = self.links.fired();
+        self.links.heal();
+        self.judge(holder, outcome, fired).await
+    }
+
+    async fn lost_reply(self) -> Trial {
+        let sent_up = || -> u64 {
+            self.links
+                .proxies()
+                .iter()
+                .map(|p| p.stats().bytes_up)
+                .sum()
+        };
+        let before = sent_up();
+        self.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: Duration::from_secs(3600),
+        });
+        let attempt = tokio::spawn({
+            let (lock, key, ttl) = (self.lock.clone(), self.key.clone(), self.target.ttl);
+            async move { lock.try_acquire(&key, ttl).await }
+        });
+        // Wait for the request to reach the server, then lose the reply with the connection.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sent_up() <= before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.set_mode(ProxyMode::Reset);
+        let holder_result = tokio::time::timeout(patience(self.target), attempt).await;
+        self.set_mode(ProxyMode::Pass);
+        let reply_lost = !matches!(holder_result, Ok(Ok(Ok(Some(_)))));
+        let lost_at = Instant::now();
+        let outcome = self.contend().await;
+        let blocked = lost_at.elapsed();
+        let (verdict, note) = match (&outcome.granted, &outcome.error) {
+            (Some(_), _) if reply_lost => (
+                Verdict::Safe,
+                Some(format!("orphan cleared in {}", round_secs(blocked))),
+            ),
+            (Some(_), _) => (Verdict::Safe, Some("the reply got through".into())),
+            (None, Some(e)) => (
+                Verdict::Unavail,
+                Some(format!("orphan blocked: {}", short(e))),
+            ),
+            (None, None) => (Verdict::Unavail, None),
+        };
+        if let Some(lease) = outcome.granted {
+            let _ = self.contender.release(lease).await;
+        }
+        if let Ok(Ok(Ok(Some(lease)))) = holder_result {
+            let _ = self.lock.release(lease).await;
+        }
+        Trial {
+            verdict,
+            fired: reply_lost,
+            note,
+        }
+    }
+}
+
+fn round_secs(d: Duration) -> String {
+    match d.as_millis() {
+        ms if ms < 1000 => "<1 s".to_string(),
+        ms => format!("~{} s", (ms + 500) / 1000),
+    }
+}
+
+/// Which nodes each side of a partitioned Redlock trial reaches: the holder the first
+/// majority, the contender the last; they share one node (the middle one).
+fn redlock_sides(nodes: usize) -> (Vec<usize>, Vec<usize>, usize) {
+    let quorum = nodes / 2 + 1;
+    let holder: Vec<usize> = (0..quorum).collect();
+    let contender: Vec<usize> = (nodes - quorum..nodes).collect();
+    (holder, contender, quorum - 1)
+}
+
+/// A client reaching only the nodes in `reach` (the others black-holed).
+async fn partitioned(
+    target: &Target,
+    reach: &[usize],
+) -> Result<(Arc<dyn DistributedLock>, Links), LockError> {
+    let (lock, links) = target
+        .harness
+        .proxied_client(target.harness.cut_options())
+        .await?;
+    for (i, proxy) in links.proxies().iter().enumerate() {
+        if !reach.contains(&i) {
+            proxy.set_mode(ProxyMode::Blackhole);
+        }
+    }
+    Ok((lock, links))
+}
+
+/// The node a server fault hits: the leader if there is one, else node 0; for a
+/// partitioned Redlock, the node both sides share.
+async fn victim(target: &Target) -> usize {
+    if target.caps.backend == "redlock" {
+        return redlock_sides(target.nodes.len()).2;
+    }
+    match &target.leader {
+        Some(leader) => leader().await.unwrap_or(0),
+        None => 0,
+    }
+}
+
+/// One injection of a server fault with `pairs` trials around it.
+async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
+    if fault == Fault::ReplicaFailover {
+        return replica_failover(target, round, pairs).await;
+    }
+    if fault == Fault::MinorityLoss {
+        return minority_loss(target, round, pairs).await;
+    }
+    let redlock = target.caps.backend == "redlock" && fault != Fault::ServerPause;
+    let (holder_side, contender_side, _) = redlock_sides(target.nodes.len());
+    let mut holders = Vec::with_capacity(pairs);
+    let mut contenders = Vec::with_capacity(pairs);
+    let mut early = Vec::new();
+    for pair in 0..pairs {
+        let key = target.key(fault, round, pair);
+        let register = FencedRegister::new();
+        let sides = if redlock {
+            (
+                partitioned(target, &holder_side).await,
+                partitioned(target, &contender_side).await,
+            )
+        } else {
+            // A server restarted by the previous round may still be recovering (slowly,
+            // with every other backend's trials running on the same two cores).
+            let direct = |_| async {
+                let (client, _) = retrying(Duration::from_secs(30), || target.client()).await;
+                client.map(|c| (c, Links::empty()))
+            };
+            (direct(0).await, direct(1).await)
+        };
+        let ((lock, holder_links), (contender, contender_links)) = match sides {
+            (Ok(h), Ok(c)) => (h, c),
+            (Err(e), _) | (_, Err(e)) => {
+                early.push(setup_failed("clients", e));
+                continue;
+            }
+        };
+        // A clock jump is judged against the holder's own deadline (a bare lease: what a
+        // holder between two renewals relies on); other faults against a renewing guard.
+        let guard = fault != Fault::ClockJump;
+        match hold(lock, &key, target.ttl, guard, &register).await {
+            Ok(holder) => {
+                holders.push((holder, holder_links, register));
+                contenders.push((contender, contender_links, key));
+            }
+            Err(e) => early.push(setup_failed("holder", e)),
+        }
+    }
+    let node = victim(target).await;
+    let injected_at = Instant::now();
+
+    let fired = inject(fault, target, node).await;
+    let outcomes = futures::future::join_all(
+        contenders
+            .iter()
+            .map(|(lock, _, key)| contend(target, lock, key)),
+    )
+    .await;
+    let mut trials = early;
+    for ((holder, _links, register), (outcome, (contender, _, _))) in holders
+        .into_iter()
+        .zip(outcomes.into_iter().zip(contenders.iter()))
+    {
+        let mut fired = fired.is_ok();
+        if fault == Fault::ClockJump {
+            // Evidence the jump expired the key early: granted before a TTL had passed.
+            fired &= outcome.granted.is_none() || outcome.at - injected_at < target.ttl;
+        }
+        trials.push(judge(holder, contender, outcome, &register, fired).await);
+    }
+    heal(fault, target, node).await;
+    if let Err(e) = fired {
+        for trial in &mut trials {
+            trial
+                .note
+                .get_or_insert_with(|| format!("injection failed: {e}"));
+        }
+    }
+    trials
+}
+
+/// Injects a server fault on node `node`.
+async fn inject(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
+    let node = &target.nodes[node];
+    match fault {
+        Fault::ClockJump => {
+            let jump = i64::try_from((target.ttl * 2).as_millis()).unwrap_or(i64::MAX);
+            node.set_clock_offset(jump + 1000)
+                .map_err(|e| e.to_string())?;
+            // The shim rereads its offset file at most every 10 ms, and redis-server
+            // refreshes its cached clock in its 100 ms cron: wait for both.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            Ok(())
+        }
+        Fault::Restart => node.restart().await.map_err(|e| e.to_string()),
+        Fault::ServerPause => node.pause().map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// Shifts a node's clock and waits until the server sees it: the shim rereads its offset
+/// file at most every 10 ms, and redis-server refreshes its cached clock in its 100 ms
+/// cron.
+async fn set_clock(node: &dyn Node, offset_ms: i64) -> Result<(), String> {
+    node.set_clock_offset(offset_ms)
+        .map_err(|e| e.to_string())?;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    Ok(())
+}
+
+/// Undoes [`inject`].
+async fn heal(fault: Fault, target: &Target, node: usize) {
+    let node = &target.nodes[node];
+    match fault {
+        Fault::ClockJump => {
+            // Back to real time before the next round takes locks: a grant made on the
+            // jumped clock would carry an expiry that far in the future.
+            let _ = set_clock(node.as_ref(), 0).await;
+        }
+        Fault::ServerPause => {
+            let _ = node.resume();
+        }
+        _ => {}
+    }
+}
+
+/// Kills a minority (the leader first, where there is one), runs hand-offs between two
+/// healthy clients per pair, and restarts the killed nodes.
+async fn minority_loss(target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
+    let n = target.nodes.len();
+    let leader = victim(target).await;
+    let doomed: Vec<usize> = std::iter::once(leader)
+        .chain((0..n).filter(|&i| i != leader))
+        .take((n - 1) / 2)
+        .collect();
+    let mut killed = Ok(());
+    for &i in &doomed {
+        if let Err(e) = target.nodes[i].kill().await {
+            killed = Err(e.to_string());
+        }
+    }
+    let trials = futures::future::join_all((0..pairs).map(|pair| {
+        let key = target.key(Fault::MinorityLoss, round, pair);
+        let fired = killed.is_ok();
+        async move { hand_off(target, &key, fired).await }
+    }))
+    .await;
+    for &i in &doomed {
+        let _ = target.nodes[i].restart().await;
+    }
+    trials
+}
+
+/// [`retrying`] for up to 5 s: a cluster that lost its leader recovers after an election.
+async fn retried<T, F, Fut>(op: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LockError>>,
+{
+    retrying(Duration::from_secs(5), op).await.0
+}
+
+/// A hand-off between two healthy clients: the second must see the lock held, then get
+/// it after the release, with a larger token.
+async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Trial {
+    let attempt = async {
+        let (a, b) = (
+            retried(|| target.client()).await?,
+            retried(|| target.client()).await?,
+        );
+        let opts = AcquireOptions::new(target.ttl * 4).wait(Duration::from_secs(10));
+        let first = a.acquire(key, &opts).await?;
+        let sneaked = retried(|| b.try_acquire(key, target.ttl)).await?;
+        let released = retried(|| a.release(first.clone())).await?;
+        let second = b.acquire(key, &opts).await?;
+        let ok = sneaked.is_none()
+            && released == ReleaseOutcome::Released
+            && second.token() > first.token();
+        let _ = b.release(second).await;
+        Ok::<bool, LockError>(ok)
+    };
+    let (verdict, note) = match attempt.await {
+        Ok(true) => (Verdict::Safe, None),
+        Ok(false) => (
+            Verdict::Unsafe,
+            Some("a hand-off broke exclusion or token order".into()),
+        ),
+        Err(e) => (Verdict::Unavail, Some(short(&e))),
+    };
+    Trial {
+        verdict,
+        fired,
+        note,
+    }
+}
+
+/// Redis primary + asynchronous replica: the replication link is cut, the holder is
+/// granted on the primary, the primary dies, the replica is promoted, a contender asks
+/// the new primary.
+async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
+    let pair = match RedisReplicaPair::start().await {
+        Ok(p) => p,
+        Err(e) => {
+            let error = LockError::backend(format!("replica pair: {e}"));
+            return vec![setup_failed("servers", error)];
+        }
+    };
+    let connect = |url: String| async move { crate::connect(&url).await };
+    let setup = async {
+        pair.wait_synced()
+            .await
+            .map_err(|e| LockError::backend(e.to_string()))?;
+        let primary = connect(pair.primary().url()).await?;
+        Ok::<_, LockError>(primary)
+    };
+    let primary = match setup.await {
+        Ok(p) => p,
+        Err(e) => return vec![setup_failed("primary", e)],
+    };
+    pair.replication_link().set_mode(ProxyMode::Blackhole);
+    let mut holders = Vec::new();
+    let mut trials = Vec::new();
+    for i in 0..pairs {
+        let key = target.key(Fault::ReplicaFailover, round, i);
+        let register = FencedRegister::new();
+        match hold(primary.clone(), &key, target.ttl * 10, false, &register).await {
+            Ok(holder) => holders.push((holder, key, register)),
+            Err(e) => trials.push(setup_failed("holder", e)),
+        }
+    }
+    let failover = async {
+        pair.primary().kill().await.map_err(|e| e.to_string())?;
+        pair.replica().promote().await.map_err(|e| e.to_string())
+    };
+    let fired = failover.await;
+    let contender = match connect(pair.replica().url()).await {
+        Ok(c) => c,
+        Err(e) => return vec![setup_failed("contender", e)],
+    };
+    for (holder, key, register) in holders {
+        let outcome = contend(target, &contender, &key).await;
+        trials.push(judge(holder, &contender, outcome, &register, fired.is_ok()).await);
+    }
+    trials
+}

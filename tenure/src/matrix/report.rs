@@ -1,0 +1,586 @@
+//! Renders a [`Matrix`]: Markdown (for the README), a self-contained HTML page with the
+//! outcome grid and charts, and the comparison of seed 003's claims with measurements.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::faults::{Cell, Fault, Verdict};
+use super::{BackendReport, Matrix};
+use crate::bench::{BenchLine, Mode};
+
+/// Now, as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// CPU count, memory and kernel of this machine.
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| (kb / 1024.0 / 1024.0).round());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs, {mem_gib} GiB RAM, Linux {}", kernel.trim())
+}
+
+fn perf(report: &BackendReport, mode: Mode) -> Option<&BenchLine> {
+    report
+        .perf
+        .iter()
+        .find(|l| l.mode == mode && l.implementation == "tenure")
+}
+
+fn cell(report: &BackendReport, fault: Fault) -> Option<&Cell> {
+    report
+        .faults
+        .iter()
+        .find(|f| f.fault == fault)
+        .map(|f| &f.cell)
+}
+
+fn suite_summary(report: &BackendReport) -> String {
+    let count = |r| report.suite.iter().filter(|s| s.result == r).count();
+    let failed = count("failed");
+    let mut text = format!("{} passed", count("passed"));
+    if failed > 0 {
+        let _ = write!(text, ", **{failed} failed**");
+    }
+    if count("ignored") > 0 {
+        let _ = write!(text, ", {} ignored", count("ignored"));
+    }
+    text
+}
+
+/// One row of "seed claims vs measured".
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeedClaim {
+    /// What the seed says, and where.
+    pub claim: &'static str,
+    /// What this run measured.
+    pub measured: String,
+    /// `holds`, `contradicted`, `partly` or `not measurable here`.
+    pub assessment: &'static str,
+}
+
+fn backend<'a>(matrix: &'a Matrix, name: &str) -> Option<&'a BackendReport> {
+    matrix
+        .backends
+        .iter()
+        .find(|b| b.backend == name && b.error.is_none())
+}
+
+fn has(cell: Option<&Cell>, verdict: Verdict) -> bool {
+    cell.is_some_and(|c| c.verdicts().contains(&verdict))
+}
+
+fn ran(cell: Option<&Cell>) -> bool {
+    matches!(cell, Some(Cell::Ran { .. }))
+}
+
+/// Seed 003's decision matrix (§35.5.1, §35.5.2) and §35.5.3/§35.5.4, row by row, against
+/// this run.
+pub fn seed_claims(matrix: &Matrix) -> Vec<SeedClaim> {
+    let mut claims = Vec::new();
+    let throughput = |name: &str| {
+        backend(matrix, name)
+            .and_then(|b| perf(b, Mode::Par64))
+            .map(|l| l.cycles_per_s)
+    };
+    if let (Some(redis), Some(zk)) = (throughput("redis"), throughput("zk")) {
+        claims.push(SeedClaim {
+            claim: "§35.5.2 throughput: Redis 100,000+ ops/s, ZooKeeper tens of thousands",
+            measured: format!(
+                "par64 lock cycles/s (acquire + release, 2+ round trips): redis {redis:.0}, \
+                 zk {zk:.0} (redis/zk = {:.1}×) on this machine, one client process",
+                redis / zk.max(1.0)
+            ),
+            assessment: if redis > zk { "partly" } else { "contradicted" },
+        });
+    }
+    if let Some(redis) = backend(matrix, "redis") {
+        let failover = cell(redis, Fault::ReplicaFailover);
+        let restart = cell(redis, Fault::Restart);
+        claims.push(SeedClaim {
+            claim: "§35.5.2 Redis consistency protocol: none (single node); §35.5.1 SET NX: \
+                    occasional concurrent execution",
+            measured: format!(
+                "failover to async replica: {}; restart without persistence: {}",
+                failover.map_or("—".into(), Cell::summary),
+                restart.map_or("—".into(), Cell::summary)
+            ),
+            assessment: if has(failover, Verdict::Unsafe) || has(restart, Verdict::Unsafe) {
+                "holds"
+            } else if ran(failover) {
+                "contradicted"
+            } else {
+                "not measurable here"
+            },
+        });
+    }
+    if let Some(redlock) = backend(matrix, "redlock") {
+        let jump = cell(redlock, Fault::ClockJump);
+        claims.push(SeedClaim {
+            claim: "§35.5.2 Redlock is clock-dependent (Kleppmann, §35.4)",
+            measured: format!(
+                "one node's clock jumps while two clients reach overlapping majorities: {}",
+                jump.map_or("—".into(), Cell::summary)
+            ),
+            assessment: if !ran(jump) {
+                "not measurable here"
+            } else if has(jump, Verdict::FencedSafe) || has(jump, Verdict::Unsafe) {
+                "holds"
+            } else {
+                "contradicted"
+            },
+        });
+    }
+    for (name, claim) in [
+        (
+            "zk",
+            "§35.5.2 ZooKeeper: Zab, strong consistency; ephemeral nodes deleted on session loss",
+        ),
+        (
+            "etcd",
+            "§35.5.4 etcd: Raft, \"guaranteed consistent regardless of clock skew\"",
+        ),
+    ] {
+        if let Some(report) = backend(matrix, name) {
+            let unsafe_cells: Vec<&str> = report
+                .faults
+                .iter()
+                .filter(|f| has(Some(&f.cell), Verdict::Unsafe))
+                .map(|f| f.title)
+                .collect();
+            let jump = cell(report, Fault::ClockJump);
+            claims.push(SeedClaim {
+                claim,
+                measured: format!(
+                    "UNSAFE under: {}; clock jump {}",
+                    if unsafe_cells.is_empty() {
+                        "no fault".to_string()
+                    } else {
+                        unsafe_cells.join(", ")
+                    },
+                    jump.map_or("—".into(), Cell::summary)
+                ),
+                assessment: if !unsafe_cells.is_empty() {
+                    "contradicted"
+                } else if ran(jump) {
+                    "holds"
+                } else {
+                    "partly"
+                },
+            });
+        }
+    }
+    let paused: Vec<String> = matrix
+        .backends
+        .iter()
+        .filter(|b| b.error.is_none())
+        .filter_map(|b| {
+            cell(b, Fault::PausedHolder).map(|c| format!("{} {}", b.backend, c.summary()))
+        })
+        .collect();
+    if !paused.is_empty() {
+        claims.push(SeedClaim {
+            claim: "§35.5.2 fencing token: manual for Redis, built in (zxid) for ZooKeeper",
+            measured: format!(
+                "tenure issues a token on every backend; holder paused past its TTL: {}",
+                paused.join("; ")
+            ),
+            assessment: "partly",
+        });
+    }
+    if let Some(pg) = backend(matrix, "postgres") {
+        let unsafe_cells = pg
+            .faults
+            .iter()
+            .filter(|f| has(Some(&f.cell), Verdict::Unsafe))
+            .count();
+        claims.push(SeedClaim {
+            claim: "§35.5.3 a database row lock is the ground truth (ACID)",
+            measured: format!(
+                "UNSAFE cells: {unsafe_cells}; restart: {}; paused holder: {}",
+                cell(pg, Fault::Restart).map_or("—".into(), Cell::summary),
+                cell(pg, Fault::PausedHolder).map_or("—".into(), Cell::summary)
+            ),
+            assessment: if unsafe_cells == 0 {
+                "holds"
+            } else {
+                "contradicted"
+            },
+        });
+    }
+    claims
+}
+
+/// The outcome grid: backends × faults.
+fn grid(matrix: &Matrix, out: &mut String) {
+    let names: Vec<&str> = matrix.backends.iter().map(|b| b.backend.as_str()).collect();
+    let _ = writeln!(out, "| fault | {} |", names.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
+    let _ = writeln!(
+        out,
+        "| shared suite | {} |",
+        matrix
+            .backends
+            .iter()
+            .map(suite_summary)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    for fault in Fault::ALL {
+        let row: Vec<String> = matrix
+            .backends
+            .iter()
+            .map(|b| {
+                b.faults
+                    .iter()
+                    .find(|f| f.fault == fault)
+                    .map_or("—".into(), |f| {
+                        let mut text = f.cell.summary();
+                        if let Cell::Ran {
+                            fencing_contained: Some(false),
+                            ..
+                        } = f.cell
+                        {
+                            text.push_str(" (fence did not contain)");
+                        }
+                        if f.mismatch {
+                            text.push_str(" ⚠");
+                        }
+                        text
+                    })
+            })
+            .collect();
+        let _ = writeln!(out, "| {} | {} |", fault.title(), row.join(" | "));
+    }
+}
+
+fn perf_table(matrix: &Matrix, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "| backend | seq p50 µs | seq p99 µs | par64 cycles/s | contended hand-offs/s |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    for b in &matrix.backends {
+        let seq = perf(b, Mode::Seq);
+        let par = perf(b, Mode::Par64);
+        let contended = perf(b, Mode::Contended);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            b.backend,
+            seq.map_or("—".into(), |l| l.p50_us.to_string()),
+            seq.map_or("—".into(), |l| l.p99_us.to_string()),
+            par.map_or("—".into(), |l| format!("{:.0}", l.cycles_per_s)),
+            contended
+                .and_then(|l| l.handoffs_per_s)
+                .map_or("—".into(), |h| format!("{h:.0}")),
+        );
+    }
+}
+
+fn notes(matrix: &Matrix, out: &mut String) {
+    for b in &matrix.backends {
+        if let Some(error) = &b.error {
+            let _ = writeln!(out, "- **{}**: {}", b.backend, crate::redact_url(error));
+        }
+        for f in &b.faults {
+            let reason = match &f.cell {
+                Cell::NotInjectable { reason } => format!("not injectable: {reason}"),
+                Cell::NotApplicable { reason } => format!("n/a: {reason}"),
+                Cell::Ran { notes, .. } if !notes.is_empty() => notes.join("; "),
+                Cell::Ran { .. } => continue,
+            };
+            let _ = writeln!(out, "- {} / {}: {reason}", b.backend, f.title);
+        }
+        for s in b.suite.iter().filter(|s| s.result == "failed") {
+            let _ = writeln!(
+                out,
+                "- {} / suite `{}` failed: {}",
+                b.backend,
+                s.name,
+                s.detail.as_deref().unwrap_or("")
+            );
+        }
+    }
+}
+
+fn checks_table(matrix: &Matrix, out: &mut String) {
+    let _ = writeln!(out, "| backend | declared | observed | |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for b in &matrix.backends {
+        for c in &b.checks {
+            let mark = c.mark();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {mark} |",
+                b.backend, c.claim, c.observed
+            );
+        }
+    }
+}
+
+/// The Markdown report.
+pub fn markdown(matrix: &Matrix) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Measured {} on {} in {:.0} s: {} trials per fault ({} injections per server fault), \
+         perf {} s per mode ({} build).\n",
+        matrix.measured_at,
+        matrix.machine,
+        matrix.elapsed_secs,
+        matrix.options.trials,
+        matrix.options.rounds,
+        matrix.options.perf_secs,
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "SAFE: mutual exclusion held · F-SAFE: two holders, the stale write was rejected by \
+         fencing · UNSAFE: two holders (or a regressed token) not contained · UNAVAIL: no \
+         violation, but a healthy client could not get the lock · ⚠: outside what the \
+         backend's declared capabilities predict.\n"
+    );
+    grid(matrix, &mut out);
+    let _ = writeln!(
+        out,
+        "\n**Performance** (one client process, this machine):\n"
+    );
+    perf_table(matrix, &mut out);
+    let _ = writeln!(out, "\n**Declared capabilities vs observed:**\n");
+    checks_table(matrix, &mut out);
+    let _ = writeln!(out, "\n**Seed claims vs measured** (seed 003):\n");
+    let _ = writeln!(out, "| claim | measured | |");
+    let _ = writeln!(out, "|---|---|---|");
+    for c in seed_claims(matrix) {
+        let _ = writeln!(out, "| {} | {} | {} |", c.claim, c.measured, c.assessment);
+    }
+    let _ = writeln!(out, "\n**Notes:**\n");
+    notes(matrix, &mut out);
+    out
+}
+
+/// The terminal summary: the grid and the performance table.
+pub fn terminal(matrix: &Matrix) -> String {
+    let mut out = String::new();
+    grid(matrix, &mut out);
+    out.push('\n');
+    perf_table(matrix, &mut out);
+    out
+}
+
+/// The JSON report: the matrix and the seed comparison.
+pub fn json(matrix: &Matrix) -> String {
+    #[derive(Serialize)]
+    struct Full<'a> {
+        #[serde(flatten)]
+        matrix: &'a Matrix,
+        seed_claims: Vec<SeedClaim>,
+    }
+    serde_json::to_string_pretty(&Full {
+        matrix,
+        seed_claims: seed_claims(matrix),
+    })
+    .unwrap_or_default()
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn color(cell: &Cell) -> &'static str {
+    let verdicts = cell.verdicts();
+    if verdicts.contains(&Verdict::Unsafe) {
+        "#f4a6a6"
+    } else if verdicts.contains(&Verdict::FencedSafe) {
+        "#f9df9a"
+    } else if verdicts.contains(&Verdict::Unavail) {
+        "#c9d7f2"
+    } else if verdicts.contains(&Verdict::Safe) {
+        "#b9e4b9"
+    } else {
+        "#e6e6e6"
+    }
+}
+
+/// A horizontal bar chart as inline SVG.
+fn bars(title: &str, unit: &str, values: &[(String, f64)]) -> String {
+    let max = values
+        .iter()
+        .map(|(_, v)| *v)
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    let row = 26;
+    let height = 30 + row * values.len();
+    let mut svg = format!(
+        "<figure><figcaption>{}</figcaption><svg width=\"560\" height=\"{height}\" \
+         role=\"img\">",
+        escape(title)
+    );
+    for (i, (label, value)) in values.iter().enumerate() {
+        let y = 10 + i * row;
+        let width = (value / max * 380.0).max(1.0);
+        let _ = write!(
+            svg,
+            "<text x=\"0\" y=\"{}\" font-size=\"13\">{}</text>\
+             <rect x=\"90\" y=\"{y}\" width=\"{width:.1}\" height=\"18\" fill=\"#5b8def\"/>\
+             <text x=\"{:.1}\" y=\"{}\" font-size=\"12\">{value:.0} {unit}</text>",
+            y + 14,
+            escape(label),
+            95.0 + width,
+            y + 14
+        );
+    }
+    svg.push_str("</svg></figure>");
+    svg
+}
+
+/// The self-contained HTML report: the grid, charts, checks, seed claims and notes.
+pub fn html(matrix: &Matrix) -> String {
+    let mut out = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>tenure matrix</title>\
+         <style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}\
+         table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;\
+         padding:4px 8px;font-size:14px;vertical-align:top}th{background:#eee}\
+         figure{display:inline-block;margin:1em 2em 1em 0}figcaption{font-weight:600}\
+         .mis{outline:3px solid #d33}</style></head><body><h1>tenure decision matrix</h1>",
+    );
+    let _ = write!(
+        out,
+        "<p>Measured {} on {} in {:.0} s · {} trials per fault · {} injections per server \
+         fault.</p><p>SAFE: exclusion held · F-SAFE: two holders, stale write fenced off · \
+         UNSAFE: not contained · UNAVAIL: no lock for a healthy client. Outlined cells are \
+         outside the backend's declared capabilities.</p><table><tr><th>fault</th>",
+        escape(&matrix.measured_at),
+        escape(&matrix.machine),
+        matrix.elapsed_secs,
+        matrix.options.trials,
+        matrix.options.rounds
+    );
+    for b in &matrix.backends {
+        let _ = write!(out, "<th>{}</th>", escape(&b.backend));
+    }
+    out.push_str("</tr><tr><td>shared suite</td>");
+    for b in &matrix.backends {
+        let _ = write!(out, "<td>{}</td>", escape(&suite_summary(b)));
+    }
+    out.push_str("</tr>");
+    for fault in Fault::ALL {
+        let _ = write!(out, "<tr><td>{}</td>", escape(fault.title()));
+        for b in &matrix.backends {
+            match b.faults.iter().find(|f| f.fault == fault) {
+                Some(f) => {
+                    let title = match &f.cell {
+                        Cell::Ran { notes, .. } => notes.join("; "),
+                        Cell::NotInjectable { reason } | Cell::NotApplicable { reason } => {
+                            reason.clone()
+                        }
+                    };
+                    let _ = write!(
+                        out,
+                        "<td style=\"background:{}\"{} title=\"{}\">{}</td>",
+                        color(&f.cell),
+                        if f.mismatch { " class=\"mis\"" } else { "" },
+                        escape(&title),
+                        escape(&f.cell.summary())
+                    );
+                }
+                None => out.push_str("<td>—</td>"),
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table><h2>Performance</h2>");
+    let series = |mode: Mode, value: fn(&BenchLine) -> Option<f64>| -> Vec<(String, f64)> {
+        matrix
+            .backends
+            .iter()
+            .filter_map(|b| {
+                perf(b, mode)
+                    .and_then(value)
+                    .map(|v| (b.backend.clone(), v))
+            })
+            .collect()
+    };
+    out.push_str(&bars(
+        "seq: median acquire+release latency",
+        "µs",
+        &series(Mode::Seq, |l| Some(l.p50_us as f64)),
+    ));
+    out.push_str(&bars(
+        "par64: lock cycles per second",
+        "/s",
+        &series(Mode::Par64, |l| Some(l.cycles_per_s)),
+    ));
+    out.push_str(&bars(
+        "contended: hand-offs per second (16 clients, one key)",
+        "/s",
+        &series(Mode::Contended, |l| l.handoffs_per_s),
+    ));
+    out.push_str("<h2>Declared capabilities vs observed</h2><table><tr><th>backend</th><th>declared</th><th>observed</th><th></th></tr>");
+    for b in &matrix.backends {
+        for c in &b.checks {
+            let mark = c.mark();
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{mark}</td></tr>",
+                escape(&b.backend),
+                escape(&c.claim),
+                escape(&c.observed)
+            );
+        }
+    }
+    out.push_str("</table><h2>Seed claims vs measured</h2><table><tr><th>claim</th><th>measured</th><th></th></tr>");
+    for c in seed_claims(matrix) {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(c.claim),
+            escape(&c.measured),
+            c.assessment
+        );
+    }
+    out.push_str("</table><h2>Notes</h2><ul>");
+    let mut text = String::new();
+    notes(matrix, &mut text);
+    for line in text.lines() {
+        let _ = write!(out, "<li>{}</li>", escape(line.trim_start_matches("- ")));
+    }
+    out.push_str("</ul></body></html>\n");
+    out
+}

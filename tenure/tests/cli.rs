@@ -1,0 +1,213 @@
+//! The `tenure` CLI end to end: against `memory://` and a live redis-server.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::servers::postgres::Postgres;
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+
+fn tenure(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command.args(args).env_remove("TENURE_URL");
+    command
+}
+
+fn output(args: &[&str]) -> Output {
+    tenure(args).output().expect("tenure runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn run_passes_fence_and_key_and_exit_status() {
+    let out = output(&[
+        "--url",
+        "memory://",
+        "run",
+        "--key",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "echo $TENURE_FENCE $TENURE_KEY; exit 3",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command's status is passed through"
+    );
+    assert_eq!(stdout(&out), "1 job");
+}
+
+#[test]
+fn config_errors_are_clear_and_redacted() {
+    let out = output(&["run", "--key", "k", "--", "true"]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TENURE_URL"));
+
+    let out = output(&["--url", "redis://u:hunter2@127.0.0.1:1/0", "inspect", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let out = output(&["--url", "nope://x", "inspect", "k"]);
+    assert_eq!(out.status.code(), Some(78));
+
+    let out = output(&["--url", "memory://", "run", "--key", "", "--", "true"]);
+    assert_eq!(out.status.code(), Some(78), "empty key is invalid input");
+}
+
+#[test]
+fn config_file_and_env_choose_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.toml");
+    std::fs::write(&path, "url = \"memory://\"\nttl = \"5s\"\n").unwrap();
+    let out = output(&[
+        "--config",
+        path.to_str().unwrap(),
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = tenure(&["inspect", "k"])
+        .env("TENURE_URL", "memory://")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("\"held\":false"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_redis_second_run_is_busy_and_acquire_release_work() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+
+    let mut first = tenure(&[
+        "--url", &url, "run", "--key", "cron", "--ttl", "2s", "--", "sleep", "3",
+    ])
+    .spawn()
+    .unwrap();
+    // Wait until the first run holds the lock.
+    let started = Instant::now();
+    loop {
+        let out = output(&["--url", &url, "inspect", "cron"]);
+        if stdout(&out).contains("\"held\":true") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "first run never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = output(&[
+        "--url", &url, "run", "--key", "cron", "--wait", "200ms", "--", "true",
+    ]);
+    assert_eq!(
+        second.status.code(),
+        Some(75),
+        "busy: {}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert_eq!(
+        first.wait().unwrap().code(),
+        Some(0),
+        "renewed past its 2 s ttl and finished"
+    );
+
+    scripted_acquire_extend_release(&url);
+}
+
+/// `acquire` prints a lease; `inspect` sees it; `extend` and `release` take it on stdin;
+/// a second `release` says it is no longer held (exit 76).
+fn scripted_acquire_extend_release(url: &str) {
+    let acquired = output(&["--url", url, "acquire", "--key", "script", "--ttl", "30s"]);
+    assert_eq!(
+        acquired.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&acquired.stderr)
+    );
+    let lease = stdout(&acquired);
+    assert!(lease.contains("\"token\":"), "{lease}");
+    let inspected = stdout(&output(&["--url", url, "inspect", "script"]));
+    assert!(inspected.contains("\"held\":true"), "{inspected}");
+    for (command, expected) in [("extend", 0), ("release", 0), ("release", 76)] {
+        let mut child = tenure(&["--url", url, command])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        writeln!(child.stdin.take().unwrap(), "{lease}").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(expected),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let inspected = stdout(&output(&["--url", url, "inspect", "script"]));
+    assert!(inspected.contains("\"held\":false"), "{inspected}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_etcd_scripts_carry_the_lease_handle() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    scripted_acquire_extend_release(&format!("etcd://{}/cli", cluster.members()[0].addr()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_backends_refuse_acquire_but_run_works() {
+    let server = Postgres::start().await.unwrap();
+    let url = server.url();
+    let out = output(&["--url", &url, "acquire", "--key", "k"]);
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("use `tenure run`"), "{err}");
+    let out = output(&[
+        "--url",
+        &url,
+        "run",
+        "--key",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo $TENURE_FENCE",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).parse::<u64>().is_ok(), "{}", stdout(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_lock_server_stops_the_command() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = format!("{}?command_timeout_ms=300", cluster.urls()[0]);
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("finished");
+    let script = format!("sleep 20; touch {}", marker.display());
+    let child = tenure(&[
+        "--url", &url, "run", "--key", "k", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes()[0].kill().await.unwrap();
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "lease lost");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped promptly"
+    );
+    assert!(!marker.exists(), "the command did not run to completion");
+}
