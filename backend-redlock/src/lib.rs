@@ -4,7 +4,7 @@
 //! max-register**.
 //!
 //! **Acquire** sends the acquire script to all nodes *concurrently*, each bounded by a
-//! short per-node timeout (default ttl/100, at least 10 ms). The lock is held only with a
+//! short per-node timeout (default ttl/100, at least 50 ms). The lock is held only with a
 //! majority (⌊N/2⌋+1) of grants **and** remaining validity
 //! `ttl − elapsed − drift > 0`, measured from before the first send (drift = 1 % of the
 //! TTL + 2 ms). On failure it releases on **every** node — including those that refused
