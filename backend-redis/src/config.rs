@@ -11,8 +11,8 @@ use tenure_api::LockError;
 /// Parsed from `redis://[user[:password]@]host[:port][/db][?options]` or `rediss://…`
 /// (TLS). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
-/// `command_timeout_ms` (default 1000). Passwords never appear in `Debug`, `Display`
-/// or errors.
+/// `command_timeout_ms` (default 1000), `fence` (`clock`, the default, or `counter`: see
+/// [`FenceMode`]). Passwords never appear in `Debug`, `Display` or errors.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     url: url::Url,
@@ -22,6 +22,32 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Bound on one command's reply.
     pub command_timeout: Duration,
+    /// How the per-key fence counter advances.
+    pub fence: FenceMode,
+}
+
+/// How the per-key fence counter advances on each grant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FenceMode {
+    /// `max(counter + 1, server time in µs)`: tokens keep increasing when the server
+    /// forgets the counter (restart without persistence, failover to an asynchronous
+    /// replica) as long as the server's clock does not run backwards past the last token.
+    /// One `TIME` call per grant; tokens are large numbers (µs since the epoch).
+    #[default]
+    ClockFloored,
+    /// A plain `INCR`: small tokens, but they regress whenever the server loses the
+    /// counter — the classic single-node fence, kept to show why the default exists.
+    Counter,
+}
+
+impl FenceMode {
+    /// The value of the `fence` URL option.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClockFloored => "clock",
+            Self::Counter => "counter",
+        }
+    }
 }
 
 impl RedisConfig {
@@ -46,6 +72,7 @@ impl RedisConfig {
             prefix: "tenure:".into(),
             connect_timeout: Duration::from_millis(1000),
             command_timeout: Duration::from_millis(1000),
+            fence: FenceMode::default(),
         };
         let mut kept = Vec::new();
         for (name, value) in url.query_pairs() {
@@ -54,6 +81,18 @@ impl RedisConfig {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "command_timeout_ms" => config.command_timeout = millis()?,
+                "fence" => {
+                    config.fence = match value.as_ref() {
+                        "clock" => FenceMode::ClockFloored,
+                        "counter" => FenceMode::Counter,
+                        other => {
+                            return Err(LockError::Config(format!(
+                                "fence={other:?} in {}: expected clock or counter",
+                                redact(&url)
+                            )))
+                        }
+                    }
+                }
                 _ => kept.push((name.to_string(), value.to_string())),
             }
         }
@@ -106,6 +145,7 @@ impl fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("fence", &self.fence)
             .finish()
     }
 }
@@ -122,10 +162,15 @@ mod tests {
     #[test]
     fn options_are_parsed_and_stripped() {
         let c = RedisConfig::from_url(
-            "redis://u:s3cret@h:7000/2?prefix=app:&command_timeout_ms=250&protocol=resp3",
+            "redis://u:s3cret@h:7000/2?prefix=app:&command_timeout_ms=250&protocol=resp3&fence=counter",
         )
         .unwrap();
         assert_eq!(c.prefix, "app:");
+        assert_eq!(c.fence, FenceMode::Counter);
+        assert_eq!(
+            RedisConfig::from_url("redis://h").unwrap().fence,
+            FenceMode::ClockFloored
+        );
         assert_eq!(c.command_timeout, Duration::from_millis(250));
         assert_eq!(c.client_url(), "redis://u:s3cret@h:7000/2?protocol=resp3");
         assert_eq!(c.endpoint(), "h:7000");
@@ -153,6 +198,8 @@ mod tests {
             "redis://h?command_timeout_ms=0",
             "redis://h?connect_timeout_ms=abc",
             "redis://h/notadb",
+            "redis://h?fence=",
+            "redis://h?fence=lamport",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(bad), Err(LockError::Config(_))),

@@ -1,7 +1,7 @@
 //! # tenure-redis
 //!
 //! A [`DistributedLock`] on one Redis server. Acquire is one Lua script: take the key
-//! with `PX ttl` if free and `INCR` a per-key fence counter in the same hash slot (the
+//! with `PX ttl` if free and advance a per-key fence counter in the same hash slot (the
 //! counter has no TTL), returning the token — or the remaining PTTL when held. Release is
 //! a compare-and-delete that `PUBLISH`es on the key's channel; waiters subscribe and
 //! retry on a message, falling back to the holder's PTTL. Extend is a
@@ -10,8 +10,11 @@
 //! **Guarantees** ([`RedisLock::capabilities`]): a single node with server-TTL expiry.
 //! Safety depends on the server's clock (a jump forward expires locks early) and on the
 //! node keeping its data: a restart without persistence, or a failover to an async
-//! replica, can grant the lock twice and make the fence counter regress. The conformance
-//! suite demonstrates each of these; use the fencing token.
+//! replica, can grant the lock twice. By default the fence counter never falls below the
+//! server's clock in µs ([`FenceMode::ClockFloored`]), so the second holder gets a larger
+//! token and a fenced store turns the stale holder away; with `fence=counter` (a plain
+//! `INCR`) the counter regresses with the data and fencing cannot tell the two holders
+//! apart. The conformance suite demonstrates each of these; use the fencing token.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_api::LockError> {
@@ -42,7 +45,7 @@ use tenure_api::{
     OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
-pub use config::{redact, RedisConfig};
+pub use config::{redact, FenceMode, RedisConfig};
 use scripts::{parse_lock_value, SCRIPTS};
 
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
@@ -168,7 +171,8 @@ impl RedisLock {
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
-            .arg(millis(ttl));
+            .arg(millis(ttl))
+            .arg(self.config.fence.as_str());
         let (granted, value): (i64, i64) = self.call("acquire", invocation).await?;
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
@@ -378,7 +382,10 @@ impl DistributedLock for RedisLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: "redis",
-            fencing: FencingKind::SingleNodeCounter,
+            fencing: match self.config.fence {
+                FenceMode::ClockFloored => FencingKind::ClockFlooredCounter,
+                FenceMode::Counter => FencingKind::SingleNodeCounter,
+            },
             expiry: ExpiryKind::ServerTtl,
             replication: Replication::SingleNode,
             wait: WaitKind::Push,

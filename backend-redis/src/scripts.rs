@@ -3,13 +3,20 @@
 //! Layout per lock key `K` (both keys share the hash tag, so a Redis Cluster keeps them
 //! in one slot): `{K}` holds `"<owner>:<token>"` with a PX expiry; `{K}:fence` is the fence
 //! counter, with no expiry. Releases are published on the lock key's channel.
+//!
+//! The fence counter comes in two kinds ([`FenceMode`](crate::FenceMode)): a plain `INCR`,
+//! or a *clock-floored* counter, `max(counter + 1, server TIME in µs)`, which keeps tokens
+//! increasing when the server loses the counter (restart without persistence, failover to
+//! an asynchronous replica), as long as the server's clock does not run backwards past
+//! the last token. Tokens stay below 2^53, so Lua's doubles hold them exactly.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
 /// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
-/// lost). KEYS: lock, fence. ARGV: owner, ttl ms.
+/// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
+/// clock-floored counter, anything else for `INCR`).
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by another.
 pub const ACQUIRE: &str = r#"
 local current = redis.call('GET', KEYS[1])
@@ -21,9 +28,18 @@ if current then
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local token = redis.call('INCR', KEYS[2])
+local token
+if ARGV[3] == 'clock' then
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, floor)
+  token = string.format('%d', token)
+  redis.call('SET', KEYS[2], token)
+else
+  token = tostring(redis.call('INCR', KEYS[2]))
+end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
-return {1, token}
+return {1, tonumber(token)}
 "#;
 
 /// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so

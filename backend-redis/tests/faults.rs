@@ -75,14 +75,74 @@ async fn server_killed_while_held_is_unavailable_then_usable_after_restart() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_without_persistence_grants_twice_and_the_fence_regresses() {
+/// Two holders at once: what the first was granted and what the second took over.
+struct DoubleGrant {
+    held: Lease,
+    stolen: Lease,
+    report: tenure_conformance::Report,
+}
+
+impl DoubleGrant {
+    /// Records both grants in `history` (created before either acquire) and checks it.
+    fn new(
+        history: &History,
+        held: (Lease, Instant, Instant),
+        stolen: (Lease, Instant, Instant),
+    ) -> Self {
+        history.record(1, &stolen.0, stolen.1, stolen.2, Instant::now());
+        history.record(0, &held.0, held.1, held.2, Instant::now());
+        let report = history.check();
+        assert!(report.overlaps() >= 1, "double grant observed: {report}");
+        Self {
+            held: held.0,
+            stolen: stolen.0,
+            report,
+        }
+    }
+
+    /// `fence=counter`: the counter went back with the data, so the fence cannot tell
+    /// the two holders apart.
+    fn assert_fence_regressed(&self) {
+        assert!(
+            self.stolen.token() <= self.held.token(),
+            "fence regressed: {} after {}",
+            self.stolen.token(),
+            self.held.token()
+        );
+        assert!(
+            self.report.token_violations() >= 1,
+            "checker reports the regression: {}",
+            self.report
+        );
+    }
+
+    /// The default clock-floored fence: the second holder's token is larger, so a fenced
+    /// store rejects the first holder's stale write.
+    fn assert_fencing_contains_it(&self) {
+        assert_eq!(self.report.token_violations(), 0, "{}", self.report);
+        let register = FencedRegister::new();
+        let seen_by_held = register.read(self.held.token()).unwrap();
+        let rejected = register
+            .stale_write_after_takeover(self.stolen.token(), self.held.token(), seen_by_held)
+            .unwrap();
+        assert!(
+            rejected,
+            "the stale holder's write is rejected: tokens {} then {}",
+            self.held.token(),
+            self.stolen.token()
+        );
+    }
+}
+
+/// A holder on a node without persistence; the node restarts; a second client acquires.
+async fn restart_without_persistence(fence: &str) -> DoubleGrant {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
-    let (a, b) = (connect(&node.url()).await, connect(&node.url()).await);
+    let url = format!("{}?fence={fence}", node.url());
+    let (a, b) = (connect(&url).await, connect(&url).await);
     let k = key("amnesia");
-    let history = History::new();
     advance_fence(&a, &k, 5).await;
+    let history = History::new();
 
     let invoked = Instant::now();
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
@@ -99,22 +159,30 @@ async fn restart_without_persistence_grants_twice_and_the_fence_regresses() {
     let stolen = acquire_eventually(&b, &k, Duration::from_secs(5))
         .await
         .expect("UNSAFE (expected): the restarted node forgot the lock");
-    let b_completed = Instant::now();
-    history.record(1, &stolen, b_invoked, b_completed, Instant::now());
-    history.record(0, &held, invoked, completed, Instant::now());
-    let report = history.check();
-    eprintln!("restart without persistence: {report}");
-    assert!(report.overlaps() >= 1, "double grant observed: {report}");
-    assert!(
-        stolen.token() < held.token(),
-        "fence regressed: {} after {}",
-        stolen.token(),
-        held.token()
+    let double = DoubleGrant::new(
+        &history,
+        (held, invoked, completed),
+        (stolen, b_invoked, Instant::now()),
     );
-    assert!(
-        report.token_violations() >= 1,
-        "checker reports the regression: {report}"
+    eprintln!(
+        "restart without persistence, fence={fence}: {}",
+        double.report
     );
+    double
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_a_plain_counter_regresses() {
+    restart_without_persistence("counter")
+        .await
+        .assert_fence_regressed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_the_clock_floored_fence_contains_it() {
+    restart_without_persistence("clock")
+        .await
+        .assert_fencing_contains_it();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,14 +217,16 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_to_an_async_replica_grants_twice() {
+/// A holder on a primary whose replica lags; the primary dies, the replica is promoted,
+/// and a second client acquires there (seeds 001/004).
+async fn failover_to_an_async_replica(fence: &str) -> DoubleGrant {
     let pair = RedisReplicaPair::start().await.unwrap();
     let (primary, replica) = (pair.primary(), pair.replica());
-    let a = connect(&primary.url()).await;
+    let a = connect(&format!("{}?fence={fence}", primary.url())).await;
     let k = key("failover");
     advance_fence(&a, &k, 3).await;
     pair.wait_synced().await.unwrap();
+    let history = History::new();
 
     // The replica falls behind: frozen, and cut off from the primary.
     replica.pause().unwrap();
@@ -175,7 +245,7 @@ async fn failover_to_an_async_replica_grants_twice() {
     replica.resume().unwrap();
     replica.promote().await.unwrap();
 
-    let b = connect(&replica.url()).await;
+    let b = connect(&format!("{}?fence={fence}", replica.url())).await;
     let b_invoked = Instant::now();
     let stolen = acquire_eventually(&b, &k, Duration::from_secs(5))
         .await
@@ -185,19 +255,29 @@ async fn failover_to_an_async_replica_grants_twice() {
         b_completed < held.valid_until(),
         "A still believes it holds the lock"
     );
-    let history = History::new();
-    history.record(1, &stolen, b_invoked, b_completed, Instant::now());
-    history.record(0, &held, invoked, completed, Instant::now());
-    let report = history.check();
-    eprintln!(
-        "failover: {report}; tokens {} then {}",
-        held.token(),
-        stolen.token()
+    let double = DoubleGrant::new(
+        &history,
+        (held, invoked, completed),
+        (stolen, b_invoked, b_completed),
     );
-    assert!(report.overlaps() >= 1, "double grant observed: {report}");
+    eprintln!("failover, fence={fence}: {}", double.report);
+    double
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_to_an_async_replica_grants_twice_and_a_plain_counter_regresses() {
     // The counter lived on the primary too: the promoted replica hands out the same or a
-    // lower token, so fencing cannot tell the two holders apart.
-    assert!(stolen.token() <= held.token());
+    // lower token.
+    failover_to_an_async_replica("counter")
+        .await
+        .assert_fence_regressed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_to_an_async_replica_grants_twice_and_the_clock_floored_fence_contains_it() {
+    failover_to_an_async_replica("clock")
+        .await
+        .assert_fencing_contains_it();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

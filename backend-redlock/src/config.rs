@@ -13,7 +13,9 @@ use tenure_redis::RedisConfig;
 /// `redlocks://` for TLS to every node). Options: `prefix`, `connect_timeout_ms`
 /// (per node, passed to each node's client); `node_timeout_ms` (the per-node bound on one
 /// request; default ttl/100, at least 50 ms); `fencing=false` (one round trip per acquire,
-/// no fencing token guarantee); `retry_ms` (the base of the random retry delay).
+/// no fencing token guarantee); `fence=counter` (each node's counter is a plain `INCR`
+/// instead of clock-floored, see [`tenure_redis::FenceMode`]); any other option is passed
+/// to every node's [`RedisConfig`].
 /// Passwords never appear in `Debug`, `Display` or errors.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedlockConfig {

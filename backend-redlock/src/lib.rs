@@ -15,9 +15,13 @@
 //! writes `fence = max(fence, t)` to the nodes, and the lease counts as held only when a
 //! majority acknowledged it while still held by us. Any two majorities intersect, so a
 //! later grant reads a counter ≥ t on at least one node and gets a larger token — as long
-//! as **no majority loses its memory** (restarts without persistence). Cost: two round
-//! trips per acquire instead of one; `?fencing=false` skips the second round, and
-//! [`Redlock::capabilities`] then says [`FencingKind::None`].
+//! as **no majority loses its memory** (restarts without persistence). Each node's
+//! counter is clock-floored by default (`max(counter + 1, server time in µs)`, see
+//! [`tenure_redis::FenceMode`]), which closes that gap too while server clocks move
+//! forward: a node restarted empty hands out a token above every earlier one.
+//! `?fence=counter` keeps the plain `INCR`. Cost: two round trips per acquire instead of
+//! one; `?fencing=false` skips the second round, and [`Redlock::capabilities`] then says
+//! [`FencingKind::None`].
 //!
 //! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
 //! their data or restarting later than the max TTL; the conformance suite shows what

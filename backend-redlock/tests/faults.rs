@@ -160,14 +160,14 @@ async fn replies_delayed_past_the_ttl_are_refused() {
 }
 
 /// The seed's A–E scenario: client 1 locks A, B, C; C restarts without persistence;
-/// client 2 locks C, D, E.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_without_persistence_grants_twice() {
+/// client 2 locks C, D, E. Returns both leases after asserting the double grant.
+async fn restart_without_persistence(options: &str) -> (Lease, Lease) {
     let cluster = five(RedisOptions::default()).await;
     let k = key("amnesia");
     churn(&direct(&cluster).await, &k, 3).await;
-    let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
-    let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
+    let (one, _p1) = partitioned(&cluster, &[3, 4], options).await;
+    let (two, _p2) = partitioned(&cluster, &[0, 1], options).await;
+    let history = History::new();
 
     let invoked = Instant::now();
     let held = one
@@ -190,21 +190,42 @@ async fn restart_without_persistence_grants_twice() {
         .unwrap()
         .expect("UNSAFE (expected): C, D, E grant");
     let completed2 = Instant::now();
-    let history = History::new();
     history.record(1, &stolen, invoked2, completed2, Instant::now());
     history.record(0, &held, invoked, completed, Instant::now());
     let report = history.check();
     eprintln!(
-        "A–E restart without persistence: {report}; tokens {} then {}",
+        "A–E restart without persistence ({options}): {report}; tokens {} then {}",
         held.token(),
         stolen.token()
     );
     assert!(report.overlaps() >= 1, "double grant observed");
+    (held, stolen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_plain_counters_do_not_fence_it() {
+    let (held, stolen) = restart_without_persistence("?fence=counter").await;
     // Honest finding: the register majority {A, B, C} lost C, so {C, D, E} does not
     // intersect what client 1 wrote: the fence does not increase.
     assert!(
         stolen.token() <= held.token(),
         "fence did not contain it this time"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_clock_floored_counters_fence_it() {
+    let (held, stolen) = restart_without_persistence("").await;
+    // C restarted empty but floors its counter at its clock: above client 1's token.
+    let register = FencedRegister::new();
+    let seen_by_one = register.read(held.token()).unwrap();
+    assert!(
+        register
+            .stale_write_after_takeover(stolen.token(), held.token(), seen_by_one)
+            .unwrap(),
+        "the stale holder's write is rejected: tokens {} then {}",
+        held.token(),
+        stolen.token()
     );
 }
 
@@ -215,6 +236,7 @@ async fn restart_delayed_past_the_max_ttl_grants_once() {
     let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
     let ttl = Duration::from_millis(800);
+    let history = History::new();
 
     let invoked = Instant::now();
     let held = one
@@ -232,7 +254,6 @@ async fn restart_delayed_past_the_max_ttl_grants_once() {
     // The client's link to C reconnects on first use after the restart: allow retries.
     let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(3));
     let next = two.acquire(&k, &wait).await.expect("C, D, E grant");
-    let history = History::new();
     history.record(0, &held, invoked, completed, Instant::now());
     history.record(1, &next, invoked2, Instant::now(), Instant::now());
     let report = history.check();
@@ -247,6 +268,7 @@ async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
     let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
     let register = FencedRegister::new();
+    let history = History::new();
 
     let invoked = Instant::now();
     let held = one
@@ -267,7 +289,6 @@ async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
     }
     let stolen = stolen.expect("UNSAFE (expected): C's clock jump freed the majority C, D, E");
     let completed2 = Instant::now();
-    let history = History::new();
     history.record(1, &stolen, invoked2, completed2, Instant::now());
     history.record(0, &held, invoked, completed, Instant::now());
     assert!(history.check().overlaps() >= 1, "double grant observed");

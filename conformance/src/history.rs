@@ -57,6 +57,11 @@ impl History {
 
     /// Records a hold. `believed_until` is capped at the lease's local deadline: a client
     /// may not believe in a lease past it.
+    ///
+    /// # Panics
+    /// If `acquire_invoked` precedes the history's creation: every offset would collapse
+    /// to zero and the checks would prove nothing. Create the history before the first
+    /// acquire it records.
     pub fn record(
         &self,
         client: usize,
@@ -65,6 +70,10 @@ impl History {
         acquire_completed: Instant,
         believed_until: Instant,
     ) {
+        assert!(
+            acquire_invoked >= self.origin,
+            "History::record: the acquire was invoked before the history was created"
+        );
         let deadline = self.offset(lease.valid_until());
         let hold = Hold {
             client,

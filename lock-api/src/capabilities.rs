@@ -12,6 +12,10 @@ pub enum FencingKind {
     ConsensusOrdered,
     /// A counter on one server: regresses if that server loses its data.
     SingleNodeCounter,
+    /// A counter on one server that never falls below the server's clock (µs since the
+    /// epoch): keeps increasing when the server loses its data or fails over to a replica
+    /// whose clock is in step, but not if a clock runs backwards past the last token.
+    ClockFlooredCounter,
     /// A max-register written to a quorum of independent nodes: survives the loss of any
     /// node that kept its memory, but may regress as soon as one node of the quorum that
     /// recorded the last token restarts empty (a later quorum can then be formed without

@@ -429,8 +429,10 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
         Fault::ClockJump if caps.clock_dependent => vec![violation],
         Fault::ClockJump => vec![Safe],
         Fault::Restart => match caps.fencing {
-            // A memory-only server forgets the grant and resets its counter.
+            // A memory-only server forgets the grant and resets its counter…
             FencingKind::SingleNodeCounter => vec![Unsafe],
+            // …unless the counter restarts from the server's clock.
+            FencingKind::ClockFlooredCounter => vec![FencedSafe],
             // One node of the holder's quorum forgets: a second grant follows, and whether
             // its token exceeds the first depends on how many failed attempts raised the
             // counters of the other nodes meanwhile — containment is luck.
@@ -451,6 +453,9 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
             // A frozen leader costs an election: some trials may see no leader.
             _ => vec![Safe, Unavail],
         },
+        Fault::ReplicaFailover if caps.fencing == FencingKind::ClockFlooredCounter => {
+            vec![FencedSafe]
+        }
         Fault::ReplicaFailover => vec![Unsafe],
     }
 }

@@ -133,7 +133,10 @@ pub fn seed_claims(matrix: &Matrix) -> Vec<SeedClaim> {
                 failover.map_or("—".into(), Cell::summary),
                 restart.map_or("—".into(), Cell::summary)
             ),
-            assessment: if has(failover, Verdict::Unsafe) || has(restart, Verdict::Unsafe) {
+            assessment: if [failover, restart]
+                .iter()
+                .any(|c| has(*c, Verdict::Unsafe) || has(*c, Verdict::FencedSafe))
+            {
                 "holds"
             } else if ran(failover) {
                 "contradicted"
@@ -177,14 +180,15 @@ pub fn seed_claims(matrix: &Matrix) -> Vec<SeedClaim> {
                 .map(|f| f.title)
                 .collect();
             let jump = cell(report, Fault::ClockJump);
+            let injected = report.faults.iter().filter(|f| ran(Some(&f.cell))).count();
             claims.push(SeedClaim {
                 claim,
                 measured: format!(
-                    "UNSAFE under: {}; clock jump {}",
+                    "{}; server clock jump {}",
                     if unsafe_cells.is_empty() {
-                        "no fault".to_string()
+                        format!("no uncontained double grant under any of {injected} faults")
                     } else {
-                        unsafe_cells.join(", ")
+                        format!("UNSAFE under: {}", unsafe_cells.join(", "))
                     },
                     jump.map_or("—".into(), Cell::summary)
                 ),
