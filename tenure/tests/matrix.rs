@@ -80,29 +80,15 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         }
         assert_eq!(backend["perf"].as_array().unwrap().len(), 3, "{name}");
     }
-    let redis = &backends[0]["faults"];
-    let failover = redis
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["fault"] == "replica-failover")
-        .unwrap();
-    // Seeds 001/004: failover loses the grant — two holders every time — and the
-    // clock-floored fence counter is what still tells them apart.
-    assert_eq!(
-        failover["cell"]["counts"]["F-SAFE"], 3,
-        "the failover double grant, contained: {failover}"
-    );
-    let restart = redis
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["fault"] == "restart")
-        .unwrap();
-    assert_eq!(
-        restart["cell"]["counts"]["F-SAFE"], 3,
-        "restart without persistence, contained: {restart}"
-    );
+    // Seeds 001/004: a Redis failover or a restart without persistence loses the grant;
+    // the clock-floored fence counter keeps either from going uncontained. (Each double
+    // grant itself is asserted deterministically in backend-redis/tests/faults.rs.)
+    let redis = backends[0]["faults"].as_array().unwrap();
+    for fault in ["replica-failover", "restart"] {
+        let cell = &redis.iter().find(|f| f["fault"] == fault).unwrap()["cell"];
+        assert_eq!(cell["status"], "ran", "{fault}: {cell}");
+        assert!(cell["counts"]["UNSAFE"].is_null(), "{fault}: {cell}");
+    }
     assert!(json["seed_claims"].as_array().unwrap().len() >= 5);
     for file in ["matrix.md", "matrix.html"] {
         let text = std::fs::read_to_string(out_dir.path().join(file)).unwrap();

@@ -431,8 +431,9 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
         Fault::Restart => match caps.fencing {
             // A memory-only server forgets the grant and resets its counter…
             FencingKind::SingleNodeCounter => vec![Unsafe],
-            // …unless the counter restarts from the server's clock.
-            FencingKind::ClockFlooredCounter => vec![FencedSafe],
+            // …unless the counter restarts from the server's clock (SAFE where the holder
+            // learned of its loss before the second grant).
+            FencingKind::ClockFlooredCounter => vec![Safe, FencedSafe],
             // One node of the holder's quorum forgets: a second grant follows, and whether
             // its token exceeds the first depends on how many failed attempts raised the
             // counters of the other nodes meanwhile — containment is luck.
@@ -454,7 +455,7 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
             _ => vec![Safe, Unavail],
         },
         Fault::ReplicaFailover if caps.fencing == FencingKind::ClockFlooredCounter => {
-            vec![FencedSafe]
+            vec![Safe, FencedSafe]
         }
         Fault::ReplicaFailover => vec![Unsafe],
     }
