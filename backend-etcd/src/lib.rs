@@ -576,7 +576,7 @@ impl DistributedLock for EtcdLock {
         let owner = OwnerId::random();
         let queue = self.queue_prefix(key);
         let started = Instant::now();
-        let deadline = started + opts.wait;
+        let deadline = opts.wait_deadline(started);
         let mut ticket: Option<Ticket> = None;
         let mut failures = 0u32;
         loop {

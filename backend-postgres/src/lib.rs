@@ -760,7 +760,7 @@ impl DistributedLock for PgLock {
         opts.validate()?;
         let owner = OwnerId::random();
         let started = Instant::now();
-        let deadline = started + opts.wait;
+        let deadline = opts.wait_deadline(started);
         let mut failures = 0u32;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());

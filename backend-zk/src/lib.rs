@@ -688,7 +688,7 @@ impl DistributedLock for ZkLock {
         opts.validate()?;
         let owner = OwnerId::random();
         let started = Instant::now();
-        let deadline = started + opts.wait;
+        let deadline = opts.wait_deadline(started);
         let mut pending = None;
         let mut failures = 0u32;
         loop {

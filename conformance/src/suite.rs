@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tenure_api::{
     AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease, LockError, LockExt,
-    LockKey, OwnerId, ReleaseOutcome,
+    LockGuard, LockKey, OwnerId, ReleaseOutcome,
 };
 
 use crate::history::{FencedRegister, History};
@@ -187,6 +187,7 @@ scenarios![
     cancelled_acquire_leaves_no_ghost,
     drop_without_release_frees_the_lock,
     guard_renews_past_the_ttl,
+    late_grant_is_never_held_past_its_deadline,
     lost_fires_when_the_link_is_cut[LinkCut],
     waiters_are_served_fifo[Fifo],
     many_keys_stress,
@@ -694,6 +695,53 @@ pub async fn guard_renews_past_the_ttl(ctx: &Ctx<'_>) -> Outcome {
         outcome == ReleaseOutcome::Released,
         "release said {outcome:?}"
     );
+    Ok(())
+}
+
+/// A grant that reaches its holder with less than a third of its TTL left (a slow reply,
+/// a pause between `acquire` and the guard) is never reported held past its deadline:
+/// the guard renews it at once, or reports it lost by then. Whenever the guard says
+/// "held", its deadline is in the future; when it still holds at the end, the server
+/// agrees.
+pub async fn late_grant_is_never_held_past_its_deadline(ctx: &Ctx<'_>) -> Outcome {
+    let (client, observer) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let lease = must_acquire(&client, &key, ttl).await?;
+    let (owner, first_deadline) = (lease.owner(), lease.valid_until());
+    // The reply "arrives" when only a quarter of the TTL is left.
+    tokio::time::sleep(lease.remaining(Instant::now()).saturating_sub(ttl / 4)).await;
+    let left = lease.remaining(Instant::now());
+    ensure!(
+        left < ttl / 3,
+        "the late arrival left {left:?} of a {ttl:?} lease (not below a third)"
+    );
+    let guard = LockGuard::new(client.clone(), lease);
+    let until = first_deadline + ttl;
+    let mut renewed = false;
+    loop {
+        let now = Instant::now();
+        let held = !guard.is_lost();
+        let deadline = guard.deadline();
+        ensure!(
+            !held || now < deadline,
+            "reported held {:?} past its deadline",
+            now - deadline
+        );
+        renewed |= deadline > first_deadline;
+        if now >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if !guard.is_lost() {
+        ensure!(renewed, "held past the first deadline without a renewal");
+        ensure!(
+            holder(&observer, &key).await? == Some(owner),
+            "the guard says held but the server names another holder"
+        );
+    }
+    let _ = guard.release().await;
     Ok(())
 }
 

@@ -3,9 +3,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -16,57 +18,126 @@ use crate::{
 
 /// Resolves when a guard's lease is lost. Cheap to clone; hand it to the code doing the
 /// protected work so it can stop.
-#[derive(Clone, Debug, Default)]
+///
+/// The lease's deadline is part of the signal: [`is_lost`](Self::is_lost) compares it
+/// with the clock, and [`lost`](Self::lost) completes at the deadline at the latest,
+/// whether or not the renewal task has run.
+#[derive(Clone)]
 pub struct LostSignal {
+    inner: Arc<LostInner>,
+}
+
+struct LostInner {
     token: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Mutex<Option<String>>,
+    /// The local deadline of the current lease; moves forward with each renewal.
+    deadline: Mutex<Instant>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lost", &self.is_lost())
+            .field("reason", &self.reason())
+            .finish()
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl LostSignal {
-    fn mark(&self, reason: String) {
-        let mut slot = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_none() {
-            *slot = Some(reason);
+    /// A signal for a lease whose local deadline is `deadline` on `clock`.
+    pub fn new(deadline: Instant, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner: Arc::new(LostInner {
+                token: CancellationToken::new(),
+                reason: Mutex::new(None),
+                deadline: Mutex::new(deadline),
+                clock,
+            }),
         }
-        drop(slot);
-        self.token.cancel();
     }
 
-    /// True once the lease has been lost.
+    fn mark(&self, reason: impl Into<String>) {
+        let mut slot = locked(&self.inner.reason);
+        if slot.is_none() {
+            *slot = Some(reason.into());
+        }
+        drop(slot);
+        self.inner.token.cancel();
+    }
+
+    /// Moves the deadline to `deadline` after a renewal (never once lost).
+    fn renewed(&self, deadline: Instant) {
+        *locked(&self.inner.deadline) = deadline;
+    }
+
+    /// The lease's current local deadline.
+    pub fn deadline(&self) -> Instant {
+        *locked(&self.inner.deadline)
+    }
+
+    /// Marks the signal lost if the deadline has passed; true once lost.
+    fn check_deadline(&self) -> bool {
+        if self.inner.token.is_cancelled() {
+            return true;
+        }
+        if self.inner.clock.now() >= self.deadline() {
+            self.mark("the lease deadline passed without a renewal");
+            return true;
+        }
+        false
+    }
+
+    /// True once the lease has been lost — reported, or past its deadline on the clock.
     pub fn is_lost(&self) -> bool {
-        self.token.is_cancelled()
+        self.check_deadline()
     }
 
     /// Why the lease was lost, once it has been.
     pub fn reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.check_deadline();
+        locked(&self.inner.reason).clone()
     }
 
-    /// Completes when the lease is lost.
+    /// Completes when the lease is lost: when a renewal fails, or at the lease's deadline
+    /// at the latest.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn lost(&self) {
-        self.token.cancelled().await
+        while !self.check_deadline() {
+            let deadline = self.deadline();
+            tokio::select! {
+                _ = self.inner.token.cancelled() => return,
+                _ = self.inner.clock.sleep_until(deadline) => {}
+            }
+        }
     }
 }
 
 struct Shared<L: ?Sized> {
     lock: Arc<L>,
-    lease: tokio::sync::Mutex<Option<Lease>>,
+    /// The current lease; taken by release. Never held across an await.
+    lease: Mutex<Option<Lease>>,
     stop: CancellationToken,
     lost: LostSignal,
     clock: Arc<dyn Clock>,
 }
 
-/// A held lock whose lease a background task renews every `ttl / 3`.
+/// A held lock whose lease a background task renews.
 ///
-/// The first renewal that fails, or that does not complete before the lease's local
-/// deadline (including one that wakes up late because the process was paused), marks
-/// the lease lost: [`lost`](Self::lost) resolves and the guard never re-acquires.
+/// The lease's local deadline is part of the guard's state: [`is_lost`](Self::is_lost)
+/// compares it with the clock and [`lost`](Self::lost) fires at the deadline at the
+/// latest, even if the renewal task is starved. The renewal task wakes at the earlier of
+/// the next renewal (when a third of the TTL has been used, or at once for a lease that
+/// arrived with less validity left) and the deadline. The first renewal that fails, or
+/// that does not complete before the deadline, marks the lease lost: the guard never
+/// re-acquires. If the renewal task panics, the lease is reported lost too.
+///
 /// [`release`](Self::release) is the normal end. Dropping the guard without releasing
 /// spawns a best-effort release on the current tokio runtime (without blocking); with no
 /// runtime, the TTL frees the lock.
@@ -89,6 +160,9 @@ impl<L: DistributedLock + ?Sized + 'static> fmt::Debug for LockGuard<L> {
 
 impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     /// Starts renewing `lease` on `lock`, timed by the system clock. Needs a tokio runtime.
+    ///
+    /// A lease whose deadline has already passed gives a guard that is lost from the
+    /// start (see [`LockExt::lock`], which never hands such a guard out).
     pub fn new(lock: Arc<L>, lease: Lease) -> Self {
         Self::with_clock(lock, lease, Arc::new(SystemClock))
     }
@@ -97,14 +171,20 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     pub fn with_clock(lock: Arc<L>, lease: Lease, clock: Arc<dyn Clock>) -> Self {
         let key = lease.key().clone();
         let token = lease.token();
+        let lost = LostSignal::new(lease.valid_until(), clock.clone());
         let shared = Arc::new(Shared {
             lock,
-            lease: tokio::sync::Mutex::new(Some(lease)),
+            lease: Mutex::new(Some(lease)),
             stop: CancellationToken::new(),
-            lost: LostSignal::default(),
+            lost: lost.clone(),
             clock,
         });
-        let watchdog = tokio::spawn(watchdog(shared.clone()));
+        let task = AssertUnwindSafe(watchdog(shared.clone())).catch_unwind();
+        let watchdog = tokio::spawn(async move {
+            if task.await.is_err() {
+                lost.mark("the renewal task panicked");
+            }
+        });
         Self {
             shared,
             key,
@@ -123,9 +203,14 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
         self.token
     }
 
-    /// True once the lease has been lost.
+    /// True once the lease has been lost, or its deadline has passed on the guard's clock.
     pub fn is_lost(&self) -> bool {
         self.shared.lost.is_lost()
+    }
+
+    /// The lease's current local deadline (moves forward with each renewal).
+    pub fn deadline(&self) -> Instant {
+        self.shared.lost.deadline()
     }
 
     /// A handle that resolves on loss, to pass to the protected work.
@@ -133,7 +218,7 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
         self.shared.lost.clone()
     }
 
-    /// Completes when the lease is lost.
+    /// Completes when the lease is lost, at its deadline at the latest.
     ///
     /// # Cancel safety
     /// Cancel-safe.
@@ -141,12 +226,13 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
         self.shared.lost.lost().await
     }
 
-    /// A copy of the current lease (its deadline moves with each renewal).
+    /// A copy of the current lease (its deadline moves with each renewal). Never waits
+    /// for a renewal in flight.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn lease(&self) -> Option<Lease> {
-        self.shared.lease.lock().await.clone()
+        locked(&self.shared.lease).clone()
     }
 
     /// Stops renewing and releases the lock. Returns [`ReleaseOutcome::NotHeld`] if it was
@@ -157,9 +243,13 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.shared.stop.cancel();
         if let Some(watchdog) = self.watchdog.take() {
-            let _ = watchdog.await;
+            if let Err(error) = watchdog.await {
+                self.shared
+                    .lost
+                    .mark(format!("the renewal task ended abnormally: {error}"));
+            }
         }
-        let lease = self.shared.lease.lock().await.take();
+        let lease = locked(&self.shared.lease).take();
         match lease {
             Some(lease) => self.shared.lock.release(lease).await,
             None => Ok(ReleaseOutcome::NotHeld),
@@ -179,7 +269,7 @@ impl<L: DistributedLock + ?Sized + 'static> Drop for LockGuard<L> {
         let shared = self.shared.clone();
         runtime.spawn(async move {
             let _ = watchdog.await;
-            let lease = shared.lease.lock().await.take();
+            let lease = locked(&shared.lease).take();
             if let Some(lease) = lease {
                 let _ = shared.lock.release(lease).await;
             }
@@ -187,36 +277,118 @@ impl<L: DistributedLock + ?Sized + 'static> Drop for LockGuard<L> {
     }
 }
 
+/// When a lease of `ttl` expiring at `valid_until` is next renewed: once a third of the
+/// TTL is used, i.e. with two thirds left — at once for a lease that has less.
+fn renew_at(valid_until: Instant, ttl: Duration, now: Instant) -> Instant {
+    valid_until
+        .checked_sub(ttl.saturating_sub(renewal_interval(ttl)))
+        .unwrap_or(now)
+        .min(valid_until)
+}
+
 async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
-    let clock = &shared.clock;
+    let (clock, lost) = (&shared.clock, &shared.lost);
     loop {
-        let (valid_until, ttl, renewed_at) = {
-            let lease = shared.lease.lock().await;
-            let Some(lease) = lease.as_ref() else { return };
-            (lease.valid_until(), lease.ttl(), clock.now())
+        let Some(lease) = locked(&shared.lease).clone() else {
+            return;
         };
-        tokio::select! {
-            _ = shared.stop.cancelled() => return,
-            _ = clock.sleep_until(renewed_at + renewal_interval(ttl)) => {}
-        }
-        if clock.now() >= valid_until {
-            shared
-                .lost
-                .mark("renewal came too late: the lease deadline had already passed".into());
+        let (valid_until, ttl) = (lease.valid_until(), lease.ttl());
+        if lost.is_lost() {
             return;
         }
-        let mut slot = shared.lease.lock().await;
-        let Some(lease) = slot.as_mut() else { return };
+        tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            _ = clock.sleep_until(renew_at(valid_until, ttl, clock.now())) => {}
+        }
+        if clock.now() >= valid_until {
+            lost.mark("renewal came too late: the lease deadline had already passed");
+            return;
+        }
+        // Extend a copy, so that `lease()` and `release()` never wait for the server.
+        let mut renewed = lease;
         let outcome = tokio::select! {
             _ = shared.stop.cancelled() => return,
             _ = clock.sleep_until(valid_until) => Err(LockError::lost(
                 "renewal did not complete before the lease deadline",
             )),
-            result = shared.lock.extend(lease, ttl) => result,
+            result = shared.lock.extend(&mut renewed, ttl) => result,
         };
         if let Err(error) = outcome {
-            shared.lost.mark(format!("renewal failed: {error}"));
+            lost.mark(format!("renewal failed: {error}"));
             return;
+        }
+        let mut slot = locked(&shared.lease);
+        if slot.is_none() || shared.stop.is_cancelled() {
+            return;
+        }
+        lost.renewed(renewed.valid_until());
+        *slot = Some(renewed);
+    }
+}
+
+/// What [`LockExt::with_lock`] returns when it cannot hand back the work's result alone.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WithLockError<T> {
+    /// The lock was not acquired, or its lease was lost and the work was cancelled.
+    Lock(LockError),
+    /// The work ran to completion under the lock, but releasing it failed: the lock stays
+    /// held until its TTL (or the backend's session end) frees it.
+    Release {
+        /// What the work returned.
+        value: T,
+        /// Why the release failed.
+        error: LockError,
+    },
+}
+
+impl<T> WithLockError<T> {
+    /// The work's result, if it ran to completion.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            Self::Lock(_) => None,
+            Self::Release { value, .. } => Some(value),
+        }
+    }
+
+    /// The lock error, dropping any result.
+    pub fn into_lock_error(self) -> LockError {
+        match self {
+            Self::Lock(error) | Self::Release { error, .. } => error,
+        }
+    }
+}
+
+impl<T> From<LockError> for WithLockError<T> {
+    fn from(error: LockError) -> Self {
+        Self::Lock(error)
+    }
+}
+
+impl<T> From<WithLockError<T>> for LockError {
+    fn from(error: WithLockError<T>) -> Self {
+        error.into_lock_error()
+    }
+}
+
+impl<T> fmt::Display for WithLockError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lock(error) => error.fmt(f),
+            Self::Release { error, .. } => {
+                write!(
+                    f,
+                    "the work completed but releasing the lock failed: {error}"
+                )
+            }
+        }
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for WithLockError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Lock(error) | Self::Release { error, .. } => Some(error),
         }
     }
 }
@@ -227,7 +399,9 @@ pub trait LockExt {
     /// The lock type the guard holds.
     type Lock: DistributedLock + ?Sized + 'static;
 
-    /// Acquires `key` (waiting up to `opts.wait`) and returns a renewing guard.
+    /// Acquires `key` (waiting up to `opts.wait`) and returns a renewing guard. A grant
+    /// that arrives after its own deadline (a reply slower than the TTL) is released and
+    /// reported as [`LockError::LeaseLost`], never handed out.
     ///
     /// # Cancel safety
     /// As [`DistributedLock::acquire`].
@@ -239,7 +413,9 @@ pub trait LockExt {
 
     /// Acquires `key`, runs `work(token, lost)` under a renewing guard and releases.
     /// If the lease is lost first, `work` is cancelled (dropped) and the result is
-    /// [`LockError::LeaseLost`].
+    /// [`WithLockError::Lock`] with [`LockError::LeaseLost`]; if the work completed but
+    /// the release failed, [`WithLockError::Release`] carries both. `?` converts it into
+    /// a [`LockError`] where the result is not needed.
     ///
     /// # Cancel safety
     /// Dropping the future drops `work` and releases the lock in the background.
@@ -248,7 +424,7 @@ pub trait LockExt {
         key: &LockKey,
         opts: &AcquireOptions,
         work: F,
-    ) -> impl Future<Output = Result<T, LockError>> + Send
+    ) -> impl Future<Output = Result<T, WithLockError<T>>> + Send
     where
         F: FnOnce(FencingToken, LostSignal) -> Fut + Send,
         Fut: Future<Output = T> + Send,
@@ -260,7 +436,14 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
 
     async fn lock(&self, key: &LockKey, opts: &AcquireOptions) -> Result<LockGuard<L>, LockError> {
         let lease = self.acquire(key, opts).await?;
-        Ok(LockGuard::new(self.clone(), lease))
+        let guard = LockGuard::new(self.clone(), lease);
+        if guard.is_lost() {
+            let _ = guard.release().await;
+            return Err(LockError::lost(format!(
+                "the grant of `{key}` arrived after its lease deadline"
+            )));
+        }
+        Ok(guard)
     }
 
     async fn with_lock<F, Fut, T>(
@@ -268,7 +451,7 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
         key: &LockKey,
         opts: &AcquireOptions,
         work: F,
-    ) -> Result<T, LockError>
+    ) -> Result<T, WithLockError<T>>
     where
         F: FnOnce(FencingToken, LostSignal) -> Fut + Send,
         Fut: Future<Output = T> + Send,
@@ -282,20 +465,20 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
             value = work(guard.fencing_token(), lost.clone()) => Some(value),
         };
         match result {
-            Some(value) => {
-                guard.release().await?;
-                Ok(value)
-            }
+            Some(value) => match guard.release().await {
+                Ok(_) => Ok(value),
+                Err(error) => Err(WithLockError::Release { value, error }),
+            },
             None => {
                 let reason = lost.reason().unwrap_or_default();
                 drop(guard);
-                Err(LockError::lost(reason))
+                Err(LockError::lost(reason).into())
             }
         }
     }
 }
 
-/// How long the guard waits between renewals for a lease of `ttl`.
+/// How much of a lease of `ttl` the guard lets pass before renewing it.
 pub fn renewal_interval(ttl: Duration) -> Duration {
     ttl / 3
 }

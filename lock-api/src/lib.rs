@@ -45,7 +45,7 @@ pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, LockError};
-pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal};
+pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;
 pub use lease::{
     deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseHandle, OwnerId, ReleaseOutcome,

@@ -120,7 +120,7 @@ where
 {
     opts.validate()?;
     let started = clock.now();
-    let deadline = started + opts.wait;
+    let deadline = opts.wait_deadline(started);
     let mut tries = 0u32;
     loop {
         let last_error = match attempt().await {

@@ -223,7 +223,7 @@ impl DistributedLock for MemoryLock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = self.clock.now();
-        let deadline = started + opts.wait;
+        let deadline = opts.wait_deadline(started);
         let mut slot = QueueSlot {
             lock: self,
             key,
@@ -245,7 +245,13 @@ impl DistributedLock for MemoryLock {
                         entry.waiters.pop_front();
                         slot.queued = false;
                     }
-                    return Ok(state.grant(key, opts.ttl, now));
+                    let lease = state.grant(key, opts.ttl, now);
+                    // The next waiter timed its sleep by the previous holder (or by its own
+                    // deadline): wake it to time itself by this grant's expiry instead.
+                    if let Some(entry) = state.keys.get(key) {
+                        entry.wake_head();
+                    }
+                    return Ok(lease);
                 }
                 if now >= deadline {
                     drop(state);

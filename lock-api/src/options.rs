@@ -1,6 +1,6 @@
 //! How long to hold, how long to wait, and how to back off while waiting.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::LockError;
 
@@ -33,7 +33,8 @@ pub struct AcquireOptions {
     /// How long the lease lasts unless extended.
     pub ttl: Duration,
     /// How long to wait for a held lock before giving up with [`LockError::Timeout`].
-    /// `Duration::ZERO` makes one attempt.
+    /// `Duration::ZERO` makes one attempt; `Duration::MAX` (or any wait too long to be
+    /// represented as an instant) waits without bound.
     pub wait: Duration,
     /// Retry pacing for backends that poll (and for retries after transient errors).
     pub backoff: Backoff,
@@ -61,11 +62,24 @@ impl AcquireOptions {
         self
     }
 
-    /// Checks the TTL (see [`validate_ttl`]).
+    /// Checks the TTL (see [`validate_ttl`]) and the backoff (see [`Backoff::validate`]).
     pub fn validate(&self) -> Result<(), LockError> {
-        validate_ttl(self.ttl).map(|_| ())
+        validate_ttl(self.ttl)?;
+        self.backoff.validate()
+    }
+
+    /// When a wait that starts at `started` ends. A wait too long to be represented (such
+    /// as `Duration::MAX`) saturates at a century from `started`: wait without bound.
+    pub fn wait_deadline(&self, started: Instant) -> Instant {
+        started
+            .checked_add(self.wait)
+            .or_else(|| started.checked_add(FOREVER))
+            .unwrap_or(started)
     }
 }
+
+/// What an unbounded wait is clamped to: a century, far beyond any process's life.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 impl Default for AcquireOptions {
     fn default() -> Self {
@@ -97,12 +111,32 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before retry number `attempt` (0-based).
+    /// Checks that `jitter` is a number in `0.0..=1.0`; otherwise
+    /// [`LockError::InvalidInput`].
+    pub fn validate(&self) -> Result<(), LockError> {
+        if (0.0..=1.0).contains(&self.jitter) {
+            Ok(())
+        } else {
+            Err(LockError::InvalidInput(format!(
+                "backoff jitter {} is not a fraction in 0.0..=1.0",
+                self.jitter
+            )))
+        }
+    }
+
+    /// The delay before retry number `attempt` (0-based). Never panics: a jitter outside
+    /// `0.0..=1.0` (which [`validate`](Self::validate) rejects) is clamped, NaN counts as 0.
     pub fn delay(&self, attempt: u32) -> Duration {
         let factor = 2u32.saturating_pow(attempt.min(20));
         let base = self.initial.saturating_mul(factor).min(self.max);
-        let jitter = self.jitter.clamp(0.0, 1.0);
+        let jitter = if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        };
         let keep = 1.0 - jitter * rand::random::<f64>();
-        base.mul_f64(keep)
+        // f64 rounding may land just above `base`: never exceed it.
+        Duration::try_from_secs_f64(base.as_secs_f64() * keep.clamp(0.0, 1.0))
+            .map_or(base, |delay| delay.min(base))
     }
 }

@@ -1,12 +1,12 @@
 //! LockGuard and LockExt: renewal, loss reporting, release on drop.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{
     async_trait, AcquireOptions, Capabilities, DistributedLock, HolderInfo, Lease, LockError,
-    LockExt, LockGuard, LockKey, ManualClock, MemoryLock, ReleaseOutcome,
+    LockExt, LockGuard, LockKey, ManualClock, MemoryLock, ReleaseOutcome, WithLockError,
 };
 
 fn key(name: &str) -> LockKey {
@@ -17,20 +17,31 @@ fn key(name: &str) -> LockKey {
 const HEALTHY: u8 = 0;
 const FAILING: u8 = 1;
 const HANGING: u8 = 2;
+const PANICKING: u8 = 3;
 
-/// MemoryLock with an injectable extend failure: a backend that errors, or one whose
-/// server has gone silent.
+/// MemoryLock with injectable faults: an extend that errors, hangs (a silent server) or
+/// panics; a release that fails; a grant whose reply arrives `grant_delay` late.
 #[derive(Debug)]
 struct Faulty {
     inner: MemoryLock,
     extend_mode: AtomicU8,
+    extend_entered: AtomicBool,
+    release_fails: AtomicBool,
+    grant_delay: Duration,
 }
 
 impl Faulty {
     fn new(inner: MemoryLock) -> Arc<Self> {
+        Self::late(inner, Duration::ZERO)
+    }
+
+    fn late(inner: MemoryLock, grant_delay: Duration) -> Arc<Self> {
         Arc::new(Self {
             inner,
             extend_mode: AtomicU8::new(HEALTHY),
+            extend_entered: AtomicBool::new(false),
+            release_fails: AtomicBool::new(false),
+            grant_delay,
         })
     }
 }
@@ -41,19 +52,29 @@ impl DistributedLock for Faulty {
         self.inner.try_acquire(key, ttl).await
     }
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        self.inner.acquire(key, opts).await
+        let lease = self.inner.acquire(key, opts).await?;
+        tokio::time::sleep(self.grant_delay).await;
+        Ok(lease)
     }
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        self.extend_entered.store(true, Ordering::SeqCst);
         match self.extend_mode.load(Ordering::SeqCst) {
             FAILING => Err(LockError::Unavailable {
                 message: "injected: connection refused".into(),
                 source: None,
             }),
             HANGING => std::future::pending().await,
+            PANICKING => panic!("injected: a bug in the backend's extend"),
             _ => self.inner.extend(lease, ttl).await,
         }
     }
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        if self.release_fails.load(Ordering::SeqCst) {
+            return Err(LockError::Unavailable {
+                message: "injected: release timed out".into(),
+                source: None,
+            });
+        }
         self.inner.release(lease).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
@@ -140,7 +161,8 @@ async fn late_wake_up_after_a_pause_marks_the_lease_lost() {
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("loss reported on wake-up");
-    assert!(guard.lost_signal().reason().unwrap().contains("too late"));
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("deadline"), "{reason}");
     // Never re-acquired: the key is free for others.
     assert!(lock.inspect(&key("paused")).await.unwrap().is_none());
 }
@@ -221,7 +243,10 @@ async fn with_lock_cancels_work_when_the_lease_is_lost() {
     )
     .await
     .expect("work was cancelled, not run to the end");
-    assert!(matches!(result, Err(LockError::LeaseLost { .. })));
+    assert!(matches!(
+        result,
+        Err(WithLockError::Lock(LockError::LeaseLost { .. }))
+    ));
     assert_eq!(finished.load(Ordering::SeqCst), 0);
 }
 
@@ -233,4 +258,176 @@ async fn guard_works_through_a_trait_object() {
         .await
         .unwrap();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// A lease that reached the guard with 5 s of its 30 s left (a slow reply, a pause
+/// between `acquire` and `LockGuard::new`), on a backend whose extend never answers.
+async fn late_guard(
+    extend_mode: u8,
+) -> (
+    Arc<Faulty>,
+    ManualClock,
+    LockGuard<Faulty>,
+    std::time::Instant,
+) {
+    let clock = ManualClock::new();
+    let lock = Faulty::new(MemoryLock::with_clock(Arc::new(clock.clone())));
+    lock.extend_mode.store(extend_mode, Ordering::SeqCst);
+    let lease = lock
+        .try_acquire(&key("late"), LONG_TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = lease.valid_until();
+    clock.advance(LONG_TTL - Duration::from_secs(5));
+    let guard = LockGuard::with_clock(lock.clone(), lease, Arc::new(clock.clone()));
+    (lock, clock, guard, deadline)
+}
+
+/// Waits (boundedly) until the guard's renewal task has called `extend`.
+async fn renewal_started(lock: &Faulty) {
+    let entered = async {
+        while !lock.extend_entered.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), entered)
+        .await
+        .expect("a lease with less than two thirds of its TTL left is renewed at once");
+}
+
+/// Defect: `is_lost()` only read a flag the watchdog set after sleeping `ttl/3` from the
+/// guard's creation, so a lease that arrived late was reported held past its deadline.
+#[tokio::test]
+async fn a_late_grant_is_never_reported_held_past_its_deadline() {
+    let (_lock, clock, guard, deadline) = late_guard(HANGING).await;
+    assert!(!guard.is_lost(), "5 s of validity left");
+    assert_eq!(guard.deadline(), deadline);
+    clock.advance(Duration::from_secs(5));
+    // No yield: the answer must not depend on the renewal task having run.
+    assert!(guard.is_lost(), "reported held at its deadline");
+    assert!(guard.lost_signal().is_lost());
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() fires at the deadline");
+    assert!(guard.lost_signal().reason().is_some());
+}
+
+/// `lost()` fires at the deadline even when the renewal task cannot report it (here it
+/// is stuck in an extend that never answers and the deadline passes in one jump).
+#[tokio::test]
+async fn lost_fires_at_the_deadline_without_the_renewal_task() {
+    let (lock, clock, guard, _) = late_guard(HANGING).await;
+    let lost = guard.lost_signal();
+    let waiter = tokio::spawn(async move { lost.lost().await });
+    renewal_started(&lock).await;
+    clock.advance(Duration::from_secs(6));
+    tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("lost() resolved at the deadline")
+        .unwrap();
+}
+
+/// Defect: the watchdog slept `ttl/3` before its first renewal whatever the lease's
+/// validity, so a lease that arrived with less than that left expired unrenewed. It now
+/// renews at once.
+#[tokio::test]
+async fn a_late_grant_is_renewed_at_once() {
+    let (_lock, clock, guard, deadline) = late_guard(HEALTHY).await;
+    let renewed = async {
+        while guard.lease().await.unwrap().valid_until() <= deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), renewed)
+        .await
+        .expect("renewed without the clock moving");
+    assert!(guard.deadline() > deadline);
+    clock.advance(Duration::from_secs(6));
+    assert!(!guard.is_lost(), "renewed before the old deadline");
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Defect: the watchdog held the lease mutex across `extend`, so `guard.lease()` blocked
+/// until the deadline whenever the server was slow.
+#[tokio::test]
+async fn reading_the_lease_never_waits_for_a_renewal_in_flight() {
+    let (lock, _clock, guard, deadline) = late_guard(HANGING).await;
+    renewal_started(&lock).await;
+    let lease = tokio::time::timeout(Duration::from_secs(1), guard.lease())
+        .await
+        .expect("lease() answered while extend hangs");
+    assert_eq!(lease.unwrap().valid_until(), deadline);
+}
+
+/// Defect: a panic in the renewal task was swallowed: `lost` never fired.
+#[tokio::test]
+async fn a_panicking_renewal_task_reports_the_lease_lost() {
+    let (_lock, _clock, guard, _) = late_guard(PANICKING).await;
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("loss reported when the renewal task panicked");
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("panicked"), "{reason}");
+    // The lease itself was not lost with the task: release still frees the key.
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Defect: `with_lock` started the work on a grant that had already expired when it
+/// arrived; `lock()` handed out such a guard.
+#[tokio::test]
+async fn with_lock_never_starts_work_on_an_expired_grant() {
+    let ttl = Duration::from_millis(50);
+    let lock = Faulty::late(MemoryLock::new(), ttl * 3);
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = started.clone();
+    let result = lock
+        .with_lock(
+            &key("expired"),
+            &AcquireOptions::new(ttl),
+            |_, _| async move {
+                flag.store(true, Ordering::SeqCst);
+            },
+        )
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(WithLockError::Lock(LockError::LeaseLost { .. }))
+        ),
+        "{result:?}"
+    );
+    assert!(
+        !started.load(Ordering::SeqCst),
+        "work ran on an expired lease"
+    );
+    let guard = lock.lock(&key("expired"), &AcquireOptions::new(ttl)).await;
+    assert!(
+        matches!(guard, Err(LockError::LeaseLost { .. })),
+        "{guard:?}"
+    );
+}
+
+/// Defect: when the release after the work failed, `with_lock` returned only the error
+/// and threw the work's result away.
+#[tokio::test]
+async fn with_lock_returns_the_result_and_the_failed_release() {
+    let lock = Faulty::new(MemoryLock::new());
+    lock.release_fails.store(true, Ordering::SeqCst);
+    let result = lock
+        .with_lock(
+            &key("kept"),
+            &AcquireOptions::new(SHORT_TTL),
+            |_, _| async { 42 },
+        )
+        .await;
+    match result {
+        Err(WithLockError::Release { value, error }) => {
+            assert_eq!(value, 42);
+            assert!(error.to_string().contains("release timed out"), "{error}");
+        }
+        other => panic!("expected the value with the release error, got {other:?}"),
+    }
 }

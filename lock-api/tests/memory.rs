@@ -325,3 +325,69 @@ async fn tokens_strictly_increase_across_release_and_expiry() {
         }
     }
 }
+
+/// Defect: a waiter timed its sleep by the previous holder's expiry (or its own wait
+/// deadline), so when the next holder dropped its lease without releasing, the expiry
+/// of that lease never woke the queue and the waiter slept on.
+#[tokio::test]
+async fn expiry_of_a_dropped_lease_wakes_the_next_waiter() {
+    let clock = ManualClock::new();
+    let lock = Arc::new(MemoryLock::with_clock(Arc::new(clock.clone())));
+    let k = key("queue-expiry");
+    let first = lock.try_acquire(&k, TTL * 3).await.unwrap().expect("free");
+    let waiter = |ttl: Duration| {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(3600));
+            lock.acquire(&k, &opts).await
+        })
+    };
+    let second = waiter(Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(20)).await; // second queues first
+    let third = waiter(TTL);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    lock.release(first).await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .expect("the release woke the head of the queue")
+        .unwrap()
+        .unwrap();
+    // The second holder vanishes without releasing: only its 1 s TTL frees the key.
+    drop(second);
+    clock.advance(Duration::from_secs(2));
+    let third = tokio::time::timeout(Duration::from_secs(2), third)
+        .await
+        .expect(
+            "the expiry woke the next waiter (not the first holder's 30 s TTL, nor its 1 h wait)",
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        lock.inspect(&k).await.unwrap().unwrap().owner,
+        third.owner()
+    );
+}
+
+/// Defect: `started + opts.wait` overflowed (a panic) for `Duration::MAX`, the natural
+/// spelling of "wait forever". It now waits without bound.
+#[tokio::test]
+async fn a_wait_of_duration_max_waits_without_bound() {
+    let lock = MemoryLock::new();
+    let k = key("forever");
+    let forever = AcquireOptions::new(TTL).wait(Duration::MAX);
+    let held = lock
+        .acquire(&k, &forever)
+        .await
+        .expect("free: granted at once");
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(200), lock.acquire(&k, &forever)).await;
+    assert!(
+        waiting.is_err(),
+        "still waiting, neither panicked nor timed out"
+    );
+    lock.release(held).await.unwrap();
+    let attempt = tenure_api::poll_acquire(&tenure_api::SystemClock, &forever, || async {
+        Ok(Some(lock.try_acquire(&k, TTL).await?.expect("free")))
+    });
+    attempt.await.expect("poll_acquire with an unbounded wait");
+}

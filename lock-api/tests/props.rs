@@ -73,3 +73,52 @@ proptest! {
         prop_assert!(!shown.contains(&secret), "{}", shown);
     }
 }
+
+fn any_duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::MAX),
+        (0u64..=u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        (0u64..10_000).prop_map(Duration::from_millis),
+    ]
+}
+
+fn any_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(-0.0),
+        any::<f64>(),
+        0.0..=1.0,
+    ]
+}
+
+proptest! {
+    /// No option value panics: validation gives a typed error, the backoff a delay
+    /// within its bounds, and an acquire on a free key succeeds or is refused cleanly.
+    #[test]
+    fn no_option_value_panics(
+        ttl in any_duration(),
+        wait in any_duration(),
+        initial in any_duration(),
+        max in any_duration(),
+        jitter in any_f64(),
+        attempt in any::<u32>(),
+    ) {
+        let backoff = tenure_api::Backoff { initial, max, jitter };
+        let delay = backoff.delay(attempt);
+        prop_assert!(delay <= max, "delay {delay:?} above max {max:?}");
+        prop_assert_eq!(backoff.validate().is_ok(), (0.0..=1.0).contains(&jitter));
+        let opts = tenure_api::AcquireOptions::new(ttl).wait(wait).backoff(backoff);
+        let started = std::time::Instant::now();
+        prop_assert!(opts.wait_deadline(started) >= started);
+        let valid = opts.validate();
+        if let Err(error) = &valid {
+            prop_assert!(matches!(error, LockError::InvalidInput(_)), "{error}");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let result = runtime.block_on(MemoryLock::new().acquire(&LockKey::new("k").unwrap(), &opts));
+        prop_assert_eq!(result.is_ok(), valid.is_ok());
+    }
+}

@@ -396,6 +396,25 @@ mod tests {
         assert!(err.contains("TENURE_METRICS"), "{err}");
     }
 
+    /// Defect: a huge `TENURE_WAIT` (a natural "wait forever") parsed fine and then
+    /// overflowed `started + wait` inside `acquire`: a panic. It now waits without bound.
+    #[tokio::test]
+    async fn an_enormous_wait_waits_without_bound() {
+        let vars = |name: &str| match name {
+            "TENURE_URL" => Some("memory://".to_string()),
+            "TENURE_WAIT" => Some("300000000000years".to_string()),
+            _ => None,
+        };
+        let config = Config::from_vars(vars).unwrap();
+        let lock = config.connect().await.unwrap();
+        let key = tenure_api::LockKey::new("forever").unwrap();
+        let opts = config.acquire_options();
+        let held = lock.acquire(&key, &opts).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_millis(100), lock.acquire(&key, &opts));
+        assert!(second.await.is_err(), "waits: neither panics nor times out");
+        lock.release(held).await.unwrap();
+    }
+
     #[test]
     fn secrets_are_redacted() {
         let mut config = Config::new("redlock://:hunter2@a:1,b:2,c:3");
