@@ -8,7 +8,10 @@
 //! or a *clock-floored* counter, `max(counter + 1, server TIME in µs)`, which keeps tokens
 //! increasing when the server loses the counter (restart without persistence, failover to
 //! an asynchronous replica), as long as the server's clock does not run backwards past
-//! the last token. Tokens stay below 2^53, so Lua's doubles hold them exactly.
+//! the last token. Tokens stay below 2^53, so Lua's doubles hold them exactly; they are
+//! always formatted with `string.format('%d', …)` (Lua 5.1's `tostring` keeps only 14
+//! significant digits), and a plain counter that reaches 2^53 is refused with an error
+//! rather than rounded.
 
 use std::sync::LazyLock;
 
@@ -36,7 +39,13 @@ if ARGV[3] == 'clock' then
   token = string.format('%d', token)
   redis.call('SET', KEYS[2], token)
 else
-  token = tostring(redis.call('INCR', KEYS[2]))
+  -- INCR replies with an integer, which reaches Lua as a double: format it with %d, as
+  -- tostring() prints only 14 significant digits (1e14 and up come out as 1.2345e+14).
+  local n = redis.call('INCR', KEYS[2])
+  if n >= 9007199254740992 then
+    return redis.error_reply('TENURE fence counter ' .. KEYS[2] .. ' reached 2^53')
+  end
+  token = string.format('%d', n)
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
 return {1, tonumber(token)}
