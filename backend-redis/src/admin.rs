@@ -2,8 +2,9 @@
 //! `KEYS`, which blocks the server), reading each key's type, value and PTTL with one
 //! script call per page.
 //!
-//! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` has no TTL
-//! by design and is skipped. A lock key whose PTTL is `-1` never expires: that is the
+//! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` is skipped
+//! (it expires a day after its last use in clock-floored mode and is persistent by design
+//! with `fence=counter`, see [`FenceMode`](crate::FenceMode)). A lock key whose PTTL is `-1` never expires: that is the
 //! leak the doctor looks for (the `TTL = -1` check).
 
 use std::sync::LazyLock;

@@ -33,10 +33,22 @@ pub enum FenceMode {
     /// forgets the counter (restart without persistence, failover to an asynchronous
     /// replica) as long as the server's clock does not run backwards past the last token.
     /// One `TIME` call per grant; tokens are large numbers (µs since the epoch).
+    ///
+    /// The fence key `{K}:fence` expires: each grant, extension and fence raise keeps it
+    /// alive for at least max(2 × ttl, 24 h) ([`FENCE_EXPIRY_FLOOR`]), so it always
+    /// outlives its lock and idle lock names leave nothing behind after a day. Losing it
+    /// then is harmless: the next token is floored at the server clock.
+    ///
+    /// [`FENCE_EXPIRY_FLOOR`]: crate::scripts::FENCE_EXPIRY_FLOOR
     #[default]
     ClockFloored,
     /// A plain `INCR`: small tokens, but they regress whenever the server loses the
     /// counter — the classic single-node fence, kept to show why the default exists.
+    ///
+    /// The counter key never expires (an expiry would regress tokens exactly like a data
+    /// loss), so this mode keeps one small key per lock name ever used: the key space
+    /// grows with the number of distinct names. Tokens are exact up to 2^53; a counter
+    /// that reaches it is refused ([`LockError::Backend`]).
     Counter,
 }
 

@@ -184,7 +184,8 @@ impl RedisLock {
             .ok_or_else(|| LockError::backend(format!("server returned fence {value}")))
     }
 
-    /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s.
+    /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s. A
+    /// clock-floored fence key is kept alive at least as long (see [`FenceMode`]).
     ///
     /// # Cancel safety
     /// The server may or may not have applied the extension.
@@ -194,9 +195,11 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<bool, LockError> {
+        let lock_key = self.lock_key(key);
         let mut invocation = SCRIPTS.extend.prepare_invoke();
         invocation
-            .key(self.lock_key(key))
+            .key(&lock_key)
+            .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
             .arg(millis(ttl));
         Ok(self.call::<i64>("extend", invocation).await? == 1)
@@ -218,7 +221,9 @@ impl RedisLock {
 
     /// Raises the key's fence counter to at least `token` and records `token` in the lock
     /// if it is still `owner`'s (the write round of Redlock's quorum max-register).
-    /// Returns whether the lock is still `owner`'s.
+    /// Returns whether the lock is still `owner`'s. In clock-floored mode the fence key
+    /// keeps (or gets) its expiry; with `fence=counter` it is persistent (see
+    /// [`FenceMode`]).
     ///
     /// # Cancel safety
     /// The server may or may not have applied the write; it only ever raises the fence.
@@ -234,7 +239,8 @@ impl RedisLock {
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
-            .arg(token.get());
+            .arg(token.get())
+            .arg(self.config.fence.as_str());
         Ok(self.call::<i64>("raise fence", invocation).await? == 1)
     }
 
