@@ -15,7 +15,7 @@ use tenure_api::admin::undecodable;
 use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
 use crate::scripts::parse_lock_value;
-use crate::{bounded, unavailable, RedisLock};
+use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
 const SCAN_COUNT: usize = 500;
@@ -122,7 +122,7 @@ impl RedisLock {
                 .arg(SCAN_COUNT);
             let (next, keys): (u64, Vec<String>) = bounded(limit, scan.query_async(&mut conn))
                 .await
-                .map_err(|e| unavailable(&self.config, "scan", e))?;
+                .map_err(|e| classify(&self.config, "scan", e))?;
             // Lock keys end with the closing brace; fence counters with `}:fence`.
             let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
             if !locks.is_empty() {

@@ -16,6 +16,16 @@
 //! `INCR`) the counter regresses with the data and fencing cannot tell the two holders
 //! apart. The conformance suite demonstrates each of these; use the fencing token.
 //!
+//! **Errors.** A server that cannot serve us *now* is [`LockError::Unavailable`]
+//! (retryable, and waited out by [`acquire`](DistributedLock::acquire) within its wait):
+//! I/O errors and timeouts, and the replies `LOADING`, `MASTERDOWN`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, `READONLY` (a replica — e.g. a former primary after a failover) and
+//! `BUSY` (a long-running script). An authentication failure (`NOAUTH`, `WRONGPASS`, the
+//! client's failed `AUTH`), an ACL refusal (`NOPERM`) or a bad client setting is
+//! [`LockError::Config`] and never retried. Any other server error is
+//! [`LockError::Backend`]. Messages carry the server's error code in brackets, never a
+//! password.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_api::LockError> {
 //! use std::time::Duration;
@@ -107,7 +117,7 @@ impl RedisLock {
             client.get_connection_manager_with_config(manager_config),
         )
         .await
-        .map_err(|e| unavailable(&config, "connect", e))?;
+        .map_err(|e| classify(&config, "connect", e))?;
         Ok(Self {
             config,
             client,
@@ -150,7 +160,7 @@ impl RedisLock {
         {
             result = bounded(limit, invocation.invoke_async(&mut conn)).await;
         }
-        result.map_err(|e| unavailable(&self.config, what, e))
+        result.map_err(|e| classify(&self.config, what, e))
     }
 
     /// Runs the acquire script once: the lock for `owner` with a fresh fence token, or
@@ -269,10 +279,10 @@ impl RedisLock {
         let channel = Self::channel(&self.lock_key(key));
         let mut pubsub = bounded(self.config.connect_timeout, self.client.get_async_pubsub())
             .await
-            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
+            .map_err(|e| classify(&self.config, "subscribe", e))?;
         bounded(self.config.command_timeout, pubsub.subscribe(&channel))
             .await
-            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
+            .map_err(|e| classify(&self.config, "subscribe", e))?;
         Ok(pubsub)
     }
 }
@@ -421,23 +431,158 @@ async fn bounded<T>(
         })
 }
 
-/// Connection-level failures are `Unavailable`; anything else is `Backend`.
-fn unavailable(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
-    let message = format!("{what} on {}: {error}", config.endpoint());
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_refusal()
-        || error.is_connection_dropped()
-        || error.is_unrecoverable_error()
-    {
-        LockError::Unavailable {
-            message,
-            source: Some(Box::new(error)),
+/// What a Redis client error means for a lock call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ErrorClass {
+    /// The server cannot serve us now but may soon: [`LockError::Unavailable`].
+    Unavailable,
+    /// Our credentials or client settings are wrong: [`LockError::Config`], never retried.
+    Config,
+    /// Anything else: [`LockError::Backend`].
+    Backend,
+}
+
+/// Sorts a client error into a class, by the client's [`ErrorKind`](redis::ErrorKind)
+/// and the server's error code (the first word of an error reply, which Redis keeps when
+/// a command inside a script fails).
+///
+/// - Unavailable (retryable): I/O errors, timeouts, refused or dropped connections, and
+///   the server states that pass — `LOADING` (loading its dataset), `MASTERDOWN` (a
+///   replica that lost its primary), `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` (a replica,
+///   e.g. a former primary after a failover) and `BUSY` (a long script is running).
+/// - Config (never retried): authentication failures (`NOAUTH`, `WRONGPASS`, the client's
+///   own "authentication failed"), `NOPERM` (the ACL user may not run the scripts) and
+///   invalid client settings.
+/// - Backend: everything else (`ERR`, `WRONGTYPE`, a malformed reply, …).
+fn error_class(error: &RedisError) -> ErrorClass {
+    use redis::ErrorKind;
+    match error.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+            return ErrorClass::Config
         }
-    } else {
-        LockError::Backend {
+        ErrorKind::IoError
+        | ErrorKind::BusyLoadingError
+        | ErrorKind::MasterDown
+        | ErrorKind::TryAgain
+        | ErrorKind::ClusterDown
+        | ErrorKind::ReadOnly => return ErrorClass::Unavailable,
+        _ => {}
+    }
+    match error.code() {
+        Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorClass::Config,
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY") => {
+            ErrorClass::Unavailable
+        }
+        _ if error.is_timeout()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.is_unrecoverable_error() =>
+        {
+            ErrorClass::Unavailable
+        }
+        _ => ErrorClass::Backend,
+    }
+}
+
+/// Converts a client error from step `what` into a [`LockError`] of its class (see
+/// [`error_class`]); the message names the server and the error code, never a password.
+fn classify(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
+    let message = match error.code() {
+        Some(code) => format!("{what} on {}: {error} [{code}]", config.endpoint()),
+        None => format!("{what} on {}: {error}", config.endpoint()),
+    };
+    match error_class(&error) {
+        ErrorClass::Unavailable => LockError::Unavailable {
             message,
             source: Some(Box::new(error)),
+        },
+        ErrorClass::Config => LockError::Config(message),
+        ErrorClass::Backend => LockError::Backend {
+            message,
+            source: Some(Box::new(error)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::ErrorKind;
+
+    use super::*;
+
+    /// The error a client sees for this raw server reply (`-CODE detail`).
+    fn reply(line: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    fn class(error: RedisError) -> &'static str {
+        let config = RedisConfig::from_url("redis://h").unwrap();
+        match classify(&config, "acquire", error) {
+            LockError::Unavailable { .. } => "unavailable",
+            LockError::Config(_) => "config",
+            LockError::Backend { .. } => "backend",
+            _ => "other",
+        }
+    }
+
+    #[test]
+    fn transient_server_states_are_unavailable() {
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "READONLY You can't write against a read only replica. script: 7cd7, on @user_script:1.",
+            "CLUSTERDOWN The cluster is down",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        ] {
+            assert_eq!(class(reply(line)), "unavailable", "{line}");
+        }
+        for kind in [
+            ErrorKind::BusyLoadingError,
+            ErrorKind::MasterDown,
+            ErrorKind::TryAgain,
+            ErrorKind::ReadOnly,
+            ErrorKind::ClusterDown,
+        ] {
+            assert_eq!(
+                class(RedisError::from((kind, "x"))),
+                "unavailable",
+                "{kind:?}"
+            );
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply");
+        assert_eq!(class(RedisError::from(io)), "unavailable");
+    }
+
+    #[test]
+    fn authentication_failures_are_config_errors() {
+        for line in [
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOPERM User app has no permissions to run the 'evalsha' command",
+        ] {
+            assert_eq!(class(reply(line)), "config", "{line}");
+        }
+        let failed = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert_eq!(class(failed), "config");
+        let bad = RedisError::from((ErrorKind::InvalidClientConfig, "bad URL"));
+        assert_eq!(class(bad), "config");
+    }
+
+    #[test]
+    fn other_server_errors_are_backend_errors() {
+        for line in [
+            "ERR Error running script",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "TENURE fence counter {k}:fence reached 2^53",
+        ] {
+            assert_eq!(class(reply(line)), "backend", "{line}");
         }
     }
 }
