@@ -16,6 +16,11 @@
 //! `INCR`) the counter regresses with the data and fencing cannot tell the two holders
 //! apart. The conformance suite demonstrates each of these; use the fencing token.
 //!
+//! **Late replies.** Like Redlock, a grant whose reply arrives after the lease's own
+//! deadline (`sent + ttl − drift`, measured from sending) is never handed out: the lock
+//! is released (owner-checked) and the attempt fails with [`LockError::Unavailable`],
+//! which [`acquire`](DistributedLock::acquire) retries within its wait.
+//!
 //! **Errors.** A server that cannot serve us *now* is [`LockError::Unavailable`]
 //! (retryable, and waited out by [`acquire`](DistributedLock::acquire) within its wait):
 //! I/O errors and timeouts, and the replies `LOADING`, `MASTERDOWN`, `TRYAGAIN`,
@@ -261,16 +266,34 @@ impl RedisLock {
         ttl: Duration,
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
-        Ok(match self.grant(key, owner, ttl).await? {
-            Grant::Held(pttl) => Attempt::Held { pttl },
-            Grant::Granted(token) => Attempt::Granted(
-                Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl)).with_handle(
-                    LeaseHandle {
-                        path: self.lock_key(key),
-                        ..LeaseHandle::default()
-                    },
-                ),
+        let token = match self.grant(key, owner, ttl).await? {
+            Grant::Held(pttl) => return Ok(Attempt::Held { pttl }),
+            Grant::Granted(token) => token,
+        };
+        let lease = Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl))
+            .with_handle(LeaseHandle {
+                path: self.lock_key(key),
+                ..LeaseHandle::default()
+            });
+        let replied = Instant::now();
+        if replied < lease.valid_until() {
+            return Ok(Attempt::Granted(lease));
+        }
+        // The reply came after the lease's own deadline (sent + ttl − drift): the lock may
+        // already be free on the server, or be for a while yet, but it is no lease we can
+        // use. Give it back (owner-checked) so that nobody waits for it, and report it.
+        let released = match self.release_owner(key, owner).await {
+            Ok(_) => "it was released".to_owned(),
+            Err(e) => format!("releasing it failed ({e}); it expires within its TTL"),
+        };
+        Err(LockError::Unavailable {
+            message: format!(
+                "acquire on {}: the reply arrived {:?} after sending, past the lease deadline \
+                 (ttl {ttl:?} minus drift): grant refused and {released}",
+                self.config.endpoint(),
+                replied - sent,
             ),
+            source: None,
         })
     }
 
@@ -289,6 +312,10 @@ impl RedisLock {
 
 #[async_trait]
 impl DistributedLock for RedisLock {
+    /// One run of the acquire script. A grant whose reply arrives after the lease's own
+    /// deadline (sent + ttl − drift) is refused: the lock is released (owner-checked) and
+    /// the result is [`LockError::Unavailable`] — not `Ok(None)`, as nobody else holds it.
+    ///
     /// # Cancel safety
     /// If dropped after the script was sent, the lock may be held by nobody until its TTL.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
