@@ -13,14 +13,21 @@ use tenure_api::LockError;
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `command_timeout_ms` (default 1000), `fence` (`clock`, the default, or `counter`: see
 /// [`FenceMode`]). Passwords never appear in `Debug`, `Display` or errors.
+///
+/// A wrong or missing password (`WRONGPASS`, `NOAUTH`) or an ACL refusal (`NOPERM`) is
+/// [`LockError::Config`], never retried; a server that is loading, read-only (a replica),
+/// without its primary, busy with a script or unreachable is [`LockError::Unavailable`].
+/// Within an `acquire`, the two timeouts below are further capped by what is left of the
+/// caller's wait.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     url: url::Url,
     /// Prepended to every lock key.
     pub prefix: String,
-    /// Bound on establishing a connection.
+    /// Bound on establishing a connection (within `acquire`, also by the wait left).
     pub connect_timeout: Duration,
-    /// Bound on one command's reply.
+    /// Bound on one command's reply (within `acquire`, also by the wait left; a zero
+    /// wait gets exactly this for its single attempt).
     pub command_timeout: Duration,
     /// How the per-key fence counter advances.
     pub fence: FenceMode,

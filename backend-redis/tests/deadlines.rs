@@ -4,10 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_redis::RedisLock;
+
+const TTL: Duration = Duration::from_secs(10);
 
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("deadlines/{name}")).unwrap()
@@ -92,4 +94,131 @@ async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_relea
         return;
     }
     panic!("the delay never applied to the acquire request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_against_a_blackholed_server_keeps_to_its_wait() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    // Step timeouts far above the wait: only the wait may bound the call.
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?connect_timeout_ms=5000&command_timeout_ms=5000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    warm_up(&lock).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    let wait = Duration::from_millis(200);
+    let started = Instant::now();
+    let result = lock
+        .acquire(&key("blackholed"), &AcquireOptions::new(TTL).wait(wait))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "the fault fired: requests were dropped"
+    );
+    // Nobody was seen holding the lock: the server did not answer, so Unavailable (not
+    // Timeout, which means "held by another").
+    match result {
+        Err(LockError::Unavailable { message, .. }) => eprintln!("after {took:?}: {message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(took >= wait, "waited its bound: {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "kept to its wait of {wait:?}, not the 5 s step timeouts: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_wait_makes_one_attempt_bounded_by_the_command_timeout() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let command_timeout = Duration::from_millis(1500);
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?command_timeout_ms={}",
+        proxy.addr(),
+        command_timeout.as_millis()
+    ))
+    .await
+    .unwrap();
+    warm_up(&lock).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    let started = Instant::now();
+    let result = lock
+        .acquire(
+            &key("zero-wait"),
+            &AcquireOptions::new(TTL).wait(Duration::ZERO),
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(proxy.stats().bytes_blackholed > 0, "the fault fired");
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took >= command_timeout,
+        "the attempt had its full step: {took:?}"
+    );
+    assert!(took < command_timeout * 4, "and only one attempt: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_subscribe_polls_and_gets_the_lock_after_release() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    // A real ACL user that may run everything but SUBSCRIBE.
+    let reply = node
+        .command(&[
+            "ACL",
+            "SETUSER",
+            "poller",
+            "on",
+            ">pw",
+            "~*",
+            "allchannels",
+            "+@all",
+            "-subscribe",
+        ])
+        .await
+        .unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
+    let holder = RedisLock::connect(&node.url()).await.unwrap();
+    let waiter = RedisLock::connect(&format!("redis://poller:pw@{}", node.addr()))
+        .await
+        .unwrap();
+    let k = key("no-subscribe");
+    let held = holder
+        .try_acquire(&k, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let release = {
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            holder.release(held).await.unwrap()
+        })
+    };
+    let wait = Duration::from_secs(10);
+    let started = Instant::now();
+    let lease = waiter
+        .acquire(&k, &AcquireOptions::new(TTL).wait(wait))
+        .await
+        .expect("polled its way to the lock after the release");
+    let took = started.elapsed();
+    assert_eq!(release.await.unwrap(), ReleaseOutcome::Released);
+    assert!(
+        took < Duration::from_secs(5),
+        "got it soon after the release, not at the holder's TTL or the wait: {took:?}"
+    );
+    waiter.release(lease).await.unwrap();
 }
