@@ -195,3 +195,16 @@ pub fn parse_lock_value(
         tenure_api::FencingToken(token),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_use_the_documented_fence_expiry_floor() {
+        let floor = FENCE_EXPIRY_FLOOR.as_millis().to_string();
+        for script in [ACQUIRE, EXTEND, RAISE_FENCE] {
+            assert!(script.contains(&floor), "{script}");
+        }
+    }
+}

@@ -97,6 +97,65 @@ async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_relea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_refuses_a_late_grant_and_gets_a_live_one_within_its_wait() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?command_timeout_ms=30000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let observer = RedisLock::connect(&node.url()).await.unwrap();
+    warm_up(&lock).await;
+    let k = key("late-then-live");
+    let ttl = Duration::from_secs(3);
+    let delay = Duration::from_millis(3500);
+
+    for trial in 1..=3 {
+        proxy.set_mode(ProxyMode::Delay {
+            up: delay,
+            down: Duration::ZERO,
+        });
+        let started = Instant::now();
+        let acquire = {
+            let (lock, k) = (lock.clone(), k.clone());
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(30));
+            tokio::spawn(async move { lock.acquire(&k, &opts).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.set_mode(ProxyMode::Pass);
+        let lease = acquire
+            .await
+            .unwrap()
+            .expect("a live grant on a later attempt");
+        let took = started.elapsed();
+        if took < delay {
+            eprintln!("trial {trial}: the request was not delayed ({took:?}); again");
+            lock.release(lease).await.unwrap();
+            continue;
+        }
+        assert!(
+            Instant::now() < lease.valid_until(),
+            "the lease handed out is live"
+        );
+        assert!(
+            lease.acquired_at() >= started + delay,
+            "it comes from an attempt sent after the late reply, not the late grant"
+        );
+        let holder = observer.inspect(&k).await.unwrap().expect("held");
+        assert_eq!(
+            (holder.owner, holder.token),
+            (lease.owner(), Some(lease.token()))
+        );
+        lock.release(lease).await.unwrap();
+        return;
+    }
+    panic!("the delay never applied to the acquire request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_against_a_blackholed_server_keeps_to_its_wait() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
