@@ -440,6 +440,8 @@ impl DistributedLock for RedisLock {
     ///
     /// # Cancel safety
     /// If dropped after the script was sent, the lock may be held by nobody until its TTL.
+    /// (When the call itself fails without knowing whether the script ran — a timeout, a
+    /// dropped connection — it releases that owner's lock in the background.)
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let owner = OwnerId::random();
