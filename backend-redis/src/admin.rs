@@ -2,8 +2,9 @@
 //! `KEYS`, which blocks the server), reading each key's type, value and PTTL with one
 //! script call per page.
 //!
-//! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` has no TTL
-//! by design and is skipped. A lock key whose PTTL is `-1` never expires: that is the
+//! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` is skipped
+//! (it expires a day after its last use in clock-floored mode and is persistent by design
+//! with `fence=counter`, see [`FenceMode`](crate::FenceMode)). A lock key whose PTTL is `-1` never expires: that is the
 //! leak the doctor looks for (the `TTL = -1` check).
 
 use std::sync::LazyLock;
@@ -14,7 +15,7 @@ use tenure_api::admin::undecodable;
 use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
 use crate::scripts::parse_lock_value;
-use crate::{bounded, unavailable, RedisLock};
+use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
 const SCAN_COUNT: usize = 500;
@@ -121,7 +122,7 @@ impl RedisLock {
                 .arg(SCAN_COUNT);
             let (next, keys): (u64, Vec<String>) = bounded(limit, scan.query_async(&mut conn))
                 .await
-                .map_err(|e| unavailable(&self.config, "scan", e))?;
+                .map_err(|e| classify(&self.config, "scan", e))?;
             // Lock keys end with the closing brace; fence counters with `}:fence`.
             let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
             if !locks.is_empty() {

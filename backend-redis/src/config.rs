@@ -13,14 +13,21 @@ use tenure_api::LockError;
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `command_timeout_ms` (default 1000), `fence` (`clock`, the default, or `counter`: see
 /// [`FenceMode`]). Passwords never appear in `Debug`, `Display` or errors.
+///
+/// A wrong or missing password (`WRONGPASS`, `NOAUTH`) or an ACL refusal (`NOPERM`) is
+/// [`LockError::Config`], never retried; a server that is loading, read-only (a replica),
+/// without its primary, busy with a script or unreachable is [`LockError::Unavailable`].
+/// Within an `acquire`, the two timeouts below are further capped by what is left of the
+/// caller's wait.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     url: url::Url,
     /// Prepended to every lock key.
     pub prefix: String,
-    /// Bound on establishing a connection.
+    /// Bound on establishing a connection (within `acquire`, also by the wait left).
     pub connect_timeout: Duration,
-    /// Bound on one command's reply.
+    /// Bound on one command's reply (within `acquire`, also by the wait left; a zero
+    /// wait gets exactly this for its single attempt).
     pub command_timeout: Duration,
     /// How the per-key fence counter advances.
     pub fence: FenceMode,
@@ -33,10 +40,22 @@ pub enum FenceMode {
     /// forgets the counter (restart without persistence, failover to an asynchronous
     /// replica) as long as the server's clock does not run backwards past the last token.
     /// One `TIME` call per grant; tokens are large numbers (µs since the epoch).
+    ///
+    /// The fence key `{K}:fence` expires: each grant, extension and fence raise keeps it
+    /// alive for at least max(2 × ttl, 24 h) ([`FENCE_EXPIRY_FLOOR`]), so it always
+    /// outlives its lock and idle lock names leave nothing behind after a day. Losing it
+    /// then is harmless: the next token is floored at the server clock.
+    ///
+    /// [`FENCE_EXPIRY_FLOOR`]: crate::scripts::FENCE_EXPIRY_FLOOR
     #[default]
     ClockFloored,
     /// A plain `INCR`: small tokens, but they regress whenever the server loses the
     /// counter — the classic single-node fence, kept to show why the default exists.
+    ///
+    /// The counter key never expires (an expiry would regress tokens exactly like a data
+    /// loss), so this mode keeps one small key per lock name ever used: the key space
+    /// grows with the number of distinct names. Tokens are exact up to 2^53; a counter
+    /// that reaches it is refused ([`LockError::Backend`]).
     Counter,
 }
 

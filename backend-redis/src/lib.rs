@@ -1,11 +1,17 @@
 //! # tenure-redis
 //!
 //! A [`DistributedLock`] on one Redis server. Acquire is one Lua script: take the key
-//! with `PX ttl` if free and advance a per-key fence counter in the same hash slot (the
-//! counter has no TTL), returning the token — or the remaining PTTL when held. Release is
-//! a compare-and-delete that `PUBLISH`es on the key's channel; waiters subscribe and
-//! retry on a message, falling back to the holder's PTTL. Extend is a
-//! compare-and-`PEXPIRE`.
+//! with `PX ttl` if free and advance a per-key fence counter in the same hash slot,
+//! returning the token — or the remaining PTTL when held. Release is a compare-and-delete
+//! that `PUBLISH`es on the key's channel; waiters subscribe and retry on a message,
+//! falling back to the holder's PTTL (or to polling with the caller's backoff when they
+//! cannot subscribe). Extend is a compare-and-`PEXPIRE`.
+//!
+//! **The fence key** `{K}:fence`: in the default clock-floored mode it expires a day (or
+//! twice the TTL, if longer) after the last grant, extension or fence raise on it, so it
+//! always outlives its lock and idle names leave nothing behind; with `fence=counter` it
+//! never expires (an expiry would regress tokens), so that mode keeps one key per lock
+//! name ever used. Tokens are exact integers below 2^53 in both modes. See [`FenceMode`].
 //!
 //! **Guarantees** ([`RedisLock::capabilities`]): a single node with server-TTL expiry.
 //! Safety depends on the server's clock (a jump forward expires locks early) and on the
@@ -15,6 +21,28 @@
 //! token and a fenced store turns the stale holder away; with `fence=counter` (a plain
 //! `INCR`) the counter regresses with the data and fencing cannot tell the two holders
 //! apart. The conformance suite demonstrates each of these; use the fencing token.
+//!
+//! **Late replies.** Like Redlock, a grant whose reply arrives after the lease's own
+//! deadline (`sent + ttl − drift`, measured from sending) is never handed out: the lock
+//! is released (owner-checked) and the attempt fails with [`LockError::Unavailable`],
+//! which [`acquire`](DistributedLock::acquire) retries within its wait.
+//!
+//! **Waiting.** [`acquire`](DistributedLock::acquire) keeps to `opts.wait`: every step
+//! (each script call, subscribing, reconnecting) is bounded by what is left of the wait
+//! as well as by its own timeout; a zero wait is exactly one attempt bounded by the
+//! command timeout. When the wait runs out the result says what was last seen:
+//! [`LockError::Timeout`] if the lock was held by another, [`LockError::Unavailable`]
+//! if the server did not answer in time (to an attempt or to the subscription).
+//!
+//! **Errors.** A server that cannot serve us *now* is [`LockError::Unavailable`]
+//! (retryable, and waited out by [`acquire`](DistributedLock::acquire) within its wait):
+//! I/O errors and timeouts, and the replies `LOADING`, `MASTERDOWN`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, `READONLY` (a replica — e.g. a former primary after a failover) and
+//! `BUSY` (a long-running script). An authentication failure (`NOAUTH`, `WRONGPASS`, the
+//! client's failed `AUTH`), an ACL refusal (`NOPERM`) or a bad client setting is
+//! [`LockError::Config`] and never retried. Any other server error is
+//! [`LockError::Backend`]. Messages carry the server's error code in brackets, never a
+//! password.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_api::LockError> {
@@ -77,7 +105,16 @@ pub enum Grant {
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
-    Held { pttl: Duration },
+    Held {
+        pttl: Duration,
+    },
+    /// Granted, but the reply came after the lease's deadline: refused (see
+    /// [`RedisLock::attempt`]). `settled` is true once the release of that grant is known
+    /// to have run; until then the owner id must not be used again.
+    Late {
+        error: LockError,
+        settled: bool,
+    },
 }
 
 impl RedisLock {
@@ -107,7 +144,7 @@ impl RedisLock {
             client.get_connection_manager_with_config(manager_config),
         )
         .await
-        .map_err(|e| unavailable(&config, "connect", e))?;
+        .map_err(|e| classify(&config, "connect", e))?;
         Ok(Self {
             config,
             client,
@@ -138,8 +175,19 @@ impl RedisLock {
         what: &str,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
+        self.call_within(what, invocation, self.config.command_timeout)
+            .await
+    }
+
+    /// Runs a script, waiting at most `limit` in all (reconnect and retry included).
+    async fn call_within<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        invocation: redis::ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Result<T, LockError> {
+        let deadline = Instant::now() + limit;
         let mut conn = self.conn.clone();
-        let limit = self.config.command_timeout;
         let mut result = bounded(limit, invocation.invoke_async(&mut conn)).await;
         // The first command after the server came back fails on the dead socket while the
         // manager reconnects. Every script is idempotent for its owner (a repeated acquire
@@ -148,9 +196,12 @@ impl RedisLock {
             .as_ref()
             .is_err_and(|e| e.is_connection_dropped() || e.is_connection_refusal())
         {
-            result = bounded(limit, invocation.invoke_async(&mut conn)).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                result = bounded(left, invocation.invoke_async(&mut conn)).await;
+            }
         }
-        result.map_err(|e| unavailable(&self.config, what, e))
+        result.map_err(|e| classify(&self.config, what, e))
     }
 
     /// Runs the acquire script once: the lock for `owner` with a fresh fence token, or
@@ -165,6 +216,18 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Grant, LockError> {
+        self.grant_within(key, owner, ttl, self.config.command_timeout)
+            .await
+    }
+
+    /// [`grant`](Self::grant), waiting at most `limit` for the reply.
+    async fn grant_within(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Grant, LockError> {
         let lock_key = self.lock_key(key);
         let mut invocation = SCRIPTS.acquire.prepare_invoke();
         invocation
@@ -173,7 +236,7 @@ impl RedisLock {
             .arg(owner.to_string())
             .arg(millis(ttl))
             .arg(self.config.fence.as_str());
-        let (granted, value): (i64, i64) = self.call("acquire", invocation).await?;
+        let (granted, value): (i64, i64) = self.call_within("acquire", invocation, limit).await?;
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
         }
@@ -184,7 +247,8 @@ impl RedisLock {
             .ok_or_else(|| LockError::backend(format!("server returned fence {value}")))
     }
 
-    /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s.
+    /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s. A
+    /// clock-floored fence key is kept alive at least as long (see [`FenceMode`]).
     ///
     /// # Cancel safety
     /// The server may or may not have applied the extension.
@@ -194,9 +258,11 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<bool, LockError> {
+        let lock_key = self.lock_key(key);
         let mut invocation = SCRIPTS.extend.prepare_invoke();
         invocation
-            .key(self.lock_key(key))
+            .key(&lock_key)
+            .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
             .arg(millis(ttl));
         Ok(self.call::<i64>("extend", invocation).await? == 1)
@@ -218,7 +284,9 @@ impl RedisLock {
 
     /// Raises the key's fence counter to at least `token` and records `token` in the lock
     /// if it is still `owner`'s (the write round of Redlock's quorum max-register).
-    /// Returns whether the lock is still `owner`'s.
+    /// Returns whether the lock is still `owner`'s. In clock-floored mode the fence key
+    /// keeps (or gets) its expiry; with `fence=counter` it is persistent (see
+    /// [`FenceMode`]).
     ///
     /// # Cancel safety
     /// The server may or may not have applied the write; it only ever raises the fence.
@@ -234,93 +302,279 @@ impl RedisLock {
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
-            .arg(token.get());
+            .arg(token.get())
+            .arg(self.config.fence.as_str());
         Ok(self.call::<i64>("raise fence", invocation).await? == 1)
     }
 
+    /// One run of the acquire script for `owner`, waiting at most `limit` for its reply.
+    ///
+    /// A grant whose reply arrives after the lease's own deadline is refused: it is
+    /// released (owner-checked, in a task of its own bounded by the command timeout) and
+    /// reported as [`Attempt::Late`]. `release_wait` bounds how long to wait for that
+    /// release (`None`: until it is done); past it, the release carries on in the
+    /// background.
     async fn attempt(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        limit: Duration,
+        release_wait: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
-        Ok(match self.grant(key, owner, ttl).await? {
-            Grant::Held(pttl) => Attempt::Held { pttl },
-            Grant::Granted(token) => Attempt::Granted(
-                Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl)).with_handle(
-                    LeaseHandle {
-                        path: self.lock_key(key),
-                        ..LeaseHandle::default()
-                    },
-                ),
+        let token = match self.grant_within(key, owner, ttl, limit).await? {
+            Grant::Held(pttl) => return Ok(Attempt::Held { pttl }),
+            Grant::Granted(token) => token,
+        };
+        let lease = Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl))
+            .with_handle(LeaseHandle {
+                path: self.lock_key(key),
+                ..LeaseHandle::default()
+            });
+        let replied = Instant::now();
+        if replied < lease.valid_until() {
+            return Ok(Attempt::Granted(lease));
+        }
+        // The reply came after the lease's own deadline (sent + ttl − drift): the lock may
+        // already be free on the server, or be for a while yet, but it is no lease we can
+        // use. Give it back (owner-checked) so that nobody waits for it, and report it.
+        let released = self.release_in_background(key, owner, release_wait).await;
+        let (settled, released) = match released {
+            Some(Ok(_)) => (true, "it was released".to_owned()),
+            Some(Err(e)) => (
+                false,
+                format!("releasing it failed ({e}); it expires within its TTL"),
             ),
-        })
+            None => (false, "its release is still under way".to_owned()),
+        };
+        let error = LockError::Unavailable {
+            message: format!(
+                "acquire on {}: the reply arrived {:?} after sending, past the lease deadline \
+                 (ttl {ttl:?} minus drift): grant refused and {released}",
+                self.config.endpoint(),
+                replied - sent,
+            ),
+            source: None,
+        };
+        Ok(Attempt::Late { error, settled })
     }
 
-    /// Subscribes to `key`'s release channel.
-    async fn subscribe(&self, key: &LockKey) -> Result<redis::aio::PubSub, LockError> {
+    /// Releases `owner`'s lock in a task of its own (bounded by the command timeout, and
+    /// running to its end even if the caller goes away), waiting up to `wait` for the
+    /// outcome (`None`: until it is done). `None` if it has not finished by then.
+    async fn release_in_background(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        wait: Option<Duration>,
+    ) -> Option<Result<bool, LockError>> {
+        let this = self.clone();
+        let key = key.clone();
+        let task = tokio::spawn(async move { this.release_owner(&key, owner).await });
+        let joined = match wait {
+            None => Some(task.await),
+            Some(wait) => tokio::time::timeout(wait, task).await.ok(),
+        };
+        joined.map(|r| r.unwrap_or_else(|e| Err(LockError::backend(format!("release task: {e}")))))
+    }
+
+    /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
+    /// `SUBSCRIBE`, each also bounded by its own timeout).
+    async fn subscribe(
+        &self,
+        key: &LockKey,
+        limit: Duration,
+    ) -> Result<redis::aio::PubSub, LockError> {
+        let deadline = Instant::now() + limit;
+        let left = || deadline.saturating_duration_since(Instant::now());
         let channel = Self::channel(&self.lock_key(key));
-        let mut pubsub = bounded(self.config.connect_timeout, self.client.get_async_pubsub())
-            .await
-            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
-        bounded(self.config.command_timeout, pubsub.subscribe(&channel))
-            .await
-            .map_err(|e| unavailable(&self.config, "subscribe", e))?;
+        let mut pubsub = bounded(
+            self.config.connect_timeout.min(left()),
+            self.client.get_async_pubsub(),
+        )
+        .await
+        .map_err(|e| classify(&self.config, "subscribe", e))?;
+        bounded(
+            self.config.command_timeout.min(left()),
+            pubsub.subscribe(&channel),
+        )
+        .await
+        .map_err(|e| classify(&self.config, "subscribe", e))?;
+        // The client hands back any reply to SUBSCRIBE as success, even a refusal such as
+        // an ACL's NOPERM. On RESP2 a subscribed connection answers PING with an array
+        // (`pong`, ``), an unsubscribed one with a plain PONG: that confirms it. (RESP3
+        // answers both the same way; there, SUBSCRIBE is trusted.)
+        if self.client.get_connection_info().redis.protocol == redis::ProtocolVersion::RESP2 {
+            let pong: redis::Value =
+                bounded(self.config.command_timeout.min(left()), pubsub.ping())
+                    .await
+                    .map_err(|e| classify(&self.config, "subscribe", e))?;
+            match pong {
+                redis::Value::Array(ref items)
+                    if items.first() == Some(&redis::Value::BulkString(b"pong".to_vec())) => {}
+                redis::Value::ServerError(e) => {
+                    return Err(classify(&self.config, "subscribe", e.into()))
+                }
+                other => {
+                    return Err(LockError::Backend {
+                        message: format!(
+                            "subscribe on {}: the subscription to {channel} did not take \
+                             (PING answered {other:?}); is SUBSCRIBE allowed for this user?",
+                            self.config.endpoint()
+                        ),
+                        source: None,
+                    })
+                }
+            }
+        }
         Ok(pubsub)
     }
 }
 
 #[async_trait]
 impl DistributedLock for RedisLock {
+    /// One run of the acquire script. A grant whose reply arrives after the lease's own
+    /// deadline (sent + ttl − drift) is refused: the lock is released (owner-checked) and
+    /// the result is [`LockError::Unavailable`] — not `Ok(None)`, as nobody else holds it.
+    ///
     /// # Cancel safety
     /// If dropped after the script was sent, the lock may be held by nobody until its TTL.
+    /// (When the call itself fails without knowing whether the script ran — a timeout, a
+    /// dropped connection — it releases that owner's lock in the background.)
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        match self.attempt(key, OwnerId::random(), ttl).await? {
-            Attempt::Granted(lease) => Ok(Some(lease)),
-            Attempt::Held { .. } => Ok(None),
+        let owner = OwnerId::random();
+        let limit = self.config.command_timeout;
+        match self.attempt(key, owner, ttl, limit, None).await {
+            Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
+            Ok(Attempt::Held { .. }) => Ok(None),
+            Ok(Attempt::Late { error, .. }) => Err(error),
+            Err(e) => {
+                if e.is_retryable() {
+                    // The script may have run without its reply reaching us: free what
+                    // may be a grant to an owner nobody will ever use.
+                    self.release_in_background(key, owner, Some(Duration::ZERO))
+                        .await;
+                }
+                Err(e)
+            }
         }
     }
 
-    /// Subscribes to the key's release channel, then retries on each release message,
-    /// or when the holder's PTTL runs out, until `opts.wait` has passed. Retries of one
-    /// call reuse its owner id, so a retry after a lost reply is recognised as ours.
+    /// Tries; while the lock is held, subscribes to the key's release channel (then tries
+    /// again at once, in case the release came first) and retries on each release
+    /// message, or when the holder's PTTL runs out, until `opts.wait` has passed. An
+    /// uncontended acquire is one script call. Retries of one call reuse its owner id, so
+    /// a retry after a lost reply is recognised as ours (after a refused late grant whose
+    /// release is not confirmed, a new owner id is used instead).
+    ///
+    /// Every step (subscribing, each script call, reconnecting) is bounded by what is
+    /// left of the wait as well as by its own timeout, so the call returns within
+    /// `opts.wait` plus scheduling slack. A zero wait makes exactly one attempt, bounded
+    /// by the command timeout (like [`try_acquire`](DistributedLock::try_acquire)), so a
+    /// wait shorter than a round trip to the server ends in `Unavailable`.
+    ///
+    /// A failed subscription falls back to polling (with `opts.backoff`, never slower
+    /// than the holder's PTTL). The result when the wait runs out tells what was last
+    /// seen: [`LockError::Timeout`] if the last attempt found the lock held by another,
+    /// otherwise the error of the last step — [`LockError::Unavailable`] when the server
+    /// did not answer in time, be it to the subscription or to an attempt. Non-retryable
+    /// errors ([`LockError::Config`], [`LockError::Backend`]) end the call at once.
     ///
     /// # Cancel safety
-    /// As `try_acquire`; the subscription is dropped with the future.
+    /// As `try_acquire`; the subscription is dropped with the future. When the call gives
+    /// up after an attempt whose outcome is unknown, it releases that owner's lock in the
+    /// background.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
-        let owner = OwnerId::random();
         let started = Instant::now();
+        let command_timeout = self.config.command_timeout;
+        if opts.wait.is_zero() {
+            return match self.try_acquire(key, opts.ttl).await? {
+                Some(lease) => Ok(lease),
+                None => Err(LockError::Timeout {
+                    waited: started.elapsed(),
+                }),
+            };
+        }
         let deadline = started + opts.wait;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let mut owner = OwnerId::random();
         let mut pubsub = None;
+        // A subscription refused for good (e.g. an ACL without SUBSCRIBE): poll instead.
+        let mut subscribe_refused = false;
         let mut failures = 0u32;
+        let mut polls = 0u32;
+        // An attempt for `owner` failed in flight: the server may hold the lock for it.
+        let mut maybe_ours = false;
+        // Why the lock is not ours yet, if not "held by another".
+        let mut why: Option<LockError> = None;
         loop {
-            // Subscribe before trying, so a release between the try and the wait is seen.
-            if pubsub.is_none() && !opts.wait.is_zero() {
-                pubsub = self.subscribe(key).await.ok();
+            let limit = left().min(command_timeout);
+            if limit.is_zero() {
+                break;
             }
-            let retry_in = match self.attempt(key, owner, opts.ttl).await {
+            let retry_in = match self.attempt(key, owner, opts.ttl, limit, Some(limit)).await {
                 Ok(Attempt::Granted(lease)) => return Ok(lease),
                 Ok(Attempt::Held { pttl }) => {
                     failures = 0;
-                    pttl.max(Duration::from_millis(1))
+                    maybe_ours = false;
+                    why = None;
+                    // Held: subscribe to its release, then try again at once, as it may
+                    // have been released before the subscription took effect. A failed
+                    // subscription is kept as the reason should the wait run out on it,
+                    // and the wait goes on by polling.
+                    if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
+                        match self.subscribe(key, left()).await {
+                            Ok(sub) => {
+                                pubsub = Some(sub);
+                                continue;
+                            }
+                            Err(e) => {
+                                subscribe_refused = !e.is_retryable();
+                                why = Some(e);
+                            }
+                        }
+                    }
+                    let pttl = pttl.max(Duration::from_millis(1));
+                    if pubsub.is_some() {
+                        pttl
+                    } else {
+                        polls += 1;
+                        pttl.min(opts.backoff.delay(polls))
+                    }
                 }
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                Ok(Attempt::Late { error, settled }) => {
+                    if !settled {
+                        // A release for `owner` may still land: never reuse it.
+                        owner = OwnerId::random();
+                    }
                     failures += 1;
-                    pubsub = None;
+                    maybe_ours = false;
+                    why = Some(error);
                     opts.backoff.delay(failures)
                 }
-                Err(e) => return Err(e),
+                Err(e) if e.is_retryable() => {
+                    failures += 1;
+                    maybe_ours = true;
+                    pubsub = None;
+                    why = Some(e);
+                    opts.backoff.delay(failures)
+                }
+                Err(e) => {
+                    if maybe_ours {
+                        self.release_in_background(key, owner, Some(Duration::ZERO))
+                            .await;
+                    }
+                    return Err(e);
+                }
             };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Timeout {
-                    waited: now - started,
-                });
+            let wait = retry_in.min(left());
+            if wait.is_zero() {
+                break;
             }
-            let sleep = tokio::time::sleep(retry_in.min(deadline - now));
+            let sleep = tokio::time::sleep(wait);
             match pubsub.as_mut() {
                 Some(sub) => {
                     let mut messages = sub.on_message();
@@ -335,6 +589,13 @@ impl DistributedLock for RedisLock {
                 None => sleep.await,
             }
         }
+        if maybe_ours {
+            self.release_in_background(key, owner, Some(Duration::ZERO))
+                .await;
+        }
+        Err(why.unwrap_or(LockError::Timeout {
+            waited: started.elapsed(),
+        }))
     }
 
     /// # Cancel safety
@@ -415,23 +676,158 @@ async fn bounded<T>(
         })
 }
 
-/// Connection-level failures are `Unavailable`; anything else is `Backend`.
-fn unavailable(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
-    let message = format!("{what} on {}: {error}", config.endpoint());
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_refusal()
-        || error.is_connection_dropped()
-        || error.is_unrecoverable_error()
-    {
-        LockError::Unavailable {
-            message,
-            source: Some(Box::new(error)),
+/// What a Redis client error means for a lock call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ErrorClass {
+    /// The server cannot serve us now but may soon: [`LockError::Unavailable`].
+    Unavailable,
+    /// Our credentials or client settings are wrong: [`LockError::Config`], never retried.
+    Config,
+    /// Anything else: [`LockError::Backend`].
+    Backend,
+}
+
+/// Sorts a client error into a class, by the client's [`ErrorKind`](redis::ErrorKind)
+/// and the server's error code (the first word of an error reply, which Redis keeps when
+/// a command inside a script fails).
+///
+/// - Unavailable (retryable): I/O errors, timeouts, refused or dropped connections, and
+///   the server states that pass — `LOADING` (loading its dataset), `MASTERDOWN` (a
+///   replica that lost its primary), `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` (a replica,
+///   e.g. a former primary after a failover) and `BUSY` (a long script is running).
+/// - Config (never retried): authentication failures (`NOAUTH`, `WRONGPASS`, the client's
+///   own "authentication failed"), `NOPERM` (the ACL user may not run the scripts) and
+///   invalid client settings.
+/// - Backend: everything else (`ERR`, `WRONGTYPE`, a malformed reply, …).
+fn error_class(error: &RedisError) -> ErrorClass {
+    use redis::ErrorKind;
+    match error.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+            return ErrorClass::Config
         }
-    } else {
-        LockError::Backend {
+        ErrorKind::IoError
+        | ErrorKind::BusyLoadingError
+        | ErrorKind::MasterDown
+        | ErrorKind::TryAgain
+        | ErrorKind::ClusterDown
+        | ErrorKind::ReadOnly => return ErrorClass::Unavailable,
+        _ => {}
+    }
+    match error.code() {
+        Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorClass::Config,
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY") => {
+            ErrorClass::Unavailable
+        }
+        _ if error.is_timeout()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.is_unrecoverable_error() =>
+        {
+            ErrorClass::Unavailable
+        }
+        _ => ErrorClass::Backend,
+    }
+}
+
+/// Converts a client error from step `what` into a [`LockError`] of its class (see
+/// [`error_class`]); the message names the server and the error code, never a password.
+fn classify(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
+    let message = match error.code() {
+        Some(code) => format!("{what} on {}: {error} [{code}]", config.endpoint()),
+        None => format!("{what} on {}: {error}", config.endpoint()),
+    };
+    match error_class(&error) {
+        ErrorClass::Unavailable => LockError::Unavailable {
             message,
             source: Some(Box::new(error)),
+        },
+        ErrorClass::Config => LockError::Config(message),
+        ErrorClass::Backend => LockError::Backend {
+            message,
+            source: Some(Box::new(error)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::ErrorKind;
+
+    use super::*;
+
+    /// The error a client sees for this raw server reply (`-CODE detail`).
+    fn reply(line: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    fn class(error: RedisError) -> &'static str {
+        let config = RedisConfig::from_url("redis://h").unwrap();
+        match classify(&config, "acquire", error) {
+            LockError::Unavailable { .. } => "unavailable",
+            LockError::Config(_) => "config",
+            LockError::Backend { .. } => "backend",
+            _ => "other",
+        }
+    }
+
+    #[test]
+    fn transient_server_states_are_unavailable() {
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "READONLY You can't write against a read only replica. script: 7cd7, on @user_script:1.",
+            "CLUSTERDOWN The cluster is down",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        ] {
+            assert_eq!(class(reply(line)), "unavailable", "{line}");
+        }
+        for kind in [
+            ErrorKind::BusyLoadingError,
+            ErrorKind::MasterDown,
+            ErrorKind::TryAgain,
+            ErrorKind::ReadOnly,
+            ErrorKind::ClusterDown,
+        ] {
+            assert_eq!(
+                class(RedisError::from((kind, "x"))),
+                "unavailable",
+                "{kind:?}"
+            );
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply");
+        assert_eq!(class(RedisError::from(io)), "unavailable");
+    }
+
+    #[test]
+    fn authentication_failures_are_config_errors() {
+        for line in [
+            "NOAUTH Authentication required.",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOPERM User app has no permissions to run the 'evalsha' command",
+        ] {
+            assert_eq!(class(reply(line)), "config", "{line}");
+        }
+        let failed = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert_eq!(class(failed), "config");
+        let bad = RedisError::from((ErrorKind::InvalidClientConfig, "bad URL"));
+        assert_eq!(class(bad), "config");
+    }
+
+    #[test]
+    fn other_server_errors_are_backend_errors() {
+        for line in [
+            "ERR Error running script",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "TENURE fence counter {k}:fence reached 2^53",
+        ] {
+            assert_eq!(class(reply(line)), "backend", "{line}");
         }
     }
 }

@@ -2,28 +2,59 @@
 //!
 //! Layout per lock key `K` (both keys share the hash tag, so a Redis Cluster keeps them
 //! in one slot): `{K}` holds `"<owner>:<token>"` with a PX expiry; `{K}:fence` is the fence
-//! counter, with no expiry. Releases are published on the lock key's channel.
+//! counter. Releases are published on the lock key's channel.
 //!
 //! The fence counter comes in two kinds ([`FenceMode`](crate::FenceMode)): a plain `INCR`,
 //! or a *clock-floored* counter, `max(counter + 1, server TIME in µs)`, which keeps tokens
 //! increasing when the server loses the counter (restart without persistence, failover to
 //! an asynchronous replica), as long as the server's clock does not run backwards past
-//! the last token. Tokens stay below 2^53, so Lua's doubles hold them exactly.
+//! the last token. Tokens stay below 2^53, so Lua's doubles hold them exactly; they are
+//! always formatted with `string.format('%d', …)` (Lua 5.1's `tostring` keeps only 14
+//! significant digits), and a plain counter that reaches 2^53 is refused with an error
+//! rather than rounded.
+//!
+//! **The fence key's lifetime.** A clock-floored fence key expires
+//! [`FENCE_EXPIRY_FLOOR`] (24 h) or twice the lock's TTL after the last grant, extension or
+//! fence raise on it, whichever is later, and never sooner than it already would: it
+//! always outlives the lock key, and once both are gone the next token is floored at the
+//! server clock anyway. A plain counter (`fence=counter`) never expires, because
+//! forgetting it would regress tokens: that mode keeps one small key per lock name ever
+//! used.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::Script;
+
+/// The least time a clock-floored fence key outlives the last grant, extension or raise
+/// on it (it also outlives twice the lock's TTL). Beyond keeping the fence key alive as
+/// long as its lock, the day covers tokens that run ahead of this server's clock — a
+/// Redlock token taken from a node whose clock is ahead, a step of the clock backwards —
+/// by far more than any sane clock error.
+pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
 /// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
 /// clock-floored counter, anything else for `INCR`).
 /// Returns `{1, token}` when granted, `{0, pttl}` when held by another.
+///
+/// In `clock` mode the fence key gets (or keeps) an expiry of at least
+/// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); otherwise it is made persistent.
 pub const ACQUIRE: &str = r#"
+local function fence_expiry(ttl)
+  local want = math.max(2 * tonumber(ttl), 86400000)
+  local left = redis.call('PTTL', KEYS[2])
+  if left > want then want = left end
+  return string.format('%d', want)
+end
 local current = redis.call('GET', KEYS[1])
 if current then
   local sep = string.find(current, ':', 1, true)
   if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if ARGV[3] == 'clock' and redis.call('PTTL', KEYS[2]) >= 0 then
+      redis.call('PEXPIRE', KEYS[2], fence_expiry(ARGV[2]))
+    end
     return {1, tonumber(string.sub(current, sep + 1))}
   end
   return {0, redis.call('PTTL', KEYS[1])}
@@ -34,21 +65,41 @@ if ARGV[3] == 'clock' then
   local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
   token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, floor)
   token = string.format('%d', token)
-  redis.call('SET', KEYS[2], token)
+  redis.call('SET', KEYS[2], token, 'PX', fence_expiry(ARGV[2]))
 else
-  token = tostring(redis.call('INCR', KEYS[2]))
+  -- INCR replies with an integer, which reaches Lua as a double: format it with %d, as
+  -- tostring() prints only 14 significant digits (1e14 and up come out as 1.2345e+14).
+  local n = redis.call('INCR', KEYS[2])
+  if n >= 9007199254740992 then
+    return redis.error_reply('TENURE fence counter ' .. KEYS[2] .. ' reached 2^53')
+  end
+  -- A plain counter must never expire (also when the key was used in clock mode).
+  redis.call('PERSIST', KEYS[2])
+  token = string.format('%d', n)
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
 return {1, tonumber(token)}
 "#;
 
 /// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so
-/// the owner alone identifies it). KEYS: lock. ARGV: owner, ttl ms. Returns 1 when
-/// extended, 0 otherwise.
+/// the owner alone identifies it). KEYS: lock, and optionally the fence key. ARGV: owner,
+/// ttl ms. Returns 1 when extended, 0 otherwise.
+///
+/// With the fence key, a fence key that has an expiry (clock mode) is kept alive for at
+/// least max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); a persistent one (a plain counter) is left
+/// alone. Without it (the original calling convention) only the lock is touched.
 pub const EXTEND: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local extended = redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[2] then
+    local want = math.max(2 * tonumber(ARGV[2]), 86400000)
+    local left = redis.call('PTTL', KEYS[2])
+    if left >= 0 and left < want then
+      redis.call('PEXPIRE', KEYS[2], string.format('%d', want))
+    end
+  end
+  return extended
 end
 return 0
 "#;
@@ -67,11 +118,29 @@ return 0
 
 /// The write round of a quorum max-register (Redlock fencing): raises the fence counter
 /// to at least the token and, if the lock is still ours, records the token in it.
-/// KEYS: lock, fence. ARGV: owner, token. Returns 1 if the lock is still ours, else 0.
+/// KEYS: lock, fence. ARGV: owner, token, and optionally the fence mode. Returns 1 if the
+/// lock is still ours, else 0.
+///
+/// With mode `clock` the fence key gets (or keeps) an expiry of at least
+/// max(2 × the lock's PTTL, [`FENCE_EXPIRY_FLOOR`]). Without a mode, or with any other,
+/// the fence key is written without expiry (the original behaviour, right for a plain
+/// counter).
 pub const RAISE_FENCE: &str = r#"
 local token = tonumber(ARGV[2])
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if token > fence then redis.call('SET', KEYS[2], ARGV[2]) end
+if ARGV[3] == 'clock' then
+  local want = math.max(2 * redis.call('PTTL', KEYS[1]), 86400000)
+  local left = redis.call('PTTL', KEYS[2])
+  if left > want then want = left end
+  want = string.format('%d', want)
+  if token > fence then
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', want)
+  elseif left ~= -2 then
+    redis.call('PEXPIRE', KEYS[2], want)
+  end
+elseif token > fence then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
   redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
@@ -125,4 +194,17 @@ pub fn parse_lock_value(
         tenure_api::OwnerId::parse(owner)?,
         tenure_api::FencingToken(token),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_use_the_documented_fence_expiry_floor() {
+        let floor = FENCE_EXPIRY_FLOOR.as_millis().to_string();
+        for script in [ACQUIRE, EXTEND, RAISE_FENCE] {
+            assert!(script.contains(&floor), "{script}");
+        }
+    }
 }

@@ -1,0 +1,283 @@
+//! Deadlines on a real server behind a fault proxy (issue 15): a grant whose reply comes
+//! after the lease's deadline is refused (defect 2), and `acquire` keeps to its wait
+//! (defect 9).
+
+use std::time::{Duration, Instant};
+
+use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::RedisLock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("deadlines/{name}")).unwrap()
+}
+
+/// Loads the scripts on the server through `lock` (so that a later call is one round
+/// trip, not `EVALSHA` + `NOSCRIPT` + `EVAL`).
+async fn warm_up(lock: &RedisLock) {
+    let lease = lock
+        .try_acquire(&key("warm-up"), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    lock.release(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_released() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?command_timeout_ms=30000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let observer = RedisLock::connect(&node.url()).await.unwrap();
+    warm_up(&lock).await;
+    let k = key("late-grant");
+    let ttl = Duration::from_secs(3);
+    // The request reaches the server this late: the server's key lives until at least
+    // `delay + ttl` after sending, but the holder's deadline (sent + ttl − drift) has
+    // passed when the reply arrives.
+    let delay = Duration::from_millis(3500);
+
+    // A trial counts only if its fault fired: the request was held by the proxy.
+    for trial in 1..=3 {
+        proxy.set_mode(ProxyMode::Delay {
+            up: delay,
+            down: Duration::ZERO,
+        });
+        let started = Instant::now();
+        let attempt = {
+            let (lock, k) = (lock.clone(), k.clone());
+            tokio::spawn(async move { lock.try_acquire(&k, ttl).await })
+        };
+        // Once the request sits in the proxy's queue, let everything else (the release
+        // of a refused grant) through at once.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.set_mode(ProxyMode::Pass);
+        let result = attempt.await.unwrap();
+        let replied = started.elapsed();
+        if replied < delay {
+            eprintln!("trial {trial}: the request was not delayed ({replied:?}); again");
+            if let Ok(Some(lease)) = result {
+                lock.release(lease).await.unwrap();
+            }
+            continue;
+        }
+        let holder = observer.inspect(&k).await.unwrap();
+        let checked = started.elapsed();
+        match result {
+            Ok(Some(lease)) => panic!(
+                "a lease past its deadline was handed out: valid_until is {:?} before the reply",
+                replied.saturating_sub(lease.valid_until() - started)
+            ),
+            Ok(None) => panic!("reported as held by another"),
+            Err(LockError::Unavailable { message, .. }) => {
+                assert!(message.contains("deadline"), "says why: {message}");
+            }
+            Err(e) => panic!("expected Unavailable, got {e}"),
+        }
+        assert!(
+            holder.is_none(),
+            "the refused grant was released, not left held: {holder:?}"
+        );
+        assert!(
+            checked < delay + ttl,
+            "checked ({checked:?}) before the key could have expired by itself"
+        );
+        return;
+    }
+    panic!("the delay never applied to the acquire request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_refuses_a_late_grant_and_gets_a_live_one_within_its_wait() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?command_timeout_ms=30000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let observer = RedisLock::connect(&node.url()).await.unwrap();
+    warm_up(&lock).await;
+    let k = key("late-then-live");
+    let ttl = Duration::from_secs(3);
+    let delay = Duration::from_millis(3500);
+
+    for trial in 1..=3 {
+        proxy.set_mode(ProxyMode::Delay {
+            up: delay,
+            down: Duration::ZERO,
+        });
+        let started = Instant::now();
+        let acquire = {
+            let (lock, k) = (lock.clone(), k.clone());
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(30));
+            tokio::spawn(async move { lock.acquire(&k, &opts).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.set_mode(ProxyMode::Pass);
+        let lease = acquire
+            .await
+            .unwrap()
+            .expect("a live grant on a later attempt");
+        let took = started.elapsed();
+        if took < delay {
+            eprintln!("trial {trial}: the request was not delayed ({took:?}); again");
+            lock.release(lease).await.unwrap();
+            continue;
+        }
+        assert!(
+            Instant::now() < lease.valid_until(),
+            "the lease handed out is live"
+        );
+        assert!(
+            lease.acquired_at() >= started + delay,
+            "it comes from an attempt sent after the late reply, not the late grant"
+        );
+        let holder = observer.inspect(&k).await.unwrap().expect("held");
+        assert_eq!(
+            (holder.owner, holder.token),
+            (lease.owner(), Some(lease.token()))
+        );
+        lock.release(lease).await.unwrap();
+        return;
+    }
+    panic!("the delay never applied to the acquire request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_against_a_blackholed_server_keeps_to_its_wait() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    // Step timeouts far above the wait: only the wait may bound the call.
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?connect_timeout_ms=5000&command_timeout_ms=5000",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    warm_up(&lock).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    let wait = Duration::from_millis(200);
+    let started = Instant::now();
+    let result = lock
+        .acquire(&key("blackholed"), &AcquireOptions::new(TTL).wait(wait))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "the fault fired: requests were dropped"
+    );
+    // Nobody was seen holding the lock: the server did not answer, so Unavailable (not
+    // Timeout, which means "held by another").
+    match result {
+        Err(LockError::Unavailable { message, .. }) => eprintln!("after {took:?}: {message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(took >= wait, "waited its bound: {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "kept to its wait of {wait:?}, not the 5 s step timeouts: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_wait_makes_one_attempt_bounded_by_the_command_timeout() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let command_timeout = Duration::from_millis(1500);
+    let lock = RedisLock::connect(&format!(
+        "redis://{}?command_timeout_ms={}",
+        proxy.addr(),
+        command_timeout.as_millis()
+    ))
+    .await
+    .unwrap();
+    warm_up(&lock).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    let started = Instant::now();
+    let result = lock
+        .acquire(
+            &key("zero-wait"),
+            &AcquireOptions::new(TTL).wait(Duration::ZERO),
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(proxy.stats().bytes_blackholed > 0, "the fault fired");
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took >= command_timeout,
+        "the attempt had its full step: {took:?}"
+    );
+    assert!(took < command_timeout * 4, "and only one attempt: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_subscribe_polls_and_gets_the_lock_after_release() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    // A real ACL user that may run everything but SUBSCRIBE.
+    let reply = node
+        .command(&[
+            "ACL",
+            "SETUSER",
+            "poller",
+            "on",
+            ">pw",
+            "~*",
+            "allchannels",
+            "+@all",
+            "-subscribe",
+        ])
+        .await
+        .unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
+    let holder = RedisLock::connect(&node.url()).await.unwrap();
+    let waiter = RedisLock::connect(&format!("redis://poller:pw@{}", node.addr()))
+        .await
+        .unwrap();
+    let k = key("no-subscribe");
+    let held = holder
+        .try_acquire(&k, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let release = {
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            holder.release(held).await.unwrap()
+        })
+    };
+    let wait = Duration::from_secs(10);
+    let started = Instant::now();
+    let lease = waiter
+        .acquire(&k, &AcquireOptions::new(TTL).wait(wait))
+        .await
+        .expect("polled its way to the lock after the release");
+    let took = started.elapsed();
+    assert_eq!(release.await.unwrap(), ReleaseOutcome::Released);
+    assert!(
+        took < Duration::from_secs(5),
+        "got it soon after the release, not at the holder's TTL or the wait: {took:?}"
+    );
+    waiter.release(lease).await.unwrap();
+}

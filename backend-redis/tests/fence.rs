@@ -1,0 +1,146 @@
+//! The fence counter's key on a real server: exact tokens at any size (issue 15,
+//! defect 5) and a bounded lifetime in clock-floored mode (defect 12).
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tenure_api::{DistributedLock, LockKey};
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::RedisLock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// A plain client connection to the server, for setting up and reading raw keys.
+async fn plain(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn query<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_fence_above_2_pow_52_stays_exact_and_readable() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    let lock = RedisLock::connect(&format!("{url}?fence=counter"))
+        .await
+        .unwrap();
+    let k = LockKey::new("fence/big").unwrap();
+    let lock_key = lock.lock_key(&k);
+    let fence_key = format!("{lock_key}:fence");
+    let mut conn = plain(&url).await;
+    const BASE: u64 = 1 << 52;
+    let _: () = query(&mut conn, &["SET", &fence_key, &BASE.to_string()]).await;
+
+    for expected in [BASE + 1, BASE + 2] {
+        let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+        let stored: String = query(&mut conn, &["GET", &lock_key]).await;
+        assert_eq!(
+            stored,
+            format!("{}:{expected}", lease.owner()),
+            "the lock value carries the exact token"
+        );
+        assert_eq!(lease.token().get(), expected, "exact token");
+        let holder = lock.inspect(&k).await.unwrap().expect("held");
+        assert_eq!(
+            holder.token,
+            Some(lease.token()),
+            "inspect parses the value"
+        );
+        lock.release(lease).await.unwrap();
+    }
+    let counter: String = query(&mut conn, &["GET", &fence_key]).await;
+    assert_eq!(counter, (BASE + 2).to_string());
+
+    // Beyond 2^53 a Lua double cannot hold the token exactly: refused, never rounded.
+    let last = (1u64 << 53) - 1;
+    let _: () = query(&mut conn, &["SET", &fence_key, &last.to_string()]).await;
+    let err = lock.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(
+        matches!(err, tenure_api::LockError::Backend { .. }),
+        "refused: {err}"
+    );
+    assert!(lock.inspect(&k).await.unwrap().is_none(), "nothing granted");
+}
+
+/// The fence key's PTTL in ms (`-1`: no expiry, `-2`: no key).
+async fn fence_pttl(conn: &mut MultiplexedConnection, lock: &RedisLock, k: &LockKey) -> i64 {
+    let fence_key = format!("{}:fence", lock.lock_key(k));
+    query(conn, &["PTTL", &fence_key]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    let clock = RedisLock::connect(&url).await.unwrap();
+    let counter = RedisLock::connect(&format!("{url}?fence=counter"))
+        .await
+        .unwrap();
+    let mut conn = plain(&url).await;
+    let ttl_ms = TTL.as_millis() as i64;
+    let day_ms = 24 * 3600 * 1000;
+
+    // Clock-floored (the default): the fence key expires, well after the lock.
+    let k = LockKey::new("fence/clock").unwrap();
+    let mut lease = clock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let pttl = fence_pttl(&mut conn, &clock, &k).await;
+    assert!(
+        pttl > ttl_ms && pttl > day_ms - 60_000 && pttl <= day_ms,
+        "clock fence key expires after about a day, and after the lock: PTTL {pttl}"
+    );
+
+    // An extension keeps the fence key alive at least as long as the lock.
+    let fence_key = format!("{}:fence", clock.lock_key(&k));
+    let _: i64 = query(&mut conn, &["PEXPIRE", &fence_key, "1000"]).await;
+    clock.extend(&mut lease, TTL).await.unwrap();
+    let pttl = fence_pttl(&mut conn, &clock, &k).await;
+    assert!(
+        pttl > ttl_ms,
+        "extend refreshed the fence expiry: PTTL {pttl}"
+    );
+
+    // Redlock's write round keeps an expiry in clock mode, on an existing fence key…
+    let raised = tenure_api::FencingToken(lease.token().get() + 1000);
+    assert!(clock.raise_fence(&k, lease.owner(), raised).await.unwrap());
+    let pttl = fence_pttl(&mut conn, &clock, &k).await;
+    assert!(pttl > ttl_ms, "raise_fence kept an expiry: PTTL {pttl}");
+    let value: String = query(&mut conn, &["GET", &fence_key]).await;
+    assert_eq!(value, raised.get().to_string());
+    // …and on a node that had no fence key for it yet.
+    let fresh = LockKey::new("fence/raised-only").unwrap();
+    let owner = tenure_api::OwnerId::random();
+    assert!(!clock.raise_fence(&fresh, owner, raised).await.unwrap());
+    let pttl = fence_pttl(&mut conn, &clock, &fresh).await;
+    assert!(
+        pttl > day_ms - 60_000,
+        "raise_fence set an expiry: PTTL {pttl}"
+    );
+    clock.release(lease).await.unwrap();
+
+    // A plain counter must never expire (that would regress tokens): it persists, even
+    // on a key that was used in clock mode before.
+    for name in ["fence/counter", "fence/clock"] {
+        let k = LockKey::new(name).unwrap();
+        let lease = counter.try_acquire(&k, TTL).await.unwrap().unwrap();
+        assert_eq!(
+            fence_pttl(&mut conn, &counter, &k).await,
+            -1,
+            "{name}: the counter has no expiry"
+        );
+        let owner = lease.owner();
+        let next = tenure_api::FencingToken(lease.token().get() + 5);
+        assert!(counter.raise_fence(&k, owner, next).await.unwrap());
+        assert_eq!(fence_pttl(&mut conn, &counter, &k).await, -1, "{name}");
+        counter.release(lease).await.unwrap();
+    }
+}
