@@ -498,7 +498,7 @@ impl DistributedLock for RedisLock {
                 }),
             };
         }
-        let deadline = started + opts.wait;
+        let deadline = opts.wait_deadline(started);
         let left = || deadline.saturating_duration_since(Instant::now());
         let mut owner = OwnerId::random();
         let mut pubsub = None;
