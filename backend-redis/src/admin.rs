@@ -211,7 +211,13 @@ mod tests {
         let good = "0123456789abcdef0123456789abcdef:7";
         assert_eq!(scanned(Some(good), "string", 900).finding("h:1"), None);
         let holder = scanned(Some(good), "string", 900).holder().unwrap();
-        assert_eq!(holder.1.token.map(|t| t.get()), Some(7));
+        let owner = tenure_api::OwnerId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        let token = crate::scripts::token_for(7, owner).unwrap();
+        assert_eq!(
+            holder.1.token,
+            Some(token),
+            "count 7 with the owner's low bits"
+        );
         assert_eq!(holder.1.remaining.map(|r| r.as_millis()), Some(900));
 
         let leak = scanned(Some(good), "string", -1).finding("h:1").unwrap();

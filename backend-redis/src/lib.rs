@@ -16,11 +16,19 @@
 //! **Guarantees** ([`RedisLock::capabilities`]): a single node with server-TTL expiry.
 //! Safety depends on the server's clock (a jump forward expires locks early) and on the
 //! node keeping its data: a restart without persistence, or a failover to an async
-//! replica, can grant the lock twice. By default the fence counter never falls below the
-//! server's clock in µs ([`FenceMode::ClockFloored`]), so the second holder gets a larger
-//! token and a fenced store turns the stale holder away; with `fence=counter` (a plain
-//! `INCR`) the counter regresses with the data and fencing cannot tell the two holders
-//! apart. The conformance suite demonstrates each of these; use the fencing token.
+//! replica, can grant the lock twice. The conformance suite demonstrates each of these;
+//! use the fencing token.
+//!
+//! **Fencing tokens** are `count · 2^10 + (10 low bits of the owner id)`
+//! ([`scripts::token_for`]), where `count` comes from the key's fence counter. What each
+//! [`FenceMode`] guarantees:
+//!
+//! | | `fence=clock` (default) | `fence=counter` |
+//! |---|---|---|
+//! | successive grants while the server keeps its data | strictly increasing | strictly increasing |
+//! | restart without persistence, failover to an async replica | still increasing, as long as the server's clock (the promoted replica's) is past the time of the last grant | the count regresses (back to 1 after a restart) |
+//! | two holders at once (any double grant) | the later holder's token is larger: a `>=` fenced store turns the earlier away | tokens differ (unless both owner ids share their low 10 bits: probability 2^-10) but are not ordered: a `>=` store may turn the *newer* holder away |
+//! | server clock stepped backwards | a token may repeat a count; owner bits still tell the holders apart | unaffected |
 //!
 //! **Late replies.** Like Redlock, a grant whose reply arrives after the lease's own
 //! deadline (`sent + ttl − drift`, measured from sending) is never handed out: the lock
@@ -74,7 +82,7 @@ use tenure_api::{
 };
 
 pub use config::{redact, FenceMode, RedisConfig};
-use scripts::{parse_lock_value, SCRIPTS};
+use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
 /// one auto-reconnecting connection.
@@ -240,11 +248,9 @@ impl RedisLock {
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
         }
-        u64::try_from(value)
-            .ok()
-            .filter(|t| *t > 0)
-            .map(|t| Grant::Granted(FencingToken(t)))
-            .ok_or_else(|| LockError::backend(format!("server returned fence {value}")))
+        let count = u64::try_from(value)
+            .map_err(|_| LockError::backend(format!("server returned fence {value}")))?;
+        token_for(count, owner).map(Grant::Granted)
     }
 
     /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s. A
@@ -282,7 +288,8 @@ impl RedisLock {
         Ok(self.call::<i64>("release", invocation).await? == 1)
     }
 
-    /// Raises the key's fence counter to at least `token` and records `token` in the lock
+    /// Raises the key's fence counter to at least `token`'s count (see
+    /// [`scripts::token_for`]) and records it in the lock
     /// if it is still `owner`'s (the write round of Redlock's quorum max-register).
     /// Returns whether the lock is still `owner`'s. In clock-floored mode the fence key
     /// keeps (or gets) its expiry; with `fence=counter` it is persistent (see
@@ -302,7 +309,7 @@ impl RedisLock {
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(owner.to_string())
-            .arg(token.get())
+            .arg(count_of(token))
             .arg(self.config.fence.as_str());
         Ok(self.call::<i64>("raise fence", invocation).await? == 1)
     }

@@ -1,8 +1,10 @@
 //! The Lua scripts behind the Redis protocol, shared with the Redlock backend.
 //!
 //! Layout per lock key `K` (both keys share the hash tag, so a Redis Cluster keeps them
-//! in one slot): `{K}` holds `"<owner>:<token>"` with a PX expiry; `{K}:fence` is the fence
-//! counter. Releases are published on the lock key's channel.
+//! in one slot): `{K}` holds `"<owner>:<count>"` with a PX expiry; `{K}:fence` is the fence
+//! counter. Releases are published on the lock key's channel. The fencing token handed
+//! out is the count with 10 low bits of the owner id appended ([`token_for`]), so that two
+//! holders of one double grant get different tokens.
 //!
 //! The fence counter comes in two kinds ([`FenceMode`](crate::FenceMode)): a plain `INCR`,
 //! or a *clock-floored* counter, `max(counter + 1, server TIME in µs)`, which keeps tokens
@@ -180,20 +182,52 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     raise_fence: Script::new(RAISE_FENCE),
 });
 
-/// Splits a stored lock value into owner and token.
+/// How many low bits of a fencing token come from the owner id.
+pub const OWNER_BITS: u32 = 10;
+
+/// The largest fence count a token can carry: below 2^53, the range Lua's doubles hold
+/// exactly, so tokens stay below 2^63 and fit a signed 64-bit database column.
+pub const MAX_COUNT: u64 = (1 << 53) - 1;
+
+/// The fencing token of a grant at fence count `count` to `owner`:
+/// `count · 2^10 + (the owner id's low 10 bits)`.
+///
+/// Tokens of successive grants increase with the count; two grants that got the same
+/// count — a double grant after the server forgot its counter, or a Redlock node that
+/// forgot it in the overlap of two majorities — still get different tokens unless their
+/// random owner ids share their low 10 bits (probability 2^-10), so a fenced store can
+/// tell the two holders apart.
+pub fn token_for(
+    count: u64,
+    owner: tenure_api::OwnerId,
+) -> Result<tenure_api::FencingToken, tenure_api::LockError> {
+    if count == 0 || count > MAX_COUNT {
+        return Err(tenure_api::LockError::backend(format!(
+            "fence count {count} is outside 1..=2^53-1"
+        )));
+    }
+    let [.., high, low] = owner.0;
+    let suffix = u64::from(u16::from_be_bytes([high, low])) & ((1 << OWNER_BITS) - 1);
+    Ok(tenure_api::FencingToken((count << OWNER_BITS) | suffix))
+}
+
+/// The fence count a token was made from (the inverse of [`token_for`]).
+pub fn count_of(token: tenure_api::FencingToken) -> u64 {
+    token.get() >> OWNER_BITS
+}
+
+/// Splits a stored lock value (`"<owner>:<count>"`) into owner and fencing token.
 pub fn parse_lock_value(
     value: &str,
 ) -> Result<(tenure_api::OwnerId, tenure_api::FencingToken), tenure_api::LockError> {
-    let (owner, token) = value
+    let (owner, count) = value
         .split_once(':')
         .ok_or_else(|| tenure_api::LockError::backend(format!("malformed lock value {value:?}")))?;
-    let token = token
+    let count = count
         .parse::<u64>()
         .map_err(|_| tenure_api::LockError::backend(format!("malformed token in {value:?}")))?;
-    Ok((
-        tenure_api::OwnerId::parse(owner)?,
-        tenure_api::FencingToken(token),
-    ))
+    let owner = tenure_api::OwnerId::parse(owner)?;
+    Ok((owner, token_for(count, owner)?))
 }
 
 #[cfg(test)]
@@ -206,5 +240,23 @@ mod tests {
         for script in [ACQUIRE, EXTEND, RAISE_FENCE] {
             assert!(script.contains(&floor), "{script}");
         }
+    }
+
+    #[test]
+    fn tokens_order_by_count_and_differ_by_owner() {
+        use tenure_api::OwnerId;
+        let a = OwnerId([0xab; 16]);
+        let mut b = a;
+        b.0[15] ^= 1;
+        let (ta, tb) = (token_for(7, a).unwrap(), token_for(7, b).unwrap());
+        assert_ne!(ta, tb, "one count, two owners: two tokens");
+        assert_eq!((count_of(ta), count_of(tb)), (7, 7));
+        assert!(token_for(8, a).unwrap() > tb && token_for(8, b).unwrap() > ta);
+        let top = token_for(MAX_COUNT, OwnerId([0xff; 16])).unwrap();
+        assert!(top.get() < 1 << 63, "fits a signed 64-bit column");
+        assert!(token_for(0, a).is_err() && token_for(MAX_COUNT + 1, a).is_err());
+        let value = format!("{a}:7");
+        assert_eq!(parse_lock_value(&value).unwrap(), (a, ta));
+        assert!(parse_lock_value(&format!("{a}:0")).is_err());
     }
 }

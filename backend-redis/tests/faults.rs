@@ -135,13 +135,13 @@ impl DoubleGrant {
 }
 
 /// A holder on a node without persistence; the node restarts; a second client acquires.
-async fn restart_without_persistence(fence: &str) -> DoubleGrant {
+async fn restart_without_persistence(fence: &str, advance: usize) -> DoubleGrant {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     let url = format!("{}?fence={fence}", node.url());
     let (a, b) = (connect(&url).await, connect(&url).await);
     let k = key("amnesia");
-    advance_fence(&a, &k, 5).await;
+    advance_fence(&a, &k, advance).await;
     let history = History::new();
 
     let invoked = Instant::now();
@@ -173,16 +173,46 @@ async fn restart_without_persistence(fence: &str) -> DoubleGrant {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_grants_twice_and_a_plain_counter_regresses() {
-    restart_without_persistence("counter")
+    restart_without_persistence("counter", 5)
         .await
         .assert_fence_regressed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_grants_twice_and_the_clock_floored_fence_contains_it() {
-    restart_without_persistence("clock")
+    restart_without_persistence("clock", 5)
         .await
         .assert_fencing_contains_it();
+}
+
+/// Issue 15, defect 6: after a restart in `fence=counter` mode both holders got the same
+/// count — and used to get the same token, which a `>=` fence accepts from both. The
+/// token's low bits now come from the owner id: two holders share a token only if their
+/// random owner ids share those bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_in_counter_mode_never_gives_two_holders_one_token() {
+    use tenure_redis::scripts::{count_of, OWNER_BITS};
+    let double = restart_without_persistence("counter", 0).await;
+    let (held, stolen) = (&double.held, &double.stolen);
+    assert_eq!(
+        (count_of(held.token()), count_of(stolen.token())),
+        (1, 1),
+        "the fault fired: the restarted server handed out the same count again"
+    );
+    let suffix = |lease: &Lease| lease.token().get() & ((1 << OWNER_BITS) - 1);
+    let owner_bits = |lease: &Lease| {
+        let [.., high, low] = lease.owner().0;
+        u64::from(u16::from_be_bytes([high, low])) & ((1 << OWNER_BITS) - 1)
+    };
+    assert_eq!(suffix(held), owner_bits(held));
+    assert_eq!(suffix(stolen), owner_bits(stolen));
+    assert_eq!(
+        held.token() == stolen.token(),
+        owner_bits(held) == owner_bits(stolen),
+        "two holders share a token only when their owner ids share the low bits: {} and {}",
+        held.token(),
+        stolen.token()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

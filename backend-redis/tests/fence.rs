@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tenure_api::{DistributedLock, LockKey};
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::scripts::{count_of, token_for};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -49,7 +50,8 @@ async fn counter_fence_above_2_pow_52_stays_exact_and_readable() {
             format!("{}:{expected}", lease.owner()),
             "the lock value carries the exact token"
         );
-        assert_eq!(lease.token().get(), expected, "exact token");
+        assert_eq!(count_of(lease.token()), expected, "exact token");
+        assert_eq!(lease.token(), token_for(expected, lease.owner()).unwrap());
         let holder = lock.inspect(&k).await.unwrap().expect("held");
         assert_eq!(
             holder.token,
@@ -110,12 +112,12 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
     );
 
     // Redlock's write round keeps an expiry in clock mode, on an existing fence key…
-    let raised = tenure_api::FencingToken(lease.token().get() + 1000);
+    let raised = token_for(count_of(lease.token()) + 1000, lease.owner()).unwrap();
     assert!(clock.raise_fence(&k, lease.owner(), raised).await.unwrap());
     let pttl = fence_pttl(&mut conn, &clock, &k).await;
     assert!(pttl > ttl_ms, "raise_fence kept an expiry: PTTL {pttl}");
     let value: String = query(&mut conn, &["GET", &fence_key]).await;
-    assert_eq!(value, raised.get().to_string());
+    assert_eq!(value, count_of(raised).to_string());
     // …and on a node that had no fence key for it yet.
     let fresh = LockKey::new("fence/raised-only").unwrap();
     let owner = tenure_api::OwnerId::random();
@@ -138,7 +140,7 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
             "{name}: the counter has no expiry"
         );
         let owner = lease.owner();
-        let next = tenure_api::FencingToken(lease.token().get() + 5);
+        let next = token_for(count_of(lease.token()) + 5, lease.owner()).unwrap();
         assert!(counter.raise_fence(&k, owner, next).await.unwrap());
         assert_eq!(fence_pttl(&mut conn, &counter, &k).await, -1, "{name}");
         counter.release(lease).await.unwrap();

@@ -204,12 +204,25 @@ async fn restart_without_persistence(options: &str) -> (Lease, Lease) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_grants_twice_and_plain_counters_do_not_fence_it() {
+    use tenure_redis::scripts::{count_of, OWNER_BITS};
     let (held, stolen) = restart_without_persistence("?fence=counter").await;
     // Honest finding: the register majority {A, B, C} lost C, so {C, D, E} does not
-    // intersect what client 1 wrote: the fence does not increase.
+    // intersect what client 1 wrote: the fence count does not increase (D and E were
+    // one grant behind, so it is the same count).
     assert!(
-        stolen.token() <= held.token(),
+        count_of(stolen.token()) <= count_of(held.token()),
         "fence did not contain it this time"
+    );
+    // Issue 15, defect 6: the two holders used to get the same token, which a `>=`
+    // fence accepts from both. The low bits now come from each owner id.
+    let owner_bits = |lease: &Lease| {
+        let [.., high, low] = lease.owner().0;
+        u64::from(u16::from_be_bytes([high, low])) & ((1 << OWNER_BITS) - 1)
+    };
+    assert_eq!(
+        held.token() == stolen.token(),
+        owner_bits(&held) == owner_bits(&stolen),
+        "two holders share a token only when their owner ids share the low bits"
     );
 }
 
