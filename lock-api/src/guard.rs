@@ -132,9 +132,10 @@ struct Shared<L: ?Sized> {
 ///
 /// The lease's local deadline is part of the guard's state: [`is_lost`](Self::is_lost)
 /// compares it with the clock and [`lost`](Self::lost) fires at the deadline at the
-/// latest, even if the renewal task is starved. The renewal task wakes at the earlier of
-/// the next renewal (when a third of the TTL has been used, or at once for a lease that
-/// arrived with less validity left) and the deadline. The first renewal that fails, or
+/// latest, even if the renewal task is starved. The renewal task renews once a third of
+/// the remaining validity (of at most the TTL) has passed — before the deadline, with
+/// two thirds left for the round trip — and at once for a lease that reached the guard
+/// with less than two thirds of its TTL left. The first renewal that fails, or
 /// that does not complete before the deadline, marks the lease lost: the guard never
 /// re-acquires. If the renewal task panics, the lease is reported lost too.
 ///
@@ -277,17 +278,21 @@ impl<L: DistributedLock + ?Sized + 'static> Drop for LockGuard<L> {
     }
 }
 
-/// When a lease of `ttl` expiring at `valid_until` is next renewed: once a third of the
-/// TTL is used, i.e. with two thirds left — at once for a lease that has less.
-fn renew_at(valid_until: Instant, ttl: Duration, now: Instant) -> Instant {
-    valid_until
-        .checked_sub(ttl.saturating_sub(renewal_interval(ttl)))
-        .unwrap_or(now)
-        .min(valid_until)
+/// How long the renewal task waits before renewing a lease of `ttl` with `remaining`
+/// validity: a third of what is left (of at most the TTL), so two thirds stay for the
+/// round trip. A lease that reaches the guard with less than two thirds of its TTL left
+/// (a slow reply, a pause before the guard was built) is renewed at once.
+fn renewal_delay(ttl: Duration, remaining: Duration, first: bool) -> Duration {
+    if first && remaining < ttl.saturating_sub(renewal_interval(ttl)) {
+        Duration::ZERO
+    } else {
+        renewal_interval(remaining.min(ttl))
+    }
 }
 
 async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
     let (clock, lost) = (&shared.clock, &shared.lost);
+    let mut first = true;
     loop {
         let Some(lease) = locked(&shared.lease).clone() else {
             return;
@@ -296,9 +301,12 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
         if lost.is_lost() {
             return;
         }
+        let now = clock.now();
+        let delay = renewal_delay(ttl, valid_until.saturating_duration_since(now), first);
+        first = false;
         tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = clock.sleep_until(renew_at(valid_until, ttl, clock.now())) => {}
+            _ = clock.sleep_until(now + delay) => {}
         }
         if clock.now() >= valid_until {
             lost.mark("renewal came too late: the lease deadline had already passed");

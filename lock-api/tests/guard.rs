@@ -1,6 +1,6 @@
 //! LockGuard and LockExt: renewal, loss reporting, release on drop.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,9 @@ struct Faulty {
     inner: MemoryLock,
     extend_mode: AtomicU8,
     extend_entered: AtomicBool,
+    extends: AtomicU32,
+    /// Every extension's deadline is tightened by this much (like `DriftMargin`).
+    margin: Duration,
     release_fails: AtomicBool,
     grant_delay: Duration,
 }
@@ -40,6 +43,8 @@ impl Faulty {
             inner,
             extend_mode: AtomicU8::new(HEALTHY),
             extend_entered: AtomicBool::new(false),
+            extends: AtomicU32::new(0),
+            margin: Duration::ZERO,
             release_fails: AtomicBool::new(false),
             grant_delay,
         })
@@ -65,7 +70,12 @@ impl DistributedLock for Faulty {
             }),
             HANGING => std::future::pending().await,
             PANICKING => panic!("injected: a bug in the backend's extend"),
-            _ => self.inner.extend(lease, ttl).await,
+            _ => {
+                self.extends.fetch_add(1, Ordering::SeqCst);
+                self.inner.extend(lease, ttl).await?;
+                lease.tighten(self.margin);
+                Ok(())
+            }
         }
     }
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
@@ -429,5 +439,46 @@ async fn with_lock_returns_the_result_and_the_failed_release() {
             assert!(error.to_string().contains("release timed out"), "{error}");
         }
         other => panic!("expected the value with the release error, got {other:?}"),
+    }
+}
+
+/// A lease whose deadline sits well inside its TTL after every renewal (a drift margin
+/// of 18 s on 30 s) is renewed at once on arrival, then a third of its remaining
+/// validity later — never in a tight loop.
+#[tokio::test]
+async fn renewals_are_spaced_when_the_deadline_sits_inside_the_ttl() {
+    let clock = ManualClock::new();
+    let mut lock = Faulty::new(MemoryLock::with_clock(Arc::new(clock.clone())));
+    Arc::get_mut(&mut lock).unwrap().margin = Duration::from_secs(18);
+    let mut lease = lock
+        .try_acquire(&key("margin"), LONG_TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    lease.tighten(lock.margin);
+    let guard = LockGuard::with_clock(lock.clone(), lease, Arc::new(clock.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        lock.extends.load(Ordering::SeqCst),
+        1,
+        "renewed once, at once"
+    );
+    for _ in 0..5 {
+        clock.advance(Duration::from_secs(4)); // a third of the 12 s left
+        let renewed = async {
+            while lock.extends.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), renewed)
+            .await
+            .expect("renewed after a third of the remaining validity");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            lock.extends.swap(1, Ordering::SeqCst),
+            2,
+            "one renewal per step"
+        );
+        assert!(!guard.is_lost());
     }
 }
