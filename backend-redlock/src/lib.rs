@@ -47,7 +47,7 @@ use tenure_api::{
 use tenure_redis::{Grant, RedisLock};
 use tokio::sync::OnceCell;
 
-pub use config::{RedlockConfig, MIN_NODE_TIMEOUT};
+pub use config::{RedlockConfig, MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT};
 
 /// A Redlock client over N independent Redis masters. Cheap to share (`Arc`).
 #[derive(Clone)]
@@ -77,17 +77,26 @@ impl Redlock {
         Self::with_config(RedlockConfig::from_url(url)?).await
     }
 
-    /// Connects to every node concurrently. Succeeds when a majority is reachable; the
-    /// others are connected to lazily, on later calls.
+    /// Validates the configuration ([`RedlockConfig::validate`]: a bad one is
+    /// [`LockError::Config`], never a panic), then connects to every node concurrently.
+    /// Succeeds when a majority is reachable; the others are connected to lazily, on
+    /// later calls.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn with_config(config: RedlockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let nodes = config.nodes.iter().map(|_| OnceCell::new()).collect();
+        let limit = config
+            .nodes
+            .iter()
+            .map(|node| node.connect_timeout)
+            .max()
+            .unwrap_or(MIN_NODE_TIMEOUT)
+            .saturating_mul(2);
         let lock = Self {
             inner: Arc::new(Inner { config, nodes }),
         };
-        let limit = lock.inner.config.nodes[0].connect_timeout * 2;
         let connected = lock
             .inner
             .fan_out(limit, |_| async { Ok(()) })
@@ -334,7 +343,10 @@ impl DistributedLock for Redlock {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let inner = &self.inner;
         let quorum = inner.config.quorum();
-        let limit = inner.config.node_timeout_for(Duration::from_secs(1)) * 10;
+        let limit = inner
+            .config
+            .node_timeout_for(Duration::from_secs(1))
+            .saturating_mul(10);
         let replies = inner.fan_out(limit, |node| node.inspect(key)).await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let holders: Vec<HolderInfo> = replies
