@@ -33,17 +33,78 @@ pub struct RedlockConfig {
 /// redis-servers timed healthy nodes out and acquires failed with `NoQuorum`.
 pub const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The largest per-node timeout: the default (ttl/100) is capped here, and an explicit
+/// `node_timeout` above it is a configuration error.
+pub const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl RedlockConfig {
-    /// Builds a configuration from node configurations (at least one).
+    /// Builds a configuration from node configurations: at least one, each a different
+    /// server (see [`validate`](Self::validate)).
     pub fn new(nodes: Vec<RedisConfig>) -> Result<Self, LockError> {
-        if nodes.is_empty() {
-            return Err(LockError::Config("Redlock needs at least one node".into()));
-        }
-        Ok(Self {
+        let config = Self {
             nodes,
             node_timeout: None,
             fencing: true,
-        })
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what [`new`](Self::new), [`from_url`](Self::from_url) and
+    /// [`Redlock::with_config`](crate::Redlock::with_config) require (the fields are
+    /// public, so a configuration can be built without them):
+    ///
+    /// - at least one node;
+    /// - no node listed twice. Two entries are the same node when host and port are equal
+    ///   after normalisation: the host compared case-insensitively, without IPv6
+    ///   brackets, IP addresses in canonical form (`[0:0::1]` = `[::1]`), the default
+    ///   port 6379 filled in. Database number, prefix and credentials do not make a
+    ///   different node. Names are not resolved: `localhost` and `127.0.0.1` count as
+    ///   different nodes, as do two DNS names of one server — a quorum counted over such
+    ///   a list is only as real as the list;
+    /// - `node_timeout`, if set, within 1 ms..=60 s (as the URL option);
+    /// - each node's `connect_timeout` and `command_timeout` within 1 ms..=600 s (as the
+    ///   Redis URL options).
+    ///
+    /// Any violation is [`LockError::Config`]; passwords never appear in it.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.nodes.is_empty() {
+            return Err(LockError::Config("Redlock needs at least one node".into()));
+        }
+        let mut seen: Vec<(String, u16)> = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let id = node_identity(node);
+            if seen.contains(&id) {
+                return Err(LockError::Config(format!(
+                    "Redlock node {} is listed more than once in {self}: a quorum must count \
+                     independent servers",
+                    node.endpoint()
+                )));
+            }
+            seen.push(id);
+        }
+        if let Some(bound) = self.node_timeout {
+            if !(Duration::from_millis(1)..=MAX_NODE_TIMEOUT).contains(&bound) {
+                return Err(LockError::Config(format!(
+                    "node_timeout {bound:?} must be within 1ms..={MAX_NODE_TIMEOUT:?}"
+                )));
+            }
+        }
+        let node_range = Duration::from_millis(1)..=Duration::from_secs(600);
+        for node in &self.nodes {
+            for (name, value) in [
+                ("connect_timeout", node.connect_timeout),
+                ("command_timeout", node.command_timeout),
+            ] {
+                if !node_range.contains(&value) {
+                    return Err(LockError::Config(format!(
+                        "{name} {value:?} of Redlock node {} must be within 1ms..=600s",
+                        node.endpoint()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Parses a `redlock://` or `redlocks://` URL.
@@ -107,11 +168,28 @@ impl RedlockConfig {
         self.nodes.len() / 2 + 1
     }
 
-    /// The per-node bound for a lease of `ttl`.
+    /// The per-node bound for a lease of `ttl`: `node_timeout` if set, else ttl/100
+    /// within [`MIN_NODE_TIMEOUT`]..=[`MAX_NODE_TIMEOUT`]. Never overflows.
     pub fn node_timeout_for(&self, ttl: Duration) -> Duration {
         self.node_timeout
-            .unwrap_or_else(|| (ttl / 100).max(MIN_NODE_TIMEOUT))
+            .unwrap_or_else(|| (ttl / 100).clamp(MIN_NODE_TIMEOUT, MAX_NODE_TIMEOUT))
     }
+}
+
+/// A node's identity for duplicate detection: normalised host and port.
+fn node_identity(node: &RedisConfig) -> (String, u16) {
+    // `endpoint()` is `host:port` with the port filled in (IPv6 hosts in brackets).
+    let endpoint = node.endpoint();
+    let (host, port) = match endpoint.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse().unwrap_or(6379)),
+        None => (endpoint.as_str(), 6379),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => host.trim_end_matches('.').to_ascii_lowercase(),
+    };
+    (host, port)
 }
 
 impl fmt::Display for RedlockConfig {
@@ -161,6 +239,62 @@ mod tests {
             c.node_timeout_for(Duration::from_millis(100)),
             MIN_NODE_TIMEOUT
         );
+    }
+
+    #[test]
+    fn duplicate_nodes_are_config_errors() {
+        for dup in [
+            "redlock://a:6379,a:6379,b:6379",
+            "redlock://a,a:6379,b",
+            "redlock://Host-A:7000,b,host-a:7000",
+            "redlock://[::1]:7000,[0:0::1]:7000,b",
+            "redlock://[::1],b,[::1]:6379",
+            "redlock://127.0.0.1,b,127.0.0.1:6379/1",
+            "redlock://:secret@a,b,A",
+        ] {
+            match RedlockConfig::from_url(dup) {
+                Err(LockError::Config(msg)) => {
+                    assert!(msg.contains("more than once"), "{dup}: {msg}");
+                    assert!(!msg.contains("secret"), "{msg}");
+                }
+                other => panic!("{dup:?}: {other:?}"),
+            }
+        }
+        // Different ports, or names that are only equal after a DNS lookup, stay distinct.
+        for distinct in [
+            "redlock://a:7000,a:7001,b",
+            "redlock://localhost:7000,127.0.0.1:7000,b",
+        ] {
+            assert_eq!(RedlockConfig::from_url(distinct).unwrap().nodes.len(), 3);
+        }
+        let node = |url: &str| RedisConfig::from_url(url).unwrap();
+        let nodes = vec![
+            node("redis://a:1"),
+            node("redis://b:1"),
+            node("redis://A:1/2"),
+        ];
+        assert!(matches!(
+            RedlockConfig::new(nodes),
+            Err(LockError::Config(msg)) if msg.contains("more than once")
+        ));
+    }
+
+    #[test]
+    fn node_timeout_is_bounded_for_any_ttl() {
+        let c = RedlockConfig::from_url("redlock://a,b,c").unwrap();
+        for ttl in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            tenure_api::MAX_TTL,
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ] {
+            let bound = c.node_timeout_for(ttl);
+            assert!(
+                (MIN_NODE_TIMEOUT..=MAX_NODE_TIMEOUT).contains(&bound),
+                "{ttl:?}: {bound:?}"
+            );
+        }
     }
 
     #[test]

@@ -3,25 +3,53 @@
 //! Redlock over N independent Redis masters, with fencing tokens from a **quorum
 //! max-register**.
 //!
-//! **Acquire** sends the acquire script to all nodes *concurrently*, each bounded by a
-//! short per-node timeout (default ttl/100, at least 50 ms). The lock is held only with a
-//! majority (⌊N/2⌋+1) of grants **and** remaining validity
-//! `ttl − elapsed − drift > 0`, measured from before the first send (drift = 1 % of the
-//! TTL + 2 ms). On failure it releases on **every** node — including those that refused
-//! or timed out — and retries after a random delay within the caller's wait bound.
+//! **Nodes** must be N *different* servers: a node listed twice (same host and port after
+//! normalisation) is a [`LockError::Config`] error, as is an empty list — in
+//! [`RedlockConfig::new`], [`RedlockConfig::from_url`] and [`Redlock::with_config`] alike
+//! ([`RedlockConfig::validate`]). Host names are not resolved, so two names of one server
+//! are not caught.
 //!
-//! **Fencing** (on by default): each node's script increments that node's fence counter
+//! **Acquire** sends the acquire script to all nodes *concurrently*, each bounded by a
+//! short per-node timeout (default ttl/100, within 50 ms..=60 s). The lock is held only
+//! with a majority (⌊N/2⌋+1) of grants **and** remaining validity
+//! `ttl − elapsed − drift > 0`, measured from before the first send (drift = 1 % of the
+//! TTL + 2 ms). A round is **decided as soon as its outcome is certain** — a majority
+//! granted, or a majority can no longer grant — so a dead or slow minority costs nothing;
+//! it does not wait for the slowest node. Each node's request runs in its own task, which
+//! outlives the decision: when the round failed, every node is released once its request
+//! has finished — also a node whose grant lands after the decision (and nodes that
+//! refused or timed out) — and the call retries after a random delay within the caller's
+//! wait bound. When the round succeeded, a late grant is ours, and
+//! [`release`](Redlock::release) reaches it. Requests of one owner to one node run in
+//! order (each waits until the previous one was answered or timed out), so a late grant
+//! cannot overtake its release, and the clean-up of a failed round cannot delete the
+//! next round's grant of the same owner.
+//!
+//! **Errors** are aggregated over the nodes: a retryable failure (unreachable, timed
+//! out) of too many nodes is [`LockError::NoQuorum`] (or `Ok(None)` from `try_acquire`
+//! when enough nodes answered that another owner holds it), and `acquire` keeps trying
+//! within its wait bound. A non-retryable node error (a script error, an authentication
+//! or configuration error) on more nodes than a majority can spare is returned at once
+//! — the first such error, which names its node — since retrying cannot cure it.
+//! [`extend`](Redlock::extend) decides early the same way. [`release`](Redlock::release)
+//! waits for every node's answer or timeout (but not for a node still busy with a grant
+//! that has not come back, once a majority answered), and is an error when no majority
+//! could be reached (the lock then stays on the other nodes until its TTL).
+//!
+//! **Fencing** (on by default): each node's script advances that node's fence counter
 //! and returns it; the token is `t = max` over the granting majority; a second round
 //! writes `fence = max(fence, t)` to the nodes, and the lease counts as held only when a
-//! majority acknowledged it while still held by us. Any two majorities intersect, so a
-//! later grant reads a counter ≥ t on at least one node and gets a larger token — as long
-//! as **no majority loses its memory** (restarts without persistence). Each node's
-//! counter is clock-floored by default (`max(counter + 1, server time in µs)`, see
-//! [`tenure_redis::FenceMode`]), which closes that gap too while server clocks move
-//! forward: a node restarted empty hands out a token above every earlier one.
-//! `?fence=counter` keeps the plain `INCR`. Cost: two round trips per acquire instead of
-//! one; `?fencing=false` skips the second round, and [`Redlock::capabilities`] then says
-//! [`FencingKind::None`].
+//! majority acknowledged it while still held by us (decided early too: writes still in
+//! flight only ever raise a fence). Any two majorities intersect, so a later grant reads
+//! a counter ≥ t on a node of the intersection and gets a larger token — provided that
+//! node still remembers its counter. The intersection can be a single node: with plain
+//! counters (`?fence=counter`) **one** node restarted without persistence can be enough
+//! for a later grant to get a token that is not larger (`tests/faults.rs` shows it).
+//! Each node's counter is clock-floored by default (`max(counter + 1, server time in
+//! µs)`, see [`tenure_redis::FenceMode`]), which closes that gap while server clocks move
+//! forward: a node restarted empty hands out a token above every earlier one. Cost: two
+//! round trips per acquire instead of one; `?fencing=false` skips the second round, and
+//! [`Redlock::capabilities`] then says [`FencingKind::None`].
 //!
 //! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
 //! their data or restarting later than the max TTL; the conformance suite shows what
@@ -31,6 +59,7 @@
 
 mod admin;
 mod config;
+mod quorum;
 
 use std::fmt;
 use std::future::Future;
@@ -45,9 +74,11 @@ use tenure_api::{
     LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
 };
 use tenure_redis::{Grant, RedisLock};
-use tokio::sync::OnceCell;
+use tokio::sync::{mpsc, watch, OnceCell};
 
-pub use config::{RedlockConfig, MIN_NODE_TIMEOUT};
+use quorum::{gather, Gates, Tally, Verdict};
+
+pub use config::{RedlockConfig, MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT};
 
 /// A Redlock client over N independent Redis masters. Cheap to share (`Arc`).
 #[derive(Clone)]
@@ -58,6 +89,7 @@ pub struct Redlock {
 struct Inner {
     config: RedlockConfig,
     nodes: Vec<OnceCell<RedisLock>>,
+    gates: Arc<Gates>,
 }
 
 impl fmt::Debug for Redlock {
@@ -77,17 +109,30 @@ impl Redlock {
         Self::with_config(RedlockConfig::from_url(url)?).await
     }
 
-    /// Connects to every node concurrently. Succeeds when a majority is reachable; the
-    /// others are connected to lazily, on later calls.
+    /// Validates the configuration ([`RedlockConfig::validate`]: a bad one is
+    /// [`LockError::Config`], never a panic), then connects to every node concurrently.
+    /// Succeeds when a majority is reachable; the others are connected to lazily, on
+    /// later calls.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn with_config(config: RedlockConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let nodes = config.nodes.iter().map(|_| OnceCell::new()).collect();
+        let limit = config
+            .nodes
+            .iter()
+            .map(|node| node.connect_timeout)
+            .max()
+            .unwrap_or(MIN_NODE_TIMEOUT)
+            .saturating_mul(2);
         let lock = Self {
-            inner: Arc::new(Inner { config, nodes }),
+            inner: Arc::new(Inner {
+                config,
+                nodes,
+                gates: Arc::default(),
+            }),
         };
-        let limit = lock.inner.config.nodes[0].connect_timeout * 2;
         let connected = lock
             .inner
             .fan_out(limit, |_| async { Ok(()) })
@@ -109,6 +154,21 @@ impl Redlock {
     pub fn config(&self) -> &RedlockConfig {
         &self.inner.config
     }
+}
+
+/// Per-node release answers: whether the node was busy with an earlier request, and
+/// whether it released.
+type ReleaseAnswers = mpsc::UnboundedReceiver<(bool, Result<bool, LockError>)>;
+
+/// Where a round stands, as seen by its node tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not decided yet.
+    Pending,
+    /// The lease is held: grants are ours to keep (the holder releases them).
+    Held,
+    /// The round failed: every grant, also one that lands late, must be released.
+    Failed,
 }
 
 impl Inner {
@@ -138,7 +198,7 @@ impl Inner {
         })
     }
 
-    /// Runs `op` on every node concurrently (never one after another).
+    /// Runs `op` on every node concurrently (never one after another) and waits for all.
     async fn fan_out<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<Result<T, LockError>>
     where
         F: Fn(&'a RedisLock) -> Fut + Copy,
@@ -147,18 +207,73 @@ impl Inner {
         join_all((0..self.nodes.len()).map(|i| self.on_node(i, limit, op))).await
     }
 
-    async fn release_everywhere(&self, key: &LockKey, owner: OwnerId, limit: Duration) -> usize {
-        self.fan_out(limit, |node| node.release_owner(key, owner))
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(true)))
-            .count()
+    /// Runs `op` on every node concurrently, each in its own task; the answers in the
+    /// order they arrive. The caller may stop reading once the outcome is certain: the
+    /// requests still reach the slower nodes.
+    fn broadcast<T, F, Fut>(
+        self: &Arc<Self>,
+        limit: Duration,
+        op: F,
+    ) -> mpsc::UnboundedReceiver<Result<T, LockError>>
+    where
+        T: Send + 'static,
+        F: Fn(RedisLock) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+    {
+        let (answers, received) = mpsc::unbounded_channel();
+        for i in 0..self.nodes.len() {
+            let (inner, answers, op) = (self.clone(), answers.clone(), op.clone());
+            tokio::spawn(async move {
+                let answer = inner.on_node(i, limit, move |node| op(node.clone())).await;
+                let _ = answers.send(answer);
+            });
+        }
+        received
     }
 
-    /// One Redlock round for `owner`. On any failure it releases on every node before
-    /// returning.
+    fn quorum_tally(&self) -> Tally {
+        Tally::new(self.nodes.len(), self.config.quorum())
+    }
+
+    /// Sends `owner`'s release to every node, each in its own task behind the owner's
+    /// earlier requests to that node (see [`Gates`]), so it reaches every node even if the
+    /// caller stops listening. The answers arrive on the returned channel, each with
+    /// whether its node was still busy with an earlier request when the release was
+    /// queued; the second value counts those nodes.
+    fn release_everywhere(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        limit: Duration,
+    ) -> (ReleaseAnswers, usize) {
+        let (answers, received) = mpsc::unbounded_channel();
+        let mut busy = 0;
+        for i in 0..self.nodes.len() {
+            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
+            let queued = ticket.is_queued();
+            busy += usize::from(queued);
+            let (inner, key, answers) = (self.clone(), key.clone(), answers.clone());
+            tokio::spawn(async move {
+                ticket.wait_turn().await;
+                let released = inner
+                    .on_node(i, limit, |node| node.release_owner(&key, owner))
+                    .await;
+                let _ = answers.send((queued, released));
+                drop(ticket);
+            });
+        }
+        (received, busy)
+    }
+
+    /// One Redlock round for `owner`, decided as soon as the outcome is certain: a
+    /// majority granted (then the fence round), or a majority can no longer grant, or
+    /// more nodes failed for good than a majority can spare. Each node's request runs in
+    /// its own task, which outlives the decision: if the round failed, the task releases
+    /// its node once its request has finished — also a grant that lands after the
+    /// decision; if the round succeeded, a late grant is ours and [`Redlock::release`]
+    /// reaches it (it queues behind the grant).
     async fn round(
-        &self,
+        self: &Arc<Self>,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
@@ -168,20 +283,41 @@ impl Inner {
         let drift = default_drift(ttl);
         let start = Instant::now();
         let valid_until = deadline(start, ttl, drift);
-        let replies = self
-            .fan_out(limit, |node| node.grant(key, owner, ttl))
-            .await;
-        let tokens: Vec<FencingToken> = replies
-            .iter()
-            .filter_map(|r| match r {
-                Ok(Grant::Granted(token)) => Some(*token),
-                _ => None,
-            })
-            .collect();
-        let held_elsewhere = replies
-            .iter()
-            .filter(|r| matches!(r, Ok(Grant::Held(_))))
-            .count();
+        let (decide, decision) = watch::channel(Phase::Pending);
+        let (replies, mut received) = mpsc::unbounded_channel();
+        for i in 0..self.nodes.len() {
+            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
+            let (inner, key) = (self.clone(), key.clone());
+            let (replies, mut decision) = (replies.clone(), decision.clone());
+            tokio::spawn(async move {
+                ticket.wait_turn().await;
+                let reply = inner
+                    .on_node(i, limit, |node| node.grant(&key, owner, ttl))
+                    .await;
+                let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
+                let _ = replies.send(reply);
+                let failed = match decision.wait_for(|phase| *phase != Phase::Pending).await {
+                    Ok(phase) => *phase == Phase::Failed,
+                    Err(_) => true, // the round is gone without a decision
+                };
+                if failed && maybe_ours {
+                    let _ = inner
+                        .on_node(i, limit, |node| node.release_owner(&key, owner))
+                        .await;
+                }
+                drop(ticket);
+            });
+        }
+        drop((replies, decision));
+        let mut tally = self.quorum_tally();
+        let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
+        let grants = gather(
+            answers,
+            &mut tally,
+            |reply| matches!(reply, Grant::Granted(_)),
+            |t| t.verdict().is_some(),
+        )
+        .await;
         let expired = || {
             LockError::Unavailable {
             message: format!(
@@ -190,72 +326,77 @@ impl Inner {
             source: None,
         }
         };
-        let outcome = if tokens.len() < quorum {
-            if tokens.len() + held_elsewhere >= quorum {
-                Ok(None)
-            } else {
-                Err(LockError::NoQuorum {
-                    got: tokens.len(),
-                    needed: quorum,
-                })
+        let outcome = match tally.verdict() {
+            Some(Verdict::Majority) if Instant::now() >= valid_until => Err(expired()),
+            Some(Verdict::Majority) => {
+                let token = grants
+                    .iter()
+                    .filter_map(|reply| match reply {
+                        Grant::Granted(token) => Some(*token),
+                        Grant::Held(_) => None,
+                    })
+                    .max()
+                    .unwrap_or(FencingToken(0));
+                match self.confirm(key, owner, token, limit).await {
+                    Ok(()) if Instant::now() >= valid_until => Err(expired()),
+                    Ok(()) => Ok(Some(token)),
+                    Err(e) => Err(e),
+                }
             }
-        } else if Instant::now() >= valid_until {
-            Err(expired())
-        } else {
-            let token = tokens.iter().copied().max().unwrap_or(FencingToken(0));
-            match self.confirm(key, owner, token, limit, quorum).await {
-                Ok(Some(_)) if Instant::now() >= valid_until => Err(expired()),
-                confirmed => confirmed,
-            }
+            Some(Verdict::Fatal) => Err(tally.take_fatal()),
+            Some(Verdict::NoMajority) | None if tally.answered() >= quorum => Ok(None),
+            Some(Verdict::NoMajority) | None => Err(LockError::NoQuorum {
+                got: tally.yes,
+                needed: quorum,
+            }),
         };
-        match outcome {
-            Ok(Some(token)) => Ok(Some(Lease::new(
-                key.clone(),
-                owner,
-                token,
-                start,
-                ttl,
-                drift,
-            ))),
-            failed => {
-                self.release_everywhere(key, owner, limit).await;
-                failed.map(|_| None)
-            }
-        }
+        decide.send_replace(match outcome {
+            Ok(Some(_)) => Phase::Held,
+            _ => Phase::Failed,
+        });
+        outcome.map(|token| {
+            token.map(|token| Lease::new(key.clone(), owner, token, start, ttl, drift))
+        })
     }
 
-    /// The fence round: writes `max(fence, token)` everywhere; the grant stands when a
-    /// majority acknowledged it while the lock was still ours.
+    /// The fence round: writes `max(fence, token)` to every node; the grant stands once a
+    /// majority acknowledged it while the lock was still ours. Decided as soon as that
+    /// is certain either way. Each write runs in its own task and still reaches the slower
+    /// nodes after the decision (it only ever raises a fence, and it records the lease's
+    /// token in a late grant of ours, so every node names the same token).
     async fn confirm(
-        &self,
+        self: &Arc<Self>,
         key: &LockKey,
         owner: OwnerId,
         token: FencingToken,
         limit: Duration,
-        quorum: usize,
-    ) -> Result<Option<FencingToken>, LockError> {
+    ) -> Result<(), LockError> {
         if !self.config.fencing {
-            return Ok(Some(token));
+            return Ok(());
         }
-        let still_ours = self
-            .fan_out(limit, |node| node.raise_fence(key, owner, token))
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(true)))
-            .count();
-        if still_ours >= quorum {
-            Ok(Some(token))
-        } else {
-            Err(LockError::NoQuorum {
-                got: still_ours,
-                needed: quorum,
-            })
+        let key = key.clone();
+        let mut received = self.broadcast(limit, move |node| {
+            let key = key.clone();
+            async move { node.raise_fence(&key, owner, token).await }
+        });
+        let mut tally = self.quorum_tally();
+        let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
+        gather(answers, &mut tally, |ours| *ours, |t| t.verdict().is_some()).await;
+        match tally.verdict() {
+            Some(Verdict::Majority) => Ok(()),
+            Some(Verdict::Fatal) => Err(tally.take_fatal()),
+            _ => Err(LockError::NoQuorum {
+                got: tally.yes,
+                needed: tally.quorum,
+            }),
         }
     }
 }
 
 #[async_trait]
 impl DistributedLock for Redlock {
+    /// One round, decided as soon as its outcome is certain (see the crate docs).
+    ///
     /// # Cancel safety
     /// The round runs in its own task: if this future is dropped, the task finishes the
     /// round and releases whatever it was granted, so no stray key is left behind.
@@ -266,7 +407,8 @@ impl DistributedLock for Redlock {
 
     /// Retries rounds after random delays (jittered backoff) until `opts.wait` has passed.
     /// Every round of one call uses the same owner id. Redlock has no push signal, so
-    /// waiting polls.
+    /// waiting polls. A non-retryable node error on more nodes than a majority can spare
+    /// ends the wait at once (see the crate docs).
     ///
     /// # Cancel safety
     /// As `try_acquire`.
@@ -280,52 +422,122 @@ impl DistributedLock for Redlock {
     }
 
     /// Extends on all nodes concurrently; held only if a majority extended within the
-    /// validity.
+    /// validity. Decided as soon as that is certain either way: a majority extended, a
+    /// majority can no longer extend ([`LockError::LeaseLost`] when the nodes that
+    /// answered say the lock is not ours, [`LockError::NoQuorum`] when too few
+    /// answered), or more nodes failed for good than a majority can spare (that node's
+    /// non-retryable error). The requests still reach the slower nodes afterwards.
     ///
     /// # Cancel safety
     /// `lease` is unchanged; some nodes may have applied the extension.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
         let inner = &self.inner;
-        let (quorum, drift) = (inner.config.quorum(), default_drift(ttl));
+        let drift = default_drift(ttl);
         let limit = inner.config.node_timeout_for(ttl);
         let start = Instant::now();
         let (key, owner) = (lease.key().clone(), lease.owner());
-        let replies = inner
-            .fan_out(limit, |node| node.extend_owner(&key, owner, ttl))
-            .await;
-        let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        let refused = replies.iter().filter(|r| matches!(r, Ok(false))).count();
-        if extended >= quorum && Instant::now() < deadline(start, ttl, drift) {
-            lease.renewed(start, ttl, drift);
-            return Ok(());
+        let mut tally = inner.quorum_tally();
+        let extend_key = key.clone();
+        let mut received = inner.broadcast(limit, move |node| {
+            let key = extend_key.clone();
+            async move { node.extend_owner(&key, owner, ttl).await }
+        });
+        let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
+        gather(answers, &mut tally, |ours| *ours, |t| t.verdict().is_some()).await;
+        let (nodes, quorum) = (tally.nodes, tally.quorum);
+        match tally.verdict() {
+            Some(Verdict::Majority) if Instant::now() < deadline(start, ttl, drift) => {
+                lease.renewed(start, ttl, drift);
+                Ok(())
+            }
+            Some(Verdict::Majority) => Err(LockError::Unavailable {
+                message: format!(
+                    "a majority extended `{key}` but the validity ran out (replies took longer than the ttl minus drift)"
+                ),
+                source: None,
+            }),
+            Some(Verdict::Fatal) => Err(tally.take_fatal()),
+            _ if tally.no > nodes - quorum || tally.answered() >= quorum => {
+                Err(LockError::lost(format!(
+                    "only {} of {nodes} nodes still hold `{key}` for {owner}",
+                    tally.yes
+                )))
+            }
+            _ => Err(LockError::NoQuorum {
+                got: tally.yes,
+                needed: quorum,
+            }),
         }
-        if refused > inner.config.nodes.len() - quorum || extended + refused >= quorum {
-            return Err(LockError::lost(format!(
-                "only {extended} of {} nodes still hold `{key}` for {owner}",
-                inner.config.nodes.len()
-            )));
-        }
-        Err(LockError::NoQuorum {
-            got: extended,
-            needed: quorum,
-        })
     }
 
-    /// Releases on all nodes concurrently.
+    /// Releases on every node. The release is sent to all nodes in background tasks, each
+    /// behind this owner's earlier requests to that node, so a grant still in flight (a
+    /// node that had not answered when the acquire was decided) is released too, once it
+    /// has come back or timed out. The answer comes when every node has answered or
+    /// timed out — not waiting for nodes still busy with such an earlier request, once a
+    /// majority has answered — or as soon as a majority can no longer answer:
+    ///
+    /// - `Ok(Released)`: a majority answered and at least one node deleted our lock;
+    /// - `Ok(NotHeld)`: a majority answered and none held it for us (it had expired or
+    ///   was taken over);
+    /// - `Err(Unavailable)`: no majority answered. Nothing is known about the other
+    ///   nodes: our lock may stay there until its TTL expires (the message says so), and
+    ///   until then others may not reach a majority. The lease is gone either way; the
+    ///   background tasks still try each node once.
+    /// - a node's non-retryable error (e.g. a script or auth error) when more nodes
+    ///   failed that way than a majority can spare.
     ///
     /// # Cancel safety
-    /// Nodes not reached keep the lock until its TTL.
+    /// Dropping the future does not stop the releases: they are already on their way to
+    /// every node.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-        let limit = self.inner.config.node_timeout_for(lease.ttl());
-        let released = self
-            .inner
-            .release_everywhere(lease.key(), lease.owner(), limit)
-            .await;
-        Ok(if released > 0 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
+        let inner = &self.inner;
+        let limit = inner.config.node_timeout_for(lease.ttl());
+        let (mut received, mut busy) = inner.release_everywhere(lease.key(), lease.owner(), limit);
+        let mut tally = inner.quorum_tally();
+        let quorum = tally.quorum;
+        loop {
+            let settled = tally.pending() == 0
+                || tally.answered() + tally.pending() < quorum
+                || (tally.answered() >= quorum && tally.pending() <= busy);
+            if settled {
+                break;
+            }
+            match received.recv().await {
+                Some((was_busy, answer)) => {
+                    busy -= usize::from(was_busy);
+                    tally.record(answer);
+                }
+                None => {
+                    tally.abandon_pending();
+                    break;
+                }
+            }
+        }
+        if tally.answered() >= quorum {
+            return Ok(if tally.yes > 0 {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            });
+        }
+        if tally.fatal > tally.nodes - quorum {
+            return Err(tally.take_fatal());
+        }
+        Err(LockError::Unavailable {
+            message: format!(
+                "release of `{}` reached no majority: {} of {} nodes released it, {} no longer \
+                 held it, {} did not answer; the lock may stay held on those until its TTL \
+                 ({:?} from the last grant or extension) expires",
+                lease.key(),
+                tally.yes,
+                tally.nodes,
+                tally.no,
+                tally.retryable + tally.fatal + tally.pending(),
+                lease.ttl()
+            ),
+            source: tally.take_retryable(),
         })
     }
 
@@ -334,7 +546,10 @@ impl DistributedLock for Redlock {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let inner = &self.inner;
         let quorum = inner.config.quorum();
-        let limit = inner.config.node_timeout_for(Duration::from_secs(1)) * 10;
+        let limit = inner
+            .config
+            .node_timeout_for(Duration::from_secs(1))
+            .saturating_mul(10);
         let replies = inner.fan_out(limit, |node| node.inspect(key)).await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let holders: Vec<HolderInfo> = replies
@@ -347,9 +562,17 @@ impl DistributedLock for Redlock {
                 .filter(|h| h.owner == candidate.owner)
                 .collect();
             if same.len() >= quorum {
+                // The fence round records the lease's token on a majority; a node whose
+                // grant came back after the decision may still show its own counter for
+                // a moment. So: the token most nodes name (the largest among equals).
+                let tokens: Vec<FencingToken> = same.iter().filter_map(|h| h.token).collect();
+                let token = tokens
+                    .iter()
+                    .copied()
+                    .max_by_key(|t| (tokens.iter().filter(|u| *u == t).count(), *t));
                 return Ok(Some(HolderInfo {
                     owner: candidate.owner,
-                    token: same.iter().filter_map(|h| h.token).max(),
+                    token,
                     remaining: same.iter().filter_map(|h| h.remaining).min(),
                 }));
             }
@@ -398,9 +621,12 @@ impl Redlock {
             let result = inner.round(&key, owner, ttl).await;
             if let Err(Ok(Some(orphan))) = reply.send(result) {
                 let limit = inner.config.node_timeout_for(ttl);
-                inner
-                    .release_everywhere(orphan.key(), orphan.owner(), limit)
-                    .await;
+                // The node tasks finish on their own; nobody needs their answers.
+                drop(
+                    inner
+                        .release_everywhere(orphan.key(), orphan.owner(), limit)
+                        .0,
+                );
             }
         });
         answer

@@ -91,11 +91,18 @@ async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing
         matches!(err, LockError::NoQuorum { got: 2, needed: 3 }),
         "expected NoQuorum {{ got: 2, needed: 3 }}, got {err}"
     );
+    // The round was decided once a majority could no longer grant; the survivors' grants
+    // are released by the round's node tasks as they come back, possibly just after.
     for survivor in &nodes[3..] {
-        assert!(
-            !node_holds(survivor, &k).await,
-            "a partial lock was left on a survivor"
-        );
+        let mut cleaned = false;
+        for _ in 0..500 {
+            cleaned = !node_holds(survivor, &k).await;
+            if cleaned {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(cleaned, "a partial lock was left on a survivor");
     }
 }
 
@@ -104,8 +111,9 @@ async fn paused_node_does_not_stall_acquire() {
     let cluster = five(RedisOptions::default()).await;
     let lock = direct(&cluster).await;
     let k = key("paused-node");
+    let paused = &cluster.nodes()[4];
     churn(&lock, &k, 1).await; // connections are up
-    cluster.nodes()[4].pause().unwrap();
+    paused.pause().unwrap();
     let started = Instant::now();
     let lease = lock
         .try_acquire(&k, TTL)
@@ -113,20 +121,44 @@ async fn paused_node_does_not_stall_acquire() {
         .unwrap()
         .expect("4 of 5 answer");
     let latency = started.elapsed();
-    cluster.nodes()[4].resume().unwrap();
+    let was_paused = paused.is_paused();
+    paused.resume().unwrap();
     eprintln!(
         "acquire with one node paused (SIGSTOP): {latency:?} (per-node timeout {:?})",
         lock.config().node_timeout_for(TTL)
     );
     assert!(
-        latency < TTL / 10,
-        "bounded by the per-node timeout, not the paused node"
+        was_paused,
+        "the fault fired: the node was stopped during the acquire"
     );
     assert!(
-        latency >= lock.config().node_timeout_for(TTL) / 2,
-        "the fault fired: one node never answered in time"
+        latency < TTL / 10,
+        "decided by the first majority, not the paused node"
     );
-    lock.release(lease).await.unwrap();
+    // The paused node's request waited in its socket; it is granted on resume (ours: the
+    // round succeeded) and the release, queued behind it, still reaches it.
+    let mut late_grant = false;
+    for _ in 0..250 {
+        late_grant = node_holds(paused, &k).await;
+        if late_grant {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(late_grant, "the paused node granted after resuming");
+    assert_eq!(
+        lock.release(lease).await.unwrap(),
+        tenure_api::ReleaseOutcome::Released
+    );
+    let mut released = false;
+    for _ in 0..250 {
+        released = !node_holds(paused, &k).await;
+        if released {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "the release reached the late grant too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,7 +196,13 @@ async fn replies_delayed_past_the_ttl_are_refused() {
 async fn restart_without_persistence(options: &str) -> (Lease, Lease) {
     let cluster = five(RedisOptions::default()).await;
     let k = key("amnesia");
-    churn(&direct(&cluster).await, &k, 3).await;
+    // History in the same fence mode: with plain counters every node then ends at the
+    // same count (a clock-floored history would leave nodes at different µs values,
+    // and which nodes are ahead would decide the outcome below).
+    let warm = Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), options))
+        .await
+        .unwrap();
+    churn(&warm, &k, 3).await;
     let (one, _p1) = partitioned(&cluster, &[3, 4], options).await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], options).await;
     let history = History::new();
@@ -348,7 +386,13 @@ async fn tokens_increase_across_competing_clients_and_minority_restarts() {
             lease.token()
         );
         last = lease.token().get();
-        lock.release(lease).await.unwrap();
+        // On a loaded host a release can miss its (100 ms) per-node bound on a majority:
+        // that is reported now (the lock then frees at its TTL), and is not what this
+        // test is about.
+        match lock.release(lease).await {
+            Ok(_) | Err(LockError::Unavailable { .. }) => {}
+            Err(e) => panic!("release {i}: {e}"),
+        }
     }
     assert_eq!(restarts, 4, "the fault fired");
 }

@@ -1,0 +1,410 @@
+//! Lease safety (issue 15) on five live masters: rounds decide as soon as the outcome is
+//! certain and leave no stray key behind; non-retryable node errors are reported at once;
+//! a release that cannot reach a majority says so. Every fault test asserts its fault
+//! fired. Time bounds are generous: they separate "decided early" from "waited for the
+//! slowest node" (seconds apart), not fast from slow.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions, RespConnection};
+use tenure_redlock::Redlock;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("safety/{name}")).unwrap()
+}
+
+async fn five() -> RedisCluster {
+    RedisCluster::start(RedisOptions::default().nodes(5))
+        .await
+        .unwrap()
+}
+
+fn url(addrs: impl IntoIterator<Item = SocketAddr>, options: &str) -> String {
+    let hosts: Vec<String> = addrs.into_iter().map(|a| a.to_string()).collect();
+    format!("redlock://{}{options}", hosts.join(","))
+}
+
+async fn direct(cluster: &RedisCluster) -> Redlock {
+    Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
+        .await
+        .unwrap()
+}
+
+/// A client with a private proxy per node (all passing; connections are up).
+async fn proxied(cluster: &RedisCluster, options: &str) -> (Redlock, Vec<FaultProxy>) {
+    let mut proxies = Vec::new();
+    for node in cluster.nodes() {
+        proxies.push(FaultProxy::start(node.addr()).await.unwrap());
+    }
+    let lock = Redlock::connect(&url(proxies.iter().map(|p| p.addr()), options))
+        .await
+        .unwrap();
+    (lock, proxies)
+}
+
+fn lock_key(key: &LockKey) -> String {
+    format!("{{tenure:{key}}}")
+}
+
+async fn node_holds(node: &RedisNode, key: &LockKey) -> bool {
+    let reply = node.command(&["EXISTS", &lock_key(key)]).await.unwrap();
+    reply.as_int() == Some(1)
+}
+
+async fn fence(node: &RedisNode, key: &LockKey) -> Option<String> {
+    node.command(&["GET", &format!("{}:fence", lock_key(key))])
+        .await
+        .unwrap()
+        .as_text()
+}
+
+/// Polls `check` every 20 ms for up to `limit`; whether it became true.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return true;
+        }
+        if started.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every node holds `key` (grants that came back after the acquire was
+/// decided have landed).
+async fn every_node_holds(nodes: &[std::sync::Arc<RedisNode>], key: &LockKey) {
+    for node in nodes {
+        assert!(
+            eventually(Duration::from_secs(10), || node_holds(node, key)).await,
+            "every node granted"
+        );
+    }
+}
+
+/// Defect 11: one black-holed node with a 2 s node timeout. Waiting for it costs 2 s per
+/// round trip, so a 1 s lease could never be granted; deciding on the first majority
+/// takes milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_blackholed_node_does_not_hold_up_acquire_extend_or_release() {
+    let cluster = five().await;
+    let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=2000").await;
+    let k = key("straggler");
+    let warm = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    lock.release(warm).await.unwrap();
+    proxies[4].set_mode(ProxyMode::Blackhole);
+    let ttl = Duration::from_secs(1);
+
+    let started = Instant::now();
+    let mut lease = lock
+        .try_acquire(&k, ttl)
+        .await
+        .unwrap()
+        .expect("4 of 5 nodes answer");
+    let acquired_in = started.elapsed();
+    let started = Instant::now();
+    lock.extend(&mut lease, ttl).await.unwrap();
+    let extended_in = started.elapsed();
+    let started = Instant::now();
+    let outcome = lock.release(lease).await.unwrap();
+    let released_in = started.elapsed();
+    eprintln!(
+        "one node black-holed, node timeout 2 s: acquire {acquired_in:?}, extend \
+         {extended_in:?}, release {released_in:?}"
+    );
+    assert_eq!(outcome, ReleaseOutcome::Released);
+    for (what, took) in [
+        ("acquire", acquired_in),
+        ("extend", extended_in),
+        ("release", released_in),
+    ] {
+        assert!(
+            took < Duration::from_secs(1),
+            "{what} took {took:?}: it waited for the black-holed node"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            proxies[4].stats().bytes_blackholed > 0
+        })
+        .await,
+        "the fault fired: node 4's proxy swallowed requests"
+    );
+    assert_eq!(proxies[4].mode(), ProxyMode::Blackhole);
+}
+
+/// Defect 11 / DESIGN §8: a round decided as failed before every node answered must
+/// still release the grants that land afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_round_releases_grants_that_land_after_the_decision() {
+    let cluster = five().await;
+    let nodes = cluster.nodes();
+    let k = key("late-grants");
+    // Client B holds the lock on nodes 0, 1, 2 only (its links to 3 and 4 are cut).
+    let (b, b_proxies) = proxied(&cluster, "").await;
+    b_proxies[3].set_mode(ProxyMode::Blackhole);
+    b_proxies[4].set_mode(ProxyMode::Blackhole);
+    let held = b
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("0, 1, 2 grant");
+    // Client A reaches nodes 3 and 4 only after a second.
+    let (a, a_proxies) = proxied(&cluster, "?node_timeout_ms=10000&command_timeout_ms=10000").await;
+    // Load the scripts on every node through A's links first (nodes 3 and 4 have not
+    // seen them: B's requests there were black-holed).
+    let warm = a
+        .try_acquire(&key("late-grants-warm-up"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    a.release(warm).await.unwrap();
+    let before = [fence(&nodes[3], &k).await, fence(&nodes[4], &k).await];
+    for proxy in &a_proxies[3..] {
+        proxy.set_mode(ProxyMode::Delay {
+            up: Duration::from_secs(1),
+            down: Duration::ZERO,
+        });
+    }
+    assert!(
+        a.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "held by B on a majority"
+    );
+    for (i, before) in before.into_iter().enumerate() {
+        let node = &nodes[3 + i];
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                fence(node, &k).await != before && !node_holds(node, &k).await
+            })
+            .await,
+            "node {}: A's late grant landed (its fence moved: {before:?} -> {:?}) and was \
+             released (held: {})",
+            3 + i,
+            fence(node, &k).await,
+            node_holds(node, &k).await,
+        );
+    }
+    assert!(
+        a_proxies[3..].iter().all(|p| p.stats().bytes_up > 0),
+        "the fault fired: requests went through the delaying proxies"
+    );
+    assert_eq!(b.release(held).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Defect 8: a script error on a majority (the fence key has the wrong type) cannot be
+/// cured by retrying: reported at once, naming the node — not `NoQuorum` after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_errors_on_a_majority_fail_fast() {
+    let cluster = five().await;
+    let lock = direct(&cluster).await;
+    let k = key("wrongtype");
+    for node in &cluster.nodes()[..3] {
+        let fence_key = format!("{}:fence", lock_key(&k));
+        node.command(&["RPUSH", &fence_key, "not a counter"])
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(5));
+    let err = lock.acquire(&k, &wait).await.unwrap_err();
+    let took = started.elapsed();
+    eprintln!("script error on 3 of 5 nodes: {err} after {took:?}");
+    assert!(
+        !matches!(err, LockError::NoQuorum { .. }) && !err.is_retryable(),
+        "a non-retryable error, got {err:?}"
+    );
+    assert!(
+        err.to_string().contains("WRONGTYPE"),
+        "the fault fired: {err}"
+    );
+    assert!(
+        err.to_string().contains("127.0.0.1:"),
+        "names the node: {err}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "at once, not after the wait"
+    );
+    for node in &cluster.nodes()[3..] {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                !node_holds(node, &k).await
+            })
+            .await,
+            "the grants on the healthy nodes were released"
+        );
+    }
+}
+
+/// Defect 8: auth failures on a majority (the servers start requiring a password the
+/// client does not have) are reported at once, not as `NoQuorum` after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_errors_on_a_majority_fail_fast() {
+    let cluster = five().await;
+    let lock = direct(&cluster).await;
+    let k = key("auth");
+    let warm = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    lock.release(warm).await.unwrap();
+    for node in &cluster.nodes()[..3] {
+        // One connection for both commands: a new one would need the password.
+        let mut admin = RespConnection::connect(node.addr()).await.unwrap();
+        let set = admin
+            .command(&["CONFIG", "SET", "requirepass", "x"])
+            .await
+            .unwrap();
+        assert!(set.is_ok(), "{set:?}");
+        // Drop the client's authenticated connections: it reconnects without a password.
+        let killed = admin
+            .command(&["CLIENT", "KILL", "TYPE", "normal"])
+            .await
+            .unwrap();
+        assert!(
+            killed.as_int().unwrap_or(0) >= 1,
+            "the fault fired: the client's connection was cut ({killed:?})"
+        );
+    }
+    let started = Instant::now();
+    let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(5));
+    let err = lock.acquire(&k, &wait).await.unwrap_err();
+    let took = started.elapsed();
+    eprintln!("auth required on 3 of 5 nodes: {err} after {took:?}");
+    assert!(
+        !matches!(err, LockError::NoQuorum { .. }) && !err.is_retryable(),
+        "a non-retryable error, got {err:?}"
+    );
+    assert!(
+        err.to_string().to_ascii_lowercase().contains("auth"),
+        "the fault fired: {err}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "at once, not after the wait"
+    );
+    assert!(
+        !err.to_string().contains("requirepass x"),
+        "no secrets: {err}"
+    );
+}
+
+/// Defect 10: a release that reaches no majority is an error saying the lock stays until
+/// its TTL — not `NotHeld` (nor `Released` on a minority's word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_without_a_majority_is_an_error() {
+    let cluster = five().await;
+    let nodes = cluster.nodes();
+    let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=300").await;
+    let k = key("release-unreachable");
+
+    // Every node black-holed.
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    every_node_holds(nodes, &k).await;
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let err = lock.release(lease).await.unwrap_err();
+    eprintln!("release with every node black-holed: {err}");
+    assert!(
+        matches!(
+            err,
+            LockError::Unavailable { .. } | LockError::NoQuorum { .. }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("TTL"),
+        "says the keys expire: {err}"
+    );
+    for node in nodes.iter() {
+        assert!(
+            node_holds(node, &k).await,
+            "the fault fired: nothing released"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            proxies.iter().all(|p| p.stats().bytes_blackholed > 0)
+        })
+        .await,
+        "the fault fired: every proxy swallowed the release"
+    );
+    for node in nodes.iter() {
+        node.command(&["DEL", &lock_key(&k)]).await.unwrap();
+    }
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+
+    // Three of five killed: the two survivors release theirs, the others are unknown.
+    // (A fresh client: requests swallowed by the black hole leave the old connections
+    // waiting for replies that never come.)
+    drop((lock, proxies));
+    let lock = direct(&cluster).await;
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    every_node_holds(nodes, &k).await;
+    for node in &nodes[..3] {
+        node.kill().await.unwrap();
+    }
+    assert!(
+        nodes[..3].iter().all(|n| !n.is_running()),
+        "the fault fired"
+    );
+    let err = lock.release(lease).await.unwrap_err();
+    eprintln!("release with 3 of 5 nodes killed: {err}");
+    assert!(
+        err.to_string().contains("TTL"),
+        "says the keys expire: {err}"
+    );
+    for node in &nodes[3..] {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                !node_holds(node, &k).await
+            })
+            .await,
+            "the survivors released theirs"
+        );
+    }
+}
+
+/// Defect 10: `NotHeld` when a majority answered and none had it, `Released` when a
+/// majority answered and ours was deleted somewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_outcomes_need_a_majority_of_answers() {
+    let cluster = five().await;
+    let nodes = cluster.nodes();
+    let lock = direct(&cluster).await;
+    let k = key("release-outcomes");
+
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    every_node_holds(nodes, &k).await;
+    for node in nodes.iter() {
+        node.command(&["DEL", &lock_key(&k)]).await.unwrap(); // as if expired
+    }
+    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::NotHeld);
+
+    // A minority lost it: any majority of answers includes a node that releases.
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    every_node_holds(nodes, &k).await;
+    for node in &nodes[..2] {
+        node.command(&["DEL", &lock_key(&k)]).await.unwrap();
+    }
+    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    for node in nodes.iter() {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                !node_holds(node, &k).await
+            })
+            .await,
+            "released everywhere"
+        );
+    }
+}
