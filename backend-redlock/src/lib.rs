@@ -45,6 +45,10 @@
 //! node still remembers its counter. The intersection can be a single node: with plain
 //! counters (`?fence=counter`) **one** node restarted without persistence can be enough
 //! for a later grant to get a token that is not larger (`tests/faults.rs` shows it).
+//! Tokens are `count · 2^10 + (10 low bits of the owner id)`
+//! ([`tenure_redis::scripts::token_for`]), so even then the two holders get different
+//! tokens (unless their random owner ids share those bits, probability 2^-10): a fenced
+//! store can tell them apart, though with plain counters it cannot tell which is newer.
 //! Each node's counter is clock-floored by default (`max(counter + 1, server time in
 //! µs)`, see [`tenure_redis::FenceMode`]), which closes that gap while server clocks move
 //! forward: a node restarted empty hands out a token above every earlier one. Cost: two
