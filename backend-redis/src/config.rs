@@ -141,6 +141,25 @@ impl RedisConfig {
         self.url.as_str()
     }
 
+    /// Checks the settings a caller may have set directly on the public fields: the
+    /// connect and command timeouts within 1 ms..=600 s (as the URL options). A violation
+    /// is [`LockError::Config`].
+    pub fn validate(&self) -> Result<(), LockError> {
+        let range = Duration::from_millis(1)..=Duration::from_secs(600);
+        for (name, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("command_timeout", self.command_timeout),
+        ] {
+            if !range.contains(&value) {
+                return Err(LockError::Config(format!(
+                    "{name} {value:?} for {} must be within 1ms..=600s",
+                    self.endpoint()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `host:port` of the server.
     pub fn endpoint(&self) -> String {
         format!(
@@ -206,6 +225,27 @@ mod tests {
         assert!(!err.to_string().contains("hunter2"), "{err}");
         let err = RedisConfig::from_url("redis://user:hunter2@h/x").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    /// Issue 15, defect 7: a timeout set directly on the public fields reached
+    /// `connect_timeout * 2` in `RedisLock::with_config` and overflowed (a panic).
+    #[test]
+    fn timeouts_set_on_the_fields_are_validated() {
+        let good = RedisConfig::from_url("redis://h").unwrap();
+        assert!(good.validate().is_ok());
+        for (connect, command) in [
+            (Duration::MAX, Duration::from_secs(1)),
+            (Duration::from_secs(1), Duration::ZERO),
+            (Duration::from_secs(601), Duration::from_secs(1)),
+        ] {
+            let mut bad = good.clone();
+            bad.connect_timeout = connect;
+            bad.command_timeout = command;
+            assert!(
+                matches!(bad.validate(), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -140,6 +140,7 @@ impl RedisLock {
     /// # Cancel safety
     /// Cancel-safe: nothing is left behind.
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let client = redis::Client::open(config.client_url())
             .map_err(|e| LockError::Config(format!("{config}: {e}")))?;
         let manager_config = ConnectionManagerConfig::new()
@@ -761,6 +762,16 @@ mod tests {
     use redis::ErrorKind;
 
     use super::*;
+
+    /// Issue 15, defect 7: `connect_timeout * 2` overflowed (a panic) for a timeout set
+    /// directly on the public field; it is now a `Config` error before any connection.
+    #[tokio::test]
+    async fn an_enormous_timeout_is_a_config_error_not_a_panic() {
+        let mut config = RedisConfig::from_url("redis://127.0.0.1:1").unwrap();
+        config.connect_timeout = Duration::MAX;
+        let error = RedisLock::with_config(config).await.unwrap_err();
+        assert!(matches!(error, LockError::Config(_)), "{error}");
+    }
 
     /// The error a client sees for this raw server reply (`-CODE detail`).
     fn reply(line: &str) -> RedisError {

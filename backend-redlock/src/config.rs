@@ -90,19 +90,8 @@ impl RedlockConfig {
                 )));
             }
         }
-        let node_range = Duration::from_millis(1)..=Duration::from_secs(600);
         for node in &self.nodes {
-            for (name, value) in [
-                ("connect_timeout", node.connect_timeout),
-                ("command_timeout", node.command_timeout),
-            ] {
-                if !node_range.contains(&value) {
-                    return Err(LockError::Config(format!(
-                        "{name} {value:?} of Redlock node {} must be within 1ms..=600s",
-                        node.endpoint()
-                    )));
-                }
-            }
+            node.validate()?;
         }
         Ok(())
     }
