@@ -26,8 +26,9 @@ async fn warm_up(lock: &RedisLock) {
     lock.release(lease).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_released() {
+/// A server, a client behind a proxy on it (patient: a 30 s command timeout, scripts
+/// loaded), and a direct observer.
+async fn behind_a_proxy() -> (RedisCluster, FaultProxy, RedisLock, RedisLock) {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     let proxy = FaultProxy::start(node.addr()).await.unwrap();
@@ -39,6 +40,12 @@ async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_relea
     .unwrap();
     let observer = RedisLock::connect(&node.url()).await.unwrap();
     warm_up(&lock).await;
+    (cluster, proxy, lock, observer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_released() {
+    let (_cluster, proxy, lock, observer) = behind_a_proxy().await;
     let k = key("late-grant");
     let ttl = Duration::from_secs(3);
     // The request reaches the server this late: the server's key lives until at least
@@ -98,17 +105,7 @@ async fn a_grant_whose_reply_comes_after_the_lease_deadline_is_refused_and_relea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_refuses_a_late_grant_and_gets_a_live_one_within_its_wait() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let node = &cluster.nodes()[0];
-    let proxy = FaultProxy::start(node.addr()).await.unwrap();
-    let lock = RedisLock::connect(&format!(
-        "redis://{}?command_timeout_ms=30000",
-        proxy.addr()
-    ))
-    .await
-    .unwrap();
-    let observer = RedisLock::connect(&node.url()).await.unwrap();
-    warm_up(&lock).await;
+    let (_cluster, proxy, lock, observer) = behind_a_proxy().await;
     let k = key("late-then-live");
     let ttl = Duration::from_secs(3);
     let delay = Duration::from_millis(3500);

@@ -9,6 +9,9 @@ use tenure_conformance::servers::redis::{Persistence, RedisCluster, RedisNode, R
 use tenure_conformance::{FencedRegister, History};
 use tenure_redlock::Redlock;
 
+mod common;
+use common::{direct, url};
+
 const TTL: Duration = Duration::from_secs(10);
 
 fn key(name: &str) -> LockKey {
@@ -17,17 +20,6 @@ fn key(name: &str) -> LockKey {
 
 async fn five(options: RedisOptions) -> RedisCluster {
     RedisCluster::start(options.nodes(5)).await.unwrap()
-}
-
-fn url(addrs: impl IntoIterator<Item = std::net::SocketAddr>, options: &str) -> String {
-    let hosts: Vec<String> = addrs.into_iter().map(|a| a.to_string()).collect();
-    format!("redlock://{}{options}", hosts.join(","))
-}
-
-async fn direct(cluster: &RedisCluster) -> Redlock {
-    Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
-        .await
-        .unwrap()
 }
 
 /// A client with a private proxy per node; the nodes in `cut` are black-holed for it.

@@ -4,13 +4,15 @@
 //! fired. Time bounds are generous: they separate "decided early" from "waited for the
 //! slowest node" (seconds apart), not fast from slow.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions, RespConnection};
 use tenure_redlock::Redlock;
+
+mod common;
+use common::{direct, url};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -20,17 +22,6 @@ fn key(name: &str) -> LockKey {
 
 async fn five() -> RedisCluster {
     RedisCluster::start(RedisOptions::default().nodes(5))
-        .await
-        .unwrap()
-}
-
-fn url(addrs: impl IntoIterator<Item = SocketAddr>, options: &str) -> String {
-    let hosts: Vec<String> = addrs.into_iter().map(|a| a.to_string()).collect();
-    format!("redlock://{}{options}", hosts.join(","))
-}
-
-async fn direct(cluster: &RedisCluster) -> Redlock {
-    Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
         .await
         .unwrap()
 }

@@ -1,0 +1,19 @@
+//! Helpers shared by the live Redlock tests.
+
+use std::net::SocketAddr;
+
+use tenure_conformance::servers::redis::RedisCluster;
+use tenure_redlock::Redlock;
+
+/// A `redlock://` URL over `addrs`, with `options` (`?…`) appended.
+pub(crate) fn url(addrs: impl IntoIterator<Item = SocketAddr>, options: &str) -> String {
+    let hosts: Vec<String> = addrs.into_iter().map(|a| a.to_string()).collect();
+    format!("redlock://{}{options}", hosts.join(","))
+}
+
+/// A client reaching every node of `cluster` directly.
+pub(crate) async fn direct(cluster: &RedisCluster) -> Redlock {
+    Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
+        .await
+        .unwrap()
+}
