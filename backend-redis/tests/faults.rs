@@ -100,20 +100,25 @@ impl DoubleGrant {
         }
     }
 
-    /// `fence=counter`: the counter went back with the data, so the fence cannot tell
-    /// the two holders apart.
+    /// `fence=counter`: the counter went back with the data, so the fence count of the
+    /// second holder is not above the first's (it repeats or regresses). The tokens still
+    /// differ by their owner bits (issue 15, defect 6), but their order is then chance:
+    /// fencing cannot tell which holder is newer. Where the tokens themselves regressed,
+    /// the checker must report it.
     fn assert_fence_regressed(&self) {
+        use tenure_redis::scripts::count_of;
+        let (held, stolen) = (count_of(self.held.token()), count_of(self.stolen.token()));
         assert!(
-            self.stolen.token() <= self.held.token(),
-            "fence regressed: {} after {}",
-            self.stolen.token(),
-            self.held.token()
+            stolen <= held,
+            "fence count regressed or repeated: {stolen} after {held}"
         );
-        assert!(
-            self.report.token_violations() >= 1,
-            "checker reports the regression: {}",
-            self.report
-        );
+        if self.stolen.token() <= self.held.token() {
+            assert!(
+                self.report.token_violations() >= 1,
+                "checker reports the regression: {}",
+                self.report
+            );
+        }
     }
 
     /// The default clock-floored fence: the second holder's token is larger, so a fenced
