@@ -10,7 +10,7 @@ use tenure_conformance::{FencedRegister, History};
 use tenure_redlock::Redlock;
 
 mod common;
-use common::{direct, url};
+use common::{direct, proxied, url};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -28,13 +28,7 @@ async fn partitioned(
     cut: &[usize],
     options: &str,
 ) -> (Redlock, Vec<FaultProxy>) {
-    let mut proxies = Vec::new();
-    for node in cluster.nodes() {
-        proxies.push(FaultProxy::start(node.addr()).await.unwrap());
-    }
-    let lock = Redlock::connect(&url(proxies.iter().map(|p| p.addr()), options))
-        .await
-        .unwrap();
+    let (lock, proxies) = proxied(cluster, options).await;
     for &i in cut {
         proxies[i].set_mode(ProxyMode::Blackhole);
     }

@@ -7,12 +7,11 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
-use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions, RespConnection};
-use tenure_redlock::Redlock;
 
 mod common;
-use common::{direct, url};
+use common::{direct, proxied};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -24,18 +23,6 @@ async fn five() -> RedisCluster {
     RedisCluster::start(RedisOptions::default().nodes(5))
         .await
         .unwrap()
-}
-
-/// A client with a private proxy per node (all passing; connections are up).
-async fn proxied(cluster: &RedisCluster, options: &str) -> (Redlock, Vec<FaultProxy>) {
-    let mut proxies = Vec::new();
-    for node in cluster.nodes() {
-        proxies.push(FaultProxy::start(node.addr()).await.unwrap());
-    }
-    let lock = Redlock::connect(&url(proxies.iter().map(|p| p.addr()), options))
-        .await
-        .unwrap();
-    (lock, proxies)
 }
 
 fn lock_key(key: &LockKey) -> String {

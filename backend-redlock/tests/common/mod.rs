@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use tenure_conformance::proxy::FaultProxy;
 use tenure_conformance::servers::redis::RedisCluster;
 use tenure_redlock::Redlock;
 
@@ -16,4 +17,16 @@ pub(crate) async fn direct(cluster: &RedisCluster) -> Redlock {
     Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), ""))
         .await
         .unwrap()
+}
+
+/// A client with a private proxy per node (all passing; connections are up).
+pub(crate) async fn proxied(cluster: &RedisCluster, options: &str) -> (Redlock, Vec<FaultProxy>) {
+    let mut proxies = Vec::new();
+    for node in cluster.nodes() {
+        proxies.push(FaultProxy::start(node.addr()).await.unwrap());
+    }
+    let lock = Redlock::connect(&url(proxies.iter().map(|p| p.addr()), options))
+        .await
+        .unwrap();
+    (lock, proxies)
 }
