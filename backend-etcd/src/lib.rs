@@ -521,6 +521,23 @@ impl EtcdLock {
         }
     }
 
+    /// After a move of `lease`'s key to etcd lease `moved_to` whose outcome is unknown:
+    /// `true` if the key is ours on `moved_to`, `false` if it is still ours on the old
+    /// lease, `LeaseLost` if it is gone or another owner's.
+    async fn check_owned_on(&self, lease: &Lease, moved_to: i64) -> Result<bool, LockError> {
+        let reply = self
+            .get("get", &lease.handle().path, GetOptions::new())
+            .await?;
+        match reply.kvs().first() {
+            Some(current) if is_ours(current, lease) => Ok(false),
+            Some(current) if is_ours_on(current, lease, moved_to) => Ok(true),
+            _ => Err(LockError::lost(format!(
+                "the lock key of `{}` is gone or another owner's",
+                lease.key()
+            ))),
+        }
+    }
+
     /// The compare clauses that make a write apply only to `lease`'s own key.
     fn ownership(lease: &Lease) -> Vec<Compare> {
         let path = lease.handle().path.as_str();
@@ -634,10 +651,14 @@ impl DistributedLock for EtcdLock {
     /// whole seconds than the lease was granted with moves the key to a new lease (its
     /// create revision, hence the token, is kept) and revokes the old one.
     ///
+    /// If the move's reply is lost, the key is read back and the call keeps whichever
+    /// lease it lives on; a move never revokes the lease the key may be attached to.
+    ///
     /// # Cancel safety
-    /// `lease` is unchanged if dropped. A keep-alive may have been applied; a move to a
-    /// new lease may leave the new lease revoked-on-drop or the old one unrevoked (its
-    /// TTL ends it); the key is never left without a live lease.
+    /// `lease` is unchanged if dropped. A keep-alive may have been applied. A move dropped
+    /// in flight may have re-attached the key to the new lease: the lock then stays held
+    /// until that lease's TTL runs out (never freed early), and this `lease`'s next
+    /// `extend` reports `LeaseLost`. The old lease is left to its TTL.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
         let sent = Instant::now();
@@ -650,6 +671,9 @@ impl DistributedLock for EtcdLock {
         }
         // A longer TTL than the lease holds: re-attach the key to a longer lease.
         let new_id = self.grant_lease(ttl).await?;
+        // Once the move is sent the key may live on the new lease, so it is never revoked
+        // on drop, only once the key is known not to be on it (a dropped call leaves it
+        // to its TTL).
         let mut fresh = Ticket {
             leases: self.client.lease_client(),
             timeout: self.config.request_timeout,
@@ -659,7 +683,7 @@ impl DistributedLock for EtcdLock {
             revision: lease.handle().revision,
             first: true,
             refreshed_at: sent,
-            armed: true,
+            armed: false,
         };
         let txn = Txn::new()
             .when(Self::ownership(lease))
@@ -668,16 +692,28 @@ impl DistributedLock for EtcdLock {
                 lease.owner().to_string(),
                 Some(PutOptions::new().with_lease(new_id)),
             )]);
-        let moved = self.txn("extend txn", txn).await?.succeeded();
-        if !moved {
-            self.abandon(fresh).await;
-            return Err(LockError::lost(format!(
+        let moved = match self.txn("extend txn", txn).await {
+            Ok(reply) if reply.succeeded() => Ok(()),
+            Ok(_) => Err(LockError::lost(format!(
                 "`{}` is no longer held by {}",
                 lease.key(),
                 lease.owner()
-            )));
+            ))),
+            // The reply was lost: the move may have applied. Read where the key lives.
+            Err(e) => match self.check_owned_on(lease, new_id).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(e),
+                Err(lost @ LockError::LeaseLost { .. }) => Err(lost),
+                // Still unknown: the new lease runs out its TTL on its own.
+                Err(_) => return Err(e),
+            },
+        };
+        if let Err(e) = moved {
+            // The key is not on the new lease: it can go.
+            fresh.armed = true;
+            self.abandon(fresh).await;
+            return Err(e);
         }
-        fresh.armed = false;
         let _ = self.revoke(old_id).await;
         let mut handle = lease.handle().clone();
         handle.id = new_id;
@@ -757,8 +793,13 @@ impl DistributedLock for EtcdLock {
 
 /// Whether `current` is the key `lease` was granted on.
 fn is_ours(current: &KeyValue, lease: &Lease) -> bool {
+    is_ours_on(current, lease, lease.handle().id)
+}
+
+/// Whether `current` is `lease`'s key, attached to etcd lease `lease_id`.
+fn is_ours_on(current: &KeyValue, lease: &Lease, lease_id: i64) -> bool {
     current.create_revision() == lease.token().get() as i64
-        && current.lease() == lease.handle().id
+        && current.lease() == lease_id
         && current.value() == lease.owner().to_string().as_bytes()
 }
 

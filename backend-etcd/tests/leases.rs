@@ -1,0 +1,150 @@
+//! How an etcd lease's key moves between etcd leases, under lost replies and cancellation.
+//! Each test runs one member behind the harness's fault proxy and asserts that the fault
+//! really fired.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tenure_api::{DistributedLock, Lease, LockKey};
+use tenure_conformance::proxy::ProxyMode;
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_etcd::EtcdLock;
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("leases/{name}")).unwrap()
+}
+
+async fn connect(addr: &str, options: &str) -> EtcdLock {
+    EtcdLock::connect(&format!("etcd://{addr}/leases?{options}"))
+        .await
+        .unwrap()
+}
+
+/// A plain etcd client on the member, bypassing the proxy.
+async fn plain(cluster: &EtcdCluster) -> etcd_client::Client {
+    etcd_client::Client::connect([cluster.members()[0].endpoint()], None)
+        .await
+        .unwrap()
+}
+
+/// The keys queued for `key`, oldest first: (etcd key, its etcd lease id).
+async fn queue(
+    client: &mut etcd_client::Client,
+    lock: &EtcdLock,
+    key: &LockKey,
+) -> Vec<(String, i64)> {
+    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let reply = client
+        .get(lock.queue_prefix(key), Some(options))
+        .await
+        .unwrap();
+    reply
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key_str().unwrap().to_owned(), kv.lease()))
+        .collect()
+}
+
+/// Polls `check` every 20 ms until it yields, for at most `limit`.
+async fn poll<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `extend` to a TTL needing more whole seconds moves the key to a new etcd lease. If the
+/// caller drops the call after the move applied but before its reply arrived, the new
+/// lease must not be revoked: the key now lives on it, and revoking it would free the lock
+/// while the holder still believes it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_a_longer_lease_cancelled_in_flight_never_frees_the_lock() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let member = &cluster.members()[0];
+    let holder = connect(
+        &member.proxied_addr().to_string(),
+        "request_timeout_ms=10000",
+    )
+    .await;
+    let contender = connect(&member.addr().to_string(), "").await;
+    let mut client = plain(&cluster).await;
+    let k = key("cancelled-move");
+
+    let mut lease: Lease = holder
+        .try_acquire(&k, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    let before = queue(&mut client, &holder, &k).await;
+    assert_eq!(before.len(), 1);
+    let old_lease = before[0].1;
+
+    // Replies now take a second to come back: the move's lease grant completes, its
+    // transaction applies on the server, and the call is dropped while that reply is
+    // still in the proxy.
+    member.proxy().set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: Duration::from_millis(1000),
+    });
+    let moved = {
+        let client = client.clone();
+        let (holder, k) = (holder.clone(), k.clone());
+        async move {
+            poll(
+                "the key to move to a new lease",
+                Duration::from_secs(8),
+                || {
+                    let (mut client, holder, k) = (client.clone(), holder.clone(), k.clone());
+                    async move {
+                        let now = queue(&mut client, &holder, &k).await;
+                        (now.len() == 1 && now[0].1 != old_lease).then_some(now[0].1)
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let new_lease = tokio::select! {
+        result = holder.extend(&mut lease, Duration::from_secs(30)) => {
+            panic!("the extend finished before its move was seen: {result:?}")
+        }
+        new_lease = moved => new_lease,
+    };
+    member.proxy().set_mode(ProxyMode::Pass);
+    assert!(
+        member.proxy().stats().bytes_down > 0,
+        "the fault fired: replies went through the delaying proxy"
+    );
+
+    // Give a background revoke of the new lease, if any, time to land: it goes out at
+    // once, and the next request on the same client is answered after it.
+    let _ = holder.inspect(&k).await;
+    let after = queue(&mut client, &holder, &k).await;
+    assert_eq!(
+        after,
+        vec![(before[0].0.clone(), new_lease)],
+        "the key stays on the lease it was moved to"
+    );
+    assert!(
+        contender
+            .try_acquire(&k, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock was freed while its holder believed it held (until {:?} from now)",
+        lease
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    );
+}
