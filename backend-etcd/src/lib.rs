@@ -3,8 +3,8 @@
 //! A [`DistributedLock`] on an etcd v3 cluster: a queue of keys ordered by the Raft log.
 //!
 //! **Acquire.** Each acquisition grants its own etcd lease (TTL rounded *up* to whole
-//! seconds, the unit etcd leases are kept in) and puts `prefix/<key>/<lease-hex>` attached
-//! to it, in a transaction guarded by `create_revision == 0`, holding the owner id as its
+//! seconds, the unit etcd leases are kept in) and puts `prefix/<key>/<owner>-<lease-hex>`
+//! attached to it, in a transaction guarded by `create_revision == 0`, holding the owner id as its
 //! value. The key with the smallest `create_revision` under `prefix/<key>/` holds the
 //! lock. A waiter watches only its predecessor — the next older key — for deletion
 //! (FIFO, no thundering herd), and keeps its lease alive while it waits. Before a grant
@@ -252,13 +252,15 @@ impl EtcdLock {
         self.call(what, request).await
     }
 
-    /// Grants a lease of `ttl` rounded up to whole seconds; returns its id.
-    async fn grant_lease(&self, ttl: Duration) -> Result<i64, LockError> {
+    /// Grants a lease of `ttl` rounded up to whole seconds. Returns its id and the TTL to
+    /// believe: the requested one, or the granted one if the server granted less.
+    async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Duration), LockError> {
         let request = || {
             let mut leases = self.client.lease_client();
             async move { leases.grant(lease_seconds(ttl), None).await }
         };
-        Ok(self.call("lease grant", request).await?.id())
+        let reply = self.call("lease grant", request).await?;
+        Ok((reply.id(), believed_ttl(ttl, reply.ttl())?))
     }
 
     async fn revoke(&self, lease_id: i64) -> Result<(), LockError> {
@@ -318,13 +320,13 @@ impl EtcdLock {
     ) -> Result<Ticket, LockError> {
         let queue = self.queue_prefix(key);
         let sent = Instant::now();
-        let lease_id = self.grant_lease(ttl).await?;
+        let (lease_id, ttl) = self.grant_lease(ttl).await?;
         let mut ticket = Ticket {
             leases: self.client.lease_client(),
             timeout: self.config.request_timeout,
             lease_id,
             ttl,
-            key: format!("{queue}{:016x}", lease_id as u64),
+            key: format!("{}{:016x}", own_prefix(&queue, owner), lease_id as u64),
             revision: 0,
             first: false,
             refreshed_at: sent,
@@ -377,6 +379,47 @@ impl EtcdLock {
         }
         ticket.first = head.as_deref() == Some(ticket.key.as_bytes());
         Ok(ticket)
+    }
+
+    /// Finds this owner's oldest key left in `queue` by an enqueue whose reply was lost,
+    /// and takes it over if its lease is still alive. Younger keys of ours are removed.
+    async fn adopt_orphan(
+        &self,
+        queue: &str,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Option<Ticket>, LockError> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let reply = self
+            .get("orphan get", &own_prefix(queue, owner), options)
+            .await?;
+        let mut orphans = reply.kvs().iter().map(|kv| Ticket {
+            leases: self.client.lease_client(),
+            timeout: self.config.request_timeout,
+            lease_id: kv.lease(),
+            ttl,
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            revision: kv.create_revision(),
+            first: false,
+            refreshed_at: Instant::now(),
+            armed: true,
+        });
+        let Some(mut oldest) = orphans.next() else {
+            return Ok(None);
+        };
+        for younger in orphans {
+            self.abandon(younger).await;
+        }
+        match self.refresh(&mut oldest).await {
+            Ok(()) => Ok(Some(oldest)),
+            Err(LockError::LeaseLost { .. }) => {
+                oldest.armed = false; // the key went with its lease
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The next older key in the ticket's queue (its predecessor), with the revision
@@ -598,13 +641,25 @@ impl DistributedLock for EtcdLock {
         let mut failures = 0u32;
         loop {
             let result = match ticket.as_mut() {
-                None => match self.enqueue(key, owner, opts.ttl).await {
-                    Ok(queued) => {
-                        ticket = Some(queued);
-                        continue;
+                None => {
+                    // After a failure, a key of ours may be queued already (an enqueue
+                    // whose reply was lost): wait on it rather than behind it.
+                    let queued = match failures {
+                        0 => self.enqueue(key, owner, opts.ttl).await,
+                        _ => match self.adopt_orphan(&queue, owner, opts.ttl).await {
+                            Ok(Some(orphan)) => Ok(orphan),
+                            Ok(None) => self.enqueue(key, owner, opts.ttl).await,
+                            Err(e) => Err(e),
+                        },
+                    };
+                    match queued {
+                        Ok(queued) => {
+                            ticket = Some(queued);
+                            continue;
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                },
+                }
                 Some(queued) => match self.wait_turn(&queue, queued, deadline).await {
                     Ok(Turn::Ours) => self.grant(key, owner, queued).await.map(Some),
                     Ok(Turn::Deadline) => Ok(None),
@@ -670,7 +725,7 @@ impl DistributedLock for EtcdLock {
             return Ok(());
         }
         // A longer TTL than the lease holds: re-attach the key to a longer lease.
-        let new_id = self.grant_lease(ttl).await?;
+        let (new_id, ttl) = self.grant_lease(ttl).await?;
         // Once the move is sent the key may live on the new lease, so it is never revoked
         // on drop, only once the key is known not to be on it (a dropped call leaves it
         // to its TTL).
@@ -791,6 +846,11 @@ impl DistributedLock for EtcdLock {
     }
 }
 
+/// The start of every queue key `owner` puts in `queue`: a retry finds its own keys.
+fn own_prefix(queue: &str, owner: OwnerId) -> String {
+    format!("{queue}{owner}-")
+}
+
 /// Whether `current` is the key `lease` was granted on.
 fn is_ours(current: &KeyValue, lease: &Lease) -> bool {
     is_ours_on(current, lease, lease.handle().id)
@@ -808,6 +868,17 @@ fn is_ours_on(current: &KeyValue, lease: &Lease, lease_id: i64) -> bool {
 fn lease_seconds(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The TTL a lease granted `granted_secs` for `requested` may be believed for: never more
+/// than the server granted (etcd raises short TTLs to its minimum, never lowers them, but
+/// the reply is what counts). A non-positive grant is a malformed reply.
+fn believed_ttl(requested: Duration, granted_secs: i64) -> Result<Duration, LockError> {
+    let granted = u64::try_from(granted_secs)
+        .ok()
+        .filter(|&secs| secs > 0)
+        .ok_or_else(|| LockError::backend(format!("etcd granted a lease of {granted_secs} s")))?;
+    Ok(requested.min(Duration::from_secs(granted)))
 }
 
 /// Runs `request` for at most `limit`; running out is `Unavailable`.
@@ -929,6 +1000,18 @@ mod tests {
         assert_eq!(lease_seconds(Duration::from_millis(1000)), 1);
         assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn a_lease_is_believed_for_no_longer_than_granted() {
+        let asked = Duration::from_millis(2500);
+        assert_eq!(believed_ttl(asked, 3).unwrap(), asked);
+        assert_eq!(believed_ttl(asked, 60).unwrap(), asked);
+        assert_eq!(believed_ttl(asked, 2).unwrap(), Duration::from_secs(2));
+        for bad in [0, -1, i64::MIN] {
+            let error = believed_ttl(asked, bad).unwrap_err();
+            assert!(matches!(error, LockError::Backend { .. }), "{error}");
+        }
     }
 
     #[test]

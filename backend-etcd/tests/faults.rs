@@ -323,30 +323,51 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
     let stale = guard.lease().await.unwrap();
     let seen_by_stale = register.read(stale.token()).unwrap();
 
-    proxy.set_mode(ProxyMode::Blackhole);
     let w_invoked = Instant::now();
-    let fresh = waiter
-        .acquire(&k, &AcquireOptions::new(TTL).wait(ttl * 4))
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&k, &AcquireOptions::new(TTL).wait(ttl * 4))
+                .await;
+            (lease, Instant::now())
+        })
+    };
+    let started = Instant::now();
+    while queued(&waiter, &hosts, &k).await < 2 {
+        assert!(started.elapsed() < ttl, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let cut = Instant::now();
+    proxy.set_mode(ProxyMode::Blackhole);
+    tokio::time::timeout(ttl * 2, guard.lost())
         .await
-        .expect("the expired holder's lock is taken over");
-    let w_completed = Instant::now();
+        .expect("the stale holder's guard reports the loss");
+    let lost_at = Instant::now();
+    let (fresh, w_completed) = waiting.await.unwrap();
+    let fresh = fresh.expect("the expired holder's lock is taken over");
     eprintln!(
-        "blackholed holder: taken over {:?} after the cut",
-        w_completed - w_invoked
+        "blackholed holder: loss reported {:?} after the cut, taken over {:?} after the cut",
+        lost_at - cut,
+        w_completed - cut
     );
     assert!(
         proxy.stats().bytes_blackholed > 0,
         "the fault fired: the holder's renewals were dropped"
     );
-    tokio::time::timeout(ttl, guard.lost())
-        .await
-        .expect("the stale holder's guard reports the loss");
     assert!(
-        w_completed >= stale.valid_until(),
+        lost_at <= w_completed,
+        "loss reported {:?} after the takeover",
+        lost_at - w_completed
+    );
+    let last = guard.lease().await.unwrap();
+    assert!(
+        w_completed >= last.valid_until(),
         "taken over before the stale holder's own deadline"
     );
     assert!(fresh.token() > stale.token(), "tokens increase");
-    history.record(0, &stale, invoked, completed, Instant::now());
+    history.record(0, &last, invoked, completed, lost_at);
     history.record(1, &fresh, w_invoked, w_completed, Instant::now());
     let report = history.check();
     assert!(report.is_safe(), "{report}");

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use tenure_api::{DistributedLock, Lease, LockKey};
+use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_etcd::EtcdLock;
@@ -147,4 +147,77 @@ async fn a_move_to_a_longer_lease_cancelled_in_flight_never_frees_the_lock() {
             .valid_until()
             .saturating_duration_since(Instant::now())
     );
+}
+
+/// An acquire whose enqueue applied but whose reply was lost (and whose clean-up could not
+/// reach the server either) leaves a key behind on the server. The retry must recognise it
+/// as its own instead of queueing behind it for a whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_enqueue_reply_does_not_wait_behind_its_own_orphan() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let member = &cluster.members()[0];
+    let holder = connect(
+        &member.proxied_addr().to_string(),
+        "request_timeout_ms=3000",
+    )
+    .await;
+    let mut client = plain(&cluster).await;
+    let k = key("orphan");
+    let ttl = Duration::from_secs(20);
+
+    member.proxy().set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: Duration::from_millis(500),
+    });
+    let acquiring = {
+        let (holder, k) = (holder.clone(), k.clone());
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
+            let result = holder.acquire(&k, &opts).await;
+            (result, Instant::now())
+        })
+    };
+    // The enqueue transaction applied; its reply is still held by the proxy. Reset the
+    // connection: the reply is lost, and so is every clean-up attempt while resetting.
+    let orphan = poll("the enqueue to apply", Duration::from_secs(8), || {
+        let (mut client, holder, k) = (client.clone(), holder.clone(), k.clone());
+        async move {
+            let now = queue(&mut client, &holder, &k).await;
+            now.first().cloned()
+        }
+    })
+    .await;
+    member.proxy().set_mode(ProxyMode::Reset);
+    let reset_at = Instant::now();
+    poll(
+        "several refused retries",
+        Duration::from_secs(8),
+        || async { (member.proxy().stats().resets >= 4).then_some(()) },
+    )
+    .await;
+    member.proxy().set_mode(ProxyMode::Pass);
+    let queued = queue(&mut client, &holder, &k).await;
+    assert_eq!(
+        queued.first(),
+        Some(&orphan),
+        "the fault fired: the lost enqueue left its key behind"
+    );
+
+    let (result, acquired_at) = acquiring.await.unwrap();
+    let lease: Lease = match result {
+        Ok(lease) => lease,
+        Err(LockError::Timeout { waited }) => {
+            panic!("queued behind its own orphan until the wait ran out ({waited:?})")
+        }
+        Err(e) => panic!("acquire failed: {e}"),
+    };
+    assert!(
+        acquired_at - reset_at < ttl / 2,
+        "acquired {:?} after the reset: it waited for its orphan's lease to expire",
+        acquired_at - reset_at
+    );
+    let queued = queue(&mut client, &holder, &k).await;
+    assert_eq!(queued.len(), 1, "one key for one holder: {queued:?}");
+    holder.release(lease).await.unwrap();
+    assert!(queue(&mut client, &holder, &k).await.is_empty());
 }
