@@ -43,7 +43,7 @@ async fn start(nodes: usize) -> ZkEnsemble {
 /// A client with its own session on `hosts` (`h:p,h:p…`).
 async fn connect(hosts: &str, session: Duration, op: Duration) -> ZkLock {
     ZkLock::connect(&format!(
-        "zk://{hosts}/faults?session_timeout_ms={}&op_timeout_ms={}",
+        "zk://{hosts}/faults?session_timeout_ms={}&op_timeout_ms={}&tick_ms={TICK_MS}",
         session.as_millis(),
         op.as_millis()
     ))
@@ -536,4 +536,96 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
         summary(&mut latencies)
     );
     assert!(queue(&holder, &k).await.is_empty(), "nothing left queued");
+}
+
+/// The holder talks to one follower only; that follower is then cut off from the other
+/// two members (quorum and election links black-holed) while its client port still
+/// answers. The leader, on the majority side, hears nothing more of the holder's session,
+/// expires it and grants the lock to the contender queued on the majority side. The
+/// follower keeps serving (stale) reads for `syncLimit` ticks — longer than the session
+/// here — so a holder that proves its lock by reading from it would go on extending:
+/// the holder must report the loss, on its own clock, before the contender is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() {
+    let _serial = SERIAL.lock().await;
+    // syncLimit = 20 ticks (4 s): the cut-off follower serves well past the session.
+    let options = ZkOptions::default()
+        .nodes(3)
+        .tick_time_ms(TICK_MS)
+        .sync_limit_ticks(20)
+        .peer_proxies(true);
+    let zk = ZkEnsemble::start(options).await.unwrap();
+    let leader = zk.leader_index().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let majority: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| zk.nodes()[i].connect_string())
+        .collect();
+    let session = Duration::from_millis(2000);
+    let holder = Arc::new(connect(&zk.nodes()[follower].connect_string(), session, OP).await);
+    let contender = connect(&majority.join(","), SESSION, OP).await;
+    let k = key("follower-partitioned");
+
+    let guard = holder.lock(&k, &AcquireOptions::new(TTL)).await.unwrap();
+    let stale = guard.lease().await.unwrap();
+    let signal = guard.lost_signal();
+    let waiting = {
+        let (contender, k, signal) = (contender.clone(), k.clone(), signal.clone());
+        tokio::spawn(async move {
+            let lease = contender
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await;
+            // Read the holder's signal the moment the grant is known.
+            (lease, Instant::now(), signal.is_lost())
+        })
+    };
+    poll("the contender to queue", Duration::from_secs(5), || async {
+        (queue(&contender, &k).await.len() == 2).then_some(())
+    })
+    .await;
+
+    let cut = Instant::now();
+    zk.isolate(follower).unwrap();
+    let (fresh, granted_at, lost_at_grant) = waiting.await.unwrap();
+    let fresh = fresh.expect("the majority side takes the lock over");
+    eprintln!(
+        "follower zk{} cut off: contender granted {:?} after the cut; holder lost then: \
+         {lost_at_grant} ({:?}); holder's deadline {:?} after the cut",
+        follower + 1,
+        granted_at - cut,
+        signal.reason(),
+        signal.deadline().saturating_duration_since(cut),
+    );
+    let blackholed = zk.peer_link_stats(follower).unwrap().bytes_blackholed;
+    assert!(
+        blackholed > 0,
+        "the fault fired: member traffic of the follower was dropped"
+    );
+    assert!(
+        lost_at_grant,
+        "the contender was granted while the holder still believed it held the lock \
+         (its deadline was {:?} after the grant)",
+        signal.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(fresh.token() > stale.token(), "tokens increase");
+    // The partition really cut the follower off its leader: it stops following.
+    poll(
+        "the cut-off follower to lose its leader",
+        Duration::from_secs(30),
+        || async {
+            let mode = zk.nodes()[follower].mode().await.ok().flatten();
+            (mode.as_deref() != Some("follower")).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        zk.nodes()[leader].mode().await.unwrap().as_deref(),
+        Some("leader"),
+        "the majority side kept its leader"
+    );
+    zk.heal();
+    assert_eq!(
+        contender.release(fresh).await.unwrap(),
+        ReleaseOutcome::Released
+    );
 }
