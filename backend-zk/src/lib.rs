@@ -350,11 +350,25 @@ impl ZkLock {
             }
             match bounded(self.op_timeout(), client.create(&path, &[], &options)).await {
                 Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", node_prefix(owner));
+                    if LockNode::parse(&name).is_none() {
+                        // Never expected (every sequence ZooKeeper produces parses), but
+                        // a node the queue cannot see would be re-created forever.
+                        let _ = bounded(
+                            self.op_timeout(),
+                            client.delete(&format!("{dir}/{name}"), None),
+                        )
+                        .await;
+                        return Err(LockError::backend(format!(
+                            "ZooKeeper named the lock node {dir}/{name}: tenure cannot \
+                             parse its sequence {sequence}"
+                        )));
+                    }
                     return Ok(Created {
-                        name: format!("{}{sequence}", node_prefix(owner)),
+                        name,
                         czxid: stat.czxid,
                         sequence: sequence.into_i64(),
-                    })
+                    });
                 }
                 Err(ZkError::NoNode) => {
                     dir_retries += 1;
@@ -549,6 +563,9 @@ impl ZkLock {
                             ),
                             source: None,
                         }));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Stop::TimedOut);
                     }
                     // Deleted by someone else while the session lives: queue again.
                     node = self.enqueue(&client, pending, retry_until).await?;

@@ -629,3 +629,79 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
         ReleaseOutcome::Released
     );
 }
+
+/// Someone keeps deleting the waiter's lock node right after its creation (a janitor on
+/// the directory; an unparsable sequence looks the same to the queue: our node is not
+/// in it). Every pass re-queues; the call must still give up at its wait deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let k = key("vanishing-node");
+    let dir = client.lock_dir(&k);
+    // The key's directory exists (a container: it stays while it was used recently).
+    let lease = client.try_acquire(&k, TTL).await.unwrap().expect("free");
+    client.release(lease).await.unwrap();
+
+    // The janitor deletes every lock node created under `dir`.
+    let janitor = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let mut created = janitor
+        .watch(&dir, zookeeper_client::AddWatchMode::PersistentRecursive)
+        .await
+        .unwrap();
+    let deleted = Arc::new(Mutex::new(0usize));
+    let janitor_task = {
+        let deleted = deleted.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = created.changed().await;
+                if event.event_type == zookeeper_client::EventType::Session {
+                    continue;
+                }
+                if event.event_type == zookeeper_client::EventType::NodeCreated
+                    && node_name(&event.path).starts_with("lock-")
+                    && janitor.delete(&event.path, None).await.is_ok()
+                {
+                    *deleted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+                }
+            }
+        })
+    };
+    // Requests reach the server 150 ms late: the janitor always deletes the new node
+    // before the waiter lists the queue.
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::from_millis(150),
+        down: Duration::ZERO,
+    });
+
+    let wait = Duration::from_secs(2);
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        wait + Duration::from_secs(10),
+        client.acquire(&k, &AcquireOptions::new(TTL).wait(wait)),
+    )
+    .await;
+    let returned = started.elapsed();
+    janitor_task.abort();
+    let deleted = *deleted.lock().unwrap_or_else(PoisonError::into_inner);
+    eprintln!("node deleted {deleted} times; acquire returned after {returned:?}: {outcome:?}");
+    assert!(
+        deleted >= 2,
+        "the fault fired: the node was deleted again and again"
+    );
+    let outcome = outcome.unwrap_or_else(|_| {
+        panic!("acquire with a {wait:?} wait had not returned after {returned:?}")
+    });
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "expected Timeout, got {outcome:?}"
+    );
+    assert!(
+        returned < wait + OP * 4,
+        "returned {returned:?} after a {wait:?} wait"
+    );
+}
