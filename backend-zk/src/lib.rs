@@ -344,7 +344,10 @@ impl ZkLock {
             if pending.uncertain {
                 // A create may have landed without our hearing of it: look before
                 // creating another node.
-                if let Some(found) = self.find_own(client, &dir, owner).await? {
+                if let Some(found) = self
+                    .find_own(client, &dir, owner, pending.session_id)
+                    .await?
+                {
                     return Ok(found);
                 }
             }
@@ -390,31 +393,38 @@ impl ZkLock {
         }
     }
 
-    /// Our node in `dir` (the first, if retries made several), with its `czxid`.
+    /// Our node in `dir` (the first, if retries made several), with its `czxid`: a node
+    /// named with `owner` *and* held by `session_id`. A node of this owner in another
+    /// session (left by this call in a session it gave up) dies with that session, so it
+    /// is never adopted; the caller creates a new one (and removes the stray as a
+    /// duplicate).
     async fn find_own(
         &self,
         client: &Client,
         dir: &str,
         owner: OwnerId,
+        session_id: i64,
     ) -> Result<Option<Created>, LockError> {
-        let Some(node) = self
+        for node in self
             .children(client, dir)
             .await?
             .into_iter()
-            .find(|n| n.owner == owner)
-        else {
-            return Ok(None);
-        };
-        let path = format!("{dir}/{}", node.name);
-        match bounded(self.op_timeout(), client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some(Created {
-                name: node.name,
-                czxid: stat.czxid,
-                sequence: node.sequence,
-            })),
-            Ok(None) => Ok(None),
-            Err(e) => Err(self.zk_error("stat lock node", e)),
+            .filter(|n| n.owner == owner)
+        {
+            let path = format!("{dir}/{}", node.name);
+            match bounded(self.op_timeout(), client.check_stat(&path)).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == session_id => {
+                    return Ok(Some(Created {
+                        name: node.name,
+                        czxid: stat.czxid,
+                        sequence: node.sequence,
+                    }))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(self.zk_error("stat lock node", e)),
+            }
         }
+        Ok(None)
     }
 
     /// Lists `dir` (after a `sync`, so the listing is as recent as the leader's) and places
@@ -657,9 +667,18 @@ impl Drop for Pending {
     }
 }
 
-/// Deletes `owner`'s nodes in `dir` except `keep`: passes until two listings succeed,
-/// one `op_timeout` apart (a create still in flight at the first pass lands before the
-/// second). Stops when the session is gone — its nodes go with it.
+/// Failed passes of [`sweep`] at the op-timeout pace, before it backs off and warns.
+const QUICK_SWEEPS: u32 = 8;
+/// The longest pause between two passes of [`sweep`] once it backs off.
+const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(5);
+
+/// Deletes `owner`'s nodes in `dir` except `keep`: passes until two passes succeed (every
+/// listing and deletion answered), one `op_timeout` apart (a create still in flight at
+/// the first pass lands before the second). Stops when the session is gone — its nodes go
+/// with it. While the server does not answer it keeps trying, backing off up to
+/// [`MAX_SWEEP_PAUSE`]: a stray node would otherwise hold its place in the queue (or the
+/// lock itself) for the session's whole life. After [`QUICK_SWEEPS`] failed passes it
+/// logs a warning (target `tenure_zk`), and again once the strays are gone.
 async fn sweep(
     session: Weak<Session>,
     dir: String,
@@ -668,29 +687,63 @@ async fn sweep(
     op_timeout: Duration,
 ) {
     let mut clean_passes = 0;
-    for _ in 0..8 {
+    let mut failed_passes = 0u32;
+    loop {
         let Some(client) = session.upgrade().and_then(|s| s.client().ok()) else {
             return;
         };
-        match bounded(op_timeout, client.list_children(&dir)).await {
+        let pass = match bounded(op_timeout, client.list_children(&dir)).await {
             Ok(children) => {
+                let mut clean = true;
                 for node in queue(&children)
                     .into_iter()
                     .filter(|n| n.owner == owner && Some(&n.name) != keep.as_ref())
                 {
                     let path = format!("{dir}/{}", node.name);
-                    let _ = bounded(op_timeout, client.delete(&path, None)).await;
+                    match bounded(op_timeout, client.delete(&path, None)).await {
+                        Ok(()) | Err(ZkError::NoNode) => {}
+                        Err(e) if session_gone(&e) => return,
+                        Err(_) => clean = false,
+                    }
                 }
-                clean_passes += 1;
+                Ok(clean)
             }
-            Err(ZkError::NoNode) => clean_passes += 1,
-            Err(_) => {}
-        }
+            Err(ZkError::NoNode) => Ok(true),
+            Err(e) if session_gone(&e) => return,
+            Err(e) if reply_lost(&e) => Ok(false),
+            Err(e) => Err(e),
+        };
         drop(client);
+        match pass {
+            Ok(true) => clean_passes += 1,
+            Ok(false) => failed_passes += 1,
+            Err(error) => {
+                tracing::warn!(
+                    %dir, %owner, %error,
+                    "cannot remove stray lock nodes of an abandoned acquisition; they go \
+                     when the session ends"
+                );
+                return;
+            }
+        }
         if clean_passes >= 2 {
+            if failed_passes >= QUICK_SWEEPS {
+                tracing::info!(%dir, %owner, failed_passes, "stray lock nodes removed");
+            }
             return;
         }
-        tokio::time::sleep(op_timeout).await;
+        if failed_passes == QUICK_SWEEPS {
+            tracing::warn!(
+                %dir, %owner, failed_passes,
+                "stray lock nodes of an abandoned acquisition may hold the key until the \
+                 server answers again (or the session ends); still retrying"
+            );
+        }
+        let backoff = failed_passes.saturating_sub(QUICK_SWEEPS).min(16);
+        let pause = op_timeout
+            .saturating_mul(1 << backoff)
+            .min(MAX_SWEEP_PAUSE.max(op_timeout));
+        tokio::time::sleep(pause).await;
     }
 }
 

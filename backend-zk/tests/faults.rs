@@ -705,3 +705,125 @@ async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
         "returned {returned:?} after a {wait:?} wait"
     );
 }
+
+/// An acquire's create reply is lost; before its retry looks for its node, that node is
+/// replaced by one with the same name prefix (the owner id of this call) but created in
+/// another session — as the call's own node from an earlier, abandoned session would be.
+/// Such a node dies with the other session: the retry must not adopt it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let session = client.session_id().unwrap();
+    let holder = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("foreign-session-node");
+    let dir = holder.lock_dir(&k);
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let acquire = {
+        let (client, k) = (client.clone(), k.clone());
+        async move {
+            client
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await
+        }
+    };
+    let (own, acquiring) = create_with_reply_held(&proxy, &holder, &k, acquire).await;
+    let other = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    other
+        .delete(&format!("{dir}/{}", own.name), None)
+        .await
+        .unwrap();
+    let options = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, sequence) = other
+        .create(&format!("{dir}/lock-{}-", own.owner), &[], &options)
+        .await
+        .unwrap();
+    let foreign = format!("lock-{}-{sequence}", own.owner);
+    assert_ne!(stat.ephemeral_owner, session, "another session's node");
+    drop_held_replies(&proxy).await;
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = acquiring.await.unwrap().expect("granted");
+    let granted = node_name(&lease.handle().path).to_string();
+    let owner_session = other
+        .check_stat(&lease.handle().path)
+        .await
+        .unwrap()
+        .map(|s| s.ephemeral_owner);
+    eprintln!("granted on {granted} (foreign node {foreign}), owned by session {owner_session:x?}");
+    assert_ne!(granted, foreign, "granted on a node of another session");
+    assert_eq!(
+        owner_session,
+        Some(session),
+        "the granted node lives in the grantee's session"
+    );
+    client.release(lease).await.unwrap();
+}
+
+/// A failed `try_acquire` leaves an orphan node (its create reply was lost) and its sweep
+/// cannot reach the server for longer than its quick passes last — but less than the
+/// session timeout, so the session and the orphan live on. The sweep must keep trying:
+/// once the link is back the orphan goes, long before the session would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_sweep_keeps_trying_until_the_server_answers() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    // Short requests: the sweep's first passes (bounded by the op timeout) are over long
+    // before the session could expire.
+    let op = Duration::from_millis(100);
+    let client = connect(&proxy.addr().to_string(), SESSION, op).await;
+    let session = client.session_id();
+    let other = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("sweep-retries");
+    let held = other.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let attempt = {
+        let (client, k) = (client.clone(), k.clone());
+        async move { client.try_acquire(&k, TTL).await }
+    };
+    let (orphan, attempt) = create_with_reply_held(&proxy, &other, &k, attempt).await;
+    let result = attempt.await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    // Replies stay held for 25 op timeouts: the sweep's requests reach the proxy and get
+    // no answer.
+    let up = proxy.stats().bytes_up;
+    let down = proxy.stats().bytes_down;
+    tokio::time::sleep(op * 25).await;
+    assert!(proxy.stats().bytes_up > up, "the sweep kept sending");
+    assert_eq!(
+        proxy.stats().bytes_down,
+        down,
+        "the fault fired: no reply reached the client"
+    );
+    assert_eq!(
+        queue(&other, &k).await.get(1).map(|n| n.name.clone()),
+        Some(orphan.name.clone()),
+        "the orphan is still queued"
+    );
+    let back = Instant::now();
+    drop_held_replies(&proxy).await;
+    assert_eq!(other.release(held).await.unwrap(), ReleaseOutcome::Released);
+    let lease = other
+        .acquire(&k, &AcquireOptions::new(TTL).wait(SESSION * 2))
+        .await
+        .expect("the orphan goes once the link is back");
+    eprintln!("orphan gone {:?} after the link came back", back.elapsed());
+    assert_eq!(
+        client.session_id(),
+        session,
+        "freed by the sweep, not by the session's end"
+    );
+    other.release(lease).await.unwrap();
+}
