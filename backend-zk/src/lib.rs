@@ -39,7 +39,8 @@
 //! `min(sent + ttl, anchor + session_timeout) − drift`, where `sent` is when the `sync`
 //! was sent and `anchor` the latest earlier `sync` sent at least one tick (`tick_ms`, the
 //! servers' `tickTime`) before it — activity the leader is known to have seen (or the
-//! session's creation). The leader cannot expire the session before
+//! session's creation); each session also sends a `sync` every quarter session timeout,
+//! so a waiter granted after a long, silent wait still has a recent anchor. The leader cannot expire the session before
 //! `anchor + session_timeout`, so a holder whose link is cut learns of the loss *locally*,
 //! by its deadline, before anyone else can be granted the lock (the CURATOR-460 trap,
 //! where a partitioned client waited for the server to tell it its session had expired).

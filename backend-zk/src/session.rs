@@ -47,7 +47,9 @@ pub(crate) struct Session {
     /// When the request that created the session was sent: the leader created it later.
     established: Instant,
     /// When recent requests proven to have reached the leader were sent (newest last).
-    proofs: Mutex<VecDeque<Instant>>,
+    proofs: Arc<Mutex<VecDeque<Instant>>>,
+    /// Keeps `proofs` fresh while the session is idle.
+    prover: tokio::task::JoinHandle<()>,
 }
 
 /// How many proofs [`Session::record`] keeps.
@@ -102,6 +104,13 @@ impl Session {
             sender,
             Arc::downgrade(&slot),
         ));
+        let proofs = Arc::new(Mutex::new(VecDeque::with_capacity(PROOFS_KEPT)));
+        let prover = tokio::spawn(prover(
+            Arc::downgrade(&slot),
+            Arc::downgrade(&proofs),
+            timeout,
+            config.op_timeout,
+        ));
         Ok(Arc::new(Self {
             client: slot,
             id,
@@ -109,18 +118,15 @@ impl Session {
             health,
             monitor,
             established,
-            proofs: Mutex::new(VecDeque::with_capacity(PROOFS_KEPT)),
+            proofs,
+            prover,
         }))
     }
 
     /// Records that a request sent at `sent` through this session was answered by way of
     /// the leader (a `sync`), so the server this client talks to was then in touch with it.
     pub(crate) fn record(&self, sent: Instant) {
-        let mut proofs = self.proofs.lock().unwrap_or_else(PoisonError::into_inner);
-        if proofs.len() == PROOFS_KEPT {
-            proofs.pop_front();
-        }
-        proofs.push_back(sent);
+        record(&self.proofs, sent);
     }
 
     /// The latest moment the leader is known to have seen this session active, as of a
@@ -133,7 +139,8 @@ impl Session {
     /// reported by then (ZooKeeper's own bound, as for `syncLimit`: pings arrive within a
     /// tick). Activity newer than that may never reach the leader. So the anchor is the
     /// latest recorded proof at least `tick` before `sent` — or the session's creation,
-    /// which the leader made itself.
+    /// which the leader made itself. A background `sync` every quarter session timeout
+    /// keeps proofs recent while the session is otherwise idle (e.g. waiting in a queue).
     pub(crate) fn anchor(&self, sent: Instant, tick: Duration) -> Instant {
         let Some(cutoff) = sent.checked_sub(tick) else {
             return self.established;
@@ -212,6 +219,42 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.monitor.abort();
+        self.prover.abort();
+    }
+}
+
+fn record(proofs: &Mutex<VecDeque<Instant>>, sent: Instant) {
+    let mut proofs = proofs.lock().unwrap_or_else(PoisonError::into_inner);
+    if proofs.len() == PROOFS_KEPT {
+        proofs.pop_front();
+    }
+    proofs.push_back(sent);
+}
+
+/// Every quarter session timeout, sends a `sync` and records it as a proof once it
+/// completes (see [`Session::anchor`]). Stops with the session.
+async fn prover(
+    client: Weak<Mutex<Option<Client>>>,
+    proofs: Weak<Mutex<VecDeque<Instant>>>,
+    timeout: Duration,
+    op_timeout: Duration,
+) {
+    let every = (timeout / 4).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(client) = client
+            .upgrade()
+            .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).clone())
+        else {
+            return;
+        };
+        let sent = Instant::now();
+        if let Ok(Ok(())) = tokio::time::timeout(op_timeout, client.sync("/")).await {
+            let Some(proofs) = proofs.upgrade() else {
+                return;
+            };
+            record(&proofs, sent);
+        }
     }
 }
 

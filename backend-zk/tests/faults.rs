@@ -827,3 +827,47 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
     );
     other.release(lease).await.unwrap();
 }
+
+/// A waiter queued for longer than its session timeout is granted a lease with most of
+/// a session left: the proof that the leader still knows the session is recent even
+/// though the waiter itself sent nothing while it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(3).await;
+    let hosts = zk.connect_string();
+    let session = Duration::from_millis(2000);
+    let holder = connect(&hosts, SESSION, OP).await;
+    let waiter = connect(&hosts, session, OP).await;
+    let k = key("long-wait");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await
+        })
+    };
+    poll("the waiter to queue", Duration::from_secs(5), || async {
+        (queue(&holder, &k).await.len() == 2).then_some(())
+    })
+    .await;
+    let queued = Instant::now();
+    poll("the wait to outlast the session", session * 4, || async {
+        (queued.elapsed() > session + session / 4).then_some(())
+    })
+    .await;
+    holder.release(held).await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    let left = lease.remaining(Instant::now());
+    eprintln!(
+        "granted after {:?} in the queue with {left:?} left",
+        queued.elapsed()
+    );
+    assert!(
+        left >= session / 4,
+        "granted with only {left:?} of a {session:?} session left"
+    );
+    waiter.release(lease).await.unwrap();
+}
