@@ -26,6 +26,7 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// | `session_timeout_ms` | 10000 | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
 /// | `op_timeout_ms` | 2000 | bound on one request's reply |
+/// | `tick_ms` | 2000 | the servers' `tickTime` (ZooKeeper's default is 2000): the margin kept between a lease's deadline and the earliest moment the leader may expire the session |
 ///
 /// `user:password` enables ZooKeeper's `digest` authentication; the nodes tenure creates
 /// then carry the `auth` ACL (full rights for that identity only, `Acls::creator_all`), so
@@ -47,6 +48,9 @@ pub struct ZkConfig {
     pub connect_timeout: Duration,
     /// Bound on one request's reply.
     pub op_timeout: Duration,
+    /// The servers' `tickTime`: how far the leader's record of a session's activity may
+    /// trail what a follower saw, and so the margin a lease keeps (see the crate docs).
+    pub server_tick: Duration,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -109,6 +113,7 @@ impl ZkConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(2),
+            server_tick: Duration::from_secs(2),
         };
         for pair in query
             .into_iter()
@@ -135,10 +140,11 @@ impl ZkConfig {
                 "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "op_timeout_ms" => config.op_timeout = millis(600_000)?,
+                "tick_ms" => config.server_tick = millis(600_000)?,
                 other => {
                     return Err(bad(format!(
                         "unknown option {other:?} (known: prefix, session_timeout_ms, \
-                         connect_timeout_ms, op_timeout_ms)"
+                         connect_timeout_ms, op_timeout_ms, tick_ms)"
                     )))
                 }
             }
@@ -194,11 +200,12 @@ impl fmt::Display for ZkConfig {
         write!(f, "{}{}", self.connect_string(), self.chroot)?;
         write!(
             f,
-            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&op_timeout_ms={}",
+            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&op_timeout_ms={}&tick_ms={}",
             percent_encode(&self.prefix),
             self.session_timeout.as_millis(),
             self.connect_timeout.as_millis(),
-            self.op_timeout.as_millis()
+            self.op_timeout.as_millis(),
+            self.server_tick.as_millis()
         )
     }
 }
@@ -214,6 +221,7 @@ impl fmt::Debug for ZkConfig {
             .field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("op_timeout", &self.op_timeout)
+            .field("server_tick", &self.server_tick)
             .finish()
     }
 }
@@ -375,7 +383,7 @@ mod tests {
     fn host_lists_chroot_and_options() {
         let c = parse(
             "zk://h1:2181,10.0.0.2,[::1]:2182/app/locks?prefix=svc/a&session_timeout_ms=4000\
-             &connect_timeout_ms=900&op_timeout_ms=250",
+             &connect_timeout_ms=900&op_timeout_ms=250&tick_ms=150",
         );
         assert_eq!(c.hosts(), ["h1:2181", "10.0.0.2:2181", "[::1]:2182"]);
         assert_eq!(c.connect_string(), "h1:2181,10.0.0.2:2181,[::1]:2182");
@@ -385,6 +393,7 @@ mod tests {
         assert_eq!(c.session_timeout, Duration::from_millis(4000));
         assert_eq!(c.connect_timeout, Duration::from_millis(900));
         assert_eq!(c.op_timeout, Duration::from_millis(250));
+        assert_eq!(c.server_tick, Duration::from_millis(150));
         assert_eq!(c.user(), None);
     }
 

@@ -21,23 +21,31 @@
 //!   suffix, which is per directory, 32-bit, and restarts when a container is recreated).
 //! - **The lease is the session.** Each [`ZkLock`] owns one session; its ephemeral nodes
 //!   live exactly as long as the session. [`extend`](DistributedLock::extend) re-creates
-//!   nothing: it checks that the session is alive and the node still exists (same
-//!   `czxid`, owned by this session) — else [`LockError::LeaseLost`].
+//!   nothing: after a `sync` with the leader it checks that the session is alive and the
+//!   node still exists (same `czxid`, owned by this session) — else
+//!   [`LockError::LeaseLost`].
 //!   [`release`](DistributedLock::release) deletes the node, version-checked.
 //!   Dropping the `ZkLock` closes the session, which deletes its nodes at once.
 //!
 //! **The TTL and the lease deadline.** ZooKeeper has no per-lock TTL: the server frees a
-//! lock when the holder's *session* expires, i.e. when no server has heard from the client
-//! for the session timeout. The TTL given to acquire/extend is validated and sets the
-//! lease's local deadline, capped by the session timeout:
-//! `valid_until = sent + min(ttl, session_timeout) − drift`, where `sent` is when the
-//! request that proved the node (and thus the session) alive was sent. Any request that
-//! reaches a server renews the session there, so the server cannot expire it before
-//! `sent + session_timeout`: a holder whose link is cut learns of the loss *locally*, by
-//! its deadline, no later than the session timeout — before anyone else can be granted the
-//! lock (the CURATOR-460 trap, where a partitioned client waited for the server to tell it
-//! its session had expired). A [`tenure_api::LockGuard`] renews every
-//! `min(ttl, session_timeout) / 3`.
+//! lock when the holder's *session* expires, which the **leader** decides from the session
+//! activity followers report to it (once per leader ping, every half `tickTime`). A
+//! follower cut off from the leader keeps answering reads and pings for up to
+//! `syncLimit × tickTime` while the leader expires the session and grants the lock to the
+//! next waiter — so no read from a follower proves a lock is still held. Every proof here
+//! (the grant's listing, each [`extend`](DistributedLock::extend)) is therefore preceded
+//! by a `sync`, which completes only once the follower has caught up with the leader. The
+//! lease's local deadline is
+//! `min(sent + ttl, anchor + session_timeout) − drift`, where `sent` is when the `sync`
+//! was sent and `anchor` the latest earlier `sync` sent at least one tick (`tick_ms`, the
+//! servers' `tickTime`) before it — activity the leader is known to have seen (or the
+//! session's creation); each session also sends a `sync` every quarter session timeout,
+//! so a waiter granted after a long, silent wait still has a recent anchor. The leader cannot expire the session before
+//! `anchor + session_timeout`, so a holder whose link is cut learns of the loss *locally*,
+//! by its deadline, before anyone else can be granted the lock (the CURATOR-460 trap,
+//! where a partitioned client waited for the server to tell it its session had expired).
+//! A [`tenure_api::LockGuard`] renews every `min(ttl, session_timeout) / 3`; renewals
+//! more than a tick apart keep the lease within one renewal interval of that.
 //!
 //! The session itself is also watched: expired, closed, or disconnected for longer than
 //! the session timeout (measured locally, not waiting for the server) marks every lease
@@ -337,17 +345,34 @@ impl ZkLock {
             if pending.uncertain {
                 // A create may have landed without our hearing of it: look before
                 // creating another node.
-                if let Some(found) = self.find_own(client, &dir, owner).await? {
+                if let Some(found) = self
+                    .find_own(client, &dir, owner, pending.session_id)
+                    .await?
+                {
                     return Ok(found);
                 }
             }
             match bounded(self.op_timeout(), client.create(&path, &[], &options)).await {
                 Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", node_prefix(owner));
+                    if LockNode::parse(&name).is_none() {
+                        // Never expected (every sequence ZooKeeper produces parses), but
+                        // a node the queue cannot see would be re-created forever.
+                        let _ = bounded(
+                            self.op_timeout(),
+                            client.delete(&format!("{dir}/{name}"), None),
+                        )
+                        .await;
+                        return Err(LockError::backend(format!(
+                            "ZooKeeper named the lock node {dir}/{name}: tenure cannot \
+                             parse its sequence {sequence}"
+                        )));
+                    }
                     return Ok(Created {
-                        name: format!("{}{sequence}", node_prefix(owner)),
+                        name,
                         czxid: stat.czxid,
                         sequence: sequence.into_i64(),
-                    })
+                    });
                 }
                 Err(ZkError::NoNode) => {
                     dir_retries += 1;
@@ -369,42 +394,51 @@ impl ZkLock {
         }
     }
 
-    /// Our node in `dir` (the first, if retries made several), with its `czxid`.
+    /// Our node in `dir` (the first, if retries made several), with its `czxid`: a node
+    /// named with `owner` *and* held by `session_id`. A node of this owner in another
+    /// session (left by this call in a session it gave up) dies with that session, so it
+    /// is never adopted; the caller creates a new one (and removes the stray as a
+    /// duplicate).
     async fn find_own(
         &self,
         client: &Client,
         dir: &str,
         owner: OwnerId,
+        session_id: i64,
     ) -> Result<Option<Created>, LockError> {
-        let Some(node) = self
+        for node in self
             .children(client, dir)
             .await?
             .into_iter()
-            .find(|n| n.owner == owner)
-        else {
-            return Ok(None);
-        };
-        let path = format!("{dir}/{}", node.name);
-        match bounded(self.op_timeout(), client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some(Created {
-                name: node.name,
-                czxid: stat.czxid,
-                sequence: node.sequence,
-            })),
-            Ok(None) => Ok(None),
-            Err(e) => Err(self.zk_error("stat lock node", e)),
+            .filter(|n| n.owner == owner)
+        {
+            let path = format!("{dir}/{}", node.name);
+            match bounded(self.op_timeout(), client.check_stat(&path)).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == session_id => {
+                    return Ok(Some(Created {
+                        name: node.name,
+                        czxid: stat.czxid,
+                        sequence: node.sequence,
+                    }))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(self.zk_error("stat lock node", e)),
+            }
         }
+        Ok(None)
     }
 
-    /// Lists `dir` and places `node` in it; removes any duplicate of ours.
+    /// Lists `dir` (after a `sync`, so the listing is as recent as the leader's) and places
+    /// `node` in it; removes any duplicate of ours. Also returns when the `sync` was sent.
     async fn position(
         &self,
         client: &Client,
+        session: &Session,
         dir: &str,
         node: &Created,
         owner: OwnerId,
     ) -> Result<(Position, Instant), LockError> {
-        let sent = Instant::now();
+        let sent = self.through_leader(client, session, dir).await?;
         let mut nodes = self.children(client, dir).await?;
         for duplicate in nodes
             .iter()
@@ -436,7 +470,7 @@ impl ZkLock {
             .filter(|t| *t > 0)
             .ok_or_else(|| LockError::backend(format!("server reported czxid {}", node.czxid)))?;
         let effective = ttl.min(session.timeout());
-        Ok(Lease::new(
+        let mut lease = Lease::new(
             key.clone(),
             owner,
             FencingToken(token),
@@ -448,7 +482,43 @@ impl ZkLock {
             path: format!("{}/{}", self.lock_dir(key), node.name),
             id: session.id(),
             revision: node.sequence,
-        }))
+        });
+        self.bound_by_leader(&mut lease, session, sent, effective);
+        Ok(lease)
+    }
+
+    /// Sends a `sync` for `path` and waits for it: the server this client talks to has
+    /// then caught up with the leader, so reads that follow are not stale, and the
+    /// session's activity up to a tick before is known to the leader. Returns when the
+    /// `sync` was sent (and records it in the session).
+    async fn through_leader(
+        &self,
+        client: &Client,
+        session: &Session,
+        path: &str,
+    ) -> Result<Instant, LockError> {
+        let sent = Instant::now();
+        match bounded(self.op_timeout(), client.sync(path)).await {
+            Ok(()) => {
+                session.record(sent);
+                Ok(sent)
+            }
+            Err(e) => Err(self.zk_error("sync with the leader", e)),
+        }
+    }
+
+    /// Caps a lease proven by a `sync` sent at `sent` (`effective` = its length from
+    /// `sent`) at what the leader guarantees: the session's [anchor](Session::anchor) plus
+    /// the session timeout, less the drift allowance.
+    fn bound_by_leader(
+        &self,
+        lease: &mut Lease,
+        session: &Session,
+        sent: Instant,
+        effective: Duration,
+    ) {
+        let limit = session.anchor(sent, self.inner.config.server_tick) + session.timeout();
+        lease.tighten((sent + effective).saturating_duration_since(limit));
     }
 
     /// Deletes our node; true if it is gone.
@@ -491,7 +561,7 @@ impl ZkLock {
         let mut node = self.enqueue(&client, pending, retry_until).await?;
         pending.node = Some(node.name.clone());
         loop {
-            let (position, sent) = self.position(&client, &dir, &node, owner).await?;
+            let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
             let predecessor = match position {
                 Position::First => return Ok(self.lease(key, owner, &node, &session, sent, ttl)?),
                 Position::Behind(predecessor) => predecessor,
@@ -504,6 +574,9 @@ impl ZkLock {
                             ),
                             source: None,
                         }));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Stop::TimedOut);
                     }
                     // Deleted by someone else while the session lives: queue again.
                     node = self.enqueue(&client, pending, retry_until).await?;
@@ -595,9 +668,18 @@ impl Drop for Pending {
     }
 }
 
-/// Deletes `owner`'s nodes in `dir` except `keep`: passes until two listings succeed,
-/// one `op_timeout` apart (a create still in flight at the first pass lands before the
-/// second). Stops when the session is gone — its nodes go with it.
+/// Failed passes of [`sweep`] at the op-timeout pace, before it backs off and warns.
+const QUICK_SWEEPS: u32 = 8;
+/// The longest pause between two passes of [`sweep`] once it backs off.
+const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(5);
+
+/// Deletes `owner`'s nodes in `dir` except `keep`: passes until two passes succeed (every
+/// listing and deletion answered), one `op_timeout` apart (a create still in flight at
+/// the first pass lands before the second). Stops when the session is gone — its nodes go
+/// with it. While the server does not answer it keeps trying, backing off up to
+/// [`MAX_SWEEP_PAUSE`]: a stray node would otherwise hold its place in the queue (or the
+/// lock itself) for the session's whole life. After [`QUICK_SWEEPS`] failed passes it
+/// logs a warning (target `tenure_zk`), and again once the strays are gone.
 async fn sweep(
     session: Weak<Session>,
     dir: String,
@@ -606,29 +688,63 @@ async fn sweep(
     op_timeout: Duration,
 ) {
     let mut clean_passes = 0;
-    for _ in 0..8 {
+    let mut failed_passes = 0u32;
+    loop {
         let Some(client) = session.upgrade().and_then(|s| s.client().ok()) else {
             return;
         };
-        match bounded(op_timeout, client.list_children(&dir)).await {
+        let pass = match bounded(op_timeout, client.list_children(&dir)).await {
             Ok(children) => {
+                let mut clean = true;
                 for node in queue(&children)
                     .into_iter()
                     .filter(|n| n.owner == owner && Some(&n.name) != keep.as_ref())
                 {
                     let path = format!("{dir}/{}", node.name);
-                    let _ = bounded(op_timeout, client.delete(&path, None)).await;
+                    match bounded(op_timeout, client.delete(&path, None)).await {
+                        Ok(()) | Err(ZkError::NoNode) => {}
+                        Err(e) if session_gone(&e) => return,
+                        Err(_) => clean = false,
+                    }
                 }
-                clean_passes += 1;
+                Ok(clean)
             }
-            Err(ZkError::NoNode) => clean_passes += 1,
-            Err(_) => {}
-        }
+            Err(ZkError::NoNode) => Ok(true),
+            Err(e) if session_gone(&e) => return,
+            Err(e) if reply_lost(&e) => Ok(false),
+            Err(e) => Err(e),
+        };
         drop(client);
+        match pass {
+            Ok(true) => clean_passes += 1,
+            Ok(false) => failed_passes += 1,
+            Err(error) => {
+                tracing::warn!(
+                    %dir, %owner, %error,
+                    "cannot remove stray lock nodes of an abandoned acquisition; they go \
+                     when the session ends"
+                );
+                return;
+            }
+        }
         if clean_passes >= 2 {
+            if failed_passes >= QUICK_SWEEPS {
+                tracing::info!(%dir, %owner, failed_passes, "stray lock nodes removed");
+            }
             return;
         }
-        tokio::time::sleep(op_timeout).await;
+        if failed_passes == QUICK_SWEEPS {
+            tracing::warn!(
+                %dir, %owner, failed_passes,
+                "stray lock nodes of an abandoned acquisition may hold the key until the \
+                 server answers again (or the session ends); still retrying"
+            );
+        }
+        let backoff = failed_passes.saturating_sub(QUICK_SWEEPS).min(16);
+        let pause = op_timeout
+            .saturating_mul(1 << backoff)
+            .min(MAX_SWEEP_PAUSE.max(op_timeout));
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -651,7 +767,7 @@ impl DistributedLock for ZkLock {
         let retry_until = Instant::now() + self.op_timeout();
         let node = self.enqueue(&client, &mut pending, retry_until).await?;
         pending.node = Some(node.name.clone());
-        let (position, sent) = self.position(&client, &dir, &node, owner).await?;
+        let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
         match position {
             Position::First => {
                 let lease = self.lease(key, owner, &node, &session, sent, ttl)?;
@@ -742,10 +858,11 @@ impl DistributedLock for ZkLock {
         }
     }
 
-    /// Checks that the lease's session is this client's current one and alive, and that
-    /// its node still exists with the lease's token, owned by that session; then moves the
-    /// local deadline to `sent + min(ttl, session timeout) − drift`. Never re-creates the
-    /// node. [`LockError::LeaseLost`] if any check fails; [`LockError::Unavailable`] if the
+    /// Checks that the lease's session is this client's current one and alive, and —
+    /// after a `sync` with the leader — that its node still exists with the lease's token,
+    /// owned by that session; then moves the local deadline to
+    /// `min(sent + ttl, anchor + session timeout) − drift` (see the crate docs). Never
+    /// re-creates the node. [`LockError::LeaseLost`] if any check fails; [`LockError::Unavailable`] if the
     /// server could not be asked (the session may still be alive).
     ///
     /// # Cancel safety
@@ -771,8 +888,18 @@ impl DistributedLock for ZkLock {
             return Err(lost(reason));
         }
         let client = session.client().map_err(|e| lost(e.to_string()))?;
+        // Through the leader: a follower cut off from it answers reads from a stale
+        // state, in which the session the leader has expired still holds the node.
         let sent = Instant::now();
-        match bounded(self.op_timeout(), client.check_stat(&path)).await {
+        let synced = bounded(self.op_timeout(), client.sync(&path)).await;
+        let checked = match synced {
+            Ok(()) => {
+                session.record(sent);
+                bounded(self.op_timeout(), client.check_stat(&path)).await
+            }
+            Err(e) => Err(e),
+        };
+        match checked {
             Ok(Some(stat))
                 if u64::try_from(stat.czxid).ok() == Some(lease.token().get())
                     && stat.ephemeral_owner == session.id() =>
@@ -782,6 +909,7 @@ impl DistributedLock for ZkLock {
                 }
                 let effective = ttl.min(session.timeout());
                 lease.renewed(sent, effective, default_drift(effective));
+                self.bound_by_leader(lease, &session, sent, effective);
                 Ok(())
             }
             Ok(Some(_)) => Err(lost("its node was replaced".into())),

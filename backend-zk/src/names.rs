@@ -80,11 +80,14 @@ pub(crate) struct LockNode {
 }
 
 impl LockNode {
-    /// Parses `lock-<32 hex>-<digits>`; anything else is not a lock node.
+    /// Parses `lock-<32 hex>-<sequence>`, the sequence being what ZooKeeper appends:
+    /// `%010d` of the parent's 32-bit `cversion` — negative past 2^31, e.g. `-2147483648`
+    /// or `-000000001` — or a longer run of digits. Anything else is not a lock node.
     pub(crate) fn parse(name: &str) -> Option<Self> {
         let rest = name.strip_prefix(LOCK_PREFIX)?;
         let (owner, sequence) = rest.split_once('-')?;
-        if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        let digits = sequence.strip_prefix('-').unwrap_or(sequence);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         Some(Self {
@@ -95,10 +98,36 @@ impl LockNode {
     }
 }
 
-/// The lock nodes among `children`, in queue order (lowest sequence first).
+/// The lock nodes among `children`, in queue order: the order ZooKeeper assigned their
+/// sequences in.
+///
+/// 32-bit sequences wrap (`2147483647`, `-2147483648`, …, `-000000001`, `0000000000`):
+/// they are ordered as unsigned numbers on a circle, starting after the largest gap
+/// between neighbours — exact as long as the live nodes of one directory span fewer than
+/// 2^31 sequence numbers (their creation and deletion each use one). Sequences beyond
+/// 32 bits do not wrap and are ordered as numbers.
 pub(crate) fn queue(children: &[String]) -> Vec<LockNode> {
     let mut nodes: Vec<LockNode> = children.iter().filter_map(|c| LockNode::parse(c)).collect();
-    nodes.sort_by_key(|n| n.sequence);
+    let wrapping = |n: &LockNode| i32::try_from(n.sequence).ok().map(|s| s as u32);
+    if !nodes.iter().all(|n| wrapping(n).is_some()) {
+        nodes.sort_by_key(|n| n.sequence);
+        return nodes;
+    }
+    nodes.sort_by_key(|n| wrapping(n).unwrap_or_default());
+    let circle: Vec<u64> = nodes
+        .iter()
+        .map(|n| u64::from(wrapping(n).unwrap_or_default()))
+        .collect();
+    if let (Some(&first), Some(&last)) = (circle.first(), circle.last()) {
+        // The gap across the wrap point wins ties: no rotation in the usual case.
+        let mut largest = (first + (1 << 32) - last, 0);
+        for (i, pair) in circle.windows(2).enumerate() {
+            if pair[1] - pair[0] > largest.0 {
+                largest = (pair[1] - pair[0], i + 1);
+            }
+        }
+        nodes.rotate_left(largest.1);
+    }
     nodes
 }
 
@@ -179,5 +208,56 @@ mod tests {
         );
         assert_eq!(owner_of_path(&format!("/t/k/{}", q[1].name)), Some(a));
         assert_eq!(owner_of_path("/t/k/other"), None);
+    }
+
+    /// ZooKeeper names a sequential node with `%010d` of the parent's 32-bit `cversion`,
+    /// which goes negative past 2^31 (`-2147483648`, then `-2147483647`, …, `-000000001`,
+    /// then `0000000000` again). Those nodes are lock nodes too, queued after the ones
+    /// before the wrap.
+    #[test]
+    fn sequences_past_the_32_bit_wrap_parse_and_queue_in_creation_order() {
+        let owners: Vec<OwnerId> = (1..=6u8).map(|i| OwnerId([i; 16])).collect();
+        let suffixes = [
+            "2147483646",
+            "2147483647",
+            "-2147483648",
+            "-2147483647",
+            "-000000002",
+            "-000000001",
+        ];
+        let names: Vec<String> = owners
+            .iter()
+            .zip(suffixes)
+            .map(|(o, s)| format!("{}{s}", node_prefix(*o)))
+            .collect();
+        for (name, s) in names.iter().zip(suffixes) {
+            let node = LockNode::parse(name).unwrap_or_else(|| panic!("{name} must parse"));
+            assert_eq!(node.sequence, s.parse::<i64>().unwrap());
+        }
+        let mut shuffled = names.clone();
+        shuffled.reverse();
+        shuffled.swap(0, 3);
+        let q = queue(&shuffled);
+        assert_eq!(
+            q.iter().map(|n| n.owner).collect::<Vec<_>>(),
+            owners,
+            "creation order across the wrap"
+        );
+        // …and across the second wrap (-1 → 0).
+        let after = [
+            format!("{}-000000001", node_prefix(owners[0])),
+            format!("{}0000000000", node_prefix(owners[1])),
+            format!("{}0000000001", node_prefix(owners[2])),
+        ];
+        let q = queue(&[after[2].clone(), after[1].clone(), after[0].clone()]);
+        assert_eq!(q.iter().map(|n| n.owner).collect::<Vec<_>>(), owners[..3]);
+        // Not what ZooKeeper produces: not lock nodes.
+        for bad in ["-", "--1", "+5", "-x", "1-2", ""] {
+            assert_eq!(
+                LockNode::parse(&format!("{}{bad}", node_prefix(owners[0]))),
+                None,
+                "{bad:?}"
+            );
+        }
     }
 }

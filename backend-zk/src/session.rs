@@ -6,9 +6,11 @@
 //! So the monitor here declares the session lost on its own once it has been
 //! disconnected for longer than the negotiated session timeout, and then drops its
 //! client, so that the library closes the session (deleting its ephemeral nodes) if it
-//! ever gets through again. Leases additionally carry a deadline capped at
-//! *request sent + session timeout* (see the crate docs), which is tighter still.
+//! ever gets through again. Leases additionally carry a deadline anchored on activity the
+//! *leader* is known to have seen ([`Session::anchor`], see the crate docs), which is
+//! tighter still.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -42,7 +44,16 @@ pub(crate) struct Session {
     timeout: Duration,
     health: watch::Receiver<Health>,
     monitor: tokio::task::JoinHandle<()>,
+    /// When the request that created the session was sent: the leader created it later.
+    established: Instant,
+    /// When recent requests proven to have reached the leader were sent (newest last).
+    proofs: Arc<Mutex<VecDeque<Instant>>>,
+    /// Keeps `proofs` fresh while the session is idle.
+    prover: tokio::task::JoinHandle<()>,
 }
+
+/// How many proofs [`Session::record`] keeps.
+const PROOFS_KEPT: usize = 16;
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -65,6 +76,7 @@ impl Session {
             connector = connector.with_auth("digest", &digest);
         }
         let target = config.connect_string();
+        let established = Instant::now();
         let client =
             match tokio::time::timeout(config.connect_timeout, connector.connect(&target)).await {
                 Ok(Ok(client)) => client,
@@ -92,13 +104,55 @@ impl Session {
             sender,
             Arc::downgrade(&slot),
         ));
+        let proofs = Arc::new(Mutex::new(VecDeque::with_capacity(PROOFS_KEPT)));
+        let prover = tokio::spawn(prover(
+            Arc::downgrade(&slot),
+            Arc::downgrade(&proofs),
+            timeout,
+            config.op_timeout,
+        ));
         Ok(Arc::new(Self {
             client: slot,
             id,
             timeout,
             health,
             monitor,
+            established,
+            proofs,
+            prover,
         }))
+    }
+
+    /// Records that a request sent at `sent` through this session was answered by way of
+    /// the leader (a `sync`), so the server this client talks to was then in touch with it.
+    pub(crate) fn record(&self, sent: Instant) {
+        record(&self.proofs, sent);
+    }
+
+    /// The latest moment the leader is known to have seen this session active, as of a
+    /// `sync` sent at `sent` that completed: the leader cannot expire the session before
+    /// *anchor + session timeout*.
+    ///
+    /// A follower reports the sessions it saw to the leader once per leader ping (every
+    /// half `tick`); a completed `sync` proves the follower was in touch with the leader
+    /// when it forwarded it, so activity at least `tick` older than `sent` had been
+    /// reported by then (ZooKeeper's own bound, as for `syncLimit`: pings arrive within a
+    /// tick). Activity newer than that may never reach the leader. So the anchor is the
+    /// latest recorded proof at least `tick` before `sent` — or the session's creation,
+    /// which the leader made itself. A background `sync` every quarter session timeout
+    /// keeps proofs recent while the session is otherwise idle (e.g. waiting in a queue).
+    pub(crate) fn anchor(&self, sent: Instant, tick: Duration) -> Instant {
+        let Some(cutoff) = sent.checked_sub(tick) else {
+            return self.established;
+        };
+        self.proofs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .copied()
+            .filter(|p| *p <= cutoff)
+            .max()
+            .map_or(self.established, |p| p.max(self.established))
     }
 
     /// The session id (the `ephemeral_owner` of its nodes).
@@ -165,6 +219,42 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.monitor.abort();
+        self.prover.abort();
+    }
+}
+
+fn record(proofs: &Mutex<VecDeque<Instant>>, sent: Instant) {
+    let mut proofs = proofs.lock().unwrap_or_else(PoisonError::into_inner);
+    if proofs.len() == PROOFS_KEPT {
+        proofs.pop_front();
+    }
+    proofs.push_back(sent);
+}
+
+/// Every quarter session timeout, sends a `sync` and records it as a proof once it
+/// completes (see [`Session::anchor`]). Stops with the session.
+async fn prover(
+    client: Weak<Mutex<Option<Client>>>,
+    proofs: Weak<Mutex<VecDeque<Instant>>>,
+    timeout: Duration,
+    op_timeout: Duration,
+) {
+    let every = (timeout / 4).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(client) = client
+            .upgrade()
+            .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).clone())
+        else {
+            return;
+        };
+        let sent = Instant::now();
+        if let Ok(Ok(())) = tokio::time::timeout(op_timeout, client.sync("/")).await {
+            let Some(proofs) = proofs.upgrade() else {
+                return;
+            };
+            record(&proofs, sent);
+        }
     }
 }
 

@@ -43,7 +43,7 @@ async fn start(nodes: usize) -> ZkEnsemble {
 /// A client with its own session on `hosts` (`h:p,h:p…`).
 async fn connect(hosts: &str, session: Duration, op: Duration) -> ZkLock {
     ZkLock::connect(&format!(
-        "zk://{hosts}/faults?session_timeout_ms={}&op_timeout_ms={}",
+        "zk://{hosts}/faults?session_timeout_ms={}&op_timeout_ms={}&tick_ms={TICK_MS}",
         session.as_millis(),
         op.as_millis()
     ))
@@ -536,4 +536,338 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
         summary(&mut latencies)
     );
     assert!(queue(&holder, &k).await.is_empty(), "nothing left queued");
+}
+
+/// The holder talks to one follower only; that follower is then cut off from the other
+/// two members (quorum and election links black-holed) while its client port still
+/// answers. The leader, on the majority side, hears nothing more of the holder's session,
+/// expires it and grants the lock to the contender queued on the majority side. The
+/// follower keeps serving (stale) reads for `syncLimit` ticks — longer than the session
+/// here — so a holder that proves its lock by reading from it would go on extending:
+/// the holder must report the loss, on its own clock, before the contender is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() {
+    let _serial = SERIAL.lock().await;
+    // syncLimit = 20 ticks (4 s): the cut-off follower serves well past the session.
+    let options = ZkOptions::default()
+        .nodes(3)
+        .tick_time_ms(TICK_MS)
+        .sync_limit_ticks(20)
+        .peer_proxies(true);
+    let zk = ZkEnsemble::start(options).await.unwrap();
+    let leader = zk.leader_index().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let majority: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| zk.nodes()[i].connect_string())
+        .collect();
+    let session = Duration::from_millis(2000);
+    let holder = Arc::new(connect(&zk.nodes()[follower].connect_string(), session, OP).await);
+    let contender = connect(&majority.join(","), SESSION, OP).await;
+    let k = key("follower-partitioned");
+
+    let guard = holder.lock(&k, &AcquireOptions::new(TTL)).await.unwrap();
+    let stale = guard.lease().await.unwrap();
+    let signal = guard.lost_signal();
+    let waiting = {
+        let (contender, k, signal) = (contender.clone(), k.clone(), signal.clone());
+        tokio::spawn(async move {
+            let lease = contender
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await;
+            // Read the holder's signal the moment the grant is known.
+            (lease, Instant::now(), signal.is_lost())
+        })
+    };
+    poll("the contender to queue", Duration::from_secs(5), || async {
+        (queue(&contender, &k).await.len() == 2).then_some(())
+    })
+    .await;
+
+    let cut = Instant::now();
+    zk.isolate(follower).unwrap();
+    let (fresh, granted_at, lost_at_grant) = waiting.await.unwrap();
+    let fresh = fresh.expect("the majority side takes the lock over");
+    eprintln!(
+        "follower zk{} cut off: contender granted {:?} after the cut; holder lost then: \
+         {lost_at_grant} ({:?}); holder's deadline {:?} after the cut",
+        follower + 1,
+        granted_at - cut,
+        signal.reason(),
+        signal.deadline().saturating_duration_since(cut),
+    );
+    let blackholed = zk.peer_link_stats(follower).unwrap().bytes_blackholed;
+    assert!(
+        blackholed > 0,
+        "the fault fired: member traffic of the follower was dropped"
+    );
+    assert!(
+        lost_at_grant,
+        "the contender was granted while the holder still believed it held the lock \
+         (its deadline was {:?} after the grant)",
+        signal.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(fresh.token() > stale.token(), "tokens increase");
+    // The partition really cut the follower off its leader: it stops following.
+    poll(
+        "the cut-off follower to lose its leader",
+        Duration::from_secs(30),
+        || async {
+            let mode = zk.nodes()[follower].mode().await.ok().flatten();
+            (mode.as_deref() != Some("follower")).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        zk.nodes()[leader].mode().await.unwrap().as_deref(),
+        Some("leader"),
+        "the majority side kept its leader"
+    );
+    zk.heal();
+    assert_eq!(
+        contender.release(fresh).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Someone keeps deleting the waiter's lock node right after its creation (a janitor on
+/// the directory; an unparsable sequence looks the same to the queue: our node is not
+/// in it). Every pass re-queues; the call must still give up at its wait deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let k = key("vanishing-node");
+    let dir = client.lock_dir(&k);
+    // The key's directory exists (a container: it stays while it was used recently).
+    let lease = client.try_acquire(&k, TTL).await.unwrap().expect("free");
+    client.release(lease).await.unwrap();
+
+    // The janitor deletes every lock node created under `dir`.
+    let janitor = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let mut created = janitor
+        .watch(&dir, zookeeper_client::AddWatchMode::PersistentRecursive)
+        .await
+        .unwrap();
+    let deleted = Arc::new(Mutex::new(0usize));
+    let janitor_task = {
+        let deleted = deleted.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = created.changed().await;
+                if event.event_type == zookeeper_client::EventType::Session {
+                    continue;
+                }
+                if event.event_type == zookeeper_client::EventType::NodeCreated
+                    && node_name(&event.path).starts_with("lock-")
+                    && janitor.delete(&event.path, None).await.is_ok()
+                {
+                    *deleted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+                }
+            }
+        })
+    };
+    // Requests reach the server 150 ms late: the janitor always deletes the new node
+    // before the waiter lists the queue.
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::from_millis(150),
+        down: Duration::ZERO,
+    });
+
+    let wait = Duration::from_secs(2);
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        wait + Duration::from_secs(10),
+        client.acquire(&k, &AcquireOptions::new(TTL).wait(wait)),
+    )
+    .await;
+    let returned = started.elapsed();
+    janitor_task.abort();
+    let deleted = *deleted.lock().unwrap_or_else(PoisonError::into_inner);
+    eprintln!("node deleted {deleted} times; acquire returned after {returned:?}: {outcome:?}");
+    assert!(
+        deleted >= 2,
+        "the fault fired: the node was deleted again and again"
+    );
+    let outcome = outcome.unwrap_or_else(|_| {
+        panic!("acquire with a {wait:?} wait had not returned after {returned:?}")
+    });
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "expected Timeout, got {outcome:?}"
+    );
+    assert!(
+        returned < wait + OP * 4,
+        "returned {returned:?} after a {wait:?} wait"
+    );
+}
+
+/// An acquire's create reply is lost; before its retry looks for its node, that node is
+/// replaced by one with the same name prefix (the owner id of this call) but created in
+/// another session — as the call's own node from an earlier, abandoned session would be.
+/// Such a node dies with the other session: the retry must not adopt it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
+    let session = client.session_id().unwrap();
+    let holder = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("foreign-session-node");
+    let dir = holder.lock_dir(&k);
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let acquire = {
+        let (client, k) = (client.clone(), k.clone());
+        async move {
+            client
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await
+        }
+    };
+    let (own, acquiring) = create_with_reply_held(&proxy, &holder, &k, acquire).await;
+    let other = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    other
+        .delete(&format!("{dir}/{}", own.name), None)
+        .await
+        .unwrap();
+    let options = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, sequence) = other
+        .create(&format!("{dir}/lock-{}-", own.owner), &[], &options)
+        .await
+        .unwrap();
+    let foreign = format!("lock-{}-{sequence}", own.owner);
+    assert_ne!(stat.ephemeral_owner, session, "another session's node");
+    drop_held_replies(&proxy).await;
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = acquiring.await.unwrap().expect("granted");
+    let granted = node_name(&lease.handle().path).to_string();
+    let owner_session = other
+        .check_stat(&lease.handle().path)
+        .await
+        .unwrap()
+        .map(|s| s.ephemeral_owner);
+    eprintln!("granted on {granted} (foreign node {foreign}), owned by session {owner_session:x?}");
+    assert_ne!(granted, foreign, "granted on a node of another session");
+    assert_eq!(
+        owner_session,
+        Some(session),
+        "the granted node lives in the grantee's session"
+    );
+    client.release(lease).await.unwrap();
+}
+
+/// A failed `try_acquire` leaves an orphan node (its create reply was lost) and its sweep
+/// cannot reach the server for longer than its quick passes last — but less than the
+/// session timeout, so the session and the orphan live on. The sweep must keep trying:
+/// once the link is back the orphan goes, long before the session would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_sweep_keeps_trying_until_the_server_answers() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    // Short requests: the sweep's first passes (bounded by the op timeout) are over long
+    // before the session could expire.
+    let op = Duration::from_millis(100);
+    let client = connect(&proxy.addr().to_string(), SESSION, op).await;
+    let session = client.session_id();
+    let other = connect(&zk.connect_string(), SESSION, OP).await;
+    let k = key("sweep-retries");
+    let held = other.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let attempt = {
+        let (client, k) = (client.clone(), k.clone());
+        async move { client.try_acquire(&k, TTL).await }
+    };
+    let (orphan, attempt) = create_with_reply_held(&proxy, &other, &k, attempt).await;
+    let result = attempt.await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    // Replies stay held for 25 op timeouts: the sweep's requests reach the proxy and get
+    // no answer.
+    let up = proxy.stats().bytes_up;
+    let down = proxy.stats().bytes_down;
+    tokio::time::sleep(op * 25).await;
+    assert!(proxy.stats().bytes_up > up, "the sweep kept sending");
+    assert_eq!(
+        proxy.stats().bytes_down,
+        down,
+        "the fault fired: no reply reached the client"
+    );
+    assert_eq!(
+        queue(&other, &k).await.get(1).map(|n| n.name.clone()),
+        Some(orphan.name.clone()),
+        "the orphan is still queued"
+    );
+    let back = Instant::now();
+    drop_held_replies(&proxy).await;
+    assert_eq!(other.release(held).await.unwrap(), ReleaseOutcome::Released);
+    let lease = other
+        .acquire(&k, &AcquireOptions::new(TTL).wait(SESSION * 2))
+        .await
+        .expect("the orphan goes once the link is back");
+    eprintln!("orphan gone {:?} after the link came back", back.elapsed());
+    assert_eq!(
+        client.session_id(),
+        session,
+        "freed by the sweep, not by the session's end"
+    );
+    other.release(lease).await.unwrap();
+}
+
+/// A waiter queued for longer than its session timeout is granted a lease with most of
+/// a session left: the proof that the leader still knows the session is recent even
+/// though the waiter itself sent nothing while it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(3).await;
+    let hosts = zk.connect_string();
+    let session = Duration::from_millis(2000);
+    let holder = connect(&hosts, SESSION, OP).await;
+    let waiter = connect(&hosts, session, OP).await;
+    let k = key("long-wait");
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await
+        })
+    };
+    poll("the waiter to queue", Duration::from_secs(5), || async {
+        (queue(&holder, &k).await.len() == 2).then_some(())
+    })
+    .await;
+    let queued = Instant::now();
+    poll("the wait to outlast the session", session * 4, || async {
+        (queued.elapsed() > session + session / 4).then_some(())
+    })
+    .await;
+    holder.release(held).await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    let left = lease.remaining(Instant::now());
+    eprintln!(
+        "granted after {:?} in the queue with {left:?} left",
+        queued.elapsed()
+    );
+    assert!(
+        left >= session / 4,
+        "granted with only {left:?} of a {session:?} session left"
+    );
+    waiter.release(lease).await.unwrap();
 }

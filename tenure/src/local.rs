@@ -22,6 +22,33 @@ const ZK_TICK_MS: u32 = 200;
 /// Finds the index (into [`LocalBackend::nodes`]) of the consensus leader, if any.
 pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
 
+/// Cuts one member of a replicated backend off from the others, for partition faults.
+pub trait PeerLinks: Send + Sync {
+    /// Cuts member `index` (into [`LocalBackend::nodes`]) off from every other member.
+    fn isolate(&self, index: usize) -> Result<(), String>;
+    /// Restores every member-to-member link.
+    fn heal(&self);
+    /// Bytes of member `index`'s traffic with the others dropped so far: evidence a cut
+    /// fired.
+    fn dropped(&self, index: usize) -> u64;
+}
+
+/// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
+impl PeerLinks for ZkEnsemble {
+    fn isolate(&self, index: usize) -> Result<(), String> {
+        ZkEnsemble::isolate(self, index).map_err(|e| e.to_string())
+    }
+
+    fn heal(&self) {
+        ZkEnsemble::heal(self);
+    }
+
+    fn dropped(&self, index: usize) -> u64 {
+        self.peer_link_stats(index)
+            .map_or(0, |s| s.bytes_blackholed)
+    }
+}
+
 /// A backend on servers this process started. Dropping it stops them.
 #[derive(Clone)]
 pub struct LocalBackend {
@@ -35,6 +62,8 @@ pub struct LocalBackend {
     pub clock_shim: bool,
     /// The consensus leader (etcd, ZooKeeper).
     pub leader: Option<LeaderFn>,
+    /// The links between members, where they can be cut (ZooKeeper).
+    pub peer_links: Option<Arc<dyn PeerLinks>>,
 }
 
 impl fmt::Debug for LocalBackend {
@@ -101,6 +130,7 @@ pub async fn start(
             .clock_shim(options.clock_shim)
     };
     let mut leader = None;
+    let mut peer_links: Option<Arc<dyn PeerLinks>> = None;
     let (name, harness, nodes, clock_shim) = match backend {
         "redis" => {
             let cluster = RedisCluster::start(redis(1)).await?;
@@ -130,13 +160,18 @@ pub async fn start(
             ("etcd", harness, nodes, false)
         }
         "zk" => {
-            let options = ZkOptions::default().nodes(3).tick_time_ms(ZK_TICK_MS);
+            let options = ZkOptions::default()
+                .nodes(3)
+                .tick_time_ms(ZK_TICK_MS)
+                .peer_proxies(true);
             let ensemble = Arc::new(ZkEnsemble::start(options).await?);
             leader = Some(leader_of(&ensemble, |e| {
                 Box::pin(async move { e.leader_index().await.ok() })
             }));
+            peer_links = Some(ensemble.clone());
             let nodes = nodes(ensemble.nodes());
-            let harness = harness("zk", "zk://{hosts}", &nodes)
+            let template = format!("zk://{{hosts}}?tick_ms={ZK_TICK_MS}");
+            let harness = harness("zk", &template, &nodes)
                 .query("session_timeout_ms=4000")
                 .cut_query("session_timeout_ms=1000&op_timeout_ms=300")
                 .owning(ensemble);
@@ -166,5 +201,6 @@ pub async fn start(
         nodes,
         clock_shim,
         leader,
+        peer_links,
     })
 }

@@ -10,6 +10,15 @@
 //! [`tick_time_ms`](ZkOptions::tick_time_ms) (e.g. 200) for fast expiry and fast failure
 //! detection in an ensemble (`syncLimit` is 5 ticks, `initLimit` 10).
 //!
+//! For partitions between members, start an ensemble with
+//! [`peer_proxies`](ZkOptions::peer_proxies): each server's `zoo.cfg` then names every
+//! *other* member through a [`FaultProxy`] of its own (one per ordered pair and port, quorum
+//! and election), so all member-to-member traffic — each TCP connection goes through the
+//! proxy of the server that opened it — can be cut with
+//! [`isolate`](ZkEnsemble::isolate) and restored with [`heal`](ZkEnsemble::heal), while
+//! client ports stay direct. ([`sync_limit_ticks`](ZkOptions::sync_limit_ticks) sets how
+//! long a cut-off follower keeps serving before it notices.)
+//!
 //! The JVM reads the clock without libc: the [clock shim](crate::clock_shim) cannot shift
 //! it.
 
@@ -20,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::proxy::{FaultProxy, ProxyMode, ProxyStats};
 
 use super::process::{CommandSpec, Probe, ServerProcess};
 use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
@@ -42,6 +53,12 @@ pub struct ZkOptions {
     /// `tickTime` in milliseconds (default 2000). Session timeouts are bounded to
     /// 2–20 ticks.
     pub tick_time_ms: u32,
+    /// `syncLimit` in ticks (default 5): how long a follower cut off from its leader keeps
+    /// serving clients before it gives up on the leader (and the leader on it).
+    pub sync_limit_ticks: u32,
+    /// Route member-to-member traffic through fault proxies (default off), so that
+    /// [`ZkEnsemble::isolate`] can partition a member.
+    pub peer_proxies: bool,
 }
 
 impl Default for ZkOptions {
@@ -49,6 +66,8 @@ impl Default for ZkOptions {
         ZkOptions {
             nodes: 1,
             tick_time_ms: 2000,
+            sync_limit_ticks: 5,
+            peer_proxies: false,
         }
     }
 }
@@ -65,6 +84,27 @@ impl ZkOptions {
         self.tick_time_ms = ms;
         self
     }
+
+    /// Set `syncLimit` in ticks.
+    pub fn sync_limit_ticks(mut self, ticks: u32) -> Self {
+        self.sync_limit_ticks = ticks;
+        self
+    }
+
+    /// Route member-to-member traffic through fault proxies (see [`ZkEnsemble::isolate`]).
+    pub fn peer_proxies(mut self, on: bool) -> Self {
+        self.peer_proxies = on;
+        self
+    }
+}
+
+/// A proxy carrying the connections server `from` opens to server `to` (indexes into
+/// [`ZkEnsemble::nodes`]) on one of `to`'s quorum or election ports.
+#[derive(Debug)]
+struct PeerLink {
+    from: usize,
+    to: usize,
+    proxy: FaultProxy,
 }
 
 /// One ZooKeeper server.
@@ -113,6 +153,8 @@ impl ZkNode {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     nodes: Vec<Arc<ZkNode>>,
+    /// Member-to-member proxies (empty unless [`ZkOptions::peer_proxies`]).
+    links: Vec<PeerLink>,
     dir: tempfile::TempDir,
 }
 
@@ -123,7 +165,7 @@ impl ZkEnsemble {
     /// # Cancel safety
     /// Cancel safe: servers started so far are killed when the future is dropped.
     pub async fn start(options: ZkOptions) -> Result<ZkEnsemble> {
-        if options.nodes == 0 || options.tick_time_ms == 0 {
+        if options.nodes == 0 || options.tick_time_ms == 0 || options.sync_limit_ticks == 0 {
             return Err(ServerError::Unsupported {
                 what: format!("ZooKeeper needs at least one node and a tick: {options:?}"),
             });
@@ -139,19 +181,38 @@ impl ZkEnsemble {
         let ports = (0..n)
             .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
             .collect::<Result<Vec<(u16, u16, u16)>>>()?;
-        let servers: String = if n > 1 {
-            ports
-                .iter()
-                .enumerate()
-                .map(|(i, (_, quorum, election))| {
-                    format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
-                })
-                .collect()
-        } else {
-            String::new()
-        };
+        let mut links = Vec::new();
+        // `servers[i]`: the `server.N=` lines of member i's zoo.cfg. Its own entry is its
+        // real ports (it binds them); with peer proxies, the others' go through proxies.
+        let mut servers = vec![String::new(); n];
+        if n > 1 {
+            for (i, lines) in servers.iter_mut().enumerate() {
+                for (j, &(_, quorum, election)) in ports.iter().enumerate() {
+                    let (quorum, election) = if options.peer_proxies && i != j {
+                        let via = |port| {
+                            let link = FaultProxy::start(loopback(port));
+                            async move { link.await.map(|proxy| (proxy.addr().port(), proxy)) }
+                        };
+                        let (q, q_proxy) = via(quorum).await?;
+                        let (e, e_proxy) = via(election).await?;
+                        for proxy in [q_proxy, e_proxy] {
+                            links.push(PeerLink {
+                                from: i,
+                                to: j,
+                                proxy,
+                            });
+                        }
+                        (q, e)
+                    } else {
+                        (quorum, election)
+                    };
+                    lines.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", j + 1));
+                }
+            }
+        }
         let mut ensemble = ZkEnsemble {
             nodes: Vec::with_capacity(n),
+            links,
             dir,
         };
         for (i, &(client, _, _)) in ports.iter().enumerate() {
@@ -166,11 +227,13 @@ impl ZkEnsemble {
             std::fs::write(
                 &cfg,
                 format!(
-                    "tickTime={tick}\ninitLimit=10\nsyncLimit=5\ndataDir={data}\n\
+                    "tickTime={tick}\ninitLimit=10\nsyncLimit={sync}\ndataDir={data}\n\
                      clientPort={client}\nclientPortAddress=127.0.0.1\n\
                      admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n\
                      {servers}",
+                    servers = servers[i],
                     tick = options.tick_time_ms,
+                    sync = options.sync_limit_ticks,
                     data = data.display(),
                 ),
             )?;
@@ -223,6 +286,62 @@ impl ZkEnsemble {
     /// The same through each server's fault proxy.
     pub fn proxied_connect_string(&self) -> String {
         join(self.nodes.iter().map(|n| n.proxied_addr()))
+    }
+
+    /// Cuts every member-to-member link of server `index` (into [`nodes`](Self::nodes)),
+    /// both directions, quorum and election: the rest of the ensemble and it can no longer
+    /// hear each other (connections stay open, bytes are dropped), while its client port
+    /// still answers. Needs [`ZkOptions::peer_proxies`].
+    pub fn isolate(&self, index: usize) -> Result<()> {
+        self.set_links(index, ProxyMode::Blackhole)
+    }
+
+    /// Restores every member-to-member link (undoes [`isolate`](Self::isolate)).
+    pub fn heal(&self) {
+        for link in &self.links {
+            link.proxy.set_mode(ProxyMode::Pass);
+        }
+    }
+
+    /// The counters of server `index`'s member-to-member links, summed over both
+    /// directions (e.g. `bytes_blackholed` shows an isolation dropped traffic). Needs
+    /// [`ZkOptions::peer_proxies`].
+    pub fn peer_link_stats(&self, index: usize) -> Result<ProxyStats> {
+        let mut sum = ProxyStats::default();
+        for link in self.links_of(index)? {
+            let s = link.proxy.stats();
+            sum.accepted += s.accepted;
+            sum.active += s.active;
+            sum.resets += s.resets;
+            sum.connect_failures += s.connect_failures;
+            sum.bytes_up += s.bytes_up;
+            sum.bytes_down += s.bytes_down;
+            sum.bytes_blackholed += s.bytes_blackholed;
+        }
+        Ok(sum)
+    }
+
+    fn set_links(&self, index: usize, mode: ProxyMode) -> Result<()> {
+        for link in self.links_of(index)? {
+            link.proxy.set_mode(mode);
+        }
+        Ok(())
+    }
+
+    fn links_of(&self, index: usize) -> Result<impl Iterator<Item = &PeerLink>> {
+        if self.links.is_empty() || index >= self.nodes.len() {
+            return Err(ServerError::Unsupported {
+                what: format!(
+                    "member {index} of a {}-node ensemble has no peer proxies \
+                     (start it with ZkOptions::peer_proxies)",
+                    self.nodes.len()
+                ),
+            });
+        }
+        Ok(self
+            .links
+            .iter()
+            .filter(move |l| l.from == index || l.to == index))
     }
 
     /// The temporary directory holding every server's config, data and log.

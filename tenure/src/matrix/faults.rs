@@ -47,11 +47,13 @@ pub enum Fault {
     ReplicaFailover,
     /// The acquire request reaches the server but its reply is lost.
     LostReply,
+    /// The ZooKeeper follower the holder talks to is cut off from the other members.
+    FollowerPartition,
 }
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::PausedHolder,
         Fault::DelayedReply,
         Fault::ClockJump,
@@ -61,6 +63,7 @@ impl Fault {
         Fault::ServerPause,
         Fault::ReplicaFailover,
         Fault::LostReply,
+        Fault::FollowerPartition,
     ];
 
     /// Short title for tables.
@@ -75,6 +78,7 @@ impl Fault {
             Fault::ServerPause => "server SIGSTOP",
             Fault::ReplicaFailover => "failover to async replica",
             Fault::LostReply => "acquire with lost reply",
+            Fault::FollowerPartition => "ZooKeeper follower partitioned from the leader",
         }
     }
 
@@ -88,6 +92,7 @@ impl Fault {
                 | Fault::MinorityLoss
                 | Fault::ServerPause
                 | Fault::ReplicaFailover
+                | Fault::FollowerPartition
         )
     }
 }
@@ -487,6 +492,18 @@ fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             }),
             _ => not_injectable("the harness starts no replica for this backend"),
         },
+        Fault::FollowerPartition => match backend {
+            "zk" if target.peer_links.is_none() => {
+                not_injectable("no control over the links between the members")
+            }
+            "zk" => None,
+            _ => Some(Cell::NotApplicable {
+                reason: "only ZooKeeper clients talk to followers that answer from their \
+                         own replica (etcd confirms reads with the leader; the others have \
+                         no followers)"
+                    .into(),
+            }),
+        },
         _ => None,
     }
 }
@@ -739,18 +756,28 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         return minority_loss(target, round, pairs).await;
     }
     let redlock = target.caps.backend == "redlock" && fault != Fault::ServerPause;
-    let (holder_side, contender_side, _) = redlock_sides(target.nodes.len());
+    let (mut holder_side, mut contender_side, _) = redlock_sides(target.nodes.len());
+    // A follower partition: the holder talks to one follower only, the contender to the
+    // others (the leader's side).
+    let follower = match fault {
+        Fault::FollowerPartition => Some((victim(target).await + 1) % target.nodes.len()),
+        _ => None,
+    };
+    if let Some(f) = follower {
+        holder_side = vec![f];
+        contender_side = (0..target.nodes.len()).filter(|&i| i != f).collect();
+    }
     let mut holders = Vec::with_capacity(pairs);
     let mut contenders = Vec::with_capacity(pairs);
     let mut early = Vec::new();
     for pair in 0..pairs {
         let key = target.key(fault, round, pair);
         let register = FencedRegister::new();
-        let sides = if redlock {
-            (
-                partitioned(target, &holder_side).await,
-                partitioned(target, &contender_side).await,
-            )
+        let sides = if redlock || follower.is_some() {
+            // The follower may still be rejoining after the previous round.
+            let side =
+                |reach| retrying(Duration::from_secs(30), move || partitioned(target, reach));
+            (side(&holder_side).await.0, side(&contender_side).await.0)
         } else {
             // A server restarted by the previous round may still be recovering (slowly,
             // with every other backend's trials running on the same two cores).
@@ -778,8 +805,16 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
             Err(e) => early.push(setup_failed("holder", e)),
         }
     }
-    let node = victim(target).await;
+    let node = match follower {
+        Some(f) => f,
+        None => victim(target).await,
+    };
     let injected_at = Instant::now();
+    let dropped = || match (follower, &target.peer_links) {
+        (Some(f), Some(links)) => links.dropped(f),
+        _ => 0,
+    };
+    let dropped_before = dropped();
 
     let fired = inject(fault, target, node).await;
     let outcomes = futures::future::join_all(
@@ -798,6 +833,10 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
             // Evidence the jump expired the key early: granted before a TTL had passed.
             fired &= outcome.granted.is_none() || outcome.at - injected_at < target.ttl;
         }
+        if follower.is_some() {
+            // Evidence: the follower's traffic with the other members was dropped.
+            fired &= dropped() > dropped_before;
+        }
         trials.push(judge(holder, contender, outcome, &register, fired).await);
     }
     heal(fault, target, node).await;
@@ -812,8 +851,8 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
 }
 
 /// Injects a server fault on node `node`.
-async fn inject(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
-    let node = &target.nodes[node];
+async fn inject(fault: Fault, target: &Target, index: usize) -> Result<(), String> {
+    let node = &target.nodes[index];
     match fault {
         Fault::ClockJump => {
             let jump = i64::try_from((target.ttl * 2).as_millis()).unwrap_or(i64::MAX);
@@ -826,6 +865,10 @@ async fn inject(fault: Fault, target: &Target, node: usize) -> Result<(), String
         }
         Fault::Restart => node.restart().await.map_err(|e| e.to_string()),
         Fault::ServerPause => node.pause().map_err(|e| e.to_string()),
+        Fault::FollowerPartition => match &target.peer_links {
+            Some(links) => links.isolate(index),
+            None => Err("no control over the links between the members".into()),
+        },
         _ => Ok(()),
     }
 }
@@ -851,6 +894,11 @@ async fn heal(fault: Fault, target: &Target, node: usize) {
         }
         Fault::ServerPause => {
             let _ = node.resume();
+        }
+        Fault::FollowerPartition => {
+            if let Some(links) = &target.peer_links {
+                links.heal();
+            }
         }
         _ => {}
     }

@@ -22,7 +22,7 @@ use tenure_conformance::servers::Node;
 use tenure_conformance::{scenarios, UrlHarness};
 
 use crate::bench::{self, BenchLine, BenchOptions, Mode};
-use crate::local::{self, LeaderFn, LocalOptions};
+use crate::local::{self, LeaderFn, LocalOptions, PeerLinks};
 pub use faults::{Cell, Fault, Verdict};
 
 /// How much to run.
@@ -68,6 +68,7 @@ pub struct Target {
     harness: UrlHarness,
     nodes: Vec<Arc<dyn Node>>,
     leader: Option<LeaderFn>,
+    peer_links: Option<Arc<dyn PeerLinks>>,
     clock_shim: bool,
     caps: Capabilities,
     ttl: Duration,
@@ -379,18 +380,25 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
 }
 
 async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, String> {
-    let (harness, nodes, leader, clock_shim) = match source {
+    let (harness, nodes, leader, peer_links, clock_shim) = match source {
         Source::Local => {
             let local = local::start(name, LocalOptions { clock_shim: true })
                 .await
                 .map_err(|e| format!("starting local {name} servers: {e}"))?;
-            (local.harness, local.nodes, local.leader, local.clock_shim)
+            let links = local.peer_links;
+            (
+                local.harness,
+                local.nodes,
+                local.leader,
+                links,
+                local.clock_shim,
+            )
         }
         Source::External(url) => {
             let harness = external_harness(name, url)
                 .await
                 .map_err(|e| e.to_string())?;
-            (harness, Vec::new(), None, false)
+            (harness, Vec::new(), None, None, false)
         }
     };
     let caps = {
@@ -411,6 +419,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         harness,
         nodes,
         leader,
+        peer_links,
         clock_shim,
         caps,
         ttl,
@@ -458,6 +467,8 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
             vec![Safe, FencedSafe]
         }
         Fault::ReplicaFailover => vec![Unsafe],
+        // Grants and renewals are proven through the leader.
+        Fault::FollowerPartition => vec![Safe],
     }
 }
 
