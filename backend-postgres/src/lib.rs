@@ -32,11 +32,21 @@
 //!   (`set_config('idle_in_transaction_session_timeout', ttl, true)` — which also re-arms
 //!   the timer) and checks the transaction id is unchanged; any failure is
 //!   [`LockError::LeaseLost`], since a broken connection can never get its transaction
-//!   back. Server-side TCP keepalives (`tcp_keepalives_*`) and
-//!   `client_connection_check_interval` are set on every dedicated connection, so the
-//!   server also notices a vanished client while it waits in the lock queue. (sqlx exposes
-//!   no client-side socket options; the client bounds every statement with
-//!   `command_timeout_ms` instead.)
+//!   back.
+//! * **Nothing ends the transaction before the lease deadline.** The server's TCP
+//!   keepalives are set per session so that it cannot give up on a silent client before
+//!   `ttl` (`tcp_keepalives_idle` ≥ ttl), `statement_timeout` and (Postgres 17+)
+//!   `transaction_timeout` are switched off in the lock transaction, whatever the role's
+//!   defaults. `client_connection_check_interval` lets the server notice a vanished client
+//!   while it waits in the lock queue. (sqlx exposes no client-side socket options; the
+//!   client bounds every statement with `command_timeout_ms` instead.)
+//! * **Loss is pushed.** What the client cannot prevent — `pg_terminate_backend`, a
+//!   restart or crash, the idle timeout — closes the connection. Each held lease's
+//!   connection is owned by a task that reads its socket while the transaction sits idle
+//!   (a `PgListener`), so the lease's [`LossNotice`] fires as soon as the server closes
+//!   it: a [`LockGuard`](tenure_api::LockGuard) reports the loss at once, before another
+//!   client can be granted the lock (the server frees the row as it ends the session,
+//!   and the next holder still needs a round trip and a fence commit).
 //! * **Release.** `COMMIT` on the dedicated connection, which then goes back to a small
 //!   cache of clean connections (or is closed).
 //! * **Inspect.** The lock row's own columns cannot carry the holder: an `UPDATE` inside the
@@ -50,9 +60,13 @@
 //!   needs the same role as the holder or `pg_read_all_stats`; otherwise `remaining` is
 //!   `None`).
 //!
-//! Dedicated connections are kept in the backend keyed by owner id, so [`Lease`] stays
-//! plain data. Their number is bounded by `max_held` (held locks plus acquires in
-//! progress); past it, acquires fail at once with a [`LockError::Backend`] saying so.
+//! Dedicated connections are kept in the backend keyed by owner id; the [`Lease`] carries
+//! only a [`tenure_api::LeaseTie`]. A lease dropped without `release` is rolled back and
+//! its connection reclaimed at once. Held locks are bounded by `max_held` and blocking
+//! acquires queued in the server by `max_waiting` (each uses one dedicated connection);
+//! past either bound an acquire fails at once with a [`LockError::Backend`] that says
+//! "too many held locks" (or blocking acquires) and names the option. A server out of
+//! connection slots (`max_connections`) is [`LockError::Unavailable`].
 //!
 //! **Guarantees** ([`PgLock::capabilities`]): a single node; expiry by the server ending
 //! the connection/transaction; FIFO push wake-ups from the server's lock queue; fencing
@@ -97,18 +111,18 @@ mod fenced;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Executor, Row};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
+    LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use config::{redact, validate_ident, PgConfig};
 pub use fenced::{FencedTable, FencedWrite};
@@ -140,27 +154,40 @@ struct Inner {
     dedicated: PgConnectOptions,
     /// Held leases by owner id.
     held: Mutex<HashMap<OwnerId, Arc<Entry>>>,
-    /// One permit per dedicated connection in use.
+    /// One permit per held lock (`max_held`).
     slots: Arc<Semaphore>,
+    /// One permit per blocking acquire queued in the server (`max_waiting`).
+    waiting: Arc<Semaphore>,
     /// Clean dedicated connections (not in a transaction) for reuse.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    idle: Mutex<Vec<(Dedicated, Instant)>>,
 }
 
-/// A held lease: what identifies the grant, and its live resources.
+/// A dedicated connection. A [`PgListener`] (on a one-connection pool of its own) rather
+/// than a bare connection, because its `try_recv` reads the socket while the transaction
+/// sits idle: that is how a held lease learns at once that the server closed it.
+type Dedicated = PgListener;
+
+/// A held lease: what identifies the grant, and the channel to the task that owns its
+/// connection.
 struct Entry {
     key: LockKey,
     token: FencingToken,
     /// The holding transaction's id (`xid8` as text).
     xid: String,
-    held: tokio::sync::Mutex<Held>,
+    /// The TTL of the last grant or extension (for the holder record).
+    ttl: Mutex<Duration>,
+    /// Requests to the lease's task; dropping the entry ends the task (and the lease).
+    tasks: mpsc::Sender<Request>,
+    /// Fired by the task when the connection is lost.
+    lost: LossNotice,
 }
 
-/// A held lease's live resources.
-struct Held {
-    /// The connection whose open transaction holds the row lock; `None` once broken.
-    conn: Option<PgConnection>,
-    ttl: Duration,
-    _slot: OwnedSemaphorePermit,
+/// What a lease's task is asked to do on its connection.
+enum Request {
+    /// Re-arm the idle timer with a TTL.
+    Extend(Duration, oneshot::Sender<Result<(), LockError>>),
+    /// `COMMIT` and give the connection back.
+    Release(oneshot::Sender<Result<ReleaseOutcome, LockError>>),
 }
 
 /// SQL text built once from the validated, quoted names.
@@ -290,6 +317,7 @@ impl PgLock {
             inner: Arc::new(Inner {
                 sql: Statements::new(&config),
                 slots: Arc::new(Semaphore::new(config.max_held)),
+                waiting: Arc::new(Semaphore::new(config.max_waiting)),
                 config,
                 pool,
                 dedicated,
@@ -361,26 +389,28 @@ impl PgLock {
     /// all connections. Further calls fail with [`LockError::Unavailable`].
     ///
     /// # Cancel safety
-    /// Cancel-safe: the held connections are already closed when the first await starts.
+    /// Cancel-safe: every lease's task is told to close its connection before the first
+    /// await.
     pub async fn close(&self) {
+        // Dropping the entries ends their tasks, which close the connections.
         let held: Vec<_> = self
             .inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
-            .map(|(_, held)| held)
             .collect();
-        for entry in held {
-            if let Ok(mut held) = entry.held.try_lock() {
-                held.conn = None;
-            }
-        }
-        self.inner
+        drop(held);
+        let idle: Vec<_> = self
+            .inner
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+            .drain(..)
+            .collect();
+        for (conn, _) in idle {
+            discard(conn);
+        }
         self.inner.pool.close().await;
     }
 
@@ -405,57 +435,90 @@ impl PgLock {
     }
 
     /// A dedicated connection with an open transaction whose idle timeout is `ttl` and,
-    /// when `lock_timeout` is given, whose lock waits are bounded by it.
+    /// when `lock_timeout` is given, whose lock waits are bounded by it. Nothing else the
+    /// server could use to end the transaction earlier stays armed (see [`begin_batch`]).
     async fn begin(
         &self,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-    ) -> Result<PgConnection, LockError> {
-        let mut batch = format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
-            timeout_ms(ttl)
-        );
-        if let Some(wait) = lock_timeout {
-            batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)));
-        }
+    ) -> Result<Dedicated, LockError> {
+        let batch = begin_batch(ttl, lock_timeout);
         let config = &self.inner.config;
         if let Some(mut conn) = self.pop_idle() {
             let started = bounded_for(
                 config,
                 config.command_timeout,
                 "begin",
-                conn.execute(sqlx::raw_sql(AssertSqlSafe(batch.clone()))),
+                (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch.clone()))),
             )
             .await;
             if started.is_ok() {
                 return Ok(conn);
             }
+            discard(conn);
             // A stale cached connection (e.g. the server restarted): the others are no
             // better, so drop them all and open a fresh one.
-            self.inner
+            let stale: Vec<_> = self
+                .inner
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+                .drain(..)
+                .collect();
+            stale.into_iter().for_each(|(conn, _)| discard(conn));
         }
-        let mut conn = bounded_for(
-            config,
-            config.connect_timeout,
-            "connect",
-            PgConnection::connect_with(&self.inner.dedicated),
-        )
-        .await?;
-        bounded_for(
+        let mut conn = self.open().await?;
+        let started = bounded_for(
             config,
             config.command_timeout,
             "begin",
-            conn.execute(sqlx::raw_sql(AssertSqlSafe(batch))),
+            (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch))),
         )
-        .await?;
+        .await;
+        match started {
+            Ok(_) => Ok(conn),
+            Err(e) => {
+                discard(conn);
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a dedicated connection: a listener on a one-connection pool of its own that
+    /// never reconnects behind our back.
+    async fn open(&self) -> Result<Dedicated, LockError> {
+        let config = &self.inner.config;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .test_before_acquire(false)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(self.inner.dedicated.clone());
+        let opened = bounded_for(
+            config,
+            config.connect_timeout,
+            "connect",
+            PgListener::connect_with(&pool),
+        )
+        .await;
+        let mut conn = match opened {
+            Ok(conn) => conn,
+            Err(e) => {
+                drop(pool.close());
+                return Err(e);
+            }
+        };
+        conn.eager_reconnect(false);
+        conn.ignore_pool_close_event(true);
+        // Closing the pool now makes the connection close (not wait in the pool) once the
+        // listener lets go of it.
+        drop(pool.close());
         Ok(conn)
     }
 
-    fn pop_idle(&self) -> Option<PgConnection> {
+    fn pop_idle(&self) -> Option<Dedicated> {
         let mut idle = self
             .inner
             .idle
@@ -465,44 +528,33 @@ impl PgLock {
             if since.elapsed() < IDLE_REUSE_LIMIT {
                 return Some(conn);
             }
+            discard(conn);
         }
         None
     }
 
     /// Returns a connection known to be outside any transaction to the reuse cache, or
     /// closes it.
-    async fn recycle(&self, conn: PgConnection) {
-        let rejected = {
-            let mut idle = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if idle.len() < self.inner.config.idle_connections {
-                idle.push((conn, Instant::now()));
-                None
-            } else {
-                Some(conn)
-            }
-        };
-        if let Some(conn) = rejected {
-            let _ = tokio::time::timeout(self.inner.config.command_timeout, conn.close()).await;
+    fn recycle(inner: &Inner, conn: Dedicated) {
+        let mut idle = inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < inner.config.idle_connections {
+            idle.push((conn, Instant::now()));
+        } else {
+            drop(idle);
+            discard(conn);
         }
     }
 
     /// Ends a transaction that holds nothing and recycles its connection; on failure the
-    /// connection is dropped (closing it rolls the transaction back on the server).
-    async fn abandon(&self, mut conn: PgConnection) {
-        let limit = self.inner.config.command_timeout;
-        if let Ok(Ok(_)) = tokio::time::timeout(limit, conn.execute("ROLLBACK")).await {
-            self.recycle(conn).await;
-        }
+    /// connection is closed (which rolls the transaction back on the server).
+    async fn abandon(&self, conn: Dedicated) {
+        rollback_and_recycle(&self.inner, conn).await;
     }
 
     /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing.
     async fn lock_row(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut Dedicated,
         row_key: &str,
         wait: Option<Duration>,
         deadline: Instant,
@@ -554,7 +606,7 @@ impl PgLock {
                         let set = format!("SET LOCAL lock_timeout = {}", timeout_ms(remaining));
                         self.bounded(
                             "set lock_timeout",
-                            conn.execute(sqlx::raw_sql(AssertSqlSafe(set))),
+                            (&mut *conn).execute(sqlx::raw_sql(AssertSqlSafe(set))),
                         )
                         .await?;
                     }
@@ -583,13 +635,31 @@ impl PgLock {
         wait: Option<Duration>,
     ) -> Result<Option<Lease>, LockError> {
         let config = &self.inner.config;
-        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| {
-            LockError::backend(format!(
-                "this client already uses max_held={} dedicated connections (held locks and \
-                 acquires in progress); release a lock or raise max_held",
-                config.max_held
-            ))
-        })?;
+        // A blocking acquire queues under its own bound and takes a held slot only once
+        // granted, so waiters on one hot key never starve acquires of other keys.
+        let queued = match wait {
+            Some(_) => Some(
+                self.inner
+                    .waiting
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| {
+                        LockError::backend(format!(
+                            "too many blocking acquires: this client already has max_waiting={} \
+                     waiting in the server's lock queues; raise max_waiting or wait less",
+                            config.max_waiting
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let mut slot = match queued {
+            Some(_) => None,
+            None => Some(self.held_slot()?),
+        };
+        if slot.is_none() && self.inner.slots.available_permits() == 0 {
+            return Err(self.too_many_held());
+        }
         let row_key = self.row_key(key);
         let started = Instant::now();
         let deadline = started + wait.unwrap_or_default();
@@ -597,15 +667,30 @@ impl PgLock {
         // The server's idle timer starts after the locking statement completes, so a
         // deadline counted from its sending is conservative.
         let mut sent = Instant::now();
-        let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await? {
-            Locked::Granted { xid, pid } => (xid, pid),
-            Locked::Busy => {
+        let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await {
+            Ok(Locked::Granted { xid, pid }) => (xid, pid),
+            Ok(Locked::Busy) => {
                 self.abandon(conn).await;
                 return Ok(None);
             }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
+        };
+        drop(queued);
+        let slot = match slot.take() {
+            Some(slot) => slot,
+            None => match self.held_slot() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    self.abandon(conn).await;
+                    return Err(e);
+                }
+            },
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let token: Option<i64> = self
+        let token: Result<Option<i64>, LockError> = self
             .bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
@@ -616,28 +701,43 @@ impl PgLock {
                     .bind(ttl_ms)
                     .fetch_optional(&self.inner.pool),
             )
-            .await?;
-        let Some(token) = token else {
-            // Our transaction ended between the lock and the record (e.g. its backend was
-            // terminated): dropping `conn` makes sure nothing of it remains.
-            return Err(LockError::Unavailable {
-                message: format!(
-                    "the lock connection to {} ended while the grant was being recorded",
-                    config.endpoint()
-                ),
-                source: None,
-            });
+            .await;
+        let token = match token {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                // Our transaction ended between the lock and the record (e.g. its backend
+                // was terminated): closing `conn` makes sure nothing of it remains.
+                discard(conn);
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "the lock connection to {} ended while the grant was being recorded",
+                        config.endpoint()
+                    ),
+                    source: None,
+                });
+            }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
         };
-        let token = u64::try_from(token)
-            .ok()
-            .filter(|t| *t > 0)
-            .ok_or_else(|| LockError::backend(format!("fence sequence returned {token}")))?;
+        let Some(token) = u64::try_from(token).ok().filter(|t| *t > 0) else {
+            discard(conn);
+            return Err(LockError::backend(format!(
+                "fence sequence returned {token}"
+            )));
+        };
         if sent.elapsed() > ttl / 8 {
             // We queued for a while: count the lease from a statement sent now rather than
             // from the start of the wait.
             sent = Instant::now();
-            refresh(&mut conn, ttl, &xid, config).await?;
+            if let Err(e) = refresh(&mut conn, ttl, &xid, config).await {
+                discard(conn);
+                return Err(e);
+            }
         }
+        let lost = LossNotice::new();
+        let (tie, dropped) = LeaseTie::new(lost.clone());
         let lease = Lease::new(
             key.clone(),
             owner,
@@ -650,24 +750,50 @@ impl PgLock {
             path: row_key,
             id: i64::from(pid),
             revision: xid.parse().unwrap_or_default(),
-        });
-        let entry = Entry {
+        })
+        .with_tie(tie);
+        let (tasks, requests) = mpsc::channel(4);
+        let entry = Arc::new(Entry {
             key: key.clone(),
             token: FencingToken(token),
             xid,
-            held: tokio::sync::Mutex::new(Held {
-                conn: Some(conn),
-                ttl,
-                _slot: slot,
-            }),
+            ttl: Mutex::new(ttl),
+            tasks,
+            lost,
+        });
+        let task = HeldTask {
+            inner: Arc::downgrade(&self.inner),
+            owner,
+            entry: Arc::downgrade(&entry),
+            xid: entry.xid.clone(),
+            lost: entry.lost.clone(),
+            _slot: slot,
         };
         // No await between here and the return: once in the map, the lease is ours.
         self.inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(owner, Arc::new(entry));
+            .insert(owner, entry);
+        tokio::spawn(task.run(conn, requests, dropped));
         Ok(Some(lease))
+    }
+
+    /// A held-lock slot, or the documented "too many held locks" error.
+    fn held_slot(&self) -> Result<OwnedSemaphorePermit, LockError> {
+        self.inner
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| self.too_many_held())
+    }
+
+    fn too_many_held(&self) -> LockError {
+        LockError::backend(format!(
+            "too many held locks: this client already holds max_held={} locks; release one \
+             (a lease dropped without release is reclaimed at once) or raise max_held",
+            self.inner.config.max_held
+        ))
     }
 
     /// The held entry for `lease`, if this client holds exactly that grant.
@@ -686,40 +812,192 @@ impl PgLock {
         }
         Some(entry)
     }
+}
 
-    fn forget(&self, owner: OwnerId, entry: &Arc<Entry>) {
-        let mut held = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if held.get(&owner).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            held.remove(&owner);
+/// The task that owns a held lease's connection: runs its extends and its release, and
+/// watches the socket in between, so a connection the server closed (terminated backend,
+/// restart, idle timeout, keepalive failure) fires the lease's [`LossNotice`] at once,
+/// and a lease dropped without release is rolled back and its slot freed at once.
+struct HeldTask {
+    inner: Weak<Inner>,
+    owner: OwnerId,
+    entry: Weak<Entry>,
+    xid: String,
+    lost: LossNotice,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl HeldTask {
+    async fn run(
+        self,
+        mut conn: Dedicated,
+        mut requests: mpsc::Receiver<Request>,
+        dropped: LeaseDropped,
+    ) {
+        loop {
+            tokio::select! {
+                biased;
+                request = requests.recv() => match request {
+                    Some(Request::Extend(ttl, reply)) => {
+                        let Some(inner) = self.inner.upgrade() else { break };
+                        let result = refresh(&mut conn, ttl, &self.xid, &inner.config).await;
+                        if let Err(e) = &result {
+                            self.lose(e.to_string());
+                            let _ = reply.send(result);
+                            break;
+                        }
+                        let _ = reply.send(result);
+                    }
+                    Some(Request::Release(reply)) => {
+                        let Some(inner) = self.inner.upgrade() else { break };
+                        let config = &inner.config;
+                        let committed = tokio::time::timeout(
+                            config.command_timeout,
+                            (&mut conn).execute("COMMIT"),
+                        )
+                        .await;
+                        let outcome = match committed {
+                            Ok(Ok(_)) => {
+                                PgLock::recycle(&inner, conn);
+                                let _ = reply.send(Ok(ReleaseOutcome::Released));
+                                return;
+                            }
+                            // The server ended the session (idle timeout, terminated,
+                            // restarted): the transaction was rolled back and the lock
+                            // freed before we asked.
+                            Ok(Err(_)) => Ok(ReleaseOutcome::NotHeld),
+                            Err(_) => Err(LockError::Unavailable {
+                                message: format!(
+                                    "release on {}: no reply within {:?}; the connection was \
+                                     closed, so the server frees the lock when it notices",
+                                    config.endpoint(),
+                                    config.command_timeout
+                                ),
+                                source: None,
+                            }),
+                        };
+                        let _ = reply.send(outcome);
+                        break;
+                    }
+                    // The entry is gone: the client was closed or dropped.
+                    None => break,
+                },
+                _ = dropped.wait() => {
+                    // Every copy of the lease was dropped without a release: free the lock
+                    // and the slot now rather than at the TTL.
+                    self.forget();
+                    if let Some(inner) = self.inner.upgrade() {
+                        rollback_and_recycle(&inner, conn).await;
+                        return;
+                    }
+                    break;
+                }
+                closed = conn.try_recv() => {
+                    let why = match closed {
+                        Err(e) => e.to_string(),
+                        Ok(None) => "the server closed it".to_string(),
+                        Ok(Some(_)) => "an unexpected notification".to_string(),
+                    };
+                    self.lose(LockError::lost(format!(
+                        "the holding connection ended (the server rolled the transaction \
+                         back and freed the lock): {why}"
+                    )).to_string());
+                    break;
+                }
+            }
+        }
+        discard(conn);
+    }
+
+    /// Reports the loss to the lease's holder and forgets the lease.
+    fn lose(&self, reason: String) {
+        self.lost.fire(reason);
+        self.forget();
+    }
+
+    fn forget(&self) {
+        let (Some(inner), Some(entry)) = (self.inner.upgrade(), self.entry.upgrade()) else {
+            return;
+        };
+        let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held
+            .get(&self.owner)
+            .is_some_and(|e| Arc::ptr_eq(e, &entry))
+        {
+            held.remove(&self.owner);
         }
     }
+}
+
+/// Closes a dedicated connection; the server rolls back whatever transaction it had.
+fn discard(conn: Dedicated) {
+    drop(conn);
+}
+
+/// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
+async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
+    let limit = inner.config.command_timeout;
+    match tokio::time::timeout(limit, (&mut conn).execute("ROLLBACK")).await {
+        Ok(Ok(_)) => PgLock::recycle(inner, conn),
+        _ => discard(conn),
+    }
+}
+
+/// The statements that open a lock transaction: the lease as the idle timeout; server
+/// TCP keepalives that cannot give up on a silent client before the lease's TTL has run
+/// (a keepalive failure ends the session, which frees the lock); no statement or
+/// transaction timeout (role or database defaults) that could end it sooner; and the
+/// lock wait bound, if any.
+fn begin_batch(ttl: Duration, lock_timeout: Option<Duration>) -> String {
+    let (idle, interval, count) = keepalives(ttl);
+    let mut batch = format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = {count}; \
+         BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
+         SET LOCAL statement_timeout = 0; \
+         SELECT set_config(name, '0', true) FROM pg_settings WHERE name = 'transaction_timeout'",
+        timeout_ms(ttl)
+    );
+    if let Some(wait) = lock_timeout {
+        batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)));
+    }
+    batch
+}
+
+/// Server keepalive settings (idle, interval, count; seconds) for a lease of `ttl`: the
+/// server gives up on a silent client no sooner than `idle + interval × count`, which is
+/// at least `ttl`.
+fn keepalives(ttl: Duration) -> (u64, u64, u64) {
+    const INTERVAL: u64 = 3;
+    const COUNT: u64 = 3;
+    // Linux caps TCP_KEEPIDLE at 32767 s; MAX_TTL is far below it.
+    let idle = ttl.as_secs_f64().ceil().clamp(1.0, 32_767.0) as u64;
+    (idle, INTERVAL, COUNT)
 }
 
 /// Re-arms the held transaction's idle timer with `ttl` and checks it is still the
 /// transaction `xid`. Any failure means the lease is gone.
 async fn refresh(
-    conn: &mut PgConnection,
+    conn: &mut Dedicated,
     ttl: Duration,
     xid: &str,
     config: &PgConfig,
 ) -> Result<(), LockError> {
     let result = tokio::time::timeout(
         config.command_timeout,
-        sqlx::query_as::<_, (String, Option<String>)>(
+        sqlx::query_as::<_, (String, String, Option<String>)>(
             "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
+             set_config('tcp_keepalives_idle', $2, false), \
              pg_current_xact_id_if_assigned()::text",
         )
         .bind(timeout_ms(ttl).to_string())
-        .fetch_one(conn),
+        .bind(keepalives(ttl).0.to_string())
+        .fetch_one(&mut *conn),
     )
     .await;
     match result {
-        Ok(Ok((_, Some(current)))) if current == xid => Ok(()),
-        Ok(Ok((_, current))) => Err(LockError::lost(format!(
+        Ok(Ok((_, _, Some(current)))) if current == xid => Ok(()),
+        Ok(Ok((_, _, current))) => Err(LockError::lost(format!(
             "the holding transaction {xid} has ended (now {current:?})"
         ))),
         Ok(Err(e)) => Err(LockError::lost(format!(
@@ -791,31 +1069,37 @@ impl DistributedLock for PgLock {
     /// stays held.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
-        let not_ours = || {
-            LockError::lost(format!(
-                "`{}` is not held by {} through this client",
+        let Some(entry) = self.entry(lease, false) else {
+            return Err(LockError::lost(format!(
+                "`{}` is not held by {} through this client{}",
                 lease.key(),
-                lease.owner()
-            ))
+                lease.owner(),
+                lease
+                    .loss_notice()
+                    .and_then(LossNotice::reason)
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            )));
         };
-        let entry = self.entry(lease, false).ok_or_else(not_ours)?;
-        let mut held = entry.held.lock().await;
-        let config = &self.inner.config;
+        let gone = |entry: &Entry| {
+            LockError::lost(
+                entry
+                    .lost
+                    .reason()
+                    .unwrap_or_else(|| "the holding connection was already lost".into()),
+            )
+        };
         let sent = Instant::now();
-        let xid = entry.xid.as_str();
-        let Some(conn) = held.conn.as_mut() else {
-            drop(held);
-            self.forget(lease.owner(), &entry);
-            return Err(LockError::lost("the holding connection was already lost"));
-        };
-        if let Err(e) = refresh(conn, ttl, xid, config).await {
-            held.conn = None; // closing it ends whatever is left of the transaction
-            drop(held);
-            self.forget(lease.owner(), &entry);
-            return Err(e);
+        let (reply, answer) = oneshot::channel();
+        if entry.tasks.send(Request::Extend(ttl, reply)).await.is_err() {
+            return Err(gone(&entry));
         }
-        if held.ttl != ttl {
-            held.ttl = ttl;
+        answer.await.map_err(|_| gone(&entry))??;
+        let changed = {
+            let mut held = entry.ttl.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::replace(&mut *held, ttl) != ttl
+        };
+        if changed {
             // Keep inspect's remaining time right; the lease is extended either way.
             let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
             let _ = self
@@ -824,7 +1108,7 @@ impl DistributedLock for PgLock {
                     sqlx::query(AssertSqlSafe(self.inner.sql.update_ttl.as_str()))
                         .bind(lease.handle().path.as_str())
                         .bind(ttl_ms)
-                        .bind(xid)
+                        .bind(entry.xid.as_str())
                         .execute(&self.inner.pool),
                 )
                 .await;
@@ -846,30 +1130,14 @@ impl DistributedLock for PgLock {
         let Some(entry) = self.entry(&lease, true) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
-        let mut held = entry.held.lock().await;
-        let Some(mut conn) = held.conn.take() else {
+        let (reply, answer) = oneshot::channel();
+        // The entry is out of the map: once this `entry` is dropped the task ends, so a
+        // dropped future never leaves the connection held.
+        if entry.tasks.send(Request::Release(reply)).await.is_err() {
             return Ok(ReleaseOutcome::NotHeld);
-        };
-        let config = &self.inner.config;
-        match tokio::time::timeout(config.command_timeout, conn.execute("COMMIT")).await {
-            Ok(Ok(_)) => {
-                drop(held);
-                self.recycle(conn).await;
-                Ok(ReleaseOutcome::Released)
-            }
-            // The server ended the session (idle timeout, terminated, restarted): the
-            // transaction was rolled back and the lock freed before we asked.
-            Ok(Err(_)) => Ok(ReleaseOutcome::NotHeld),
-            Err(_) => Err(LockError::Unavailable {
-                message: format!(
-                    "release on {}: no reply within {:?}; the connection was closed, so the \
-                     server frees the lock when it notices",
-                    config.endpoint(),
-                    config.command_timeout
-                ),
-                source: None,
-            }),
         }
+        drop(entry);
+        answer.await.unwrap_or(Ok(ReleaseOutcome::NotHeld))
     }
 
     /// The holder recorded for `key` whose transaction is still running, with its owner,
@@ -977,5 +1245,28 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
     LockError::Backend {
         message,
         source: Some(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_never_give_up_before_the_ttl() {
+        for ms in [
+            100, 999, 1000, 1001, 10_000, 19_000, 30_000, 30_500, 3_600_000,
+        ] {
+            let ttl = Duration::from_millis(ms);
+            let (idle, interval, count) = keepalives(ttl);
+            assert!(
+                Duration::from_secs(idle) >= ttl && interval > 0 && count > 0,
+                "{ttl:?}: {idle}+{interval}x{count}"
+            );
+        }
+        let batch = begin_batch(Duration::from_secs(30), None);
+        assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
+        assert!(batch.contains("statement_timeout = 0"), "{batch}");
+        assert!(batch.contains("transaction_timeout"), "{batch}");
     }
 }

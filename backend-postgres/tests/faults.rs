@@ -283,9 +283,10 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
         "client backends exited and flushed their statistics"
     );
     eprintln!("{WAITERS} blocking waiters: {spent} transactions in total");
-    // Per waiter: the lock transaction and the fence commit; plus the holder's commit,
-    // pool connection start-ups and our own psql probes.
-    let bound = (WAITERS as i64) * 3 + 40;
+    // Per waiter: the lock transaction, the fence commit and the `UNLISTEN *` its dedicated
+    // connection (a listener, to watch the socket) sends as it closes; plus the holder's
+    // commit, pool connection start-ups and our own psql probes.
+    let bound = (WAITERS as i64) * 4 + 40;
     assert!(
         spent <= bound,
         "{spent} transactions > {bound}: busy polling?"
@@ -462,4 +463,139 @@ async fn unreachable_server_and_bad_settings_are_typed_errors() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}
+
+/// A lease long enough that only a pushed loss (not the guard's deadline or its next
+/// renewal) can tell the holder in time.
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// Waits until `n` sessions are queued on a lock in the server.
+async fn wait_queued(server: &Postgres, n: usize) {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: usize = server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(Instant::now() < by, "only {waiting} of {n} waiters queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts a contender waiting for `k` on `lock`; it returns its lease, the instant it was
+/// granted, and whether the holder's `lost` signal said "lost" at that instant.
+fn contend_against(
+    lock: PgLock,
+    k: &LockKey,
+    holder: tenure_api::LostSignal,
+) -> tokio::task::JoinHandle<(Lease, Instant, bool)> {
+    let k = k.clone();
+    tokio::spawn(async move {
+        let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+        let lease = lock.acquire(&k, &opts).await.unwrap();
+        // On the holder's own clock: had it been told by the moment of the grant?
+        let (granted_at, told) = (Instant::now(), holder.is_lost());
+        (lease, granted_at, told)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backend_is_reported_before_the_contender_is_granted() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let k = key("terminated-push");
+    let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    let contender = contend_against(b, &k, guard.lost_signal());
+    wait_queued(&server, 1).await;
+
+    let pid = first.handle().id;
+    let killed = server
+        .psql(&format!("SELECT pg_terminate_backend({pid})"))
+        .await
+        .unwrap();
+    assert_eq!(
+        killed, "t",
+        "the fault fired: the holder's backend was terminated"
+    );
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told,
+        "the contender was granted {:?} after the kill while the holder still believed \
+         it held the lock (deadline {:?} away)",
+        granted_at.elapsed(),
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(second.token() > first.token());
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("connection"), "{reason}");
+    assert!(!backend_alive(&server, pid).await);
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_reported_before_the_contender_is_granted() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let k = key("restart-push");
+    let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    let contender = contend_against(b, &k, guard.lost_signal());
+    wait_queued(&server, 1).await;
+
+    let pid_before = server.pid();
+    server.restart().await.unwrap();
+    assert_ne!(
+        server.pid(),
+        pid_before,
+        "the fault fired: a new postmaster"
+    );
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told,
+        "the contender was granted while the holder still believed it held the lock \
+         (deadline {:?} away)",
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(second.token() > first.token());
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_is_not_freed_before_its_deadline() {
+    let server = Postgres::start().await.unwrap();
+    let a = Arc::new(
+        PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
+            .await
+            .unwrap(),
+    );
+    let b = connect(&server).await;
+    let k = key("blackhole");
+    let ttl = Duration::from_secs(2);
+    let guard = a.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Blackhole);
+    let contender = contend_against(b, &k, guard.lost_signal());
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told && granted_at >= guard.deadline(),
+        "the server freed the lock {:?} before the holder's deadline",
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(
+        server.proxy().stats().bytes_blackholed > 0,
+        "the fault fired: the holder's renewal went into the blackhole"
+    );
+    assert!(second.token() > first.token());
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Pass);
+    let _ = guard.release().await;
 }
