@@ -115,8 +115,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Executor, Row};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
     Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
@@ -129,6 +129,9 @@ pub use fenced::{FencedTable, FencedWrite};
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked, or `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
+/// of connection slots.
+const TOO_MANY_CONNECTIONS: &str = "53300";
 /// How long a clean dedicated connection may sit in the reuse cache.
 const IDLE_REUSE_LIMIT: Duration = Duration::from_secs(30);
 /// Interval at which the server checks that a client is still connected while it runs a
@@ -496,18 +499,37 @@ impl PgLock {
             .test_before_acquire(false)
             .acquire_timeout(config.connect_timeout)
             .connect_lazy_with(self.inner.dedicated.clone());
-        let opened = bounded_for(
-            config,
-            config.connect_timeout,
-            "connect",
+        let opened = tokio::time::timeout(
+            config.connect_timeout + Duration::from_secs(1),
             PgListener::connect_with(&pool),
         )
         .await;
         let mut conn = match opened {
-            Ok(conn) => conn,
-            Err(e) => {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !matches!(e, sqlx::Error::PoolTimedOut) => {
                 drop(pool.close());
-                return Err(e);
+                return Err(map_err(config, "connect", e));
+            }
+            _ => {
+                // The pool retries "too many connections" quietly until it times out: one
+                // direct attempt tells what the server says.
+                drop(pool.close());
+                let probe = bounded_for(
+                    config,
+                    config.connect_timeout,
+                    "connect",
+                    PgConnection::connect_with(&self.inner.dedicated),
+                )
+                .await?;
+                let _ = tokio::time::timeout(config.command_timeout, probe.close()).await;
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "connect on {}: no connection within {:?}",
+                        config.endpoint(),
+                        config.connect_timeout
+                    ),
+                    source: None,
+                });
             }
         };
         conn.eager_reconnect(false);
@@ -1027,7 +1049,9 @@ impl DistributedLock for PgLock {
 
     /// Waits in the server's lock queue (blocking `FOR UPDATE` under `lock_timeout`), so
     /// waiters are woken in arrival order when the holder's transaction ends, with no
-    /// polling. Transient connection errors are retried with backoff within the wait.
+    /// polling. Transient connection errors are retried with backoff within the wait. A
+    /// queued acquire counts against `max_waiting`, and against `max_held` only once
+    /// granted.
     ///
     /// # Cancel safety
     /// As `try_acquire`: a dropped wait closes its connection. The server notices the
@@ -1228,9 +1252,18 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
     ) || matches!(class, Some("08"))
         || matches!(
             code.as_deref(),
-            Some("57P01" | "57P02" | "57P03" | "53300" | "25P03" | "40P01")
+            Some("57P01" | "57P02" | "57P03" | TOO_MANY_CONNECTIONS | "25P03" | "40P01")
         );
     if unavailable {
+        let message = if code.as_deref() == Some(TOO_MANY_CONNECTIONS) {
+            format!(
+                "{message} (the server is out of connection slots: raise its max_connections, \
+                 or the role's or database's CONNECTION LIMIT; each held lock and each \
+                 blocking acquire uses one connection)"
+            )
+        } else {
+            message
+        };
         return LockError::Unavailable {
             message,
             source: Some(Box::new(error)),

@@ -599,3 +599,156 @@ async fn blackholed_holder_is_not_freed_before_its_deadline() {
         .set_mode(tenure_conformance::proxy::ProxyMode::Pass);
     let _ = guard.release().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_and_ended_leases_give_their_lock_and_slot_back() {
+    let server = Postgres::start().await.unwrap();
+    let a = PgLock::connect(&format!("{}?max_held=2", server.url()))
+        .await
+        .unwrap();
+    let b = connect(&server).await;
+    let (one, two) = (key("dropped-1"), key("dropped-2"));
+    // Dropped without release, on a long TTL.
+    drop(a.try_acquire(&one, LONG_TTL).await.unwrap().unwrap());
+    drop(a.try_acquire(&two, LONG_TTL).await.unwrap().unwrap());
+    let started = Instant::now();
+    for k in [&one, &two] {
+        let lease = b
+            .acquire(k, &AcquireOptions::new(TTL).wait(Duration::from_secs(20)))
+            .await
+            .unwrap_or_else(|e| panic!("a dropped lease still holds {k}: {e}"));
+        b.release(lease).await.unwrap();
+    }
+    assert!(
+        started.elapsed() < LONG_TTL / 2,
+        "freed by the TTL, not by the drop"
+    );
+    // Their slots are back: two more locks fit under max_held=2.
+    let three = a.try_acquire(&key("dropped-3"), LONG_TTL).await.unwrap();
+    let three = three.expect("free key");
+    let four = a.try_acquire(&key("dropped-4"), LONG_TTL).await.unwrap();
+    let four = four.expect("free key");
+    let err = a.try_acquire(&key("dropped-5"), TTL).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("too many held locks") && err.to_string().contains("max_held=2"),
+        "{err}"
+    );
+    // A lease whose transaction the server ended gives its slot back too, unreleased.
+    let killed = server
+        .psql(&format!(
+            "SELECT pg_terminate_backend({})",
+            three.handle().id
+        ))
+        .await
+        .unwrap();
+    assert_eq!(killed, "t", "the fault fired");
+    let by = Instant::now() + Duration::from_secs(10);
+    while a.held_count() > 1 {
+        assert!(Instant::now() < by, "the ended lease still holds its slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let five = a.try_acquire(&key("dropped-5"), TTL).await.unwrap();
+    assert!(five.is_some());
+    a.release(five.unwrap()).await.unwrap();
+    a.release(four).await.unwrap();
+    assert_eq!(a.release(three).await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_a_hot_key_leave_slots_for_other_keys() {
+    const WAITERS: usize = 3;
+    let server = Postgres::start().await.unwrap();
+    let a = Arc::new(
+        PgLock::connect(&format!("{}?max_held=2", server.url()))
+            .await
+            .unwrap(),
+    );
+    let b = connect(&server).await;
+    let hot = key("hot");
+    let held = b.try_acquire(&hot, TTL).await.unwrap().unwrap();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (a, hot) = (a.clone(), hot.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+                let lease = a.acquire(&hot, &opts).await.unwrap();
+                a.release(lease).await.unwrap();
+            })
+        })
+        .collect();
+    wait_queued(&server, WAITERS).await;
+    // Three waiters on one key, yet both held slots are free for other keys.
+    let cold: Vec<_> = ["cold-1", "cold-2"].iter().map(|n| key(n)).collect();
+    let mut leases = Vec::new();
+    for k in &cold {
+        let lease = a
+            .try_acquire(k, TTL)
+            .await
+            .unwrap_or_else(|e| panic!("waiters on `hot` used up the slots of `{k}`: {e}"));
+        leases.push(lease.expect("free key"));
+    }
+    for lease in leases {
+        a.release(lease).await.unwrap();
+    }
+    b.release(held).await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    // Waiters have their own bound, with a clear error.
+    let c = PgLock::connect(&format!("{}?max_waiting=1", server.url()))
+        .await
+        .unwrap();
+    let held = b.try_acquire(&hot, TTL).await.unwrap().unwrap();
+    let first = tokio::spawn({
+        let (c, hot) = (c.clone(), hot.clone());
+        async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+            c.acquire(&hot, &opts).await
+        }
+    });
+    wait_queued(&server, 1).await;
+    let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(5));
+    let err = c.acquire(&hot, &opts).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_waiting=1"), "{err}");
+    b.release(held).await.unwrap();
+    c.release(first.await.unwrap().unwrap()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
+    let server = Postgres::start().await.unwrap();
+    // Leave ordinary roles 4 of the server's connection slots (max_connections=300).
+    server
+        .psql("CREATE ROLE app LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO app")
+        .await
+        .unwrap();
+    server
+        .psql("ALTER SYSTEM SET superuser_reserved_connections = 296")
+        .await
+        .unwrap();
+    server.restart().await.unwrap();
+    let url = format!(
+        "postgres://app@{}/postgres?pool_size=1&connect_timeout_ms=1000",
+        server.addr()
+    );
+    let lock = PgLock::connect(&url).await.unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        assert!(held.len() < 10, "the server never ran out of slots");
+        match lock
+            .try_acquire(&key(&format!("slot-{}", held.len())), TTL)
+            .await
+        {
+            Ok(lease) => held.push(lease.expect("free key")),
+            Err(e) => break e,
+        }
+    };
+    assert!(!held.is_empty());
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_connections"), "{err}");
+    for lease in held {
+        lock.release(lease).await.unwrap();
+    }
+}
