@@ -40,7 +40,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
             assert_ne!(scenario["result"], "failed", "{name}: {scenario}");
         }
         let faults = backend["faults"].as_array().unwrap();
-        assert_eq!(faults.len(), 9, "{name}");
+        assert_eq!(faults.len(), tenure::matrix::Fault::ALL.len(), "{name}");
         for fault in faults {
             let cell = &fault["cell"];
             match cell["status"].as_str().unwrap() {
@@ -73,6 +73,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         // A late grant is never believed: deadlines count from when the request was sent.
         assert_eq!(verdicts("delayed-reply"), ["SAFE"], "{name}");
         assert_eq!(verdicts("blackhole"), ["SAFE"], "{name}");
+        assert_eq!(verdicts("connection-cut"), ["SAFE"], "{name}");
         if matches!(name, "etcd" | "zk" | "postgres") {
             for fault in faults {
                 assert!(!verdicts(fault["fault"].as_str().unwrap()).contains(&"UNSAFE".into()));
