@@ -32,6 +32,9 @@ const CLIENT_PARAMS: &[&str] = &[
     "options",
 ];
 
+/// Interval at which the server checks that a client is still connected while it runs a
+/// statement (including a lock wait).
+const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
 /// The longest identifier Postgres keeps without truncating it (`NAMEDATALEN - 1`).
 const MAX_IDENT: usize = 63;
 /// Suffixes appended to the table name for the holder table and the fence sequence.
@@ -92,6 +95,8 @@ pub struct PgConfig {
     pub command_timeout: Duration,
     /// Create the schema objects on connect if they are missing.
     pub migrate: bool,
+    /// The `client_connection_check_interval` dedicated connections ask for.
+    pub(crate) client_check: String,
 }
 
 impl PgConfig {
@@ -119,6 +124,7 @@ impl PgConfig {
             connect_timeout: Duration::from_millis(5000),
             command_timeout: Duration::from_millis(5000),
             migrate: true,
+            client_check: CLIENT_CHECK_INTERVAL_MS.to_string(),
         };
         let mut kept = Vec::new();
         let mut has_host_param = false;

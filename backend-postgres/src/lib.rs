@@ -16,7 +16,9 @@
 //! * **Acquire (wait).** The same with `SET LOCAL lock_timeout = <remaining wait>` and a
 //!   blocking `FOR UPDATE`: the server queues the waiters and wakes the next one when the
 //!   holder's transaction ends — FIFO, no polling. A lock timeout is
-//!   [`LockError::Timeout`].
+//!   [`LockError::Timeout`]. A grant whose transaction ends before the lease is handed
+//!   out is a failed attempt ([`LockError::Unavailable`], retried within the wait), never
+//!   [`LockError::LeaseLost`].
 //! * **Fencing token.** After the row lock is granted, `nextval(<table>_fence)` is taken
 //!   **in autocommit on another connection**, in the same statement that records the holder
 //!   (see *Inspect*); the statement's commit is flushed (`synchronous_commit = on` is set on
@@ -26,6 +28,10 @@
 //!   or is cut off, its transaction rolls back, the counter reverts, and the next holder
 //!   is handed the very token the crashed holder may already have written with — two
 //!   holders, one token, and the fenced resource cannot tell them apart.
+//!   The fence is only as durable as the primary that committed it: with asynchronous
+//!   replication, a standby promoted after the primary crashed may lack the last values
+//!   handed out and hand them out again (use synchronous replication, or fail over only
+//!   to a standby known to be caught up, if fenced writes must survive a failover).
 //! * **Lease.** The held transaction sits idle; if the holder says nothing for `ttl`, the
 //!   server's `idle_in_transaction_session_timeout` ends the session, which rolls the
 //!   transaction back and frees the row. `extend` runs a statement on the held transaction
@@ -38,8 +44,10 @@
 //!   `ttl` (`tcp_keepalives_idle` ≥ ttl), `statement_timeout` and (Postgres 17+)
 //!   `transaction_timeout` are switched off in the lock transaction, whatever the role's
 //!   defaults. `client_connection_check_interval` lets the server notice a vanished client
-//!   while it waits in the lock queue. (sqlx exposes no client-side socket options; the
-//!   client bounds every statement with `command_timeout_ms` instead.)
+//!   while it waits in the lock queue; a server that refuses it (a platform that cannot
+//!   detect closed sockets) is used without it, and notices a vanished waiter by
+//!   keepalive or when it grants it the lock. (sqlx exposes no client-side socket
+//!   options; the client bounds every statement with `command_timeout_ms` instead.)
 //! * **Loss is pushed.** What the client cannot prevent — `pg_terminate_backend`, a
 //!   restart or crash, the idle timeout — closes the connection. Each held lease's
 //!   connection is owned by a task that reads its socket while the transaction sits idle
@@ -70,7 +78,8 @@
 //!
 //! **Guarantees** ([`PgLock::capabilities`]): a single node; expiry by the server ending
 //! the connection/transaction; FIFO push wake-ups from the server's lock queue; fencing
-//! from a durable sequence that survives crashes and restarts. Mutual exclusion itself
+//! from a durable sequence that survives crashes and restarts of the server (not a
+//! failover to an asynchronous standby, see *Fencing token*). Mutual exclusion itself
 //! does not depend on clocks: the row lock is held exactly as long as the transaction.
 //!
 //! ## Schema
@@ -111,6 +120,7 @@ mod fenced;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -129,14 +139,18 @@ pub use fenced::{FencedTable, FencedWrite};
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked, or `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// Whether a connect error is the server refusing `client_connection_check_interval`:
+/// SQLSTATE 22023 (`invalid value for parameter "client_connection_check_interval"`, on a
+/// platform that cannot detect closed sockets) or 42704 (a server that does not know it).
+fn client_check_rejected(code: Option<&str>, message: &str) -> bool {
+    matches!(code, Some("22023" | "42704")) && message.contains("client_connection_check_interval")
+}
+
 /// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
 /// of connection slots.
 const TOO_MANY_CONNECTIONS: &str = "53300";
 /// How long a clean dedicated connection may sit in the reuse cache.
 const IDLE_REUSE_LIMIT: Duration = Duration::from_secs(30);
-/// Interval at which the server checks that a client is still connected while it runs a
-/// statement (including a lock wait).
-const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
 /// Largest value Postgres accepts for a millisecond timeout setting.
 const MAX_TIMEOUT_MS: u128 = i32::MAX as u128;
 
@@ -155,6 +169,10 @@ struct Inner {
     pool: PgPool,
     /// Options for dedicated connections (keepalives, client check interval).
     dedicated: PgConnectOptions,
+    /// The same without `client_connection_check_interval`, for servers that refuse it.
+    unchecked: PgConnectOptions,
+    /// Whether dedicated connections still ask for `client_connection_check_interval`.
+    client_check: AtomicBool,
     /// Held leases by owner id.
     held: Mutex<HashMap<OwnerId, Arc<Entry>>>,
     /// One permit per held lock (`max_held`).
@@ -300,15 +318,15 @@ impl PgLock {
         // Pool connections commit the fence: make sure that commit is flushed before it
         // is acknowledged, whatever the role's or database's default.
         let pool_options = named(base.clone()).options([("synchronous_commit", "on")]);
-        let dedicated = named(base).options([
-            ("tcp_keepalives_idle", "10".to_string()),
-            ("tcp_keepalives_interval", "3".to_string()),
-            ("tcp_keepalives_count", "3".to_string()),
-            (
-                "client_connection_check_interval",
-                CLIENT_CHECK_INTERVAL_MS.to_string(),
-            ),
+        let unchecked = named(base).options([
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "3"),
+            ("tcp_keepalives_count", "3"),
         ]);
+        let dedicated = unchecked.clone().options([(
+            "client_connection_check_interval",
+            config.client_check.as_str(),
+        )]);
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size)
             .min_connections(0)
@@ -324,6 +342,8 @@ impl PgLock {
                 config,
                 pool,
                 dedicated,
+                unchecked,
+                client_check: AtomicBool::new(true),
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
             }),
@@ -488,8 +508,30 @@ impl PgLock {
     }
 
     /// Opens a dedicated connection: a listener on a one-connection pool of its own that
-    /// never reconnects behind our back.
+    /// never reconnects behind our back. A server that refuses
+    /// `client_connection_check_interval` (one that cannot detect closed sockets) is asked
+    /// without it from then on.
     async fn open(&self) -> Result<Dedicated, LockError> {
+        let checked = self.inner.client_check.load(Ordering::Relaxed);
+        let options = if checked {
+            &self.inner.dedicated
+        } else {
+            &self.inner.unchecked
+        };
+        match self.open_with(options).await {
+            Err((_, true)) if checked => {
+                self.inner.client_check.store(false, Ordering::Relaxed);
+                self.open_with(&self.inner.unchecked)
+                    .await
+                    .map_err(|(e, _)| e)
+            }
+            opened => opened.map_err(|(e, _)| e),
+        }
+    }
+
+    /// [`open`](Self::open) with `options`; the error says whether the server refused
+    /// `client_connection_check_interval`.
+    async fn open_with(&self, options: &PgConnectOptions) -> Result<Dedicated, (LockError, bool)> {
         let config = &self.inner.config;
         let pool = PgPoolOptions::new()
             .max_connections(1)
@@ -498,7 +540,7 @@ impl PgLock {
             .idle_timeout(None)
             .test_before_acquire(false)
             .acquire_timeout(config.connect_timeout)
-            .connect_lazy_with(self.inner.dedicated.clone());
+            .connect_lazy_with(options.clone());
         let opened = tokio::time::timeout(
             config.connect_timeout + Duration::from_secs(1),
             PgListener::connect_with(&pool),
@@ -508,7 +550,10 @@ impl PgLock {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) if !matches!(e, sqlx::Error::PoolTimedOut) => {
                 drop(pool.close());
-                return Err(map_err(config, "connect", e));
+                let rejected = e
+                    .as_database_error()
+                    .is_some_and(|d| client_check_rejected(d.code().as_deref(), d.message()));
+                return Err((map_err(config, "connect", e), rejected));
             }
             _ => {
                 // The pool retries "too many connections" quietly until it times out: one
@@ -518,18 +563,22 @@ impl PgLock {
                     config,
                     config.connect_timeout,
                     "connect",
-                    PgConnection::connect_with(&self.inner.dedicated),
+                    PgConnection::connect_with(options),
                 )
-                .await?;
+                .await
+                .map_err(|e| (e, false))?;
                 let _ = tokio::time::timeout(config.command_timeout, probe.close()).await;
-                return Err(LockError::Unavailable {
-                    message: format!(
-                        "connect on {}: no connection within {:?}",
-                        config.endpoint(),
-                        config.connect_timeout
-                    ),
-                    source: None,
-                });
+                return Err((
+                    LockError::Unavailable {
+                        message: format!(
+                            "connect on {}: no connection within {:?}",
+                            config.endpoint(),
+                            config.connect_timeout
+                        ),
+                        source: None,
+                    },
+                    false,
+                ));
             }
         };
         conn.eager_reconnect(false);
@@ -538,6 +587,12 @@ impl PgLock {
         // listener lets go of it.
         drop(pool.close());
         Ok(conn)
+    }
+
+    /// Whether dedicated connections ask the server to check for closed client sockets
+    /// while a statement (a lock wait) runs; false once the server refused it.
+    pub fn client_check_enabled(&self) -> bool {
+        self.inner.client_check.load(Ordering::Relaxed)
     }
 
     fn pop_idle(&self) -> Option<Dedicated> {
@@ -754,8 +809,13 @@ impl PgLock {
             // from the start of the wait.
             sent = Instant::now();
             if let Err(e) = refresh(&mut conn, ttl, &xid, config).await {
+                // Nobody was told it held the lock: this is a failed attempt, not a lost
+                // lease (and `acquire` retries it within its wait).
                 discard(conn);
-                return Err(e);
+                return Err(LockError::Unavailable {
+                    message: format!("the lock transaction ended right after its grant: {e}"),
+                    source: None,
+                });
             }
         }
         let lost = LossNotice::new();
@@ -1301,5 +1361,66 @@ mod tests {
         assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
         assert!(batch.contains("statement_timeout = 0"), "{batch}");
         assert!(batch.contains("transaction_timeout"), "{batch}");
+    }
+
+    #[test]
+    fn a_refused_client_check_is_recognised() {
+        // What Postgres 14+ says on a platform that cannot detect closed sockets (the
+        // detail is "client_connection_check_interval must be set to 0 on this platform"),
+        // and what a server that does not know the setting says.
+        let refused = [
+            (
+                "22023",
+                "invalid value for parameter \"client_connection_check_interval\": 1000",
+            ),
+            (
+                "42704",
+                "unrecognized configuration parameter \"client_connection_check_interval\"",
+            ),
+        ];
+        for (code, message) in refused {
+            assert!(
+                client_check_rejected(Some(code), message),
+                "{code} {message}"
+            );
+        }
+        for (code, message) in [
+            (
+                Some("22023"),
+                "invalid value for parameter \"tcp_keepalives_idle\": -5",
+            ),
+            (Some("53300"), "sorry, too many clients already"),
+            (None, "client_connection_check_interval"),
+        ] {
+            assert!(!client_check_rejected(code, message), "{code:?} {message}");
+        }
+    }
+
+    /// The fallback, live: the server refuses the value asked for (here an invalid one,
+    /// which Postgres rejects with the same SQLSTATE and message shape as a platform
+    /// without support), and the lock connects without it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_refuses_the_client_check_is_used_without_it() {
+        let server = tenure_conformance::servers::postgres::Postgres::start()
+            .await
+            .unwrap();
+        let key = LockKey::new("client-check").unwrap();
+        let ttl = Duration::from_secs(5);
+        let mut config = PgConfig::from_url(&server.url()).unwrap();
+        config.client_check = "not-a-number".into();
+        let lock = PgLock::with_config(config).await.unwrap();
+        assert!(lock.client_check_enabled());
+        let lease = lock.try_acquire(&key, ttl).await.unwrap().expect("free");
+        assert!(
+            !lock.client_check_enabled(),
+            "the fault fired: the server refused the setting"
+        );
+        assert!(lock.try_acquire(&key, ttl).await.unwrap().is_none());
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+        // A server that accepts it keeps it.
+        let lock = PgLock::connect(&server.url()).await.unwrap();
+        let lease = lock.try_acquire(&key, ttl).await.unwrap().expect("free");
+        assert!(lock.client_check_enabled());
+        lock.release(lease).await.unwrap();
     }
 }

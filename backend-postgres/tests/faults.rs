@@ -752,3 +752,42 @@ async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
         lock.release(lease).await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_lost() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let k = key("dies-at-grant");
+    let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    // The fault: the server terminates the next holder's lock backend as its grant is
+    // recorded (once), between the grant and the statement that starts its lease.
+    server
+        .psql(
+            "CREATE TABLE killed (pid int); \
+             CREATE FUNCTION kill_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NOT EXISTS (SELECT 1 FROM killed) THEN \
+                 INSERT INTO killed VALUES (NEW.pid); PERFORM pg_terminate_backend(NEW.pid); \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER kill_once AFTER INSERT OR UPDATE ON tenure_locks_holders \
+               FOR EACH ROW EXECUTE FUNCTION kill_once()",
+        )
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(20));
+        b.acquire(&key("dies-at-grant"), &opts).await
+    });
+    wait_queued(&server, 1).await;
+    // Queued for more than ttl/8, so the grant re-arms the lease before handing it out.
+    tokio::time::sleep(ttl / 4).await;
+    a.release(held).await.unwrap();
+    let lease = waiter.await.unwrap();
+    let killed = server.psql("SELECT count(*) FROM killed").await.unwrap();
+    assert_eq!(
+        killed, "1",
+        "the fault fired: a granted backend was terminated"
+    );
+    let lease = lease.unwrap_or_else(|e| panic!("acquire returned {e:?}"));
+    assert!(lease.token() > FencingToken(1));
+}
