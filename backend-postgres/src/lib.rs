@@ -962,7 +962,13 @@ impl HeldTask {
                         break;
                     }
                     // The entry is gone: the client was closed or dropped.
-                    None => break,
+                    None => {
+                        self.lost.fire(
+                            LockError::lost("the lock client was closed, ending its transactions")
+                                .to_string(),
+                        );
+                        break;
+                    }
                 },
                 _ = dropped.wait() => {
                     // Every copy of the lease was dropped without a release: free the lock
@@ -988,6 +994,10 @@ impl HeldTask {
                 }
             }
         }
+        // Whatever ended the task (a released lease needs no notice, and gets none it
+        // could act on), the connection closes now: the lease is gone.
+        self.lost
+            .fire(LockError::lost("the lease's connection was closed").to_string());
         discard(conn);
     }
 
@@ -1013,7 +1023,20 @@ impl HeldTask {
 
 /// Closes a dedicated connection; the server rolls back whatever transaction it had.
 fn discard(conn: Dedicated) {
-    drop(conn);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(conn);
+    } else {
+        // A listener closes in a task of its own, which needs a runtime; without one, the
+        // socket stays open until the process exits (a clean connection holds no lock).
+        std::mem::forget(conn);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));
+        idle.into_iter().for_each(|(conn, _)| discard(conn));
+    }
 }
 
 /// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
