@@ -648,11 +648,14 @@ impl PgLock {
                 + config.command_timeout;
             let result = tokio::time::timeout(
                 limit,
+                // `fetch_all` reads the reply to its end, so nothing of it is left for the
+                // held lease's socket watch to mistake for an unsolicited message.
                 sqlx::query(AssertSqlSafe(sql.as_str()))
                     .bind(row_key)
-                    .fetch_optional(&mut *conn),
+                    .fetch_all(&mut *conn),
             )
-            .await;
+            .await
+            .map(|rows| rows.map(|rows| rows.into_iter().next()));
             match result {
                 Err(_) => {
                     return Err(LockError::Unavailable {
@@ -849,7 +852,7 @@ impl PgLock {
             entry: Arc::downgrade(&entry),
             xid: entry.xid.clone(),
             lost: entry.lost.clone(),
-            _slot: slot,
+            slot: Some(slot),
         };
         // No await between here and the return: once in the map, the lease is ours.
         self.inner
@@ -906,12 +909,13 @@ struct HeldTask {
     entry: Weak<Entry>,
     xid: String,
     lost: LossNotice,
-    _slot: OwnedSemaphorePermit,
+    /// Given back before a release is answered, so the caller can use it at once.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl HeldTask {
     async fn run(
-        self,
+        mut self,
         mut conn: Dedicated,
         mut requests: mpsc::Receiver<Request>,
         dropped: LeaseDropped,
@@ -938,6 +942,7 @@ impl HeldTask {
                             (&mut conn).execute("COMMIT"),
                         )
                         .await;
+                        drop(self.slot.take());
                         let outcome = match committed {
                             Ok(Ok(_)) => {
                                 PgLock::recycle(&inner, conn);
@@ -980,11 +985,14 @@ impl HeldTask {
                     }
                     break;
                 }
-                closed = conn.try_recv() => {
+                closed = Watch::new(conn.try_recv()) => {
                     let why = match closed {
-                        Err(e) => e.to_string(),
-                        Ok(None) => "the server closed it".to_string(),
-                        Ok(Some(_)) => "an unexpected notification".to_string(),
+                        Watched::Closed(Err(e)) => e.to_string(),
+                        Watched::Closed(Ok(None)) => "the server closed it".to_string(),
+                        Watched::Closed(Ok(Some(_))) => "an unexpected notification".to_string(),
+                        Watched::Unsolicited => "the server sent an unsolicited message \
+                            (the FATAL that precedes closing the session)"
+                            .to_string(),
                     };
                     self.lose(LockError::lost(format!(
                         "the holding connection ended (the server rolled the transaction \
@@ -1002,12 +1010,15 @@ impl HeldTask {
     }
 
     /// Reports the loss to the lease's holder and forgets the lease.
-    fn lose(&self, reason: String) {
+    fn lose(&mut self, reason: String) {
         self.lost.fire(reason);
         self.forget();
     }
 
-    fn forget(&self) {
+    /// Gives the slot back, then takes the lease out of the map (in that order, so a
+    /// caller that sees the lease gone can use its slot).
+    fn forget(&mut self) {
+        drop(self.slot.take());
         let (Some(inner), Some(entry)) = (self.inner.upgrade(), self.entry.upgrade()) else {
             return;
         };
@@ -1017,6 +1028,71 @@ impl HeldTask {
             .is_some_and(|e| Arc::ptr_eq(e, &entry))
         {
             held.remove(&self.owner);
+        }
+    }
+}
+
+/// What the socket watch of an idle held connection saw.
+enum Watched<T> {
+    /// `try_recv` returned: the connection is closed (or a notification came).
+    Closed(T),
+    /// The socket woke the watch, yet `try_recv` still waits: the server sent a message
+    /// nobody asked for. To a session idle in its transaction the server sends nothing
+    /// unless it is ending it: the `FATAL` it sends *before* releasing the session's locks
+    /// (`pg_terminate_backend`, shutdown, idle timeout). `try_recv` skips error messages
+    /// and only returns at end of stream, after the locks are free; this catches the
+    /// earlier message. (A spurious wake-up would end a healthy lease early: safe.)
+    Unsolicited,
+}
+
+/// Wraps `try_recv` and tells apart polls caused by its own (socket) wake-ups.
+struct Watch<F> {
+    inner: std::pin::Pin<Box<F>>,
+    woken: Arc<AtomicBool>,
+}
+
+/// Records that the socket woke the watch, then wakes the task.
+struct WatchWaker {
+    woken: Arc<AtomicBool>,
+    task: std::task::Waker,
+}
+
+impl std::task::Wake for WatchWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.task.wake_by_ref();
+    }
+}
+
+impl<F> Watch<F> {
+    fn new(inner: F) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            woken: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl<F: Future> Future for Watch<F> {
+    type Output = Watched<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let woken = self.woken.swap(false, Ordering::SeqCst);
+        let waker = std::task::Waker::from(Arc::new(WatchWaker {
+            woken: self.woken.clone(),
+            task: cx.waker().clone(),
+        }));
+        let mut own = std::task::Context::from_waker(&waker);
+        match self.inner.as_mut().poll(&mut own) {
+            std::task::Poll::Ready(out) => std::task::Poll::Ready(Watched::Closed(out)),
+            std::task::Poll::Pending if woken => std::task::Poll::Ready(Watched::Unsolicited),
+            std::task::Poll::Pending => std::task::Poll::Pending,
         }
     }
 }
@@ -1097,9 +1173,11 @@ async fn refresh(
         )
         .bind(timeout_ms(ttl).to_string())
         .bind(keepalives(ttl).0.to_string())
-        .fetch_one(&mut *conn),
+        // To the end of the reply (see `lock_row`).
+        .fetch_all(&mut *conn),
     )
-    .await;
+    .await
+    .map(|rows| rows.and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)));
     match result {
         Ok(Ok((_, _, Some(current)))) if current == xid => Ok(()),
         Ok(Ok((_, _, current))) => Err(LockError::lost(format!(
