@@ -32,6 +32,9 @@ const CLIENT_PARAMS: &[&str] = &[
     "options",
 ];
 
+/// Interval at which the server checks that a client is still connected while it runs a
+/// statement (including a lock wait).
+const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
 /// The longest identifier Postgres keeps without truncating it (`NAMEDATALEN - 1`).
 const MAX_IDENT: usize = 63;
 /// Suffixes appended to the table name for the holder table and the fence sequence.
@@ -49,7 +52,8 @@ const FENCE_SUFFIX: &str = "_fence";
 /// | `schema` | `public` | schema of the lock table, holder table and fence sequence |
 /// | `table` | `tenure_locks` | lock table; the holder table is `<table>_holders`, the fence sequence `<table>_fence` |
 /// | `prefix` | (empty) | prepended to every lock key |
-/// | `max_held` | `64` | dedicated connections this client may use at once (held locks plus acquires in progress) |
+/// | `max_held` | `64` | locks this client may hold at once (one dedicated connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
+/// | `max_waiting` | `64` | blocking acquires this client may have queued in the server at once (one dedicated connection each); past it a blocking acquire fails at once |
 /// | `pool_size` | `4` | autocommit connections (row insert, fence, inspect) |
 /// | `idle_connections` | `4` | clean dedicated connections kept for reuse after a release |
 /// | `connect_timeout_ms` | `5000` | bound on opening a connection |
@@ -75,9 +79,12 @@ pub struct PgConfig {
     table: String,
     /// Prepended to every lock key.
     pub prefix: String,
-    /// Dedicated connections this client may use at once: held locks plus acquires in
-    /// progress. Reaching it is an error, not a wait.
+    /// Locks this client may hold at once. Reaching it is an error ("too many held
+    /// locks"), not a wait; a lease dropped without release gives its slot back at once.
     pub max_held: usize,
+    /// Blocking acquires this client may have queued in the server at once. Reaching it is
+    /// an error, not a wait.
+    pub max_waiting: usize,
     /// Size of the autocommit pool.
     pub pool_size: u32,
     /// Clean dedicated connections kept for reuse.
@@ -88,6 +95,8 @@ pub struct PgConfig {
     pub command_timeout: Duration,
     /// Create the schema objects on connect if they are missing.
     pub migrate: bool,
+    /// The `client_connection_check_interval` dedicated connections ask for.
+    pub(crate) client_check: String,
 }
 
 impl PgConfig {
@@ -109,11 +118,13 @@ impl PgConfig {
             table: "tenure_locks".into(),
             prefix: String::new(),
             max_held: 64,
+            max_waiting: 64,
             pool_size: 4,
             idle_connections: 4,
             connect_timeout: Duration::from_millis(5000),
             command_timeout: Duration::from_millis(5000),
             migrate: true,
+            client_check: CLIENT_CHECK_INTERVAL_MS.to_string(),
         };
         let mut kept = Vec::new();
         let mut has_host_param = false;
@@ -144,6 +155,7 @@ impl PgConfig {
                 "table" => config.table = value.to_string(),
                 "prefix" => config.prefix = value.to_string(),
                 "max_held" => config.max_held = count(10_000)?,
+                "max_waiting" => config.max_waiting = count(10_000)?,
                 "pool_size" => config.pool_size = count(1_000)? as u32,
                 "idle_connections" => {
                     config.idle_connections = if value == "0" { 0 } else { count(1_000)? }
@@ -265,6 +277,7 @@ impl fmt::Debug for PgConfig {
             .field("table", &self.table)
             .field("prefix", &self.prefix)
             .field("max_held", &self.max_held)
+            .field("max_waiting", &self.max_waiting)
             .field("pool_size", &self.pool_size)
             .field("idle_connections", &self.idle_connections)
             .field("connect_timeout", &self.connect_timeout)

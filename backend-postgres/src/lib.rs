@@ -16,7 +16,9 @@
 //! * **Acquire (wait).** The same with `SET LOCAL lock_timeout = <remaining wait>` and a
 //!   blocking `FOR UPDATE`: the server queues the waiters and wakes the next one when the
 //!   holder's transaction ends — FIFO, no polling. A lock timeout is
-//!   [`LockError::Timeout`].
+//!   [`LockError::Timeout`]. A grant whose transaction ends before the lease is handed
+//!   out is a failed attempt ([`LockError::Unavailable`], retried within the wait), never
+//!   [`LockError::LeaseLost`].
 //! * **Fencing token.** After the row lock is granted, `nextval(<table>_fence)` is taken
 //!   **in autocommit on another connection**, in the same statement that records the holder
 //!   (see *Inspect*); the statement's commit is flushed (`synchronous_commit = on` is set on
@@ -26,17 +28,33 @@
 //!   or is cut off, its transaction rolls back, the counter reverts, and the next holder
 //!   is handed the very token the crashed holder may already have written with — two
 //!   holders, one token, and the fenced resource cannot tell them apart.
+//!   The fence is only as durable as the primary that committed it: with asynchronous
+//!   replication, a standby promoted after the primary crashed may lack the last values
+//!   handed out and hand them out again (use synchronous replication, or fail over only
+//!   to a standby known to be caught up, if fenced writes must survive a failover).
 //! * **Lease.** The held transaction sits idle; if the holder says nothing for `ttl`, the
 //!   server's `idle_in_transaction_session_timeout` ends the session, which rolls the
 //!   transaction back and frees the row. `extend` runs a statement on the held transaction
 //!   (`set_config('idle_in_transaction_session_timeout', ttl, true)` — which also re-arms
 //!   the timer) and checks the transaction id is unchanged; any failure is
 //!   [`LockError::LeaseLost`], since a broken connection can never get its transaction
-//!   back. Server-side TCP keepalives (`tcp_keepalives_*`) and
-//!   `client_connection_check_interval` are set on every dedicated connection, so the
-//!   server also notices a vanished client while it waits in the lock queue. (sqlx exposes
-//!   no client-side socket options; the client bounds every statement with
-//!   `command_timeout_ms` instead.)
+//!   back.
+//! * **Nothing ends the transaction before the lease deadline.** The server's TCP
+//!   keepalives are set per session so that it cannot give up on a silent client before
+//!   `ttl` (`tcp_keepalives_idle` ≥ ttl), `statement_timeout` and (Postgres 17+)
+//!   `transaction_timeout` are switched off in the lock transaction, whatever the role's
+//!   defaults. `client_connection_check_interval` lets the server notice a vanished client
+//!   while it waits in the lock queue; a server that refuses it (a platform that cannot
+//!   detect closed sockets) is used without it, and notices a vanished waiter by
+//!   keepalive or when it grants it the lock. (sqlx exposes no client-side socket
+//!   options; the client bounds every statement with `command_timeout_ms` instead.)
+//! * **Loss is pushed.** What the client cannot prevent — `pg_terminate_backend`, a
+//!   restart or crash, the idle timeout — closes the connection. Each held lease's
+//!   connection is owned by a task that reads its socket while the transaction sits idle
+//!   (a `PgListener`), so the lease's [`LossNotice`] fires as soon as the server closes
+//!   it: a [`LockGuard`](tenure_api::LockGuard) reports the loss at once, before another
+//!   client can be granted the lock (the server frees the row as it ends the session,
+//!   and the next holder still needs a round trip and a fence commit).
 //! * **Release.** `COMMIT` on the dedicated connection, which then goes back to a small
 //!   cache of clean connections (or is closed).
 //! * **Inspect.** The lock row's own columns cannot carry the holder: an `UPDATE` inside the
@@ -50,13 +68,18 @@
 //!   needs the same role as the holder or `pg_read_all_stats`; otherwise `remaining` is
 //!   `None`).
 //!
-//! Dedicated connections are kept in the backend keyed by owner id, so [`Lease`] stays
-//! plain data. Their number is bounded by `max_held` (held locks plus acquires in
-//! progress); past it, acquires fail at once with a [`LockError::Backend`] saying so.
+//! Dedicated connections are kept in the backend keyed by owner id; the [`Lease`] carries
+//! only a [`tenure_api::LeaseTie`]. A lease dropped without `release` is rolled back and
+//! its connection reclaimed at once. Held locks are bounded by `max_held` and blocking
+//! acquires queued in the server by `max_waiting` (each uses one dedicated connection);
+//! past either bound an acquire fails at once with a [`LockError::Backend`] that says
+//! "too many held locks" (or blocking acquires) and names the option. A server out of
+//! connection slots (`max_connections`) is [`LockError::Unavailable`].
 //!
 //! **Guarantees** ([`PgLock::capabilities`]): a single node; expiry by the server ending
 //! the connection/transaction; FIFO push wake-ups from the server's lock queue; fencing
-//! from a durable sequence that survives crashes and restarts. Mutual exclusion itself
+//! from a durable sequence that survives crashes and restarts of the server (not a
+//! failover to an asynchronous standby, see *Fencing token*). Mutual exclusion itself
 //! does not depend on clocks: the row lock is held exactly as long as the transaction.
 //!
 //! ## Schema
@@ -97,29 +120,37 @@ mod fenced;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
+    LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use config::{redact, validate_ident, PgConfig};
 pub use fenced::{FencedTable, FencedWrite};
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked, or `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// Whether a connect error is the server refusing `client_connection_check_interval`:
+/// SQLSTATE 22023 (`invalid value for parameter "client_connection_check_interval"`, on a
+/// platform that cannot detect closed sockets) or 42704 (a server that does not know it).
+fn client_check_rejected(code: Option<&str>, message: &str) -> bool {
+    matches!(code, Some("22023" | "42704")) && message.contains("client_connection_check_interval")
+}
+
+/// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
+/// of connection slots.
+const TOO_MANY_CONNECTIONS: &str = "53300";
 /// How long a clean dedicated connection may sit in the reuse cache.
 const IDLE_REUSE_LIMIT: Duration = Duration::from_secs(30);
-/// Interval at which the server checks that a client is still connected while it runs a
-/// statement (including a lock wait).
-const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
 /// Largest value Postgres accepts for a millisecond timeout setting.
 const MAX_TIMEOUT_MS: u128 = i32::MAX as u128;
 
@@ -138,29 +169,46 @@ struct Inner {
     pool: PgPool,
     /// Options for dedicated connections (keepalives, client check interval).
     dedicated: PgConnectOptions,
+    /// The same without `client_connection_check_interval`, for servers that refuse it.
+    unchecked: PgConnectOptions,
+    /// Whether dedicated connections still ask for `client_connection_check_interval`.
+    client_check: AtomicBool,
     /// Held leases by owner id.
     held: Mutex<HashMap<OwnerId, Arc<Entry>>>,
-    /// One permit per dedicated connection in use.
+    /// One permit per held lock (`max_held`).
     slots: Arc<Semaphore>,
+    /// One permit per blocking acquire queued in the server (`max_waiting`).
+    waiting: Arc<Semaphore>,
     /// Clean dedicated connections (not in a transaction) for reuse.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    idle: Mutex<Vec<(Dedicated, Instant)>>,
 }
 
-/// A held lease: what identifies the grant, and its live resources.
+/// A dedicated connection. A [`PgListener`] (on a one-connection pool of its own) rather
+/// than a bare connection, because its `try_recv` reads the socket while the transaction
+/// sits idle: that is how a held lease learns at once that the server closed it.
+type Dedicated = PgListener;
+
+/// A held lease: what identifies the grant, and the channel to the task that owns its
+/// connection.
 struct Entry {
     key: LockKey,
     token: FencingToken,
     /// The holding transaction's id (`xid8` as text).
     xid: String,
-    held: tokio::sync::Mutex<Held>,
+    /// The TTL of the last grant or extension (for the holder record).
+    ttl: Mutex<Duration>,
+    /// Requests to the lease's task; dropping the entry ends the task (and the lease).
+    tasks: mpsc::Sender<Request>,
+    /// Fired by the task when the connection is lost.
+    lost: LossNotice,
 }
 
-/// A held lease's live resources.
-struct Held {
-    /// The connection whose open transaction holds the row lock; `None` once broken.
-    conn: Option<PgConnection>,
-    ttl: Duration,
-    _slot: OwnedSemaphorePermit,
+/// What a lease's task is asked to do on its connection.
+enum Request {
+    /// Re-arm the idle timer with a TTL.
+    Extend(Duration, oneshot::Sender<Result<(), LockError>>),
+    /// `COMMIT` and give the connection back.
+    Release(oneshot::Sender<Result<ReleaseOutcome, LockError>>),
 }
 
 /// SQL text built once from the validated, quoted names.
@@ -270,15 +318,15 @@ impl PgLock {
         // Pool connections commit the fence: make sure that commit is flushed before it
         // is acknowledged, whatever the role's or database's default.
         let pool_options = named(base.clone()).options([("synchronous_commit", "on")]);
-        let dedicated = named(base).options([
-            ("tcp_keepalives_idle", "10".to_string()),
-            ("tcp_keepalives_interval", "3".to_string()),
-            ("tcp_keepalives_count", "3".to_string()),
-            (
-                "client_connection_check_interval",
-                CLIENT_CHECK_INTERVAL_MS.to_string(),
-            ),
+        let unchecked = named(base).options([
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "3"),
+            ("tcp_keepalives_count", "3"),
         ]);
+        let dedicated = unchecked.clone().options([(
+            "client_connection_check_interval",
+            config.client_check.as_str(),
+        )]);
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size)
             .min_connections(0)
@@ -290,9 +338,12 @@ impl PgLock {
             inner: Arc::new(Inner {
                 sql: Statements::new(&config),
                 slots: Arc::new(Semaphore::new(config.max_held)),
+                waiting: Arc::new(Semaphore::new(config.max_waiting)),
                 config,
                 pool,
                 dedicated,
+                unchecked,
+                client_check: AtomicBool::new(true),
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
             }),
@@ -361,26 +412,28 @@ impl PgLock {
     /// all connections. Further calls fail with [`LockError::Unavailable`].
     ///
     /// # Cancel safety
-    /// Cancel-safe: the held connections are already closed when the first await starts.
+    /// Cancel-safe: every lease's task is told to close its connection before the first
+    /// await.
     pub async fn close(&self) {
+        // Dropping the entries ends their tasks, which close the connections.
         let held: Vec<_> = self
             .inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
-            .map(|(_, held)| held)
             .collect();
-        for entry in held {
-            if let Ok(mut held) = entry.held.try_lock() {
-                held.conn = None;
-            }
-        }
-        self.inner
+        drop(held);
+        let idle: Vec<_> = self
+            .inner
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+            .drain(..)
+            .collect();
+        for (conn, _) in idle {
+            discard(conn);
+        }
         self.inner.pool.close().await;
     }
 
@@ -405,57 +458,144 @@ impl PgLock {
     }
 
     /// A dedicated connection with an open transaction whose idle timeout is `ttl` and,
-    /// when `lock_timeout` is given, whose lock waits are bounded by it.
+    /// when `lock_timeout` is given, whose lock waits are bounded by it. Nothing else the
+    /// server could use to end the transaction earlier stays armed (see [`begin_batch`]).
     async fn begin(
         &self,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-    ) -> Result<PgConnection, LockError> {
-        let mut batch = format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
-            timeout_ms(ttl)
-        );
-        if let Some(wait) = lock_timeout {
-            batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)));
-        }
+    ) -> Result<Dedicated, LockError> {
+        let batch = begin_batch(ttl, lock_timeout);
         let config = &self.inner.config;
         if let Some(mut conn) = self.pop_idle() {
             let started = bounded_for(
                 config,
                 config.command_timeout,
                 "begin",
-                conn.execute(sqlx::raw_sql(AssertSqlSafe(batch.clone()))),
+                (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch.clone()))),
             )
             .await;
             if started.is_ok() {
                 return Ok(conn);
             }
+            discard(conn);
             // A stale cached connection (e.g. the server restarted): the others are no
             // better, so drop them all and open a fresh one.
-            self.inner
+            let stale: Vec<_> = self
+                .inner
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+                .drain(..)
+                .collect();
+            stale.into_iter().for_each(|(conn, _)| discard(conn));
         }
-        let mut conn = bounded_for(
-            config,
-            config.connect_timeout,
-            "connect",
-            PgConnection::connect_with(&self.inner.dedicated),
-        )
-        .await?;
-        bounded_for(
+        let mut conn = self.open().await?;
+        let started = bounded_for(
             config,
             config.command_timeout,
             "begin",
-            conn.execute(sqlx::raw_sql(AssertSqlSafe(batch))),
+            (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch))),
         )
-        .await?;
+        .await;
+        match started {
+            Ok(_) => Ok(conn),
+            Err(e) => {
+                discard(conn);
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a dedicated connection: a listener on a one-connection pool of its own that
+    /// never reconnects behind our back. A server that refuses
+    /// `client_connection_check_interval` (one that cannot detect closed sockets) is asked
+    /// without it from then on.
+    async fn open(&self) -> Result<Dedicated, LockError> {
+        let checked = self.inner.client_check.load(Ordering::Relaxed);
+        let options = if checked {
+            &self.inner.dedicated
+        } else {
+            &self.inner.unchecked
+        };
+        match self.open_with(options).await {
+            Err((_, true)) if checked => {
+                self.inner.client_check.store(false, Ordering::Relaxed);
+                self.open_with(&self.inner.unchecked)
+                    .await
+                    .map_err(|(e, _)| e)
+            }
+            opened => opened.map_err(|(e, _)| e),
+        }
+    }
+
+    /// [`open`](Self::open) with `options`; the error says whether the server refused
+    /// `client_connection_check_interval`.
+    async fn open_with(&self, options: &PgConnectOptions) -> Result<Dedicated, (LockError, bool)> {
+        let config = &self.inner.config;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .test_before_acquire(false)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(options.clone());
+        let opened = tokio::time::timeout(
+            config.connect_timeout + Duration::from_secs(1),
+            PgListener::connect_with(&pool),
+        )
+        .await;
+        let mut conn = match opened {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !matches!(e, sqlx::Error::PoolTimedOut) => {
+                drop(pool.close());
+                let rejected = e
+                    .as_database_error()
+                    .is_some_and(|d| client_check_rejected(d.code().as_deref(), d.message()));
+                return Err((map_err(config, "connect", e), rejected));
+            }
+            _ => {
+                // The pool retries "too many connections" quietly until it times out: one
+                // direct attempt tells what the server says.
+                drop(pool.close());
+                let probe = bounded_for(
+                    config,
+                    config.connect_timeout,
+                    "connect",
+                    PgConnection::connect_with(options),
+                )
+                .await
+                .map_err(|e| (e, false))?;
+                let _ = tokio::time::timeout(config.command_timeout, probe.close()).await;
+                return Err((
+                    LockError::Unavailable {
+                        message: format!(
+                            "connect on {}: no connection within {:?}",
+                            config.endpoint(),
+                            config.connect_timeout
+                        ),
+                        source: None,
+                    },
+                    false,
+                ));
+            }
+        };
+        conn.eager_reconnect(false);
+        conn.ignore_pool_close_event(true);
+        // Closing the pool now makes the connection close (not wait in the pool) once the
+        // listener lets go of it.
+        drop(pool.close());
         Ok(conn)
     }
 
-    fn pop_idle(&self) -> Option<PgConnection> {
+    /// Whether dedicated connections ask the server to check for closed client sockets
+    /// while a statement (a lock wait) runs; false once the server refused it.
+    pub fn client_check_enabled(&self) -> bool {
+        self.inner.client_check.load(Ordering::Relaxed)
+    }
+
+    fn pop_idle(&self) -> Option<Dedicated> {
         let mut idle = self
             .inner
             .idle
@@ -465,44 +605,33 @@ impl PgLock {
             if since.elapsed() < IDLE_REUSE_LIMIT {
                 return Some(conn);
             }
+            discard(conn);
         }
         None
     }
 
     /// Returns a connection known to be outside any transaction to the reuse cache, or
     /// closes it.
-    async fn recycle(&self, conn: PgConnection) {
-        let rejected = {
-            let mut idle = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if idle.len() < self.inner.config.idle_connections {
-                idle.push((conn, Instant::now()));
-                None
-            } else {
-                Some(conn)
-            }
-        };
-        if let Some(conn) = rejected {
-            let _ = tokio::time::timeout(self.inner.config.command_timeout, conn.close()).await;
+    fn recycle(inner: &Inner, conn: Dedicated) {
+        let mut idle = inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < inner.config.idle_connections {
+            idle.push((conn, Instant::now()));
+        } else {
+            drop(idle);
+            discard(conn);
         }
     }
 
     /// Ends a transaction that holds nothing and recycles its connection; on failure the
-    /// connection is dropped (closing it rolls the transaction back on the server).
-    async fn abandon(&self, mut conn: PgConnection) {
-        let limit = self.inner.config.command_timeout;
-        if let Ok(Ok(_)) = tokio::time::timeout(limit, conn.execute("ROLLBACK")).await {
-            self.recycle(conn).await;
-        }
+    /// connection is closed (which rolls the transaction back on the server).
+    async fn abandon(&self, conn: Dedicated) {
+        rollback_and_recycle(&self.inner, conn).await;
     }
 
     /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing.
     async fn lock_row(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut Dedicated,
         row_key: &str,
         wait: Option<Duration>,
         deadline: Instant,
@@ -519,11 +648,14 @@ impl PgLock {
                 + config.command_timeout;
             let result = tokio::time::timeout(
                 limit,
+                // `fetch_all` reads the reply to its end, so nothing of it is left for the
+                // held lease's socket watch to mistake for an unsolicited message.
                 sqlx::query(AssertSqlSafe(sql.as_str()))
                     .bind(row_key)
-                    .fetch_optional(&mut *conn),
+                    .fetch_all(&mut *conn),
             )
-            .await;
+            .await
+            .map(|rows| rows.map(|rows| rows.into_iter().next()));
             match result {
                 Err(_) => {
                     return Err(LockError::Unavailable {
@@ -554,7 +686,7 @@ impl PgLock {
                         let set = format!("SET LOCAL lock_timeout = {}", timeout_ms(remaining));
                         self.bounded(
                             "set lock_timeout",
-                            conn.execute(sqlx::raw_sql(AssertSqlSafe(set))),
+                            (&mut *conn).execute(sqlx::raw_sql(AssertSqlSafe(set))),
                         )
                         .await?;
                     }
@@ -583,13 +715,31 @@ impl PgLock {
         wait: Option<Duration>,
     ) -> Result<Option<Lease>, LockError> {
         let config = &self.inner.config;
-        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| {
-            LockError::backend(format!(
-                "this client already uses max_held={} dedicated connections (held locks and \
-                 acquires in progress); release a lock or raise max_held",
-                config.max_held
-            ))
-        })?;
+        // A blocking acquire queues under its own bound and takes a held slot only once
+        // granted, so waiters on one hot key never starve acquires of other keys.
+        let queued = match wait {
+            Some(_) => Some(
+                self.inner
+                    .waiting
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| {
+                        LockError::backend(format!(
+                            "too many blocking acquires: this client already has max_waiting={} \
+                     waiting in the server's lock queues; raise max_waiting or wait less",
+                            config.max_waiting
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let mut slot = match queued {
+            Some(_) => None,
+            None => Some(self.held_slot()?),
+        };
+        if slot.is_none() && self.inner.slots.available_permits() == 0 {
+            return Err(self.too_many_held());
+        }
         let row_key = self.row_key(key);
         let started = Instant::now();
         let deadline = started + wait.unwrap_or_default();
@@ -597,15 +747,30 @@ impl PgLock {
         // The server's idle timer starts after the locking statement completes, so a
         // deadline counted from its sending is conservative.
         let mut sent = Instant::now();
-        let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await? {
-            Locked::Granted { xid, pid } => (xid, pid),
-            Locked::Busy => {
+        let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await {
+            Ok(Locked::Granted { xid, pid }) => (xid, pid),
+            Ok(Locked::Busy) => {
                 self.abandon(conn).await;
                 return Ok(None);
             }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
+        };
+        drop(queued);
+        let slot = match slot.take() {
+            Some(slot) => slot,
+            None => match self.held_slot() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    self.abandon(conn).await;
+                    return Err(e);
+                }
+            },
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let token: Option<i64> = self
+        let token: Result<Option<i64>, LockError> = self
             .bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
@@ -616,28 +781,48 @@ impl PgLock {
                     .bind(ttl_ms)
                     .fetch_optional(&self.inner.pool),
             )
-            .await?;
-        let Some(token) = token else {
-            // Our transaction ended between the lock and the record (e.g. its backend was
-            // terminated): dropping `conn` makes sure nothing of it remains.
-            return Err(LockError::Unavailable {
-                message: format!(
-                    "the lock connection to {} ended while the grant was being recorded",
-                    config.endpoint()
-                ),
-                source: None,
-            });
+            .await;
+        let token = match token {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                // Our transaction ended between the lock and the record (e.g. its backend
+                // was terminated): closing `conn` makes sure nothing of it remains.
+                discard(conn);
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "the lock connection to {} ended while the grant was being recorded",
+                        config.endpoint()
+                    ),
+                    source: None,
+                });
+            }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
         };
-        let token = u64::try_from(token)
-            .ok()
-            .filter(|t| *t > 0)
-            .ok_or_else(|| LockError::backend(format!("fence sequence returned {token}")))?;
+        let Some(token) = u64::try_from(token).ok().filter(|t| *t > 0) else {
+            discard(conn);
+            return Err(LockError::backend(format!(
+                "fence sequence returned {token}"
+            )));
+        };
         if sent.elapsed() > ttl / 8 {
             // We queued for a while: count the lease from a statement sent now rather than
             // from the start of the wait.
             sent = Instant::now();
-            refresh(&mut conn, ttl, &xid, config).await?;
+            if let Err(e) = refresh(&mut conn, ttl, &xid, config).await {
+                // Nobody was told it held the lock: this is a failed attempt, not a lost
+                // lease (and `acquire` retries it within its wait).
+                discard(conn);
+                return Err(LockError::Unavailable {
+                    message: format!("the lock transaction ended right after its grant: {e}"),
+                    source: None,
+                });
+            }
         }
+        let lost = LossNotice::new();
+        let (tie, dropped) = LeaseTie::new(lost.clone());
         let lease = Lease::new(
             key.clone(),
             owner,
@@ -650,24 +835,50 @@ impl PgLock {
             path: row_key,
             id: i64::from(pid),
             revision: xid.parse().unwrap_or_default(),
-        });
-        let entry = Entry {
+        })
+        .with_tie(tie);
+        let (tasks, requests) = mpsc::channel(4);
+        let entry = Arc::new(Entry {
             key: key.clone(),
             token: FencingToken(token),
             xid,
-            held: tokio::sync::Mutex::new(Held {
-                conn: Some(conn),
-                ttl,
-                _slot: slot,
-            }),
+            ttl: Mutex::new(ttl),
+            tasks,
+            lost,
+        });
+        let task = HeldTask {
+            inner: Arc::downgrade(&self.inner),
+            owner,
+            entry: Arc::downgrade(&entry),
+            xid: entry.xid.clone(),
+            lost: entry.lost.clone(),
+            slot: Some(slot),
         };
         // No await between here and the return: once in the map, the lease is ours.
         self.inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(owner, Arc::new(entry));
+            .insert(owner, entry);
+        tokio::spawn(task.run(conn, requests, dropped));
         Ok(Some(lease))
+    }
+
+    /// A held-lock slot, or the documented "too many held locks" error.
+    fn held_slot(&self) -> Result<OwnedSemaphorePermit, LockError> {
+        self.inner
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| self.too_many_held())
+    }
+
+    fn too_many_held(&self) -> LockError {
+        LockError::backend(format!(
+            "too many held locks: this client already holds max_held={} locks; release one \
+             (a lease dropped without release is reclaimed at once) or raise max_held",
+            self.inner.config.max_held
+        ))
     }
 
     /// The held entry for `lease`, if this client holds exactly that grant.
@@ -686,40 +897,290 @@ impl PgLock {
         }
         Some(entry)
     }
+}
 
-    fn forget(&self, owner: OwnerId, entry: &Arc<Entry>) {
-        let mut held = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if held.get(&owner).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            held.remove(&owner);
+/// The task that owns a held lease's connection: runs its extends and its release, and
+/// watches the socket in between, so a connection the server closed (terminated backend,
+/// restart, idle timeout, keepalive failure) fires the lease's [`LossNotice`] at once,
+/// and a lease dropped without release is rolled back and its slot freed at once.
+struct HeldTask {
+    inner: Weak<Inner>,
+    owner: OwnerId,
+    entry: Weak<Entry>,
+    xid: String,
+    lost: LossNotice,
+    /// Given back before a release is answered, so the caller can use it at once.
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl HeldTask {
+    async fn run(
+        mut self,
+        mut conn: Dedicated,
+        mut requests: mpsc::Receiver<Request>,
+        dropped: LeaseDropped,
+    ) {
+        loop {
+            tokio::select! {
+                biased;
+                request = requests.recv() => match request {
+                    Some(Request::Extend(ttl, reply)) => {
+                        let Some(inner) = self.inner.upgrade() else { break };
+                        let result = refresh(&mut conn, ttl, &self.xid, &inner.config).await;
+                        if let Err(e) = &result {
+                            self.lose(e.to_string());
+                            let _ = reply.send(result);
+                            break;
+                        }
+                        let _ = reply.send(result);
+                    }
+                    Some(Request::Release(reply)) => {
+                        let Some(inner) = self.inner.upgrade() else { break };
+                        let config = &inner.config;
+                        let committed = tokio::time::timeout(
+                            config.command_timeout,
+                            (&mut conn).execute("COMMIT"),
+                        )
+                        .await;
+                        drop(self.slot.take());
+                        let outcome = match committed {
+                            Ok(Ok(_)) => {
+                                PgLock::recycle(&inner, conn);
+                                let _ = reply.send(Ok(ReleaseOutcome::Released));
+                                return;
+                            }
+                            // The server ended the session (idle timeout, terminated,
+                            // restarted): the transaction was rolled back and the lock
+                            // freed before we asked.
+                            Ok(Err(_)) => Ok(ReleaseOutcome::NotHeld),
+                            Err(_) => Err(LockError::Unavailable {
+                                message: format!(
+                                    "release on {}: no reply within {:?}; the connection was \
+                                     closed, so the server frees the lock when it notices",
+                                    config.endpoint(),
+                                    config.command_timeout
+                                ),
+                                source: None,
+                            }),
+                        };
+                        let _ = reply.send(outcome);
+                        break;
+                    }
+                    // The entry is gone: the client was closed or dropped.
+                    None => {
+                        self.lost.fire(
+                            LockError::lost("the lock client was closed, ending its transactions")
+                                .to_string(),
+                        );
+                        break;
+                    }
+                },
+                _ = dropped.wait() => {
+                    // Every copy of the lease was dropped without a release: free the lock
+                    // and the slot now rather than at the TTL.
+                    self.forget();
+                    if let Some(inner) = self.inner.upgrade() {
+                        rollback_and_recycle(&inner, conn).await;
+                        return;
+                    }
+                    break;
+                }
+                closed = Watch::new(conn.try_recv()) => {
+                    let why = match closed {
+                        Watched::Closed(Err(e)) => e.to_string(),
+                        Watched::Closed(Ok(None)) => "the server closed it".to_string(),
+                        Watched::Closed(Ok(Some(_))) => "an unexpected notification".to_string(),
+                        Watched::Unsolicited => "the server sent an unsolicited message \
+                            (the FATAL that precedes closing the session)"
+                            .to_string(),
+                    };
+                    self.lose(LockError::lost(format!(
+                        "the holding connection ended (the server rolled the transaction \
+                         back and freed the lock): {why}"
+                    )).to_string());
+                    break;
+                }
+            }
+        }
+        // Whatever ended the task (a released lease needs no notice, and gets none it
+        // could act on), the connection closes now: the lease is gone.
+        self.lost
+            .fire(LockError::lost("the lease's connection was closed").to_string());
+        discard(conn);
+    }
+
+    /// Reports the loss to the lease's holder and forgets the lease.
+    fn lose(&mut self, reason: String) {
+        self.lost.fire(reason);
+        self.forget();
+    }
+
+    /// Gives the slot back, then takes the lease out of the map (in that order, so a
+    /// caller that sees the lease gone can use its slot).
+    fn forget(&mut self) {
+        drop(self.slot.take());
+        let (Some(inner), Some(entry)) = (self.inner.upgrade(), self.entry.upgrade()) else {
+            return;
+        };
+        let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held
+            .get(&self.owner)
+            .is_some_and(|e| Arc::ptr_eq(e, &entry))
+        {
+            held.remove(&self.owner);
         }
     }
+}
+
+/// What the socket watch of an idle held connection saw.
+enum Watched<T> {
+    /// `try_recv` returned: the connection is closed (or a notification came).
+    Closed(T),
+    /// The socket woke the watch, yet `try_recv` still waits: the server sent a message
+    /// nobody asked for. To a session idle in its transaction the server sends nothing
+    /// unless it is ending it: the `FATAL` it sends *before* releasing the session's locks
+    /// (`pg_terminate_backend`, shutdown, idle timeout). `try_recv` skips error messages
+    /// and only returns at end of stream, after the locks are free; this catches the
+    /// earlier message. (A spurious wake-up would end a healthy lease early: safe.)
+    Unsolicited,
+}
+
+/// Wraps `try_recv` and tells apart polls caused by its own (socket) wake-ups.
+struct Watch<F> {
+    inner: std::pin::Pin<Box<F>>,
+    woken: Arc<AtomicBool>,
+}
+
+/// Records that the socket woke the watch, then wakes the task.
+struct WatchWaker {
+    woken: Arc<AtomicBool>,
+    task: std::task::Waker,
+}
+
+impl std::task::Wake for WatchWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.task.wake_by_ref();
+    }
+}
+
+impl<F> Watch<F> {
+    fn new(inner: F) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            woken: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl<F: Future> Future for Watch<F> {
+    type Output = Watched<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let woken = self.woken.swap(false, Ordering::SeqCst);
+        let waker = std::task::Waker::from(Arc::new(WatchWaker {
+            woken: self.woken.clone(),
+            task: cx.waker().clone(),
+        }));
+        let mut own = std::task::Context::from_waker(&waker);
+        match self.inner.as_mut().poll(&mut own) {
+            std::task::Poll::Ready(out) => std::task::Poll::Ready(Watched::Closed(out)),
+            std::task::Poll::Pending if woken => std::task::Poll::Ready(Watched::Unsolicited),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// Closes a dedicated connection; the server rolls back whatever transaction it had.
+fn discard(conn: Dedicated) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(conn);
+    } else {
+        // A listener closes in a task of its own, which needs a runtime; without one, the
+        // socket stays open until the process exits (a clean connection holds no lock).
+        std::mem::forget(conn);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));
+        idle.into_iter().for_each(|(conn, _)| discard(conn));
+    }
+}
+
+/// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
+async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
+    let limit = inner.config.command_timeout;
+    match tokio::time::timeout(limit, (&mut conn).execute("ROLLBACK")).await {
+        Ok(Ok(_)) => PgLock::recycle(inner, conn),
+        _ => discard(conn),
+    }
+}
+
+/// The statements that open a lock transaction: the lease as the idle timeout; server
+/// TCP keepalives that cannot give up on a silent client before the lease's TTL has run
+/// (a keepalive failure ends the session, which frees the lock); no statement or
+/// transaction timeout (role or database defaults) that could end it sooner; and the
+/// lock wait bound, if any.
+fn begin_batch(ttl: Duration, lock_timeout: Option<Duration>) -> String {
+    let (idle, interval, count) = keepalives(ttl);
+    let mut batch = format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = {count}; \
+         BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
+         SET LOCAL statement_timeout = 0; \
+         SELECT set_config(name, '0', true) FROM pg_settings WHERE name = 'transaction_timeout'",
+        timeout_ms(ttl)
+    );
+    if let Some(wait) = lock_timeout {
+        batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)));
+    }
+    batch
+}
+
+/// Server keepalive settings (idle, interval, count; seconds) for a lease of `ttl`: the
+/// server gives up on a silent client no sooner than `idle + interval × count`, which is
+/// at least `ttl`.
+fn keepalives(ttl: Duration) -> (u64, u64, u64) {
+    const INTERVAL: u64 = 3;
+    const COUNT: u64 = 3;
+    // Linux caps TCP_KEEPIDLE at 32767 s; MAX_TTL is far below it.
+    let idle = ttl.as_secs_f64().ceil().clamp(1.0, 32_767.0) as u64;
+    (idle, INTERVAL, COUNT)
 }
 
 /// Re-arms the held transaction's idle timer with `ttl` and checks it is still the
 /// transaction `xid`. Any failure means the lease is gone.
 async fn refresh(
-    conn: &mut PgConnection,
+    conn: &mut Dedicated,
     ttl: Duration,
     xid: &str,
     config: &PgConfig,
 ) -> Result<(), LockError> {
     let result = tokio::time::timeout(
         config.command_timeout,
-        sqlx::query_as::<_, (String, Option<String>)>(
+        sqlx::query_as::<_, (String, String, Option<String>)>(
             "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
+             set_config('tcp_keepalives_idle', $2, false), \
              pg_current_xact_id_if_assigned()::text",
         )
         .bind(timeout_ms(ttl).to_string())
-        .fetch_one(conn),
+        .bind(keepalives(ttl).0.to_string())
+        // To the end of the reply (see `lock_row`).
+        .fetch_all(&mut *conn),
     )
-    .await;
+    .await
+    .map(|rows| rows.and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)));
     match result {
-        Ok(Ok((_, Some(current)))) if current == xid => Ok(()),
-        Ok(Ok((_, current))) => Err(LockError::lost(format!(
+        Ok(Ok((_, _, Some(current)))) if current == xid => Ok(()),
+        Ok(Ok((_, _, current))) => Err(LockError::lost(format!(
             "the holding transaction {xid} has ended (now {current:?})"
         ))),
         Ok(Err(e)) => Err(LockError::lost(format!(
@@ -749,7 +1210,9 @@ impl DistributedLock for PgLock {
 
     /// Waits in the server's lock queue (blocking `FOR UPDATE` under `lock_timeout`), so
     /// waiters are woken in arrival order when the holder's transaction ends, with no
-    /// polling. Transient connection errors are retried with backoff within the wait.
+    /// polling. Transient connection errors are retried with backoff within the wait. A
+    /// queued acquire counts against `max_waiting`, and against `max_held` only once
+    /// granted.
     ///
     /// # Cancel safety
     /// As `try_acquire`: a dropped wait closes its connection. The server notices the
@@ -791,31 +1254,37 @@ impl DistributedLock for PgLock {
     /// stays held.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
-        let not_ours = || {
-            LockError::lost(format!(
-                "`{}` is not held by {} through this client",
+        let Some(entry) = self.entry(lease, false) else {
+            return Err(LockError::lost(format!(
+                "`{}` is not held by {} through this client{}",
                 lease.key(),
-                lease.owner()
-            ))
+                lease.owner(),
+                lease
+                    .loss_notice()
+                    .and_then(LossNotice::reason)
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            )));
         };
-        let entry = self.entry(lease, false).ok_or_else(not_ours)?;
-        let mut held = entry.held.lock().await;
-        let config = &self.inner.config;
+        let gone = |entry: &Entry| {
+            LockError::lost(
+                entry
+                    .lost
+                    .reason()
+                    .unwrap_or_else(|| "the holding connection was already lost".into()),
+            )
+        };
         let sent = Instant::now();
-        let xid = entry.xid.as_str();
-        let Some(conn) = held.conn.as_mut() else {
-            drop(held);
-            self.forget(lease.owner(), &entry);
-            return Err(LockError::lost("the holding connection was already lost"));
-        };
-        if let Err(e) = refresh(conn, ttl, xid, config).await {
-            held.conn = None; // closing it ends whatever is left of the transaction
-            drop(held);
-            self.forget(lease.owner(), &entry);
-            return Err(e);
+        let (reply, answer) = oneshot::channel();
+        if entry.tasks.send(Request::Extend(ttl, reply)).await.is_err() {
+            return Err(gone(&entry));
         }
-        if held.ttl != ttl {
-            held.ttl = ttl;
+        answer.await.map_err(|_| gone(&entry))??;
+        let changed = {
+            let mut held = entry.ttl.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::replace(&mut *held, ttl) != ttl
+        };
+        if changed {
             // Keep inspect's remaining time right; the lease is extended either way.
             let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
             let _ = self
@@ -824,7 +1293,7 @@ impl DistributedLock for PgLock {
                     sqlx::query(AssertSqlSafe(self.inner.sql.update_ttl.as_str()))
                         .bind(lease.handle().path.as_str())
                         .bind(ttl_ms)
-                        .bind(xid)
+                        .bind(entry.xid.as_str())
                         .execute(&self.inner.pool),
                 )
                 .await;
@@ -846,30 +1315,14 @@ impl DistributedLock for PgLock {
         let Some(entry) = self.entry(&lease, true) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
-        let mut held = entry.held.lock().await;
-        let Some(mut conn) = held.conn.take() else {
+        let (reply, answer) = oneshot::channel();
+        // The entry is out of the map: once this `entry` is dropped the task ends, so a
+        // dropped future never leaves the connection held.
+        if entry.tasks.send(Request::Release(reply)).await.is_err() {
             return Ok(ReleaseOutcome::NotHeld);
-        };
-        let config = &self.inner.config;
-        match tokio::time::timeout(config.command_timeout, conn.execute("COMMIT")).await {
-            Ok(Ok(_)) => {
-                drop(held);
-                self.recycle(conn).await;
-                Ok(ReleaseOutcome::Released)
-            }
-            // The server ended the session (idle timeout, terminated, restarted): the
-            // transaction was rolled back and the lock freed before we asked.
-            Ok(Err(_)) => Ok(ReleaseOutcome::NotHeld),
-            Err(_) => Err(LockError::Unavailable {
-                message: format!(
-                    "release on {}: no reply within {:?}; the connection was closed, so the \
-                     server frees the lock when it notices",
-                    config.endpoint(),
-                    config.command_timeout
-                ),
-                source: None,
-            }),
         }
+        drop(entry);
+        answer.await.unwrap_or(Ok(ReleaseOutcome::NotHeld))
     }
 
     /// The holder recorded for `key` whose transaction is still running, with its owner,
@@ -960,9 +1413,18 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
     ) || matches!(class, Some("08"))
         || matches!(
             code.as_deref(),
-            Some("57P01" | "57P02" | "57P03" | "53300" | "25P03" | "40P01")
+            Some("57P01" | "57P02" | "57P03" | TOO_MANY_CONNECTIONS | "25P03" | "40P01")
         );
     if unavailable {
+        let message = if code.as_deref() == Some(TOO_MANY_CONNECTIONS) {
+            format!(
+                "{message} (the server is out of connection slots: raise its max_connections, \
+                 or the role's or database's CONNECTION LIMIT; each held lock and each \
+                 blocking acquire uses one connection)"
+            )
+        } else {
+            message
+        };
         return LockError::Unavailable {
             message,
             source: Some(Box::new(error)),
@@ -977,5 +1439,89 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
     LockError::Backend {
         message,
         source: Some(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_never_give_up_before_the_ttl() {
+        for ms in [
+            100, 999, 1000, 1001, 10_000, 19_000, 30_000, 30_500, 3_600_000,
+        ] {
+            let ttl = Duration::from_millis(ms);
+            let (idle, interval, count) = keepalives(ttl);
+            assert!(
+                Duration::from_secs(idle) >= ttl && interval > 0 && count > 0,
+                "{ttl:?}: {idle}+{interval}x{count}"
+            );
+        }
+        let batch = begin_batch(Duration::from_secs(30), None);
+        assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
+        assert!(batch.contains("statement_timeout = 0"), "{batch}");
+        assert!(batch.contains("transaction_timeout"), "{batch}");
+    }
+
+    #[test]
+    fn a_refused_client_check_is_recognised() {
+        // What Postgres 14+ says on a platform that cannot detect closed sockets (the
+        // detail is "client_connection_check_interval must be set to 0 on this platform"),
+        // and what a server that does not know the setting says.
+        let refused = [
+            (
+                "22023",
+                "invalid value for parameter \"client_connection_check_interval\": 1000",
+            ),
+            (
+                "42704",
+                "unrecognized configuration parameter \"client_connection_check_interval\"",
+            ),
+        ];
+        for (code, message) in refused {
+            assert!(
+                client_check_rejected(Some(code), message),
+                "{code} {message}"
+            );
+        }
+        for (code, message) in [
+            (
+                Some("22023"),
+                "invalid value for parameter \"tcp_keepalives_idle\": -5",
+            ),
+            (Some("53300"), "sorry, too many clients already"),
+            (None, "client_connection_check_interval"),
+        ] {
+            assert!(!client_check_rejected(code, message), "{code:?} {message}");
+        }
+    }
+
+    /// The fallback, live: the server refuses the value asked for (here an invalid one,
+    /// which Postgres rejects with the same SQLSTATE and message shape as a platform
+    /// without support), and the lock connects without it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_refuses_the_client_check_is_used_without_it() {
+        let server = tenure_conformance::servers::postgres::Postgres::start()
+            .await
+            .unwrap();
+        let key = LockKey::new("client-check").unwrap();
+        let ttl = Duration::from_secs(5);
+        let mut config = PgConfig::from_url(&server.url()).unwrap();
+        config.client_check = "not-a-number".into();
+        let lock = PgLock::with_config(config).await.unwrap();
+        assert!(lock.client_check_enabled());
+        let lease = lock.try_acquire(&key, ttl).await.unwrap().expect("free");
+        assert!(
+            !lock.client_check_enabled(),
+            "the fault fired: the server refused the setting"
+        );
+        assert!(lock.try_acquire(&key, ttl).await.unwrap().is_none());
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+        // A server that accepts it keeps it.
+        let lock = PgLock::connect(&server.url()).await.unwrap();
+        let lease = lock.try_acquire(&key, ttl).await.unwrap().expect("free");
+        assert!(lock.client_check_enabled());
+        lock.release(lease).await.unwrap();
     }
 }

@@ -283,9 +283,10 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
         "client backends exited and flushed their statistics"
     );
     eprintln!("{WAITERS} blocking waiters: {spent} transactions in total");
-    // Per waiter: the lock transaction and the fence commit; plus the holder's commit,
-    // pool connection start-ups and our own psql probes.
-    let bound = (WAITERS as i64) * 3 + 40;
+    // Per waiter: the lock transaction, the fence commit and the `UNLISTEN *` its dedicated
+    // connection (a listener, to watch the socket) sends as it closes; plus the holder's
+    // commit, pool connection start-ups and our own psql probes.
+    let bound = (WAITERS as i64) * 4 + 40;
     assert!(
         spent <= bound,
         "{spent} transactions > {bound}: busy polling?"
@@ -462,4 +463,331 @@ async fn unreachable_server_and_bad_settings_are_typed_errors() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}
+
+/// A lease long enough that only a pushed loss (not the guard's deadline or its next
+/// renewal) can tell the holder in time.
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// Waits until `n` sessions are queued on a lock in the server.
+async fn wait_queued(server: &Postgres, n: usize) {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: usize = server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(Instant::now() < by, "only {waiting} of {n} waiters queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts a contender waiting for `k` on `lock`; it returns its lease, the instant it was
+/// granted, and whether the holder's `lost` signal said "lost" at that instant.
+fn contend_against(
+    lock: PgLock,
+    k: &LockKey,
+    holder: tenure_api::LostSignal,
+) -> tokio::task::JoinHandle<(Lease, Instant, bool)> {
+    let k = k.clone();
+    tokio::spawn(async move {
+        let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+        let lease = lock.acquire(&k, &opts).await.unwrap();
+        // On the holder's own clock: had it been told by the moment of the grant?
+        let (granted_at, told) = (Instant::now(), holder.is_lost());
+        (lease, granted_at, told)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backend_is_reported_before_the_contender_is_granted() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let k = key("terminated-push");
+    let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    let contender = contend_against(b, &k, guard.lost_signal());
+    wait_queued(&server, 1).await;
+
+    let pid = first.handle().id;
+    let killed = server
+        .psql(&format!("SELECT pg_terminate_backend({pid})"))
+        .await
+        .unwrap();
+    assert_eq!(
+        killed, "t",
+        "the fault fired: the holder's backend was terminated"
+    );
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told,
+        "the contender was granted {:?} after the kill while the holder still believed \
+         it held the lock (deadline {:?} away)",
+        granted_at.elapsed(),
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(second.token() > first.token());
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("connection"), "{reason}");
+    assert!(!backend_alive(&server, pid).await);
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_reported_before_the_contender_is_granted() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let k = key("restart-push");
+    let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    let contender = contend_against(b, &k, guard.lost_signal());
+    wait_queued(&server, 1).await;
+
+    let pid_before = server.pid();
+    server.restart().await.unwrap();
+    assert_ne!(
+        server.pid(),
+        pid_before,
+        "the fault fired: a new postmaster"
+    );
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told,
+        "the contender was granted while the holder still believed it held the lock \
+         (deadline {:?} away)",
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(second.token() > first.token());
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_is_not_freed_before_its_deadline() {
+    let server = Postgres::start().await.unwrap();
+    let a = Arc::new(
+        PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
+            .await
+            .unwrap(),
+    );
+    let b = connect(&server).await;
+    let k = key("blackhole");
+    let ttl = Duration::from_secs(2);
+    let guard = a.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let first = guard.lease().await.unwrap();
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Blackhole);
+    let contender = contend_against(b, &k, guard.lost_signal());
+    let (second, granted_at, told) = contender.await.unwrap();
+    assert!(
+        told && granted_at >= guard.deadline(),
+        "the server freed the lock {:?} before the holder's deadline",
+        guard.deadline().saturating_duration_since(granted_at)
+    );
+    assert!(
+        server.proxy().stats().bytes_blackholed > 0,
+        "the fault fired: the holder's renewal went into the blackhole"
+    );
+    assert!(second.token() > first.token());
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Pass);
+    let _ = guard.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_and_ended_leases_give_their_lock_and_slot_back() {
+    let server = Postgres::start().await.unwrap();
+    let a = PgLock::connect(&format!("{}?max_held=2", server.url()))
+        .await
+        .unwrap();
+    let b = connect(&server).await;
+    let (one, two) = (key("dropped-1"), key("dropped-2"));
+    // Dropped without release, on a long TTL.
+    drop(a.try_acquire(&one, LONG_TTL).await.unwrap().unwrap());
+    drop(a.try_acquire(&two, LONG_TTL).await.unwrap().unwrap());
+    let started = Instant::now();
+    for k in [&one, &two] {
+        let lease = b
+            .acquire(k, &AcquireOptions::new(TTL).wait(Duration::from_secs(20)))
+            .await
+            .unwrap_or_else(|e| panic!("a dropped lease still holds {k}: {e}"));
+        b.release(lease).await.unwrap();
+    }
+    assert!(
+        started.elapsed() < LONG_TTL / 2,
+        "freed by the TTL, not by the drop"
+    );
+    // Their slots are back: two more locks fit under max_held=2.
+    let three = a.try_acquire(&key("dropped-3"), LONG_TTL).await.unwrap();
+    let three = three.expect("free key");
+    let four = a.try_acquire(&key("dropped-4"), LONG_TTL).await.unwrap();
+    let four = four.expect("free key");
+    let err = a.try_acquire(&key("dropped-5"), TTL).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("too many held locks") && err.to_string().contains("max_held=2"),
+        "{err}"
+    );
+    // A lease whose transaction the server ended gives its slot back too, unreleased.
+    let killed = server
+        .psql(&format!(
+            "SELECT pg_terminate_backend({})",
+            three.handle().id
+        ))
+        .await
+        .unwrap();
+    assert_eq!(killed, "t", "the fault fired");
+    let by = Instant::now() + Duration::from_secs(10);
+    while a.held_count() > 1 {
+        assert!(Instant::now() < by, "the ended lease still holds its slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let five = a.try_acquire(&key("dropped-5"), TTL).await.unwrap();
+    assert!(five.is_some());
+    a.release(five.unwrap()).await.unwrap();
+    a.release(four).await.unwrap();
+    assert_eq!(a.release(three).await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_a_hot_key_leave_slots_for_other_keys() {
+    const WAITERS: usize = 3;
+    let server = Postgres::start().await.unwrap();
+    let a = Arc::new(
+        PgLock::connect(&format!("{}?max_held=2", server.url()))
+            .await
+            .unwrap(),
+    );
+    let b = connect(&server).await;
+    let hot = key("hot");
+    let held = b.try_acquire(&hot, TTL).await.unwrap().unwrap();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (a, hot) = (a.clone(), hot.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+                let lease = a.acquire(&hot, &opts).await.unwrap();
+                a.release(lease).await.unwrap();
+            })
+        })
+        .collect();
+    wait_queued(&server, WAITERS).await;
+    // Three waiters on one key, yet both held slots are free for other keys.
+    let cold: Vec<_> = ["cold-1", "cold-2"].iter().map(|n| key(n)).collect();
+    let mut leases = Vec::new();
+    for k in &cold {
+        let lease = a
+            .try_acquire(k, TTL)
+            .await
+            .unwrap_or_else(|e| panic!("waiters on `hot` used up the slots of `{k}`: {e}"));
+        leases.push(lease.expect("free key"));
+    }
+    for lease in leases {
+        a.release(lease).await.unwrap();
+    }
+    b.release(held).await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    // Waiters have their own bound, with a clear error.
+    let c = PgLock::connect(&format!("{}?max_waiting=1", server.url()))
+        .await
+        .unwrap();
+    let held = b.try_acquire(&hot, TTL).await.unwrap().unwrap();
+    let first = tokio::spawn({
+        let (c, hot) = (c.clone(), hot.clone());
+        async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+            c.acquire(&hot, &opts).await
+        }
+    });
+    wait_queued(&server, 1).await;
+    let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(5));
+    let err = c.acquire(&hot, &opts).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_waiting=1"), "{err}");
+    b.release(held).await.unwrap();
+    c.release(first.await.unwrap().unwrap()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
+    let server = Postgres::start().await.unwrap();
+    // Leave ordinary roles 4 of the server's connection slots (max_connections=300).
+    server
+        .psql("CREATE ROLE app LOGIN; GRANT CREATE, USAGE ON SCHEMA public TO app")
+        .await
+        .unwrap();
+    server
+        .psql("ALTER SYSTEM SET superuser_reserved_connections = 296")
+        .await
+        .unwrap();
+    server.restart().await.unwrap();
+    let url = format!(
+        "postgres://app@{}/postgres?pool_size=1&connect_timeout_ms=1000",
+        server.addr()
+    );
+    let lock = PgLock::connect(&url).await.unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        assert!(held.len() < 10, "the server never ran out of slots");
+        match lock
+            .try_acquire(&key(&format!("slot-{}", held.len())), TTL)
+            .await
+        {
+            Ok(lease) => held.push(lease.expect("free key")),
+            Err(e) => break e,
+        }
+    };
+    assert!(!held.is_empty());
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_connections"), "{err}");
+    for lease in held {
+        lock.release(lease).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_lost() {
+    let server = Postgres::start().await.unwrap();
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let k = key("dies-at-grant");
+    let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    // The fault: the server terminates the next holder's lock backend as its grant is
+    // recorded (once), between the grant and the statement that starts its lease.
+    server
+        .psql(
+            "CREATE TABLE killed (pid int); \
+             CREATE FUNCTION kill_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NOT EXISTS (SELECT 1 FROM killed) THEN \
+                 INSERT INTO killed VALUES (NEW.pid); PERFORM pg_terminate_backend(NEW.pid); \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER kill_once AFTER INSERT OR UPDATE ON tenure_locks_holders \
+               FOR EACH ROW EXECUTE FUNCTION kill_once()",
+        )
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(20));
+        b.acquire(&key("dies-at-grant"), &opts).await
+    });
+    wait_queued(&server, 1).await;
+    // Queued for more than ttl/8, so the grant re-arms the lease before handing it out.
+    tokio::time::sleep(ttl / 4).await;
+    a.release(held).await.unwrap();
+    let lease = waiter.await.unwrap();
+    let killed = server.psql("SELECT count(*) FROM killed").await.unwrap();
+    assert_eq!(
+        killed, "1",
+        "the fault fired: a granted backend was terminated"
+    );
+    let lease = lease.unwrap_or_else(|e| panic!("acquire returned {e:?}"));
+    assert!(lease.token() > FencingToken(1));
 }

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    AcquireOptions, Clock, DistributedLock, FencingToken, Lease, LockError, LockKey,
+    AcquireOptions, Clock, DistributedLock, FencingToken, Lease, LockError, LockKey, LossNotice,
     ReleaseOutcome, SystemClock,
 };
 
@@ -21,7 +21,9 @@ use crate::{
 ///
 /// The lease's deadline is part of the signal: [`is_lost`](Self::is_lost) compares it
 /// with the clock, and [`lost`](Self::lost) completes at the deadline at the latest,
-/// whether or not the renewal task has run.
+/// whether or not the renewal task has run. Where the backend pushes losses (a
+/// [`LossNotice`] on the lease, e.g. a closed Postgres connection), the signal is lost as
+/// soon as the notice fires.
 #[derive(Clone)]
 pub struct LostSignal {
     inner: Arc<LostInner>,
@@ -33,6 +35,8 @@ struct LostInner {
     /// The local deadline of the current lease; moves forward with each renewal.
     deadline: Mutex<Instant>,
     clock: Arc<dyn Clock>,
+    /// The backend's push notice of a loss, where it has one.
+    notice: Option<LossNotice>,
 }
 
 impl fmt::Debug for LostSignal {
@@ -51,12 +55,22 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl LostSignal {
     /// A signal for a lease whose local deadline is `deadline` on `clock`.
     pub fn new(deadline: Instant, clock: Arc<dyn Clock>) -> Self {
+        Self::with_notice(deadline, clock, None)
+    }
+
+    /// As [`new`](Self::new), also lost as soon as the backend fires `notice`.
+    pub fn with_notice(
+        deadline: Instant,
+        clock: Arc<dyn Clock>,
+        notice: Option<LossNotice>,
+    ) -> Self {
         Self {
             inner: Arc::new(LostInner {
                 token: CancellationToken::new(),
                 reason: Mutex::new(None),
                 deadline: Mutex::new(deadline),
                 clock,
+                notice,
             }),
         }
     }
@@ -85,6 +99,10 @@ impl LostSignal {
         if self.inner.token.is_cancelled() {
             return true;
         }
+        if let Some(notice) = self.inner.notice.as_ref().filter(|n| n.is_fired()) {
+            self.mark(notice.reason().unwrap_or_default());
+            return true;
+        }
         if self.inner.clock.now() >= self.deadline() {
             self.mark("the lease deadline passed without a renewal");
             return true;
@@ -103,16 +121,23 @@ impl LostSignal {
         locked(&self.inner.reason).clone()
     }
 
-    /// Completes when the lease is lost: when a renewal fails, or at the lease's deadline
-    /// at the latest.
+    /// Completes when the lease is lost: when a renewal fails or the backend reports the
+    /// loss, or at the lease's deadline at the latest.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn lost(&self) {
         while !self.check_deadline() {
             let deadline = self.deadline();
+            let notice = async {
+                match &self.inner.notice {
+                    Some(notice) => notice.fired().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.inner.token.cancelled() => return,
+                _ = notice => {}
                 _ = self.inner.clock.sleep_until(deadline) => {}
             }
         }
@@ -172,7 +197,8 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     pub fn with_clock(lock: Arc<L>, lease: Lease, clock: Arc<dyn Clock>) -> Self {
         let key = lease.key().clone();
         let token = lease.token();
-        let lost = LostSignal::new(lease.valid_until(), clock.clone());
+        let notice = lease.loss_notice().cloned();
+        let lost = LostSignal::with_notice(lease.valid_until(), clock.clone(), notice);
         let shared = Arc::new(Shared {
             lock,
             lease: Mutex::new(Some(lease)),

@@ -1,7 +1,10 @@
 //! What a successful acquire hands back: a [`Lease`] with its [`FencingToken`].
 
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 use crate::{LockError, LockKey};
 
@@ -102,6 +105,7 @@ pub struct Lease {
     valid_until: Instant,
     ttl: Duration,
     handle: LeaseHandle,
+    tie: Option<LeaseTie>,
 }
 
 impl Lease {
@@ -123,7 +127,20 @@ impl Lease {
             valid_until: deadline(sent_at, ttl, drift),
             ttl,
             handle: LeaseHandle::default(),
+            tie: None,
         }
+    }
+
+    /// Ties the lease to a backend resource (see [`LeaseTie`]).
+    pub fn with_tie(mut self, tie: LeaseTie) -> Self {
+        self.tie = Some(tie);
+        self
+    }
+
+    /// Fires as soon as the backend learns the lease is gone (a closed connection), where
+    /// the backend can tell; [`crate::LockGuard`] reports it at once.
+    pub fn loss_notice(&self) -> Option<&LossNotice> {
+        self.tie.as_ref().map(|t| &t.inner.lost)
     }
 
     /// Attaches backend data.
@@ -185,6 +202,105 @@ impl Lease {
     /// Backend data.
     pub fn handle(&self) -> &LeaseHandle {
         &self.handle
+    }
+}
+
+/// Fired by a backend the moment it learns a lease is gone (e.g. the connection whose
+/// transaction held the lock closed), with the reason. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct LossNotice {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+}
+
+impl LossNotice {
+    /// A notice not yet fired.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fires the notice (the first reason wins).
+    pub fn fire(&self, reason: impl Into<String>) {
+        let mut slot = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(reason.into());
+        }
+        drop(slot);
+        self.token.cancel();
+    }
+
+    /// True once fired.
+    pub fn is_fired(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// The reason, once fired.
+    pub fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Completes when the notice fires.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn fired(&self) {
+        self.token.cancelled().await
+    }
+}
+
+/// A backend's live link to a lease, carried by every clone of the [`Lease`]: its
+/// [`LossNotice`], and a [`LeaseDropped`] signal that completes once every clone of the
+/// lease is gone (so the backend can reclaim what the lease held).
+#[derive(Clone, Debug)]
+pub struct LeaseTie {
+    inner: Arc<TieInner>,
+}
+
+#[derive(Debug)]
+struct TieInner {
+    lost: LossNotice,
+    dropped: CancellationToken,
+}
+
+impl Drop for TieInner {
+    fn drop(&mut self) {
+        self.dropped.cancel();
+    }
+}
+
+impl LeaseTie {
+    /// A tie reporting through `lost`, and the signal of its last clone's drop.
+    pub fn new(lost: LossNotice) -> (Self, LeaseDropped) {
+        let dropped = CancellationToken::new();
+        let tie = Self {
+            inner: Arc::new(TieInner {
+                lost,
+                dropped: dropped.clone(),
+            }),
+        };
+        (tie, LeaseDropped(dropped))
+    }
+}
+
+/// Completes once every clone of a tied [`Lease`] has been dropped.
+#[derive(Clone, Debug)]
+pub struct LeaseDropped(CancellationToken);
+
+impl LeaseDropped {
+    /// True once every clone of the lease is gone.
+    pub fn is_dropped(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Completes once every clone of the lease is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn wait(&self) {
+        self.0.cancelled().await
     }
 }
 

@@ -48,7 +48,8 @@ pub use error::{BoxError, LockError};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;
 pub use lease::{
-    deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseHandle, OwnerId, ReleaseOutcome,
+    deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
+    LossNotice, OwnerId, ReleaseOutcome,
 };
 pub use lock::{poll_acquire, DistributedLock};
 pub use memory::MemoryLock;

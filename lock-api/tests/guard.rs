@@ -490,3 +490,37 @@ async fn renewals_are_spaced_when_the_deadline_sits_inside_the_ttl() {
         assert!(!guard.is_lost());
     }
 }
+
+#[tokio::test]
+async fn a_pushed_loss_is_reported_at_once_and_the_last_drop_is_signalled() {
+    let lock = Arc::new(MemoryLock::new());
+    let lease = lock
+        .try_acquire(&key("pushed"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let notice = tenure_api::LossNotice::new();
+    let (tie, dropped) = tenure_api::LeaseTie::new(notice.clone());
+    let lease = lease.with_tie(tie);
+    let copy = lease.clone();
+    let guard = LockGuard::new(lock.clone(), lease);
+    let signal = guard.lost_signal();
+    assert!(!signal.is_lost());
+    notice.fire("lease lost: the connection closed");
+    // No renewal, no deadline: the notice alone makes it lost, at once.
+    assert!(signal.is_lost());
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() completes on the notice");
+    assert_eq!(
+        signal.reason().as_deref(),
+        Some("lease lost: the connection closed")
+    );
+    drop(guard);
+    assert!(!dropped.is_dropped(), "a copy of the lease is still alive");
+    drop(copy);
+    // The guard's background release holds the last copies; it ends shortly.
+    tokio::time::timeout(Duration::from_secs(5), dropped.wait())
+        .await
+        .expect("every copy of the lease is gone");
+}

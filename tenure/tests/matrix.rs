@@ -77,6 +77,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         if name == "zk" {
             assert_eq!(verdicts("follower-partition"), ["SAFE"], "{name}");
         }
+        assert_eq!(verdicts("connection-cut"), ["SAFE"], "{name}");
         if matches!(name, "etcd" | "zk" | "postgres") {
             for fault in faults {
                 assert!(!verdicts(fault["fault"].as_str().unwrap()).contains(&"UNSAFE".into()));

@@ -39,6 +39,8 @@ pub enum Fault {
     Restart,
     /// The holder's links are black-holed past the TTL.
     Blackhole,
+    /// The holder's client↔server connections are reset (RST), and new ones too.
+    ConnectionCut,
     /// ⌊(n−1)/2⌋ of n servers are killed.
     MinorityLoss,
     /// One server (the leader, where there is one) is frozen with SIGSTOP.
@@ -53,12 +55,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::PausedHolder,
         Fault::DelayedReply,
         Fault::ClockJump,
         Fault::Restart,
         Fault::Blackhole,
+        Fault::ConnectionCut,
         Fault::MinorityLoss,
         Fault::ServerPause,
         Fault::ReplicaFailover,
@@ -74,6 +77,7 @@ impl Fault {
             Fault::ClockJump => "server clock jump",
             Fault::Restart => "restart (Redis: no persistence)",
             Fault::Blackhole => "client↔server blackhole",
+            Fault::ConnectionCut => "holder's connection cut",
             Fault::MinorityLoss => "minority node loss",
             Fault::ServerPause => "server SIGSTOP",
             Fault::ReplicaFailover => "failover to async replica",
@@ -546,6 +550,7 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         Fault::PausedHolder => trial.paused_holder().await,
         Fault::DelayedReply => trial.delayed_reply().await,
         Fault::Blackhole => trial.blackhole().await,
+        Fault::ConnectionCut => trial.connection_cut().await,
         _ => trial.lost_reply().await,
     }
 }
@@ -643,6 +648,29 @@ impl ClientTrial<'_> {
         let outcome = self.contend().await;
         let fired = self.links.fired();
         self.links.heal();
+        self.judge(holder, outcome, fired).await
+    }
+
+    /// The holder's connections reset while it holds; they stay refused while a contender
+    /// asks. Fired: the proxy reset at least one of the holder's connections.
+    async fn connection_cut(self) -> Trial {
+        let guard = true;
+        let holder = match hold(
+            self.lock.clone(),
+            &self.key,
+            self.target.ttl,
+            guard,
+            &self.register,
+        )
+        .await
+        {
+            Ok(h) => h,
+            Err(e) => return setup_failed("holder", e),
+        };
+        self.set_mode(ProxyMode::Reset);
+        let outcome = self.contend().await;
+        let fired = self.links.proxies().iter().any(|p| p.stats().resets > 0);
+        self.set_mode(ProxyMode::Pass);
         self.judge(holder, outcome, fired).await
     }
 
