@@ -237,20 +237,7 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
         }));
     }
     // The fault: all sixteen are queued in the server behind the holder.
-    let queued_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: usize = server
-            .psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-            .await
-            .unwrap()
-            .parse()
-            .unwrap();
-        if waiting >= WAITERS {
-            break;
-        }
-        assert!(Instant::now() < queued_by, "only {waiting} waiters queued");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_queued(&server, WAITERS).await;
     // From here on, every statement the waiters send is counted. Hold on a while: polling
     // clients (5–200 ms backoff) would issue well over a hundred statements in 1.5 s.
     let before = xacts().await;
