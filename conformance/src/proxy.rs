@@ -295,6 +295,13 @@ async fn pump(
                         Direction::Down => down,
                     },
                 };
+                if delay.is_zero() && queue.is_empty() {
+                    // Nothing to wait for: forward at once, not on the timer's next tick
+                    // (up to a millisecond per hop).
+                    to.write_all(&buf[..n]).await?;
+                    delivered.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                }
                 queue.push_back((Instant::now() + delay, buf[..n].to_vec()));
                 queued += n;
             }

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tenure_api::{
-    Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind, LockError, LockKey,
-    Replication,
+    Capabilities, DistributedLock, Fairness, FencingKind, LockError, LockKey, Replication,
 };
 use tenure_conformance::runner::{run_scenario, ScenarioResult};
 use tenure_conformance::servers::Node;
@@ -451,12 +450,9 @@ pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict>
             // its token exceeds the first depends on how many failed attempts raised the
             // counters of the other nodes meanwhile — containment is luck.
             FencingKind::QuorumRegister => vec![Safe, FencedSafe, Unsafe],
-            // A crash ends every session's transactions at once: the restarted server may
-            // grant the lock before the old holder's next renewal tells it; the durable
-            // fence contains that.
-            _ if caps.expiry == ExpiryKind::ConnectionTransaction => {
-                vec![Safe, FencedSafe, Unavail]
-            }
+            // Consensus: the grant survives. Postgres: a restart ends the holder's
+            // transaction, and the closed connection is pushed to its guard before the
+            // restarted server can grant again.
             _ => vec![Safe, Unavail],
         },
         Fault::MinorityLoss if caps.failures_tolerated >= (nodes.max(1) - 1) / 2 => vec![Safe],
