@@ -517,7 +517,7 @@ impl ZkLock {
         sent: Instant,
         effective: Duration,
     ) {
-        let limit = session.anchor(sent, self.inner.config.server_tick) + session.timeout();
+        let limit = session.anchor(sent) + session.timeout();
         lease.tighten((sent + effective).saturating_duration_since(limit));
     }
 

@@ -46,14 +46,52 @@ pub(crate) struct Session {
     monitor: tokio::task::JoinHandle<()>,
     /// When the request that created the session was sent: the leader created it later.
     established: Instant,
-    /// When recent requests proven to have reached the leader were sent (newest last).
-    proofs: Arc<Mutex<VecDeque<Instant>>>,
+    /// When recent requests proven to have reached the leader were sent.
+    proofs: Arc<Mutex<Proofs>>,
     /// Keeps `proofs` fresh while the session is idle.
     prover: tokio::task::JoinHandle<()>,
 }
 
-/// How many proofs [`Session::record`] keeps.
+/// How many proofs [`Proofs`] keeps.
 const PROOFS_KEPT: usize = 16;
+
+/// When recent `sync`s that completed were sent (newest last), at least an eighth of a
+/// server tick apart: whatever the request rate, the few kept reach back about two ticks,
+/// so there is always one at least a tick old to anchor on.
+#[derive(Debug)]
+struct Proofs {
+    tick: Duration,
+    sent: VecDeque<Instant>,
+}
+
+impl Proofs {
+    fn new(tick: Duration) -> Self {
+        Self {
+            tick,
+            sent: VecDeque::with_capacity(PROOFS_KEPT),
+        }
+    }
+
+    fn record(&mut self, sent: Instant) {
+        if self
+            .sent
+            .back()
+            .is_some_and(|last| sent < *last + self.tick / 8)
+        {
+            return;
+        }
+        if self.sent.len() == PROOFS_KEPT {
+            self.sent.pop_front();
+        }
+        self.sent.push_back(sent);
+    }
+
+    /// The latest proof sent at least a tick before `sent`.
+    fn a_tick_before(&self, sent: Instant) -> Option<Instant> {
+        let cutoff = sent.checked_sub(self.tick)?;
+        self.sent.iter().copied().filter(|p| *p <= cutoff).max()
+    }
+}
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -104,7 +142,7 @@ impl Session {
             sender,
             Arc::downgrade(&slot),
         ));
-        let proofs = Arc::new(Mutex::new(VecDeque::with_capacity(PROOFS_KEPT)));
+        let proofs = Arc::new(Mutex::new(Proofs::new(config.server_tick)));
         let prover = tokio::spawn(prover(
             Arc::downgrade(&slot),
             Arc::downgrade(&proofs),
@@ -126,7 +164,7 @@ impl Session {
     /// Records that a request sent at `sent` through this session was answered by way of
     /// the leader (a `sync`), so the server this client talks to was then in touch with it.
     pub(crate) fn record(&self, sent: Instant) {
-        record(&self.proofs, sent);
+        locked(&self.proofs).record(sent);
     }
 
     /// The latest moment the leader is known to have seen this session active, as of a
@@ -138,20 +176,12 @@ impl Session {
     /// when it forwarded it, so activity at least `tick` older than `sent` had been
     /// reported by then (ZooKeeper's own bound, as for `syncLimit`: pings arrive within a
     /// tick). Activity newer than that may never reach the leader. So the anchor is the
-    /// latest recorded proof at least `tick` before `sent` — or the session's creation,
+    /// latest recorded proof at least a tick (the configured `tick_ms`) before `sent` — or the session's creation,
     /// which the leader made itself. A background `sync` every quarter session timeout
     /// keeps proofs recent while the session is otherwise idle (e.g. waiting in a queue).
-    pub(crate) fn anchor(&self, sent: Instant, tick: Duration) -> Instant {
-        let Some(cutoff) = sent.checked_sub(tick) else {
-            return self.established;
-        };
-        self.proofs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .copied()
-            .filter(|p| *p <= cutoff)
-            .max()
+    pub(crate) fn anchor(&self, sent: Instant) -> Instant {
+        locked(&self.proofs)
+            .a_tick_before(sent)
             .map_or(self.established, |p| p.max(self.established))
     }
 
@@ -223,19 +253,15 @@ impl Drop for Session {
     }
 }
 
-fn record(proofs: &Mutex<VecDeque<Instant>>, sent: Instant) {
-    let mut proofs = proofs.lock().unwrap_or_else(PoisonError::into_inner);
-    if proofs.len() == PROOFS_KEPT {
-        proofs.pop_front();
-    }
-    proofs.push_back(sent);
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Every quarter session timeout, sends a `sync` and records it as a proof once it
 /// completes (see [`Session::anchor`]). Stops with the session.
 async fn prover(
     client: Weak<Mutex<Option<Client>>>,
-    proofs: Weak<Mutex<VecDeque<Instant>>>,
+    proofs: Weak<Mutex<Proofs>>,
     timeout: Duration,
     op_timeout: Duration,
 ) {
@@ -253,7 +279,7 @@ async fn prover(
             let Some(proofs) = proofs.upgrade() else {
                 return;
             };
-            record(&proofs, sent);
+            locked(&proofs).record(sent);
         }
     }
 }
@@ -312,5 +338,27 @@ fn lose(health: &watch::Sender<Health>, client: &Weak<Mutex<Option<Client>>>, re
     if let Some(slot) = client.upgrade() {
         let dropped = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         drop(dropped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy client proves its session many times per tick; the proofs kept must still
+    /// reach back past a tick, or every lease would be anchored on the session's creation.
+    #[test]
+    fn a_busy_session_still_has_a_proof_a_tick_old() {
+        let tick = Duration::from_millis(200);
+        let start = Instant::now();
+        let mut proofs = Proofs::new(tick);
+        for ms in 0..2_000 {
+            proofs.record(start + Duration::from_millis(ms));
+        }
+        let now = start + Duration::from_millis(2_000);
+        let anchor = proofs.a_tick_before(now).expect(
+            "no proof kept from a tick ago: the anchor falls back to the session's creation",
+        );
+        assert!(now - anchor <= tick * 2, "anchor {:?} old", now - anchor);
     }
 }
