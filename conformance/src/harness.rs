@@ -249,6 +249,24 @@ impl UrlHarness {
         self
     }
 
+    /// Passes every client through `wrap` (given the client's URL too), e.g. to test a
+    /// deliberately broken wrapper on the same servers.
+    pub fn wrapping<F, Fut>(mut self, wrap: F) -> Self
+    where
+        F: Fn(String, Arc<dyn DistributedLock>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Arc<dyn DistributedLock>, LockError>> + Send + 'static,
+    {
+        let (connect, wrap) = (self.connect.clone(), Arc::new(wrap));
+        self.connect = Arc::new(move |url| {
+            let (connect, wrap) = (connect.clone(), wrap.clone());
+            Box::pin(async move {
+                let lock = connect(url.clone()).await?;
+                wrap(url, lock).await
+            })
+        });
+        self
+    }
+
     /// The TTL for expiry scenarios (default 500 ms).
     pub fn with_short_ttl(mut self, ttl: Duration) -> Self {
         self.short_ttl = ttl;

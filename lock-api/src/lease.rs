@@ -143,6 +143,14 @@ impl Lease {
         self.tie.as_ref().map(|t| &t.inner.lost)
     }
 
+    /// The same grant under another token. Only for tests of deliberately broken
+    /// fencing (a wrapper handing out tokens of its own); backends never need it.
+    #[doc(hidden)]
+    pub fn with_token(mut self, token: FencingToken) -> Self {
+        self.token = token;
+        self
+    }
+
     /// Attaches backend data.
     pub fn with_handle(mut self, handle: LeaseHandle) -> Self {
         self.handle = handle;

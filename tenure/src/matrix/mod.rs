@@ -3,6 +3,9 @@
 //! verdicts SAFE / F-SAFE / UNSAFE / UNAVAIL), a short performance run, and a check of
 //! the backend's declared [`Capabilities`] against what was observed.
 
+#[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
+#[doc(hidden)]
+pub mod broken;
 pub mod faults;
 pub mod report;
 
@@ -35,6 +38,11 @@ pub struct MatrixOptions {
     pub perf_secs: f64,
     /// Backends to run (default: every backend of this build).
     pub backends: Vec<String>,
+    /// The fault cells to run (default: all), in matrix order.
+    pub faults: Vec<Fault>,
+    /// Whether to run the shared suite and the performance runs (not in a run trimmed to
+    /// some fault cells).
+    pub suite_and_perf: bool,
 }
 
 impl Default for MatrixOptions {
@@ -44,6 +52,8 @@ impl Default for MatrixOptions {
             rounds: 4,
             perf_secs: 2.0,
             backends: local::backends().into_iter().map(String::from).collect(),
+            faults: Fault::ALL.to_vec(),
+            suite_and_perf: true,
         }
     }
 }
@@ -381,12 +391,13 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
 async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, String> {
     let (harness, nodes, leader, peer_links, clock_shim) = match source {
         Source::Local => {
-            let local = local::start(name, LocalOptions { clock_shim: true })
+            let (backend, wrap) = broken_backend(name)?;
+            let local = local::start(backend, LocalOptions { clock_shim: true })
                 .await
-                .map_err(|e| format!("starting local {name} servers: {e}"))?;
+                .map_err(|e| format!("starting local {backend} servers: {e}"))?;
             let links = local.peer_links;
             (
-                local.harness,
+                wrap(local.harness),
                 local.nodes,
                 local.leader,
                 links,
@@ -414,7 +425,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     };
     Ok(Target {
         name: name.to_owned(),
-        patient_query: patient_query(name).to_owned(),
+        patient_query: patient_query(caps.backend).to_owned(),
         harness,
         nodes,
         leader,
@@ -424,6 +435,22 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         ttl,
         run_id,
     })
+}
+
+/// Wraps a harness's clients.
+type Wrap = Box<dyn FnOnce(UrlHarness) -> UrlHarness + Send>;
+
+/// The real backend behind `name`, and how to wrap its clients: `broken:NAME` is a
+/// deliberately broken variant (see [`broken`]), judged by its backend's expectations.
+fn broken_backend(name: &str) -> Result<(&str, Wrap), String> {
+    #[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
+    if let Some(flaw) = broken::Flaw::of_backend(name).map_err(|e| e.to_string())? {
+        let wrap = move |harness: UrlHarness| {
+            harness.wrapping(move |url, lock| broken::wrap(flaw, url, lock))
+        };
+        return Ok((flaw.backend(), Box::new(wrap)));
+    }
+    Ok((name, Box::new(|harness| harness)))
 }
 
 /// The verdicts `caps` predict for `fault` on `nodes` servers.
@@ -580,7 +607,7 @@ async fn faults(
     progress: &Progress,
 ) -> Vec<FaultOutcome> {
     let mut outcomes = Vec::new();
-    for fault in Fault::ALL {
+    for &fault in &options.faults {
         let cell = faults::run(fault, target, options.trials, options.rounds).await;
         let expected = expected(&target.caps, fault, target.nodes.len());
         let mismatch = cell.verdicts().iter().any(|v| !expected.contains(v));
@@ -633,7 +660,11 @@ pub async fn run(
 ) -> Matrix {
     let started = Instant::now();
     let run_id = rand::random::<u32>();
-    let per_backend = scenarios().len() + Fault::ALL.len() + Mode::ALL.len() + 1;
+    let suite_and_perf = match options.suite_and_perf {
+        true => scenarios().len() + Mode::ALL.len(),
+        false => 0,
+    };
+    let per_backend = suite_and_perf + options.faults.len() + 1;
     progress.add(per_backend * sources.len());
     let targets = futures::future::join_all(sources.iter().map(|(name, source)| async move {
         let t = target(name, source, run_id).await;
@@ -646,8 +677,8 @@ pub async fn run(
     let mut suites = Vec::with_capacity(targets.len());
     for target in &targets {
         suites.push(match target {
-            Ok(target) => suite(target, progress).await,
-            Err(_) => Vec::new(),
+            Ok(target) if options.suite_and_perf => suite(target, progress).await,
+            _ => Vec::new(),
         });
     }
     let fault_outcomes = futures::future::join_all(targets.iter().map(|target| async move {
@@ -679,7 +710,9 @@ pub async fn run(
         })
         .collect();
     for (report, target) in reports.iter_mut().zip(&targets) {
-        let Ok(target) = target else { continue };
+        let (Ok(target), true) = (target, options.suite_and_perf) else {
+            continue;
+        };
         let perf_options = BenchOptions {
             secs: options.perf_secs,
             ttl: Duration::from_secs(10),

@@ -64,6 +64,9 @@ fn cell(report: &BackendReport, fault: Fault) -> Option<&Cell> {
 }
 
 fn suite_summary(report: &BackendReport) -> String {
+    if report.suite.is_empty() {
+        return "not run".into();
+    }
     let count = |r| report.suite.iter().filter(|s| s.result == r).count();
     let failed = count("failed");
     let mut text = format!("{} passed", count("passed"));

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tenure::matrix::{self, report, ClustersConfig, MatrixOptions, Progress, Source};
+use tenure::matrix::{self, report, ClustersConfig, Fault, MatrixOptions, Progress, Source};
 use tenure::LockError;
 
 #[derive(Args, Debug)]
@@ -24,6 +24,14 @@ pub(crate) struct MatrixArgs {
     /// Backends to run, comma-separated (default: all of this build).
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
+    /// A trimmed run: only these fault cells (kebab-case names, as in matrix.json, e.g.
+    /// `blackhole,lost-reply`), without the shared suite and the performance runs.
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+    /// Prints the names of the deliberately broken variants (run one with
+    /// `--backends broken:NAME`), one per line.
+    #[arg(long, hide = true)]
+    list_broken: bool,
     /// Run against your own clusters: a TOML file with a [backends] table of URLs.
     #[arg(long)]
     clusters: Option<PathBuf>,
@@ -32,7 +40,39 @@ pub(crate) struct MatrixArgs {
     out: PathBuf,
 }
 
+/// The fault named `name` as in matrix.json.
+fn fault_named(name: &str) -> Result<Fault, LockError> {
+    let name_of = |f: &Fault| serde_json::to_value(f).ok();
+    Fault::ALL
+        .into_iter()
+        .find(|f| name_of(f).is_some_and(|n| n == name))
+        .ok_or_else(|| {
+            let known: Vec<String> = Fault::ALL
+                .iter()
+                .filter_map(|f| name_of(f)?.as_str().map(String::from))
+                .collect();
+            LockError::InvalidInput(format!(
+                "unknown fault {name:?} for --faults (known: {})",
+                known.join(", ")
+            ))
+        })
+}
+
+/// The broken variants' names, or none in a build without their backends.
+fn broken_names() -> Vec<&'static str> {
+    #[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
+    return matrix::broken::Flaw::ALL.map(|f| f.name()).to_vec();
+    #[cfg(not(all(feature = "redis", feature = "redlock", feature = "postgres")))]
+    Vec::new()
+}
+
 pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
+    if args.list_broken {
+        for name in broken_names() {
+            println!("{name}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut options = if args.quick {
         MatrixOptions::quick()
     } else {
@@ -41,6 +81,15 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
     options.trials = args.trials.unwrap_or(options.trials);
     options.rounds = args.rounds.unwrap_or(options.rounds);
     options.perf_secs = args.perf_secs.unwrap_or(options.perf_secs);
+    if !args.faults.is_empty() {
+        let wanted = args
+            .faults
+            .iter()
+            .map(|name| fault_named(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        options.faults.retain(|f| wanted.contains(f));
+        options.suite_and_perf = false;
+    }
     if options.trials == 0
         || options.rounds == 0
         || !options.perf_secs.is_finite()
@@ -59,9 +108,19 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
         None => options
             .backends
             .iter()
+            .chain(args.backends.iter().filter(|b| b.starts_with("broken:")))
             .map(|name| (name.clone(), Source::Local))
             .collect(),
     };
+    for name in args.backends.iter() {
+        if let Some(variant) = name.strip_prefix("broken:") {
+            if !broken_names().contains(&variant) {
+                return Err(LockError::InvalidInput(format!(
+                    "no broken variant {variant:?} (see --list-broken)"
+                )));
+            }
+        }
+    }
     let sources: Vec<_> = sources
         .into_iter()
         .filter(|(name, _)| args.backends.is_empty() || args.backends.contains(name))
