@@ -356,27 +356,28 @@ impl Broken {
             Flaw::SetnxThenExpire => {
                 let (lock, mut conn) = self.redis();
                 let (name, owner) = (lock.lock_key(key), OwnerId::random());
+                let count: u64 = redis::cmd("INCR")
+                    .arg(format!("{name}:fence"))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| unavailable("INCR", e))?;
                 let set: bool = redis::cmd("SETNX")
                     .arg(&name)
-                    .arg(format!("{owner}:0"))
+                    .arg(format!("{owner}:{count}"))
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| unavailable("SETNX", e))?;
                 if !set {
                     return Ok(None);
                 }
-                let count: u64 = redis::cmd("INCR")
-                    .arg(format!("{name}:fence"))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| unavailable("INCR", e))?;
                 let _: bool = redis::cmd("PEXPIRE")
                     .arg(&name)
                     .arg(ttl.as_millis().to_string())
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| unavailable("PEXPIRE", e))?;
-                Ok(Some(self.lease(key, owner, FencingToken(count), sent, ttl)))
+                let token = tenure_redis::scripts::token_for(count, owner)?;
+                Ok(Some(self.lease(key, owner, token, sent, ttl)))
             }
             Flaw::FixedValue | Flaw::DeadlineFromReply => {
                 let owner = match self.flaw {
