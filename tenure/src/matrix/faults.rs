@@ -399,9 +399,9 @@ struct Holder {
 
 /// How the holder's part of a trial ends.
 enum Ending {
-    /// A renewing guard, watched by a task that records its loss and — like an
-    /// application using `with_lock` — stops and releases as soon as it learns of it, or
-    /// when told at the end of the trial.
+    /// A renewing guard, watched by a task that records its loss (the holder stops
+    /// believing then) and releases when told at the end of the trial, like an
+    /// application whose work ends after it learned of the loss.
     Guard(oneshot::Sender<()>, JoinHandle<()>),
     /// A bare lease, released at the end of the trial.
     Lease(Lease),
@@ -477,9 +477,19 @@ async fn hold(
         let (done, finished) = oneshot::channel();
         let history = record.history.clone();
         let task = tokio::spawn(async move {
-            tokio::select! {
-                _ = guard.lost() => history.lost(HOLDER, Instant::now()),
-                _ = finished => {}
+            let mut finished = finished;
+            let ended = tokio::select! {
+                _ = guard.lost() => {
+                    history.lost(HOLDER, Instant::now());
+                    false
+                }
+                _ = &mut finished => true,
+            };
+            // It stops believing at the loss, but releases when its work ends with the
+            // trial (after any takeover): a release that frees another client's lock is
+            // then the witness's to see.
+            if !ended {
+                let _ = finished.await;
             }
             let _ = guard.release().await;
         });
