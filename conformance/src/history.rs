@@ -139,14 +139,14 @@ impl History {
         self.entries().push(Entry { hold, ended });
     }
 
-    /// The open hold of `client` with `token`, if any.
+    /// Applies `f` to the latest hold of `client` with `token`, if any.
     fn update(&self, client: usize, token: FencingToken, f: impl FnOnce(&mut Entry)) {
         let mut entries = self.entries();
-        let open = entries
+        let latest = entries
             .iter_mut()
             .rev()
-            .find(|e| e.hold.client == client && e.hold.token == token && e.ended.is_none());
-        if let Some(entry) = open {
+            .find(|e| e.hold.client == client && e.hold.token == token);
+        if let Some(entry) = latest {
             f(entry);
         }
     }
@@ -238,20 +238,20 @@ impl DistributedLock for Recorded {
         let before = lease.token();
         let result = self.inner.extend(lease, ttl).await;
         if result.is_ok() {
+            // An extended lease is one hold since its grant: even after a release or a
+            // loss, a successful extend tells the client it held all along (a correct
+            // backend extends only what nobody else was granted meanwhile).
             let history = &self.history;
-            if lease.token() == before {
-                let deadline = history.offset(lease.valid_until());
-                let promised = history.offset(invoked) + ttl;
-                history.update(self.client, before, |entry| {
-                    entry.hold.deadline = deadline;
-                    entry.hold.promised_until = Some(promised);
-                });
-            } else {
-                // The backend handed out a different grant under the same lease: the
-                // old hold ends, a new one begins.
+            let deadline = history.offset(lease.valid_until());
+            let promised = history.offset(invoked) + ttl;
+            history.update(self.client, before, |entry| {
+                entry.hold.deadline = deadline;
+                entry.hold.promised_until = Some(promised);
+                entry.ended = None;
+            });
+            if lease.token() != before {
+                // The backend handed out a different grant under the same lease.
                 let completed = Instant::now();
-                let at = history.offset(completed);
-                history.update(self.client, before, |entry| entry.ended = Some(at));
                 history.open(self.client, lease, invoked, completed, Some(ttl), None);
             }
         }
@@ -673,6 +673,65 @@ mod tests {
         assert!(holds.iter().all(|h| h.believed_until < h.deadline));
         assert!(history.check().is_safe(), "{}", history.check());
         drop(lease);
+    }
+
+    #[tokio::test]
+    async fn an_extend_after_another_clients_hold_is_an_overlap() {
+        let memory: Arc<dyn DistributedLock> = Arc::new(tenure_api::MemoryLock::new());
+        let history = History::new();
+        let (a, b) = (
+            history.recorded(0, memory.clone()),
+            history.recorded(1, memory.clone()),
+        );
+        let key = LockKey::new("revived").unwrap();
+        let ttl = Duration::from_secs(5);
+        let first = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let mut stale = first.clone();
+        a.release(first).await.unwrap();
+        let second = b.try_acquire(&key, ttl).await.unwrap().unwrap();
+        b.release(second).await.unwrap();
+        assert!(history.check().is_safe(), "{}", history.check());
+        // A backend that revives the released lease (here: the client is told so by a
+        // successful extend) makes the first hold span the second.
+        let revived = history.recorded(0, Arc::new(Reviving(memory)));
+        revived.extend(&mut stale, ttl).await.unwrap();
+        assert_eq!(history.check().overlaps(), 1, "{}", history.check());
+    }
+
+    /// A lock whose `extend` re-acquires a lost lock (a classic bug).
+    #[derive(Debug)]
+    struct Reviving(Arc<dyn DistributedLock>);
+
+    #[async_trait]
+    impl DistributedLock for Reviving {
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> Result<Option<Lease>, LockError> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+            match self.0.try_acquire(lease.key(), ttl).await? {
+                Some(fresh) => {
+                    *lease = fresh;
+                    Ok(())
+                }
+                None => Err(LockError::lost("held by another")),
+            }
+        }
+        async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+            self.0.inspect(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
     }
 
     #[test]

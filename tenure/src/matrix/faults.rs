@@ -288,10 +288,18 @@ impl Record {
             let _ = self.register.write(lease.token(), 1);
         }
         let stale_write = holder.stale_write;
-        holder.finish().await;
+        let granted = holder.finish().await;
         if let Some(lease) = outcome.granted.clone() {
             self.witness(target).await;
             let _ = contender.release(lease).await;
+            // The holder tries once to extend the lease the contender has since taken and
+            // given back: a correct backend refuses; a success tells the holder it held
+            // all along, and the checker sees its hold span the contender's.
+            if let Some((lock, mut stale)) = granted {
+                if lock.extend(&mut stale, target.ttl).await.is_ok() {
+                    let _ = lock.release(stale).await;
+                }
+            }
         }
         let report = self.history.check();
         let holder_believed = self.history.believed_at(HOLDER, outcome.at);
@@ -402,7 +410,7 @@ enum Ending {
     /// A renewing guard, watched by a task that records its loss (the holder stops
     /// believing then) and releases when told at the end of the trial, like an
     /// application whose work ends after it learned of the loss.
-    Guard(oneshot::Sender<()>, JoinHandle<()>),
+    Guard(oneshot::Sender<()>, JoinHandle<()>, Option<Lease>),
     /// A bare lease, released at the end of the trial.
     Lease(Lease),
     /// Nothing left to release.
@@ -410,18 +418,22 @@ enum Ending {
 }
 
 impl Holder {
-    /// Ends the trial for the holder: releases what it may still hold.
-    async fn finish(self) {
-        match self.ending {
-            Ending::Guard(done, task) => {
+    /// Ends the trial for the holder: releases what it may still hold. Returns the lease
+    /// it was granted, with its client, for the stale-extend probe.
+    async fn finish(self) -> Option<(Arc<dyn DistributedLock>, Lease)> {
+        let granted = match self.ending {
+            Ending::Guard(done, task, granted) => {
                 let _ = done.send(());
                 let _ = task.await;
+                granted
             }
             Ending::Lease(lease) => {
-                let _ = self.lock.release(lease).await;
+                let _ = self.lock.release(lease.clone()).await;
+                Some(lease)
             }
-            Ending::Nothing => {}
-        }
+            Ending::Nothing => None,
+        };
+        granted.map(|lease| (self.lock, lease))
     }
 }
 
@@ -474,6 +486,7 @@ async fn hold(
     let (token, ending) = if guard {
         let guard = lock.lock(&record.key, &opts).await?;
         let token = guard.fencing_token();
+        let granted = guard.lease().await;
         let (done, finished) = oneshot::channel();
         let history = record.history.clone();
         let task = tokio::spawn(async move {
@@ -493,7 +506,7 @@ async fn hold(
             }
             let _ = guard.release().await;
         });
-        (token, Ending::Guard(done, task))
+        (token, Ending::Guard(done, task, granted))
     } else {
         let lease = lock.acquire(&record.key, &opts).await?;
         (lease.token(), Ending::Lease(lease))
