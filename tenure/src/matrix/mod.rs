@@ -239,6 +239,38 @@ pub struct Matrix {
     pub backends: Vec<BackendReport>,
 }
 
+impl Matrix {
+    /// Every ⚠: a cell whose observed verdicts lie outside the table of [`expect`] (an
+    /// unexpected UNSAFE among them), or a declared capability that contradicts the table
+    /// or the cells that test it — each as `backend / what: observed (expected …)`.
+    pub fn mismatches(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for b in &self.backends {
+            for f in b.faults.iter().filter(|f| f.mismatch) {
+                let expected: Vec<&str> = f.expected.iter().map(|v| v.label()).collect();
+                out.push(format!(
+                    "{} / {}: {} (expected {})",
+                    b.backend,
+                    f.title,
+                    f.cell.summary(),
+                    if expected.is_empty() {
+                        "not to run".to_string()
+                    } else {
+                        expected.join(" or ")
+                    }
+                ));
+            }
+            for c in b.checks.iter().filter(|c| c.consistent == Some(false)) {
+                out.push(format!(
+                    "{} / declared {}: {}",
+                    b.backend, c.claim, c.observed
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// Prints progress on stderr: a bar on a terminal, a line per step otherwise.
 #[derive(Debug)]
 pub struct Progress {
