@@ -291,7 +291,8 @@ impl EtcdLock {
         self.call("lease revoke", request).await.map(|_| ())
     }
 
-    /// The lease's remaining seconds as the leader sees them (≤ 0: gone).
+    /// The lease's remaining whole seconds as the leader sees them, truncated (a live
+    /// lease with less than a second left reads 0; a lease that is gone reads −1).
     async fn time_to_live(&self, lease_id: i64) -> Result<i64, LockError> {
         let request = || {
             let mut leases = self.client.lease_client();
@@ -537,7 +538,7 @@ impl EtcdLock {
         if ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
             self.refresh(ticket).await?;
         } else {
-            if self.time_to_live(ticket.lease_id).await? <= 0 {
+            if self.time_to_live(ticket.lease_id).await? < 0 {
                 return Err(LockError::lost(format!(
                     "etcd lease {:x} expired before the grant was confirmed",
                     ticket.lease_id
