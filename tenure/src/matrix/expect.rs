@@ -52,7 +52,7 @@ pub enum Protocol {
 pub struct Config {
     /// The protocol and its options.
     pub protocol: Protocol,
-    /// Servers (hosts in the URL).
+    /// Servers: hosts in the URL, or the voting members the servers list (etcd).
     pub nodes: usize,
 }
 

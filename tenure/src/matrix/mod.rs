@@ -451,15 +451,17 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     };
     // A deliberately broken wrapper (`broken:NAME`) is judged by its real backend's row.
     let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
-    let config = expect::Config::of(backend, &harness.url(), harness.targets().len())
-        .map_err(|e| format!("{name}: {e}"))?;
     let short = {
         use tenure_conformance::Harness;
         harness.short_ttl()
     };
-    let (ttl, ttl_why) = honoured_ttl(backend, &harness, short)
+    let probe = probe(backend, &harness, short)
         .await
-        .map_err(|e| format!("{name}: asking the servers for the shortest lease: {e}"))?;
+        .map_err(|e| format!("{name}: asking the servers: {e}"))?;
+    let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
+    let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let (ttl, ttl_why) = (probe.ttl, probe.ttl_why);
     Ok(Target {
         name: name.to_owned(),
         patient_query: patient_query(backend).to_owned(),
@@ -476,16 +478,23 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     })
 }
 
-/// The trials' TTL: `short`, or longer where the servers cannot free a silent holder's
-/// lock that soon — asked of the servers, not assumed.
+/// What the servers say about themselves.
+struct Probe {
+    /// The trials' TTL.
+    ttl: Duration,
+    /// Why it is longer than the short TTL (empty if it is not).
+    ttl_why: String,
+    /// Voting members, where the servers list them (etcd): the URL may name only some.
+    members: Option<usize>,
+}
+
+/// The trials' TTL — `short`, or longer where the servers cannot free a silent holder's
+/// lock that soon — and the cluster's size, asked of the servers, not assumed.
 ///
 /// # Cancel safety
 /// Cancel-safe: the probing clients are dropped (an etcd probe lease expires).
-async fn honoured_ttl(
-    backend: &str,
-    harness: &UrlHarness,
-    short: Duration,
-) -> Result<(Duration, String), LockError> {
+async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<Probe, LockError> {
+    let mut members = None;
     let floor = match backend {
         #[cfg(feature = "zk")]
         "zk" => {
@@ -508,12 +517,13 @@ async fn honoured_ttl(
         #[cfg(feature = "etcd")]
         "etcd" => {
             let lock = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
+            members = Some(lock.members());
             let granted = lock.granted_ttl(short).await?;
             Some((granted, "the lease TTL etcd grants for a short request"))
         }
         _ => None,
     };
-    Ok(match floor {
+    let (ttl, ttl_why) = match floor {
         Some((floor, what)) if floor > short => {
             let why = format!(
                 "{} ms instead of {} ms: {what}",
@@ -523,6 +533,11 @@ async fn honoured_ttl(
             (floor, why)
         }
         _ => (short, String::new()),
+    };
+    Ok(Probe {
+        ttl,
+        ttl_why,
+        members,
     })
 }
 
