@@ -200,6 +200,26 @@ impl EtcdLock {
         self.members
     }
 
+    /// The lease TTL the server grants when asked for `ttl` (whole seconds, rounded up):
+    /// etcd raises TTLs below its minimum (1.5 election timeouts) to that minimum, so a
+    /// silent holder's lock may outlive a shorter `ttl`. Grants one lease and revokes it.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a lease whose revoke was dropped expires after its TTL.
+    pub async fn granted_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
+        let request = || {
+            let mut leases = self.client.lease_client();
+            async move { leases.grant(lease_seconds(ttl), None).await }
+        };
+        let reply = self.call("lease grant", request).await?;
+        let _ = self.revoke(reply.id()).await;
+        u64::try_from(reply.ttl())
+            .ok()
+            .filter(|&secs| secs > 0)
+            .map(Duration::from_secs)
+            .ok_or_else(|| LockError::backend(format!("etcd granted a lease of {} s", reply.ttl())))
+    }
+
     /// The etcd key prefix of `key`'s queue: `prefix/<escaped key>/`. In the key, `%` is
     /// written `%25` and `/` is written `%2F`, so no lock's queue contains another's.
     pub fn queue_prefix(&self, key: &LockKey) -> String {
@@ -271,7 +291,8 @@ impl EtcdLock {
         self.call("lease revoke", request).await.map(|_| ())
     }
 
-    /// The lease's remaining seconds as the leader sees them (≤ 0: gone).
+    /// The lease's remaining whole seconds as the leader sees them, truncated (a live
+    /// lease with less than a second left reads 0; a lease that is gone reads −1).
     async fn time_to_live(&self, lease_id: i64) -> Result<i64, LockError> {
         let request = || {
             let mut leases = self.client.lease_client();
@@ -517,7 +538,7 @@ impl EtcdLock {
         if ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
             self.refresh(ticket).await?;
         } else {
-            if self.time_to_live(ticket.lease_id).await? <= 0 {
+            if self.time_to_live(ticket.lease_id).await? < 0 {
                 return Err(LockError::lost(format!(
                     "etcd lease {:x} expired before the grant was confirmed",
                     ticket.lease_id

@@ -459,3 +459,22 @@ async fn lease_ttl_is_rounded_up_and_the_deadline_stays_conservative() {
     assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
     assert!(lock.inspect(&k).await.unwrap().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_second_leases_are_granted() {
+    let _serial = SERIAL.lock().await;
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let lock = connect(&all_hosts(&cluster), "").await;
+    // The members' minimum lease TTL is under a second: the server grants 1 s leases,
+    // whose remaining time the leader reports as 0 whole seconds.
+    let ttl = Duration::from_secs(1);
+    assert_eq!(lock.granted_ttl(ttl).await.unwrap(), ttl);
+    let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(5));
+    for round in 0..3 {
+        let k = key(&format!("one-second-{round}"));
+        let lease = lock.acquire(&k, &opts).await.unwrap();
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+        let lease = lock.try_acquire(&k, ttl).await.unwrap().expect("free");
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    }
+}

@@ -283,6 +283,11 @@ impl UrlHarness {
         self.url_for(&self.targets, &self.query)
     }
 
+    /// The URL of a direct client with `query` instead of the harness's query options.
+    pub fn url_with(&self, query: &str) -> String {
+        self.url_for(&self.targets, query)
+    }
+
     fn url_for(&self, targets: &[SocketAddr], query: &str) -> String {
         let hosts: Vec<String> = targets.iter().map(ToString::to_string).collect();
         let url = self.template.replace("{hosts}", &hosts.join(","));

@@ -103,7 +103,10 @@ pub struct Capabilities {
     pub fairness: Fairness,
     /// Server failures this configuration survives without losing safety or liveness.
     pub failures_tolerated: usize,
-    /// Whether mutual exclusion depends on clocks (bounded drift, no jumps, bounded pauses).
+    /// Whether mutual exclusion depends on the servers' clocks (bounded drift, no jumps):
+    /// a server clock jump can free a held lock early. Every lease also depends on its
+    /// holder's pauses being shorter than the TTL, whatever this says; fencing contains
+    /// that.
     pub clock_dependent: bool,
 }
 

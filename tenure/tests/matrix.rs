@@ -1,10 +1,25 @@
 //! `tenure matrix --quick` end to end on local servers: every backend × every scenario
-//! and fault has a verdict, and the verdicts that do not depend on timing are the ones
-//! the backends' designs dictate.
+//! and fault has a verdict, every fault that ran fired, and every verdict is one the
+//! reviewed table of `tenure::matrix::expect` allows for that backend's configuration.
 
 use std::process::Command;
 
 use serde_json::Value;
+use tenure::matrix::expect::{expect, Config};
+use tenure::matrix::Fault;
+
+/// The configurations `tenure matrix` starts locally (default fence modes).
+fn local_config(backend: &str) -> Config {
+    let (url, nodes) = match backend {
+        "redis" => ("redis://local", 1),
+        "redlock" => ("redlock://local", 5),
+        "etcd" => ("etcd://local", 3),
+        "zk" => ("zk://local", 3),
+        "postgres" => ("postgres://local", 1),
+        other => panic!("no local configuration for {other}"),
+    };
+    Config::of(backend, url, nodes).unwrap()
+}
 
 #[test]
 fn quick_matrix_covers_every_backend_and_scenario() {
@@ -16,11 +31,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         .output()
         .expect("tenure runs");
     let report = std::fs::read_to_string(out_dir.path().join("matrix.md")).unwrap_or_default();
-    assert!(
-        out.status.success(),
-        "{}\n{report}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.path().join("matrix.json")).unwrap())
             .unwrap();
@@ -40,9 +51,31 @@ fn quick_matrix_covers_every_backend_and_scenario() {
             assert_ne!(scenario["result"], "failed", "{name}: {scenario}");
         }
         let faults = backend["faults"].as_array().unwrap();
-        assert_eq!(faults.len(), tenure::matrix::Fault::ALL.len(), "{name}");
-        for fault in faults {
+        assert_eq!(faults.len(), Fault::ALL.len(), "{name}");
+        let config = local_config(name);
+        for (fault, kind) in faults.iter().zip(Fault::ALL) {
             let cell = &fault["cell"];
+            let title = kind.title();
+            assert_eq!(fault["title"], title, "{name}");
+            // The verdicts the table allows, and none other was observed (no ⚠).
+            let table = expect(&config, kind);
+            let allowed: Vec<&str> = table.verdicts.iter().map(|v| v.label()).collect();
+            assert_eq!(
+                fault["expected"],
+                serde_json::json!(allowed),
+                "{name} / {title}"
+            );
+            let observed: Vec<&str> = cell["counts"]
+                .as_object()
+                .map(|c| c.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            assert!(
+                observed.iter().all(|v| allowed.contains(v)),
+                "⚠ {name} / {title}: observed {observed:?}, the table allows {allowed:?} \
+                 ({}): {cell}",
+                table.reason
+            );
+            assert_eq!(fault["mismatch"], false, "{name} / {title}: {fault}");
             match cell["status"].as_str().unwrap() {
                 "ran" => {
                     let counted: u64 = cell["counts"]
@@ -54,6 +87,12 @@ fn quick_matrix_covers_every_backend_and_scenario() {
                     let trials = cell["trials"].as_u64().unwrap();
                     assert_eq!(trials, 3, "{name}: {fault}");
                     assert_eq!(counted + cell["not_fired"].as_u64().unwrap(), trials);
+                    // The fault took effect in at least one trial.
+                    assert!(
+                        counted > 0,
+                        "{name} / {title}: no trial fired ({}): {cell}",
+                        cell["not_fired"]
+                    );
                 }
                 "not-injectable" | "not-applicable" => {
                     assert!(!cell["reason"].as_str().unwrap().is_empty())
@@ -84,6 +123,9 @@ fn quick_matrix_covers_every_backend_and_scenario() {
             }
         }
         assert_eq!(backend["perf"].as_array().unwrap().len(), 3, "{name}");
+        for check in backend["checks"].as_array().unwrap() {
+            assert_ne!(check["consistent"], false, "⚠ {name}: {check}");
+        }
     }
     // Seeds 001/004: a Redis failover or a restart without persistence loses the grant;
     // the clock-floored fence counter keeps either from going uncontained. (Each double
@@ -95,6 +137,8 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         assert!(cell["counts"]["UNSAFE"].is_null(), "{fault}: {cell}");
     }
     assert!(json["seed_claims"].as_array().unwrap().len() >= 5);
+    // No ⚠ and no backend error: the run exits 0.
+    assert!(out.status.success(), "{stderr}\n{report}");
     for file in ["matrix.md", "matrix.html"] {
         let text = std::fs::read_to_string(out_dir.path().join(file)).unwrap();
         for name in &names {

@@ -1,11 +1,13 @@
 //! `tenure matrix`: the decision matrix, measured. For every backend: the shared
 //! scenario suite, the fault scenarios of [`faults`] (each over many trials, with
-//! verdicts SAFE / F-SAFE / UNSAFE / UNAVAIL), a short performance run, and a check of
-//! the backend's declared [`Capabilities`] against what was observed.
+//! verdicts SAFE / F-SAFE / UNSAFE / UNAVAIL) judged against the reviewed table of
+//! [`expect`], a short performance run, and a check of the backend's declared
+//! [`Capabilities`] against the table's premises and what was observed.
 
 #[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
 #[doc(hidden)]
 pub mod broken;
+pub mod expect;
 pub mod faults;
 pub mod report;
 
@@ -16,9 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tenure_api::{
-    Capabilities, DistributedLock, Fairness, FencingKind, LockError, LockKey, Replication,
-};
+use tenure_api::{Capabilities, DistributedLock, Fairness, LockError, LockKey};
 use tenure_conformance::runner::{run_scenario, ScenarioResult};
 use tenure_conformance::servers::Node;
 use tenure_conformance::{scenarios, UrlHarness};
@@ -80,7 +80,9 @@ pub struct Target {
     peer_links: Option<Arc<dyn PeerLinks>>,
     clock_shim: bool,
     caps: Capabilities,
+    config: expect::Config,
     ttl: Duration,
+    ttl_why: String,
     patient_query: String,
     run_id: u32,
 }
@@ -133,7 +135,7 @@ pub struct ScenarioOutcome {
     pub detail: Option<String>,
 }
 
-/// One fault's cell with what the declared capabilities predict.
+/// One fault's cell with what the table of [`expect`] allows.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FaultOutcome {
     /// The fault.
@@ -142,8 +144,10 @@ pub struct FaultOutcome {
     pub title: &'static str,
     /// What happened.
     pub cell: Cell,
-    /// Verdicts the backend's declared capabilities allow.
+    /// Verdicts the protocol allows ([`expect::expect`]; empty: the fault does not apply).
     pub expected: Vec<Verdict>,
+    /// Why, from the protocol.
+    pub reason: &'static str,
     /// True when an observed verdict is outside `expected`.
     pub mismatch: bool,
 }
@@ -210,6 +214,11 @@ pub struct BackendReport {
     pub backend: String,
     /// The servers it ran on.
     pub servers: String,
+    /// The TTL of the fault trials' leases, in milliseconds (0: not measured).
+    pub ttl_ms: u64,
+    /// Why that TTL.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub ttl_why: String,
     /// Declared capabilities.
     pub capabilities: Option<CapabilitiesReport>,
     /// The shared suite.
@@ -238,6 +247,38 @@ pub struct Matrix {
     pub elapsed_secs: f64,
     /// One report per backend.
     pub backends: Vec<BackendReport>,
+}
+
+impl Matrix {
+    /// Every ⚠: a cell whose observed verdicts lie outside the table of [`expect`] (an
+    /// unexpected UNSAFE among them), or a declared capability that contradicts the table
+    /// or the cells that test it — each as `backend / what: observed (expected …)`.
+    pub fn mismatches(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for b in &self.backends {
+            for f in b.faults.iter().filter(|f| f.mismatch) {
+                let expected: Vec<&str> = f.expected.iter().map(|v| v.label()).collect();
+                out.push(format!(
+                    "{} / {}: {} (expected {})",
+                    b.backend,
+                    f.title,
+                    f.cell.summary(),
+                    if expected.is_empty() {
+                        "not to run".to_string()
+                    } else {
+                        expected.join(" or ")
+                    }
+                ));
+            }
+            for c in b.checks.iter().filter(|c| c.consistent == Some(false)) {
+                out.push(format!(
+                    "{} / declared {}: {}",
+                    b.backend, c.claim, c.observed
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// Prints progress on stderr: a bar on a terminal, a line per step otherwise.
@@ -419,20 +460,31 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             .map_err(|e| format!("connecting to {name}: {e}"))?
             .capabilities()
     };
-    let ttl = {
+    // A deliberately broken wrapper (`broken:NAME`) is judged by its real backend's row.
+    let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
+    let short = {
         use tenure_conformance::Harness;
         harness.short_ttl()
     };
+    let probe = probe(backend, &harness, short)
+        .await
+        .map_err(|e| format!("{name}: asking the servers: {e}"))?;
+    let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
+    let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let (ttl, ttl_why) = (probe.ttl, probe.ttl_why);
     Ok(Target {
         name: name.to_owned(),
-        patient_query: patient_query(caps.backend).to_owned(),
+        patient_query: patient_query(backend).to_owned(),
         harness,
         nodes,
         leader,
         peer_links,
         clock_shim,
         caps,
+        config,
         ttl,
+        ttl_why,
         run_id,
     })
 }
@@ -453,66 +505,81 @@ fn broken_backend(name: &str) -> Result<(&str, Wrap), String> {
     Ok((name, Box::new(|harness| harness)))
 }
 
-/// The verdicts `caps` predict for `fault` on `nodes` servers.
-pub fn expected(caps: &Capabilities, fault: Fault, nodes: usize) -> Vec<Verdict> {
-    use Verdict::*;
-    let fenced = caps.fencing != FencingKind::None;
-    let violation = if fenced { FencedSafe } else { Unsafe };
-    match fault {
-        Fault::PausedHolder => vec![violation],
-        Fault::DelayedReply | Fault::Blackhole | Fault::LostReply => vec![Safe],
-        // A reset connection ends a Postgres holder's transaction at once; the loss is
-        // pushed to its guard before a contender can be granted. Elsewhere the grant
-        // outlives the connection and the holder's renewals fail before it expires.
-        Fault::ConnectionCut => vec![Safe],
-        Fault::ClockJump if caps.clock_dependent => vec![violation],
-        Fault::ClockJump => vec![Safe],
-        Fault::Restart => match caps.fencing {
-            // A memory-only server forgets the grant and resets its counter…
-            FencingKind::SingleNodeCounter => vec![Unsafe],
-            // …unless the counter restarts from the server's clock (SAFE where the holder
-            // learned of its loss before the second grant).
-            FencingKind::ClockFlooredCounter => vec![Safe, FencedSafe],
-            // One node of the holder's quorum forgets: a second grant follows, and whether
-            // its token exceeds the first depends on how many failed attempts raised the
-            // counters of the other nodes meanwhile — containment is luck.
-            FencingKind::QuorumRegister => vec![Safe, FencedSafe, Unsafe],
-            // Consensus: the grant survives. Postgres: a restart ends the holder's
-            // transaction, and the closed connection is pushed to its guard before the
-            // restarted server can grant again.
-            _ => vec![Safe, Unavail],
-        },
-        Fault::MinorityLoss if caps.failures_tolerated >= (nodes.max(1) - 1) / 2 => vec![Safe],
-        Fault::MinorityLoss => vec![Safe, Unavail],
-        Fault::ServerPause => match caps.replication {
-            _ if caps.failures_tolerated == 0 => vec![Unavail],
-            Replication::IndependentQuorum { .. } => vec![Safe],
-            // A frozen leader costs an election: some trials may see no leader.
-            _ => vec![Safe, Unavail],
-        },
-        Fault::ReplicaFailover if caps.fencing == FencingKind::ClockFlooredCounter => {
-            vec![Safe, FencedSafe]
+/// What the servers say about themselves.
+struct Probe {
+    /// The trials' TTL.
+    ttl: Duration,
+    /// Why it is longer than the short TTL (empty if it is not).
+    ttl_why: String,
+    /// Voting members, where the servers list them (etcd): the URL may name only some.
+    members: Option<usize>,
+}
+
+/// The trials' TTL — `short`, or longer where the servers cannot free a silent holder's
+/// lock that soon — and the cluster's size, asked of the servers, not assumed.
+///
+/// # Cancel safety
+/// Cancel-safe: the probing clients are dropped (an etcd probe lease expires).
+async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<Probe, LockError> {
+    let mut members = None;
+    let floor = match backend {
+        #[cfg(feature = "zk")]
+        "zk" => {
+            // A lock outlives its silent holder by the holder's session timeout, which
+            // the server negotiates (2–20 × its tickTime): the direct clients' and the
+            // cuttable clients' sessions both hold locks in the trials.
+            let mut longest = Duration::ZERO;
+            for url in [harness.url(), harness.url_with(harness.cut_options())] {
+                let lock = tenure_zk::ZkLock::connect(&url).await?;
+                let timeout = lock
+                    .session_timeout()
+                    .ok_or_else(|| LockError::Unavailable {
+                        message: "the ZooKeeper session closed at once".into(),
+                        source: None,
+                    })?;
+                longest = longest.max(timeout);
+            }
+            Some((longest, "the negotiated ZooKeeper session timeout"))
         }
-        Fault::ReplicaFailover => vec![Unsafe],
-        // Grants and renewals are proven through the leader.
-        Fault::FollowerPartition => vec![Safe],
-    }
-}
-
-fn has_violation(cell: &Cell) -> Option<bool> {
-    match cell {
-        Cell::Ran { .. } => Some(
-            cell.verdicts()
-                .iter()
-                .any(|v| matches!(v, Verdict::Unsafe | Verdict::FencedSafe)),
-        ),
+        #[cfg(feature = "etcd")]
+        "etcd" => {
+            let lock = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
+            members = Some(lock.members());
+            let granted = lock.granted_ttl(short).await?;
+            Some((granted, "the lease TTL etcd grants for a short request"))
+        }
         _ => None,
-    }
+    };
+    let (ttl, ttl_why) = match floor {
+        Some((floor, what)) if floor > short => {
+            let why = format!(
+                "{} ms instead of {} ms: {what}",
+                floor.as_millis(),
+                short.as_millis()
+            );
+            (floor, why)
+        }
+        _ => (short, String::new()),
+    };
+    Ok(Probe {
+        ttl,
+        ttl_why,
+        members,
+    })
 }
 
-/// Declared capabilities against observations.
-fn checks(caps: &Capabilities, suite: &[ScenarioOutcome], faults: &[FaultOutcome]) -> Vec<Check> {
-    let cell = |f: Fault| faults.iter().find(|o| o.fault == f).map(|o| &o.cell);
+fn ran(cell: Option<&Cell>) -> Option<&Cell> {
+    cell.filter(|c| matches!(c, Cell::Ran { .. }))
+}
+
+/// Declared capabilities against the table's premises and the cells that test them.
+fn checks(
+    caps: &Capabilities,
+    config: &expect::Config,
+    suite: &[ScenarioOutcome],
+    faults: &[FaultOutcome],
+) -> Vec<Check> {
+    let outcome = |f: Fault| faults.iter().find(|o| o.fault == f);
     let mut checks = Vec::new();
     let fifo = suite.iter().find(|s| s.name == "waiters_are_served_fifo");
     checks.push(Check {
@@ -524,58 +591,76 @@ fn checks(caps: &Capabilities, suite: &[ScenarioOutcome], faults: &[FaultOutcome
             _ => None,
         },
     });
-    let jump = cell(Fault::ClockJump);
-    checks.push(Check {
-        claim: format!(
+    let premise = config.premise();
+    let contradictions = premise.contradictions(caps);
+    // One check per declared guarantee: it must be the table's premise, and the cells
+    // that exercise it must lie within the table.
+    let mut check = |claim: String, fields: &[&str], premise: String, cells: &[Fault]| {
+        let contradicted: Vec<&String> = contradictions
+            .iter()
+            .filter(|c| fields.iter().any(|f| c.starts_with(f)))
+            .collect();
+        let mut observed: Vec<String> = cells
+            .iter()
+            .filter_map(|&f| outcome(f))
+            .map(|o| format!("{}: {}", o.title, o.cell.summary()))
+            .collect();
+        observed.extend(contradicted.iter().map(|c| format!("⚠ {c}")));
+        let judged: Vec<&FaultOutcome> = cells
+            .iter()
+            .filter_map(|&f| outcome(f))
+            .filter(|o| ran(Some(&o.cell)).is_some())
+            .collect();
+        checks.push(Check {
+            claim,
+            observed: format!("protocol: {premise}; {}", observed.join("; ")),
+            consistent: if !contradicted.is_empty() {
+                Some(false)
+            } else if judged.is_empty() {
+                None
+            } else {
+                Some(judged.iter().all(|o| !o.mismatch))
+            },
+        });
+    };
+    check(
+        format!("fencing {:?}", caps.fencing),
+        &["fencing"],
+        format!("{:?}", premise.fencing),
+        &[Fault::Restart, Fault::ReplicaFailover, Fault::PausedHolder],
+    );
+    check(
+        format!("expiry {:?}", caps.expiry),
+        &["expiry"],
+        format!("{:?}", premise.expiry),
+        &[Fault::Blackhole, Fault::ConnectionCut],
+    );
+    check(
+        format!(
             "{}clock-dependent",
             if caps.clock_dependent { "" } else { "not " }
         ),
-        observed: match jump {
-            Some(c @ Cell::Ran { .. }) => format!("server clock jump: {}", c.summary()),
-            Some(c) => format!("server clock jump {}", c.summary()),
-            None => "not run".into(),
-        },
-        consistent: jump
-            .and_then(has_violation)
-            .map(|v| v == caps.clock_dependent),
-    });
-    let minority = cell(Fault::MinorityLoss);
-    let pause = cell(Fault::ServerPause);
-    let survived = |c: Option<&Cell>| {
-        c.filter(|c| matches!(c, Cell::Ran { .. }))
-            .map(|c| !c.verdicts().contains(&Verdict::Unavail))
-    };
-    checks.push(Check {
-        claim: format!("tolerates {} failure(s)", caps.failures_tolerated),
-        observed: format!(
-            "minority loss: {}; server SIGSTOP: {}",
-            minority.map_or("not run".into(), Cell::summary),
-            pause.map_or("not run".into(), Cell::summary)
-        ),
-        consistent: match caps.failures_tolerated {
-            0 => survived(pause).map(|up| !up),
-            _ => survived(minority),
-        },
-    });
-    let restart = cell(Fault::Restart);
-    let regressed = |c: &Cell| match c {
-        Cell::Ran { notes, counts, .. } => {
-            counts.contains_key(&Verdict::Unsafe)
-                || notes.iter().any(|n| n.starts_with("fence regressed"))
+        &["clock-dependent"],
+        if premise.clock_dependent {
+            "clock-dependent"
+        } else {
+            "not clock-dependent"
         }
-        _ => false,
-    };
-    checks.push(Check {
-        claim: format!("fencing {:?}", caps.fencing),
-        observed: restart.map_or("not run".into(), |c| format!("restart: {}", c.summary())),
-        consistent: restart
-            .filter(|c| matches!(c, Cell::Ran { .. }))
-            .map(|c| match caps.fencing {
-                FencingKind::SingleNodeCounter | FencingKind::None => regressed(c),
-                FencingKind::QuorumRegister => true,
-                _ => !regressed(c),
-            }),
-    });
+        .into(),
+        &[Fault::ClockJump],
+    );
+    check(
+        format!(
+            "{:?}, tolerates {} failure(s)",
+            caps.replication, caps.failures_tolerated
+        ),
+        &["replication", "failures"],
+        format!(
+            "{:?}, tolerates {}",
+            premise.replication, premise.failures_tolerated
+        ),
+        &[Fault::MinorityLoss, Fault::ServerPause],
+    );
     checks
 }
 
@@ -609,14 +694,14 @@ async fn faults(
     let mut outcomes = Vec::new();
     for &fault in &options.faults {
         let cell = faults::run(fault, target, options.trials, options.rounds).await;
-        let expected = expected(&target.caps, fault, target.nodes.len());
-        let mismatch = cell.verdicts().iter().any(|v| !expected.contains(v));
+        let expected = expect::expect(&target.config, fault);
         outcomes.push(FaultOutcome {
             fault,
             title: fault.title(),
+            mismatch: !expected.allows(&cell.verdicts()),
             cell,
-            expected,
-            mismatch,
+            expected: expected.verdicts.to_vec(),
+            reason: expected.reason,
         });
         progress.step(&format!("{}: {}", target.name, fault.title()));
     }
@@ -638,6 +723,8 @@ fn failed_report(name: &str, error: String) -> BackendReport {
     BackendReport {
         backend: name.to_owned(),
         servers: String::new(),
+        ttl_ms: 0,
+        ttl_why: String::new(),
         capabilities: None,
         suite: Vec::new(),
         faults: Vec::new(),
@@ -697,7 +784,9 @@ pub async fn run(
                 backend: name.clone(),
                 servers: servers_text(target),
                 capabilities: Some(CapabilitiesReport::from(&target.caps)),
-                checks: checks(&target.caps, &suite, &faults),
+                ttl_ms: u64::try_from(target.ttl.as_millis()).unwrap_or(u64::MAX),
+                ttl_why: target.ttl_why.clone(),
+                checks: checks(&target.caps, &target.config, &suite, &faults),
                 suite,
                 faults,
                 perf: Vec::new(),

@@ -318,6 +318,24 @@ fn notes(matrix: &Matrix, out: &mut String) {
         if let Some(error) = &b.error {
             let _ = writeln!(out, "- **{}**: {}", b.backend, crate::redact_url(error));
         }
+        if !b.ttl_why.is_empty() {
+            let _ = writeln!(out, "- {}: trials' TTL {}", b.backend, b.ttl_why);
+        }
+        for f in b.faults.iter().filter(|f| f.mismatch) {
+            let expected: Vec<&str> = f.expected.iter().map(|v| v.label()).collect();
+            let _ = writeln!(
+                out,
+                "- ⚠ {} / {}: expected {} — {}",
+                b.backend,
+                f.title,
+                if expected.is_empty() {
+                    "not to run".to_string()
+                } else {
+                    expected.join(" or ")
+                },
+                f.reason
+            );
+        }
         for f in &b.faults {
             let reason = match &f.cell {
                 Cell::NotInjectable { reason } => format!("not injectable: {reason}"),
@@ -377,8 +395,8 @@ pub fn markdown(matrix: &Matrix) -> String {
         out,
         "SAFE: mutual exclusion held · F-SAFE: two holders, the stale write was rejected by \
          fencing · UNSAFE: two holders (or a regressed token) not contained · UNAVAIL: no \
-         violation, but a healthy client could not get the lock · ⚠: outside what the \
-         backend's declared capabilities predict.\n"
+         violation, but a healthy client could not get the lock · ⚠: outside the verdicts \
+         the backend's protocol allows (the reviewed table in `tenure/src/matrix/expect.rs`).\n"
     );
     grid(matrix, &mut out);
     let _ = writeln!(
@@ -492,7 +510,7 @@ pub fn html(matrix: &Matrix) -> String {
         "<p>Measured {} on {} in {:.0} s · {} trials per fault · {} injections per server \
          fault.</p><p>SAFE: exclusion held · F-SAFE: two holders, stale write fenced off · \
          UNSAFE: not contained · UNAVAIL: no lock for a healthy client. Outlined cells are \
-         outside the backend's declared capabilities.</p><table><tr><th>fault</th>",
+         outside the verdicts the backend's protocol allows.</p><table><tr><th>fault</th>",
         escape(&matrix.measured_at),
         escape(&matrix.machine),
         matrix.elapsed_secs,

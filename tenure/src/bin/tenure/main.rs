@@ -53,7 +53,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The decision matrix, measured: starts every backend's servers (or uses
     /// --clusters), runs the suite, fault scenarios and a performance run, and writes
-    /// matrix.md, matrix.json and matrix.html.
+    /// matrix.md, matrix.json and matrix.html. Exits 1 when a cell is outside the
+    /// verdicts its protocol allows (⚠), unless --allow-mismatch.
     Matrix(matrix::MatrixArgs),
     /// Run CMD while holding the lock; renews it, passes TENURE_FENCE and TENURE_KEY, stops
     /// CMD (SIGTERM, then SIGKILL) if the lease is lost. Exits with CMD's status, 75 when
