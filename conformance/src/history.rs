@@ -243,11 +243,19 @@ impl DistributedLock for Recorded {
             // backend extends only what nobody else was granted meanwhile).
             let history = &self.history;
             let deadline = history.offset(lease.valid_until());
-            let promised = history.offset(invoked) + ttl;
+            let sent = history.offset(invoked);
             history.update(self.client, before, |entry| {
+                match entry.ended {
+                    // A renewal already on its way when the client gave up: the client
+                    // (its guard) no longer believes, whatever the answer.
+                    Some(ended) if sent < ended => return,
+                    // An extend of a lease the client had released or lost: it now
+                    // believes it held all along.
+                    Some(_) => entry.ended = None,
+                    None => {}
+                }
                 entry.hold.deadline = deadline;
-                entry.hold.promised_until = Some(promised);
-                entry.ended = None;
+                entry.hold.promised_until = Some(sent + ttl);
             });
             if lease.token() != before {
                 // The backend handed out a different grant under the same lease.
@@ -260,8 +268,9 @@ impl DistributedLock for Recorded {
 
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
         let at = self.history.offset(Instant::now());
-        self.history
-            .update(self.client, lease.token(), |entry| entry.ended = Some(at));
+        self.history.update(self.client, lease.token(), |entry| {
+            entry.ended = Some(entry.ended.map_or(at, |ended| ended.min(at)));
+        });
         self.inner.release(lease).await
     }
 
@@ -673,6 +682,24 @@ mod tests {
         assert!(holds.iter().all(|h| h.believed_until < h.deadline));
         assert!(history.check().is_safe(), "{}", history.check());
         drop(lease);
+    }
+
+    #[tokio::test]
+    async fn a_release_after_a_loss_does_not_extend_the_belief() {
+        let memory: Arc<dyn DistributedLock> = Arc::new(tenure_api::MemoryLock::new());
+        let history = History::new();
+        let a = history.recorded(0, memory);
+        let key = LockKey::new("lost-then-released").unwrap();
+        let lease = a
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = Instant::now();
+        history.lost(0, lost);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.release(lease).await.unwrap();
+        assert_eq!(history.holds()[0].believed_until, history.offset(lost));
     }
 
     #[tokio::test]

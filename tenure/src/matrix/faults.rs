@@ -288,17 +288,28 @@ impl Record {
             let _ = self.register.write(lease.token(), 1);
         }
         let stale_write = holder.stale_write;
-        let granted = holder.finish().await;
+        let limit = patience(target);
+        let mut stuck = None;
+        let granted = match tokio::time::timeout(limit, holder.finish()).await {
+            Ok(granted) => granted,
+            Err(_) => {
+                stuck = Some("the holder's release did not return");
+                None
+            }
+        };
         if let Some(lease) = outcome.granted.clone() {
-            self.witness(target).await;
-            let _ = contender.release(lease).await;
-            // The holder tries once to extend the lease the contender has since taken and
-            // given back: a correct backend refuses; a success tells the holder it held
-            // all along, and the checker sees its hold span the contender's.
-            if let Some((lock, mut stale)) = granted {
-                if lock.extend(&mut stale, target.ttl).await.is_ok() {
-                    let _ = lock.release(stale).await;
+            let after_takeover = async {
+                self.witness(target).await;
+                let _ = contender.release(lease).await;
+                if let Some((lock, stale)) = granted {
+                    stale_extend(target, &lock, stale).await;
                 }
+            };
+            if tokio::time::timeout(limit * 2, after_takeover)
+                .await
+                .is_err()
+            {
+                stuck = Some("the witness, the contender's release or the stale extend hung");
             }
         }
         let report = self.history.check();
@@ -307,7 +318,7 @@ impl Record {
         Trial {
             verdict,
             fired,
-            note,
+            note: note.or(stuck.map(String::from)),
         }
     }
 
@@ -324,6 +335,26 @@ impl Record {
         let witness = self.client(WITNESS, client);
         if let Ok(Some(lease)) = witness.try_acquire(&self.key, target.ttl).await {
             let _ = witness.release(lease).await;
+        }
+    }
+}
+
+/// The holder tries once to extend the lease the contender has since taken and given
+/// back (retrying only while its connection recovers from the fault): a correct backend
+/// refuses; a success tells the holder it held all along, and the checker sees its hold
+/// span the contender's.
+async fn stale_extend(target: &Target, lock: &Arc<dyn DistributedLock>, mut stale: Lease) {
+    let give_up = Instant::now() + patience(target);
+    loop {
+        match lock.extend(&mut stale, target.ttl).await {
+            Ok(()) => {
+                let _ = lock.release(stale).await;
+                return;
+            }
+            Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(_) => return,
         }
     }
 }
