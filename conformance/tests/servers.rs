@@ -485,3 +485,51 @@ async fn no_processes_outlive_their_handles() -> TestResult {
     }
     Ok(())
 }
+
+/// Postgres backends call `setsid()`, so killing the postmaster's process group misses
+/// them; a busy backend (a CPU-bound query does not check for postmaster death) then
+/// outlives its postmaster with the shared memory attached, and the restarted postmaster
+/// refuses to start ("pre-existing shared memory block … is still in use"). This is what
+/// made the matrix's Postgres restart fault leave the server down under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_kills_busy_backends() -> TestResult {
+    let pg = std::sync::Arc::new(Postgres::start().await?);
+    let busy = tokio::spawn({
+        let pg = pg.clone();
+        async move {
+            pg.psql("select count(*) from generate_series(1, 4000000000)")
+                .await
+        }
+    });
+    let find = "select pid from pg_stat_activity where state = 'active' \
+                and query like '%generate_series(1, 4%' and pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let backend = loop {
+        let found = pg.psql(find).await.unwrap_or_default();
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the busy query never showed up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let backend: u32 = backend.parse()?;
+    assert!(pid_alive(backend));
+    assert!(
+        spawned_pids().contains(&backend),
+        "a backend that left the postmaster's group is still listed as spawned"
+    );
+    let postmaster = pg.pid().expect("running");
+    pg.restart().await?;
+    assert!(
+        !pid_alive(backend),
+        "the busy backend outlived its postmaster"
+    );
+    assert_ne!(
+        pg.pid(),
+        Some(postmaster),
+        "the fault fired: a new postmaster"
+    );
+    assert_eq!(pg.psql("select 1").await?, "1");
+    assert!(busy.await?.is_err(), "the busy query was cut off");
+    Ok(())
+}

@@ -7,8 +7,9 @@
 //! be killed (`SIGKILL`), paused (`SIGSTOP`/`SIGCONT`), restarted on the same port and data
 //! dir, and reached directly or through its own [`FaultProxy`](crate::proxy::FaultProxy).
 //!
-//! Every process is started in its own process group, and signals go to that group, so
-//! helpers a server forks (Postgres backends) are stopped with it. Cluster handles kill
+//! Every process is started in its own process group; signals go to that group and to
+//! every descendant that left it (Postgres backends call `setsid()`), so helpers a server
+//! forks are stopped with it, and a kill waits until they are gone. Cluster handles kill
 //! everything they started when dropped, also while unwinding from a panic.
 //! [`spawned_pids`] lists the processes this crate started that are still alive, so a test
 //! can check that none outlive their handles.

@@ -23,6 +23,8 @@ use super::{Result, ServerError};
 const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on waiting for a killed server's helpers to exit.
+const HELPERS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the log goes into an error message.
 const LOG_TAIL_BYTES: usize = 3000;
 
@@ -47,9 +49,19 @@ pub fn spawned_pids() -> Vec<u32> {
             .collect();
         let keep = !members.is_empty();
         alive.extend(members);
+        if keep {
+            // Helpers that left the group (Postgres backends call `setsid()`).
+            alive.extend(
+                procs
+                    .iter()
+                    .filter(|p| p.live && p.pgrp != g && is_descendant(&procs, p.pid, g))
+                    .map(|p| p.pid),
+            );
+        }
         keep
     });
     alive.sort_unstable();
+    alive.dedup();
     alive
 }
 
@@ -64,20 +76,46 @@ pub fn pid_alive(pid: u32) -> bool {
 
 struct ProcInfo {
     pid: u32,
+    ppid: u32,
     pgrp: u32,
     live: bool,
 }
 
-/// `(pgrp, live)` of one process from `/proc/<pid>/stat`, `None` if it is gone.
-fn proc_stat(pid: u32) -> Option<(u32, bool)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// One process's line of `/proc/<pid>/stat`, the fields this module uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stat {
+    /// `R`, `S`, `D`, `T` (stopped), `t`, `Z` (zombie), `X`, …
+    pub(crate) state: char,
+    pub(crate) ppid: u32,
+    pub(crate) pgrp: u32,
+    /// Clock ticks after boot: with the pid, it names one process across pid reuse.
+    pub(crate) starttime: u64,
+}
+
+impl Stat {
+    /// Neither a zombie nor dead.
+    pub(crate) fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// `/proc/<pid>/stat`, `None` if the process is gone.
+pub(crate) fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let _ppid = fields.next()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((pgrp, !matches!(state, "Z" | "X" | "x")))
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        // Field 22 of the line; the 20th after the state.
+        starttime: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// `(pgrp, live)` of one process, `None` if it is gone.
+fn proc_stat(pid: u32) -> Option<(u32, bool)> {
+    stat(pid).map(|s| (s.pgrp, s.live()))
 }
 
 fn scan_proc() -> Vec<ProcInfo> {
@@ -86,10 +124,72 @@ fn scan_proc() -> Vec<ProcInfo> {
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let (pgrp, live) = proc_stat(pid)?;
-            Some(ProcInfo { pid, pgrp, live })
+            let s = stat(pid)?;
+            Some(ProcInfo {
+                pid,
+                ppid: s.ppid,
+                pgrp: s.pgrp,
+                live: s.live(),
+            })
         })
         .collect()
+}
+
+/// The live descendants of `pid` (children, their children, …), with their start times.
+/// Servers may fork helpers that leave the process group: Postgres backends call
+/// `setsid()`, so signalling the postmaster's group misses them.
+fn descendants(pid: u32) -> Vec<(u32, u64)> {
+    let procs = scan_proc();
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.live) {
+            if !found.contains(&p.pid) {
+                found.push(p.pid);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect()
+}
+
+/// Whether `pid` descends from `ancestor` in `procs`.
+fn is_descendant(procs: &[ProcInfo], pid: u32, ancestor: u32) -> bool {
+    let mut current = pid;
+    for _ in 0..64 {
+        let Some(p) = procs.iter().find(|p| p.pid == current) else {
+            return false;
+        };
+        if p.ppid == ancestor {
+            return true;
+        }
+        if p.ppid <= 1 {
+            return false;
+        }
+        current = p.ppid;
+    }
+    false
+}
+
+/// Whether the process `pid` that started at `starttime` is still alive (not a zombie).
+fn same_process_alive(pid: u32, starttime: u64) -> bool {
+    stat(pid).is_some_and(|s| s.live() && s.starttime == starttime)
+}
+
+/// Sends `sig` to each of `procs` that is still the same process. Errors are ignored:
+/// a process that is gone needs no signal.
+fn signal_each(procs: &[(u32, u64)], sig: Signal) {
+    for &(pid, starttime) in procs {
+        let Ok(raw) = i32::try_from(pid) else {
+            continue;
+        };
+        if same_process_alive(pid, starttime) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(raw), sig);
+        }
+    }
 }
 
 /// The last `max_bytes` of a log file (lossy UTF-8), or a note that it cannot be read.
@@ -327,11 +427,14 @@ impl ServerProcess {
         self.wait_ready().await
     }
 
-    /// `SIGKILL` the process group and reap the leader. Idempotent.
+    /// `SIGKILL` the process group and every descendant that left it, reap the leader,
+    /// and wait (up to [`HELPERS_GONE_TIMEOUT`]) until those descendants are gone too:
+    /// a Postgres backend that outlives its postmaster keeps the shared memory attached,
+    /// and the next postmaster on the data dir refuses to start. Idempotent.
     ///
     /// # Cancel safety
-    /// Cancel safe: the signal is sent before the first await; a dropped reap is finished
-    /// by tokio's orphan reaper.
+    /// Cancel safe: the signals are sent before the first await; a dropped reap is
+    /// finished by tokio's orphan reaper.
     pub(crate) async fn kill(&self) -> Result<()> {
         let child = {
             let mut st = lock(&self.state);
@@ -341,13 +444,30 @@ impl ServerProcess {
         let Some(mut child) = child else {
             return Ok(());
         };
-        signal_group(&child, Signal::SIGKILL)?;
+        let helpers = kill_tree(&child)?;
         child.wait().await?;
-        Ok(())
+        let deadline = Instant::now() + HELPERS_GONE_TIMEOUT;
+        loop {
+            let left: Vec<u32> = helpers
+                .iter()
+                .filter(|&&(pid, start)| same_process_alive(pid, start))
+                .map(|&(pid, _)| pid)
+                .collect();
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("{}: processes {left:?} to exit after SIGKILL", self.what),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
     }
 
-    /// `SIGKILL` the process group without awaiting; the leader is reaped if it goes
-    /// within a few milliseconds, else left to tokio's orphan reaper. For `Drop`.
+    /// `SIGKILL` the process group and its descendants without awaiting; the leader is
+    /// reaped if it goes within a few milliseconds, else left to tokio's orphan reaper.
+    /// For `Drop`.
     pub(crate) fn kill_now(&self) {
         let child = {
             let mut st = lock(&self.state);
@@ -357,7 +477,7 @@ impl ServerProcess {
         let Some(mut child) = child else {
             return;
         };
-        if let Err(e) = signal_group(&child, Signal::SIGKILL) {
+        if let Err(e) = kill_tree(&child) {
             tracing::warn!(what = %self.what, error = %e, "could not kill server");
         }
         for _ in 0..50 {
@@ -388,6 +508,8 @@ impl ServerProcess {
         self.signal(Signal::SIGCONT, false)
     }
 
+    /// Signals the group, then the descendants that left it (Postgres backends), so the
+    /// whole server stops or continues.
     fn signal(&self, sig: Signal, paused: bool) -> Result<()> {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
@@ -395,6 +517,9 @@ impl ServerProcess {
             what: self.what.clone(),
         })?;
         signal_group(child, sig)?;
+        if let Some(pid) = child.id() {
+            signal_each(&descendants(pid), sig);
+        }
         st.paused = paused;
         Ok(())
     }
@@ -420,6 +545,16 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill_now();
     }
+}
+
+/// Freezes the child's group (so nothing new is forked), finds its descendants, and
+/// `SIGKILL`s them and the group. Returns the descendants, to wait for.
+fn kill_tree(child: &Child) -> Result<Vec<(u32, u64)>> {
+    signal_group(child, Signal::SIGSTOP)?;
+    let helpers = child.id().map(descendants).unwrap_or_default();
+    signal_each(&helpers, Signal::SIGKILL);
+    signal_group(child, Signal::SIGKILL)?;
+    Ok(helpers)
 }
 
 /// Send `sig` to the child's process group. The leader is our unreaped child, so its PID
