@@ -533,3 +533,50 @@ async fn postgres_restart_kills_busy_backends() -> TestResult {
     assert!(busy.await?.is_err(), "the busy query was cut off");
     Ok(())
 }
+
+/// Between the kill and the start of a restart, the server's port is free and any process
+/// may bind it (an outgoing connection, another test's server, a fault proxy): the restart
+/// then moves the server to a fresh port, and its proxy follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_moves_when_its_port_is_taken() -> TestResult {
+    let pg = Postgres::start().await?;
+    pg.psql("create table t (v int); insert into t values (7)")
+        .await?;
+    let old = pg.addr();
+    let pid = pg.pid().expect("running");
+    pg.kill().await?;
+    let squatter = std::net::TcpListener::bind(old)?;
+    pg.restart().await?;
+    assert!(!pid_alive(pid));
+    assert_ne!(pg.addr(), old, "moved off the taken port");
+    assert_eq!(squatter.local_addr()?, old, "the squatter kept its port");
+    assert_eq!(pg.psql("select v from t").await?, "7", "same data dir");
+    assert!(pg.url().contains(&pg.addr().to_string()));
+    assert_eq!(pg.proxy().target(), pg.addr(), "the proxy follows");
+    let log = std::fs::read_to_string(pg.log_path())?;
+    assert!(
+        log.contains("Address already in use"),
+        "the fault fired:\n{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_moves_when_its_port_is_taken() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default().nodes(1)).await?;
+    let n = &c.nodes()[0];
+    let old = n.addr();
+    n.kill().await?;
+    let squatter = std::net::TcpListener::bind(old)?;
+    n.restart().await?;
+    assert_ne!(n.addr(), old, "moved off the taken port");
+    assert_eq!(squatter.local_addr()?, old);
+    ping_within(n.addr(), 5000).await?;
+    ping_within(n.proxied_addr(), 5000).await?;
+    let log = std::fs::read_to_string(n.log_path())?;
+    assert!(
+        log.contains("Address already in use"),
+        "the fault fired:\n{log}"
+    );
+    Ok(())
+}

@@ -213,7 +213,7 @@ macro_rules! node_control_methods {
         /// # Cancel safety
         /// Not cancel safe: cancelled midway, the server may be left stopped or starting.
         pub async fn restart(&self) -> $crate::servers::Result<()> {
-            self.core.process.restart().await
+            self.core.restart().await
         }
 
         /// PID of the running server process (its process-group leader), if running.
@@ -231,9 +231,10 @@ macro_rules! node_control_methods {
             self.core.process.is_paused()
         }
 
-        /// Direct address of the server's client port.
+        /// Direct address of the server's client port (a restart may move it to another
+        /// port when its own was taken; the [proxy](Self::proxy) follows).
         pub fn addr(&self) -> std::net::SocketAddr {
-            self.core.addr
+            self.core.addr()
         }
 
         /// The fault proxy in front of this node; started with the node and stable across
@@ -310,7 +311,7 @@ macro_rules! impl_node {
                 self.core.process.what().to_owned()
             }
             fn addr(&self) -> std::net::SocketAddr {
-                self.core.addr
+                self.core.addr()
             }
             async fn kill(&self) -> $crate::servers::Result<()> {
                 self.core.process.kill().await
@@ -322,7 +323,7 @@ macro_rules! impl_node {
                 self.core.process.resume()
             }
             async fn restart(&self) -> $crate::servers::Result<()> {
-                self.core.process.restart().await
+                self.core.restart().await
             }
             fn is_running(&self) -> bool {
                 self.core.process.is_running()
@@ -340,20 +341,31 @@ pub(crate) use impl_node;
 #[derive(Debug)]
 pub(crate) struct NodeCore {
     pub(crate) process: process::ServerProcess,
-    pub(crate) addr: SocketAddr,
     pub(crate) proxy: crate::proxy::FaultProxy,
 }
 
 impl NodeCore {
-    /// A core for a process on `addr`, with a fresh proxy in front of it. Does not start the
-    /// process.
-    pub(crate) async fn new(process: process::ServerProcess, addr: SocketAddr) -> Result<Self> {
-        let proxy = crate::proxy::FaultProxy::start(addr).await?;
-        Ok(NodeCore {
-            process,
-            addr,
-            proxy,
-        })
+    /// A core for `process`, with a fresh proxy in front of its address. Does not start
+    /// the process.
+    pub(crate) async fn new(process: process::ServerProcess) -> Result<Self> {
+        let proxy = crate::proxy::FaultProxy::start(process.addr()).await?;
+        Ok(NodeCore { process, proxy })
+    }
+
+    /// The process's current client address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.process.addr()
+    }
+
+    /// Restarts the process (on a fresh port if its own was taken) and points the proxy
+    /// at wherever it listens now.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe.
+    pub(crate) async fn restart(&self) -> Result<()> {
+        let result = self.process.restart().await;
+        self.proxy.set_target(self.process.addr());
+        result
     }
 }
 

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -203,6 +204,20 @@ pub(crate) fn log_tail(path: &Path, max_bytes: usize) -> String {
     }
 }
 
+/// The last `max_bytes` of a log file written after its first `since` bytes.
+pub(crate) fn log_tail_since(path: &Path, since: u64, max_bytes: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let since = usize::try_from(since)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let start = bytes.len().saturating_sub(max_bytes).max(since);
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(e) => format!("(cannot read log {}: {e})", path.display()),
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub(crate) struct CommandSpec {
@@ -263,8 +278,9 @@ impl CommandSpec {
     }
 }
 
-/// A readiness probe: `Ok(true)` when ready, `Ok(false)` or an error while not yet.
-pub(crate) type Probe = Arc<dyn Fn() -> BoxFuture<'static, Result<bool>> + Send + Sync>;
+/// A readiness probe of the server's current client address: `Ok(true)` when ready,
+/// `Ok(false)` or an error while not yet.
+pub(crate) type Probe = Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, Result<bool>> + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -278,9 +294,17 @@ pub(crate) struct ServerProcess {
     what: String,
     spec: Mutex<CommandSpec>,
     log: PathBuf,
+    /// Length of the log when the current process was spawned: start errors show and
+    /// classify only what this start wrote.
+    log_start: Mutex<u64>,
     probe: Probe,
     ready_timeout: Duration,
     state: Mutex<State>,
+    /// The client address (it changes when a restart finds its port taken).
+    addr: Mutex<SocketAddr>,
+    /// The option giving the port on the command line, if a restart may move the server
+    /// to another port.
+    port_option: Option<&'static str>,
 }
 
 impl fmt::Debug for ServerProcess {
@@ -300,16 +324,32 @@ impl ServerProcess {
         spec: CommandSpec,
         log: PathBuf,
         ready_timeout: Duration,
+        addr: SocketAddr,
         probe: Probe,
     ) -> Self {
         ServerProcess {
             what: what.into(),
             spec: Mutex::new(spec),
             log,
+            log_start: Mutex::new(0),
             probe,
             ready_timeout,
             state: Mutex::new(State::default()),
+            addr: Mutex::new(addr),
+            port_option: None,
         }
+    }
+
+    /// Lets [`restart`](Self::restart) move the server to a fresh port when its own was
+    /// taken meanwhile, rewriting the command-line option `option` (`--port`, `-p`).
+    pub(crate) fn movable_port(mut self, option: &'static str) -> Self {
+        self.port_option = Some(option);
+        self
+    }
+
+    /// The server's client address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        *lock(&self.addr)
     }
 
     pub(crate) fn what(&self) -> &str {
@@ -331,7 +371,7 @@ impl ServerProcess {
             detail: format!(
                 "{detail}\n--- last lines of {} ---\n{}",
                 self.log.display(),
-                log_tail(&self.log, LOG_TAIL_BYTES)
+                log_tail_since(&self.log, *lock(&self.log_start), LOG_TAIL_BYTES)
             ),
         }
     }
@@ -348,6 +388,7 @@ impl ServerProcess {
             .create(true)
             .append(true)
             .open(&self.log)?;
+        *lock(&self.log_start) = log.metadata()?.len();
         writeln!(
             log,
             "==== tenure: starting {}: {}",
@@ -398,7 +439,8 @@ impl ServerProcess {
                     return Err(self.start_error("killed while starting"));
                 }
             }
-            let last = match tokio::time::timeout(PROBE_TIMEOUT, (self.probe)()).await {
+            let probe = (self.probe)(self.addr());
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
                 Ok(Ok(true)) => {
                     tracing::debug!(what = %self.what, elapsed = ?started.elapsed(), "ready");
                     return Ok(());
@@ -489,13 +531,43 @@ impl ServerProcess {
         // Dropping an unreaped tokio Child hands it to tokio's orphan reaper.
     }
 
-    /// Kill if running, spawn again with the same spec, wait until ready.
+    /// Kill if running, spawn again with the same spec, wait until ready. If the port
+    /// was taken meanwhile (another process may bind a port its server no longer holds)
+    /// and the port is [movable](Self::movable_port), start again on a fresh port, up to
+    /// three times; [`addr`](Self::addr) then gives the new address.
     ///
     /// # Cancel safety
     /// Not cancel safe.
     pub(crate) async fn restart(&self) -> Result<()> {
         self.kill().await?;
-        self.start().await
+        let mut moves = 0;
+        loop {
+            match self.start().await {
+                Err(e) if e.is_port_clash() && moves < 3 => {
+                    let Some(option) = self.port_option else {
+                        return Err(e);
+                    };
+                    moves += 1;
+                    self.kill().await?;
+                    let old = self.addr();
+                    let port = super::free_port()?;
+                    tracing::warn!(what = %self.what, %old, port, "port taken at restart; moving");
+                    if let Ok(mut log) = OpenOptions::new().append(true).open(&self.log) {
+                        let _ = writeln!(
+                            log,
+                            "==== tenure: {old} was taken at restart; moving to port {port}"
+                        );
+                    }
+                    self.update_spec(|spec| {
+                        spec.remove_option(option, 1);
+                        spec.args.push(option.into());
+                        spec.args.push(port.to_string().into());
+                    });
+                    *lock(&self.addr) = super::loopback(port);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// `SIGSTOP` the process group.

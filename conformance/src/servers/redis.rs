@@ -253,16 +253,18 @@ impl RedisNode {
             }
             None => None,
         };
-        let probe: Probe = Arc::new(move || Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
+        let probe: Probe = Arc::new(|addr| Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
         let process = ServerProcess::new(
             format!("redis-server {name} on {addr}"),
             spec,
             root.join(format!("{name}.log")),
             READY_TIMEOUT,
+            addr,
             probe,
-        );
+        )
+        .movable_port("--port");
         Ok(RedisNode {
-            core: NodeCore::new(process, addr).await?,
+            core: NodeCore::new(process).await?,
             dir,
             offset_file,
         })
