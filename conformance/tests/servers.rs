@@ -580,3 +580,89 @@ async fn redis_restart_moves_when_its_port_is_taken() -> TestResult {
     );
     Ok(())
 }
+
+/// Evidence a clock jump fired comes from the shimmed server itself: the offset it read,
+/// recorded with its own pid — not from the harness having written the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_clock_shim_records_the_offset_it_applies() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default().clock_shim(true)).await?;
+    let n = &c.nodes()[0];
+    let applied = |want: i64| async move {
+        eventually(Duration::from_secs(10), || async {
+            let _ = ping_within(n.addr(), 2000).await; // the server reads its clock
+            n.clock_applied() == Some((want, n.pid().expect("running")))
+        })
+        .await
+    };
+    assert!(
+        applied(0).await,
+        "no record of the initial offset: {:?}",
+        n.clock_applied()
+    );
+    n.set_clock_offset(20_000)?;
+    assert!(
+        applied(20_000).await,
+        "jump not recorded: {:?}",
+        n.clock_applied()
+    );
+    n.set_clock_offset(0)?;
+    assert!(
+        applied(0).await,
+        "undo not recorded: {:?}",
+        n.clock_applied()
+    );
+    // A restarted server records for itself (its own pid).
+    let before = n.pid();
+    n.restart().await?;
+    assert_ne!(n.pid(), before);
+    assert!(
+        applied(0).await,
+        "no record from the new process: {:?}",
+        n.clock_applied()
+    );
+    // Without the shim there is no evidence.
+    let plain = RedisCluster::start(RedisOptions::default()).await?;
+    assert_eq!(plain.nodes()[0].clock_applied(), None);
+    Ok(())
+}
+
+/// A paused server is observed stopped (state `T`) — Postgres backends included, which left
+/// the postmaster's process group — and running again after resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pause_stops_the_postmaster_and_its_backends() -> TestResult {
+    use tenure_conformance::servers::Node;
+    let pg = Postgres::start().await?;
+    let backends = pg
+        .psql("select pid from pg_stat_activity where backend_type <> 'client backend'")
+        .await?;
+    let backends: Vec<u32> = backends.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(!backends.is_empty(), "postgres runs helper processes");
+    let state = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+    };
+    // Signals are delivered asynchronously: wait for the stop to show.
+    let all_in = |stopped: bool| {
+        let backends = backends.clone();
+        let pg = &pg;
+        eventually(Duration::from_secs(10), move || {
+            let backends = backends.clone();
+            async move {
+                let is = |s: Option<char>| (s == Some('T')) == stopped;
+                is(Node::state(pg)) && backends.iter().all(|&b| is(state(b)))
+            }
+        })
+    };
+    Node::pause(&pg)?;
+    assert!(
+        all_in(true).await,
+        "not all stopped: postmaster {:?}, helpers {:?}",
+        Node::state(&pg),
+        backends.iter().map(|&b| state(b)).collect::<Vec<_>>()
+    );
+    Node::resume(&pg)?;
+    assert!(all_in(false).await, "not all running again");
+    Node::probe(&pg).await?;
+    Ok(())
+}

@@ -285,13 +285,35 @@ pub trait Node: Send + Sync + std::fmt::Debug {
     async fn restart(&self) -> Result<()>;
     /// True while the process is alive (also while paused).
     fn is_running(&self) -> bool;
+    /// PID of the running server process (its process-group leader), if running.
+    fn pid(&self) -> Option<u32>;
+    /// The server process's state from `/proc/<pid>/stat` (`T` while stopped), if running:
+    /// evidence a pause took effect.
+    fn state(&self) -> Option<char> {
+        self.pid().and_then(process::stat).map(|s| s.state)
+    }
+    /// True while paused with [`pause`](Self::pause).
+    fn is_paused(&self) -> bool;
+    /// Runs the server's readiness probe once (the one a start waits on): `Ok` when the
+    /// server answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (it only observes).
+    async fn probe(&self) -> Result<()>;
+    /// Evidence from the clock shim: the last offset (ms) the server process read from its
+    /// offset file, and that process's pid. `None` without the shim, or before the process
+    /// first read the clock.
+    fn clock_applied(&self) -> Option<(i64, u32)> {
+        None
+    }
     /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server nodes
     /// started with the clock shim support it; others are [`ServerError::Unsupported`].
     fn set_clock_offset(&self, offset_ms: i64) -> Result<()>;
 }
 
 /// Implements [`Node`] for a node type with a `core: NodeCore` field, delegating to the
-/// methods of [`node_control_methods`]; `clock` says how to shift its clock.
+/// methods of [`node_control_methods`]; `clock` says how to shift its clock and `applied`
+/// reads the clock shim's evidence.
 macro_rules! impl_node {
     ($ty:ty) => {
         $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
@@ -305,6 +327,9 @@ macro_rules! impl_node {
         });
     };
     ($ty:ty, $clock:expr) => {
+        $crate::servers::impl_node!($ty, $clock, |_: &$ty| None);
+    };
+    ($ty:ty, $clock:expr, $applied:expr) => {
         #[async_trait::async_trait]
         impl $crate::servers::Node for $ty {
             fn label(&self) -> String {
@@ -327,6 +352,18 @@ macro_rules! impl_node {
             }
             fn is_running(&self) -> bool {
                 self.core.process.is_running()
+            }
+            fn pid(&self) -> Option<u32> {
+                self.core.process.pid()
+            }
+            fn is_paused(&self) -> bool {
+                self.core.process.is_paused()
+            }
+            async fn probe(&self) -> $crate::servers::Result<()> {
+                self.core.process.probe_once().await
+            }
+            fn clock_applied(&self) -> Option<(i64, u32)> {
+                ($applied)(self)
             }
             fn set_clock_offset(&self, offset_ms: i64) -> $crate::servers::Result<()> {
                 ($clock)(self, offset_ms)

@@ -602,6 +602,29 @@ impl ServerProcess {
         st.child.as_ref().and_then(Child::id)
     }
 
+    /// Runs the readiness probe once, bounded by the probe timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (it only observes).
+    pub(crate) async fn probe_once(&self) -> Result<()> {
+        if !self.is_running() {
+            return Err(ServerError::NotRunning {
+                what: self.what.clone(),
+            });
+        }
+        match tokio::time::timeout(PROBE_TIMEOUT, (self.probe)(self.addr())).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(ServerError::Protocol {
+                what: self.what.clone(),
+                detail: "not ready".into(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ServerError::Timeout {
+                what: format!("{} to answer its readiness probe", self.what),
+            }),
+        }
+    }
+
     pub(crate) fn is_running(&self) -> bool {
         self.pid().is_some()
     }

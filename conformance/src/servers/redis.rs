@@ -89,7 +89,11 @@ pub struct RedisNode {
     offset_file: Option<PathBuf>,
 }
 
-super::impl_node!(RedisNode, RedisNode::set_clock_offset);
+super::impl_node!(
+    RedisNode,
+    RedisNode::set_clock_offset,
+    RedisNode::clock_applied
+);
 
 impl RedisNode {
     super::node_control_methods!();
@@ -126,6 +130,13 @@ impl RedisNode {
             })?;
         crate::clock_shim::write_offset(file, offset_ms)?;
         Ok(())
+    }
+
+    /// Evidence from the clock shim: the offset the server process last read and applies,
+    /// with that process's pid (see [`crate::clock_shim::read_applied`]). `None` without
+    /// the shim or before the server first read its clock.
+    pub fn clock_applied(&self) -> Option<(i64, u32)> {
+        crate::clock_shim::read_applied(self.offset_file.as_ref()?)
     }
 
     /// Run one command on a fresh direct connection, bounded by 5 s.
