@@ -170,6 +170,12 @@ pub enum Cell {
         /// Why.
         reason: String,
     },
+    /// Not run: the backend could not be brought back to health before the cell (a server
+    /// down that did not restart, one that does not answer, no lock granted).
+    Unhealthy {
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl Cell {
@@ -236,6 +242,7 @@ impl Cell {
             }
             Cell::NotInjectable { .. } => "not injectable".into(),
             Cell::NotApplicable { .. } => "n/a".into(),
+            Cell::Unhealthy { .. } => "unhealthy".into(),
         }
     }
 }
@@ -468,7 +475,7 @@ pub async fn run(fault: Fault, target: &Target, trials: usize, rounds: usize) ->
 }
 
 /// Why `fault` cannot run on `target`, if it cannot.
-fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
+pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
     let backend = target.caps.backend;
     let not_injectable = |reason: &str| {
         Some(Cell::NotInjectable {

@@ -4,6 +4,7 @@
 //! the backend's declared [`Capabilities`] against what was observed.
 
 pub mod faults;
+mod health;
 pub mod report;
 
 use std::io::{IsTerminal, Write as _};
@@ -573,6 +574,26 @@ async fn suite(target: &Target, progress: &Progress) -> Vec<ScenarioOutcome> {
     outcomes
 }
 
+/// One fault's cell, run on a backend first brought back to health (see [`health`]):
+/// what had to be repaired goes into the cell's notes; a backend that cannot be repaired
+/// gives [`Cell::Unhealthy`] saying what is wrong.
+async fn cell(fault: Fault, target: &Target, options: &MatrixOptions) -> Cell {
+    if let Some(cell) = faults::applicability(fault, target) {
+        return cell;
+    }
+    let repairs = match health::ensure(target).await {
+        Ok(repairs) => repairs,
+        Err(reason) => return Cell::Unhealthy { reason },
+    };
+    let mut cell = faults::run(fault, target, options.trials, options.rounds).await;
+    if let Cell::Ran { notes, .. } = &mut cell {
+        for (i, repair) in repairs.into_iter().enumerate() {
+            notes.insert(i, format!("before this cell, {repair}"));
+        }
+    }
+    cell
+}
+
 /// Every fault against one backend.
 async fn faults(
     target: &Target,
@@ -581,7 +602,7 @@ async fn faults(
 ) -> Vec<FaultOutcome> {
     let mut outcomes = Vec::new();
     for fault in Fault::ALL {
-        let cell = faults::run(fault, target, options.trials, options.rounds).await;
+        let cell = cell(fault, target, options).await;
         let expected = expected(&target.caps, fault, target.nodes.len());
         let mismatch = cell.verdicts().iter().any(|v| !expected.contains(v));
         outcomes.push(FaultOutcome {
@@ -680,6 +701,11 @@ pub async fn run(
         .collect();
     for (report, target) in reports.iter_mut().zip(&targets) {
         let Ok(target) = target else { continue };
+        if let Err(why) = health::ensure(target).await {
+            report.error = Some(format!("perf not run, backend unhealthy: {why}"));
+            progress.skip(Mode::ALL.len());
+            continue;
+        }
         let perf_options = BenchOptions {
             secs: options.perf_secs,
             ttl: Duration::from_secs(10),
