@@ -666,3 +666,29 @@ async fn postgres_pause_stops_the_postmaster_and_its_backends() -> TestResult {
     Node::probe(&pg).await?;
     Ok(())
 }
+
+/// `pause` returns once the server is stopped, and `resume` once it runs again: SIGSTOP and
+/// SIGCONT are delivered asynchronously, and a request sent right after `pause` returned
+/// could otherwise still be served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_return_once_they_took_effect() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default()).await?;
+    let n = &c.nodes()[0];
+    let pid = n.pid().expect("running");
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+    };
+    for i in 0..300 {
+        n.pause()?;
+        assert_eq!(state(), Some('T'), "round {i}: still running after pause()");
+        n.resume()?;
+        assert_ne!(
+            state(),
+            Some('T'),
+            "round {i}: still stopped after resume()"
+        );
+    }
+    Ok(())
+}

@@ -196,13 +196,14 @@ macro_rules! node_control_methods {
             self.core.process.kill().await
         }
 
-        /// Freeze the server with `SIGSTOP` (its whole process group). Its sockets stay
-        /// open; clients see timeouts rather than errors.
+        /// Freeze the server with `SIGSTOP` (its whole process group and helpers that left
+        /// it); returns once the processes are stopped. Its sockets stay open; clients see
+        /// timeouts rather than errors.
         pub fn pause(&self) -> $crate::servers::Result<()> {
             self.core.process.pause()
         }
 
-        /// Unfreeze the server with `SIGCONT`.
+        /// Unfreeze the server with `SIGCONT`; returns once no process is stopped.
         pub fn resume(&self) -> $crate::servers::Result<()> {
             self.core.process.resume()
         }
@@ -226,9 +227,18 @@ macro_rules! node_control_methods {
             self.core.process.is_running()
         }
 
-        /// True while the server is paused with [`pause`](Self::pause).
+        /// True while the server is paused with [`pause`](Self::pause) (the harness's
+        /// record; [`state`](Self::state) observes it).
         pub fn is_paused(&self) -> bool {
             self.core.process.is_paused()
+        }
+
+        /// The server process's state from `/proc/<pid>/stat` (`T` while stopped), if
+        /// running.
+        pub fn state(&self) -> Option<char> {
+            self.pid()
+                .and_then($crate::servers::process::stat)
+                .map(|s| s.state)
         }
 
         /// Direct address of the server's client port (a restart may move it to another

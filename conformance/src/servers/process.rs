@@ -24,6 +24,8 @@ use super::{Result, ServerError};
 const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on waiting for a stop or continue signal to take effect.
+const SIGNAL_EFFECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on waiting for a killed server's helpers to exit.
 const HELPERS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the log goes into an error message.
@@ -570,12 +572,14 @@ impl ServerProcess {
         }
     }
 
-    /// `SIGSTOP` the process group.
+    /// `SIGSTOP` the process group (and helpers that left it); returns once they are
+    /// stopped (state `T`), blocking up to 5 s.
     pub(crate) fn pause(&self) -> Result<()> {
         self.signal(Signal::SIGSTOP, true)
     }
 
-    /// `SIGCONT` the process group.
+    /// `SIGCONT` the process group (and helpers that left it); returns once none is
+    /// stopped, blocking up to 5 s.
     pub(crate) fn resume(&self) -> Result<()> {
         self.signal(Signal::SIGCONT, false)
     }
@@ -589,10 +593,32 @@ impl ServerProcess {
             what: self.what.clone(),
         })?;
         signal_group(child, sig)?;
-        if let Some(pid) = child.id() {
-            signal_each(&descendants(pid), sig);
-        }
+        let Some(pid) = child.id() else {
+            return Ok(());
+        };
+        let helpers = descendants(pid);
+        signal_each(&helpers, sig);
         st.paused = paused;
+        drop(st);
+        // Signals are delivered asynchronously: return once every process shows the effect,
+        // so that nothing sent after `pause` returns is still served.
+        let settled = |pid: u32| match stat(pid) {
+            Some(s) if s.live() => matches!(s.state, 'T' | 't') == paused,
+            _ => true,
+        };
+        let deadline = Instant::now() + SIGNAL_EFFECT_TIMEOUT;
+        while !(settled(pid) && helpers.iter().all(|&(h, _)| settled(h))) {
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!(
+                        "{} to {} after {sig}",
+                        self.what,
+                        if paused { "stop" } else { "continue" }
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
