@@ -6,12 +6,20 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tenure_api::{FencingToken, OwnerId};
+use tenure_api::{
+    async_trait, AcquireOptions, Capabilities, DistributedLock, FencingToken, HolderInfo, Lease,
+    LockError, LockKey, OwnerId, ReleaseOutcome,
+};
+
+/// How far a believed hold may reach past what the server promised before the checker
+/// calls it a violation: the wrapper reads the clock a little before the backend does.
+const PROMISE_SLACK: Duration = Duration::from_millis(5);
 
 /// One grant as a client experienced it. Times are offsets from the history's origin.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hold {
-    /// Which client held it.
+    /// Which client held it. Holds are told apart by client, never by owner id: two
+    /// clients that share an owner id are still two holders.
     pub client: usize,
     /// The grant's owner id.
     pub owner: OwnerId,
@@ -24,15 +32,34 @@ pub struct Hold {
     /// When the client stopped believing it held the lock: the release call, the loss
     /// signal, or the lease's local deadline, whichever came first.
     pub believed_until: Duration,
-    /// The lease's local deadline.
+    /// The lease's local deadline (the backend's `valid_until`, after its last renewal).
     pub deadline: Duration,
+    /// What the server promised, measured by the checker rather than the backend: the
+    /// invocation of the last single-attempt grant or renewal plus its TTL. `None` when
+    /// the grant came from a waiting `acquire` (its attempts are not visible).
+    pub promised_until: Option<Duration>,
+}
+
+/// A hold being recorded: the hold, and whether its belief ended before the deadline.
+#[derive(Clone, Debug)]
+struct Entry {
+    hold: Hold,
+    ended: Option<Duration>,
+}
+
+impl Entry {
+    fn finished(&self) -> Hold {
+        let mut hold = self.hold.clone();
+        hold.believed_until = self.ended.map_or(hold.deadline, |e| e.min(hold.deadline));
+        hold
+    }
 }
 
 /// A shared, append-only record of holds.
 #[derive(Clone, Debug)]
 pub struct History {
     origin: Instant,
-    holds: Arc<Mutex<Vec<Hold>>>,
+    holds: Arc<Mutex<Vec<Entry>>>,
 }
 
 impl Default for History {
@@ -55,6 +82,10 @@ impl History {
         at.saturating_duration_since(self.origin)
     }
 
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Records a hold. `believed_until` is capped at the lease's local deadline: a client
     /// may not believe in a lease past it.
     ///
@@ -65,42 +96,181 @@ impl History {
     pub fn record(
         &self,
         client: usize,
-        lease: &tenure_api::Lease,
+        lease: &Lease,
         acquire_invoked: Instant,
         acquire_completed: Instant,
         believed_until: Instant,
     ) {
+        let ended = Some(self.offset(believed_until));
+        self.open(
+            client,
+            lease,
+            acquire_invoked,
+            acquire_completed,
+            None,
+            ended,
+        );
+    }
+
+    fn open(
+        &self,
+        client: usize,
+        lease: &Lease,
+        invoked: Instant,
+        completed: Instant,
+        promised_ttl: Option<Duration>,
+        ended: Option<Duration>,
+    ) {
         assert!(
-            acquire_invoked >= self.origin,
-            "History::record: the acquire was invoked before the history was created"
+            invoked >= self.origin,
+            "History: the acquire was invoked before the history was created"
         );
         let deadline = self.offset(lease.valid_until());
         let hold = Hold {
             client,
             owner: lease.owner(),
             token: lease.token(),
-            acquire_invoked: self.offset(acquire_invoked),
-            acquire_completed: self.offset(acquire_completed),
-            believed_until: self.offset(believed_until).min(deadline),
+            acquire_invoked: self.offset(invoked),
+            acquire_completed: self.offset(completed),
+            believed_until: deadline,
             deadline,
+            promised_until: promised_ttl.map(|ttl| self.offset(invoked) + ttl),
         };
-        self.holds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(hold);
+        self.entries().push(Entry { hold, ended });
     }
 
-    /// A copy of the holds recorded so far.
+    /// The open hold of `client` with `token`, if any.
+    fn update(&self, client: usize, token: FencingToken, f: impl FnOnce(&mut Entry)) {
+        let mut entries = self.entries();
+        let open = entries
+            .iter_mut()
+            .rev()
+            .find(|e| e.hold.client == client && e.hold.token == token && e.ended.is_none());
+        if let Some(entry) = open {
+            f(entry);
+        }
+    }
+
+    /// Records that `client` learned at `at` that its lease was lost (its guard's lost
+    /// signal fired): every hold it still believed in ends there.
+    pub fn lost(&self, client: usize, at: Instant) {
+        let at = self.offset(at);
+        for entry in self.entries().iter_mut() {
+            if entry.hold.client == client && entry.ended.is_none() {
+                entry.ended = Some(at);
+            }
+        }
+    }
+
+    /// Whether `client` believed at `at` that it held the lock (a hold still open counts
+    /// until its deadline).
+    pub fn believed_at(&self, client: usize, at: Instant) -> bool {
+        let at = self.offset(at);
+        self.holds()
+            .iter()
+            .any(|h| h.client == client && h.acquire_completed <= at && at < h.believed_until)
+    }
+
+    /// A client whose every call is recorded as `client` in this history.
+    pub fn recorded(&self, client: usize, inner: Arc<dyn DistributedLock>) -> Arc<Recorded> {
+        Arc::new(Recorded {
+            inner,
+            client,
+            history: self.clone(),
+        })
+    }
+
+    /// A copy of the holds recorded so far (an open hold believed until its deadline).
     pub fn holds(&self) -> Vec<Hold> {
-        self.holds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.entries().iter().map(Entry::finished).collect()
     }
 
     /// Checks the history.
     pub fn check(&self) -> Report {
         check(&self.holds())
+    }
+}
+
+/// A [`DistributedLock`] that records every grant, renewal and release of one client in a
+/// [`History`], so the checker judges what the client was told, on its own clock, without
+/// trusting the backend's bookkeeping. Hand it to a [`tenure_api::LockGuard`] to record a
+/// renewing holder.
+#[derive(Debug)]
+pub struct Recorded {
+    inner: Arc<dyn DistributedLock>,
+    client: usize,
+    history: History,
+}
+
+impl Recorded {
+    /// The client id its calls are recorded under.
+    pub fn client(&self) -> usize {
+        self.client
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Recorded {
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        let invoked = Instant::now();
+        let result = self.inner.try_acquire(key, ttl).await;
+        if let Ok(Some(lease)) = &result {
+            let completed = Instant::now();
+            self.history
+                .open(self.client, lease, invoked, completed, Some(ttl), None);
+        }
+        result
+    }
+
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        let invoked = Instant::now();
+        let result = self.inner.acquire(key, opts).await;
+        if let Ok(lease) = &result {
+            let completed = Instant::now();
+            self.history
+                .open(self.client, lease, invoked, completed, None, None);
+        }
+        result
+    }
+
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        let invoked = Instant::now();
+        let before = lease.token();
+        let result = self.inner.extend(lease, ttl).await;
+        if result.is_ok() {
+            let history = &self.history;
+            if lease.token() == before {
+                let deadline = history.offset(lease.valid_until());
+                let promised = history.offset(invoked) + ttl;
+                history.update(self.client, before, |entry| {
+                    entry.hold.deadline = deadline;
+                    entry.hold.promised_until = Some(promised);
+                });
+            } else {
+                // The backend handed out a different grant under the same lease: the
+                // old hold ends, a new one begins.
+                let completed = Instant::now();
+                let at = history.offset(completed);
+                history.update(self.client, before, |entry| entry.ended = Some(at));
+                history.open(self.client, lease, invoked, completed, Some(ttl), None);
+            }
+        }
+        result
+    }
+
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        let at = self.history.offset(Instant::now());
+        self.history
+            .update(self.client, lease.token(), |entry| entry.ended = Some(at));
+        self.inner.release(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 }
 
@@ -115,7 +285,7 @@ pub enum Violation {
         /// The later grant.
         second: Hold,
     },
-    /// Two grants carry the same token.
+    /// Two grants to different clients carry the same token.
     DuplicateToken {
         /// The token.
         token: FencingToken,
@@ -128,6 +298,29 @@ pub enum Violation {
         /// The later grant.
         later: Hold,
     },
+    /// A client believed it held the lock past what the server promised: the invocation
+    /// of its last grant or renewal plus the TTL (a deadline counted from the reply).
+    BelievedPastPromise {
+        /// The hold.
+        hold: Hold,
+    },
+}
+
+impl Violation {
+    /// For a double grant, whether a fenced resource contained it: the earlier holder's
+    /// write, made after the later holder's, was rejected. `None` for token violations,
+    /// which no fence can contain.
+    pub fn fenced(&self) -> Option<bool> {
+        match self {
+            Self::Overlap { first, second } => Some(
+                FencedRegister::new()
+                    .stale_write_after_takeover(second.token, first.token, 0)
+                    .unwrap_or(false),
+            ),
+            Self::BelievedPastPromise { .. } => None,
+            Self::DuplicateToken { .. } | Self::TokenRegressed { .. } => Some(false),
+        }
+    }
 }
 
 impl fmt::Display for Violation {
@@ -149,6 +342,13 @@ impl fmt::Display for Violation {
                 f,
                 "token regressed: a later grant got {} after an earlier grant got {}",
                 later.token, earlier.token
+            ),
+            Self::BelievedPastPromise { hold } => write!(
+                f,
+                "client {} believed its lease until {:?}, past the {:?} its server promised",
+                hold.client,
+                hold.believed_until,
+                hold.promised_until.unwrap_or_default()
             ),
         }
     }
@@ -182,7 +382,24 @@ impl Report {
 
     /// Token violations (duplicates or regressions).
     pub fn token_violations(&self) -> usize {
-        self.definite.len() - self.overlaps()
+        self.definite
+            .iter()
+            .filter(|v| {
+                matches!(
+                    v,
+                    Violation::DuplicateToken { .. } | Violation::TokenRegressed { .. }
+                )
+            })
+            .count()
+    }
+
+    /// Whether every violation found was a double grant that fencing contained (`None`
+    /// when there was none).
+    pub fn fencing_contained(&self) -> Option<bool> {
+        if self.definite.is_empty() {
+            return None;
+        }
+        Some(self.definite.iter().all(|v| v.fenced() == Some(true)))
     }
 }
 
@@ -202,7 +419,8 @@ impl fmt::Display for Report {
     }
 }
 
-/// Checks mutual exclusion of believed-hold intervals, token uniqueness, and token order.
+/// Checks mutual exclusion of believed-hold intervals (between clients), token
+/// uniqueness and order, and that no belief outlived the server's promise.
 pub fn check(holds: &[Hold]) -> Report {
     let mut sorted = holds.to_vec();
     sorted.sort_by_key(|h| h.acquire_completed);
@@ -211,17 +429,26 @@ pub fn check(holds: &[Hold]) -> Report {
         ..Report::default()
     };
     for (i, a) in sorted.iter().enumerate() {
+        if a.promised_until.is_some_and(|p| {
+            a.believed_until > p + PROMISE_SLACK && a.believed_until > a.acquire_completed
+        }) {
+            report
+                .definite
+                .push(Violation::BelievedPastPromise { hold: a.clone() });
+        }
         for b in &sorted[i + 1..] {
+            let others = a.client != b.client;
             // b.acquire_completed >= a.acquire_completed.
-            if b.acquire_completed < a.believed_until && a.owner != b.owner {
+            let b_believed = b.acquire_completed < b.believed_until;
+            if others && b.acquire_completed < a.believed_until && b_believed {
                 report.definite.push(Violation::Overlap {
                     first: a.clone(),
                     second: b.clone(),
                 });
-            } else if b.acquire_invoked < a.believed_until && a.owner != b.owner {
+            } else if others && b.acquire_invoked < a.believed_until {
                 report.possible += 1;
             }
-            if a.token == b.token && a.owner != b.owner {
+            if others && a.token == b.token {
                 report
                     .definite
                     .push(Violation::DuplicateToken { token: a.token });
@@ -351,6 +578,7 @@ mod tests {
             acquire_completed: ms(acquired),
             believed_until: ms(until),
             deadline: ms(until + 1000),
+            promised_until: None,
         }
     }
 
@@ -390,6 +618,61 @@ mod tests {
         // Client 2 began acquiring before client 1's acquire returned: either order is fine.
         let report = check(&[hold(1, 5, 0, 3, 10), hold(2, 4, 2, 11, 20)]);
         assert!(report.is_safe(), "{report}");
+    }
+
+    #[test]
+    fn clients_sharing_an_owner_id_are_still_two_holders() {
+        let mut second = hold(2, 2, 0, 5, 20);
+        second.owner = hold(1, 1, 0, 1, 10).owner;
+        let report = check(&[hold(1, 1, 0, 1, 10), second]);
+        assert_eq!(report.overlaps(), 1, "{report}");
+        assert_eq!(report.fencing_contained(), Some(true), "{report}");
+    }
+
+    #[test]
+    fn a_belief_past_the_servers_promise_is_a_violation() {
+        let mut late = hold(1, 1, 0, 600, 1100);
+        late.promised_until = Some(Duration::from_millis(500));
+        let report = check(&[late.clone()]);
+        assert!(
+            matches!(report.definite[..], [Violation::BelievedPastPromise { .. }]),
+            "{report}"
+        );
+        // A late grant the client knew had expired (deadline before the reply) is fine.
+        late.believed_until = Duration::from_millis(450);
+        assert!(check(&[late]).is_safe());
+    }
+
+    #[test]
+    fn an_unfenced_overlap_is_not_contained() {
+        // The later holder got the smaller token: the earlier holder's write wins.
+        let report = check(&[hold(1, 5, 0, 1, 10), hold(2, 4, 0, 5, 20)]);
+        assert_eq!(report.fencing_contained(), Some(false), "{report}");
+    }
+
+    #[tokio::test]
+    async fn recorded_clients_record_grants_renewals_releases_and_losses() {
+        let memory: Arc<dyn DistributedLock> = Arc::new(tenure_api::MemoryLock::new());
+        let history = History::new();
+        let (a, b) = (
+            history.recorded(0, memory.clone()),
+            history.recorded(1, memory.clone()),
+        );
+        let key = LockKey::new("recorded").unwrap();
+        let ttl = Duration::from_secs(5);
+        let mut lease = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        a.extend(&mut lease, ttl).await.unwrap();
+        assert!(history.believed_at(0, Instant::now()));
+        a.release(lease).await.unwrap();
+        assert!(!history.believed_at(0, Instant::now()));
+        let lease = b.try_acquire(&key, ttl).await.unwrap().unwrap();
+        history.lost(1, Instant::now());
+        let holds = history.holds();
+        assert_eq!(holds.len(), 2);
+        assert!(holds[0].promised_until.is_some());
+        assert!(holds.iter().all(|h| h.believed_until < h.deadline));
+        assert!(history.check().is_safe(), "{}", history.check());
+        drop(lease);
     }
 
     #[test]

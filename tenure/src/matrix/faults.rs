@@ -8,18 +8,18 @@
 //! verdict says whether the register's fencing rejected it.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tenure_api::{
-    AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
-    ReleaseOutcome,
+    AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey, ReleaseOutcome,
 };
+use tenure_conformance::history::{Report, Violation};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::redis::RedisReplicaPair;
 use tenure_conformance::servers::Node;
-use tenure_conformance::{retrying, FencedRegister, Link, Links};
+use tenure_conformance::{retrying, FencedRegister, History, Link, Links};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -247,52 +247,188 @@ impl Cell {
     }
 }
 
-/// The holder of a trial and what it believes.
-struct Holder {
-    lock: Arc<dyn DistributedLock>,
-    token: FencingToken,
-    belief: Belief,
+/// The clients of a trial, as its history records them.
+const HOLDER: usize = 0;
+const CONTENDER: usize = 1;
+const WITNESS: usize = 2;
+
+/// What a trial records: every grant, renewal, release and loss of its clients on one
+/// clock, and a register the holder and the contender write to with their tokens.
+struct Record {
+    history: History,
+    register: Arc<FencedRegister>,
+    key: LockKey,
+    /// The witness's client, where a fresh client of the target is not the right one.
+    witness: Option<Arc<dyn DistributedLock>>,
 }
 
-/// How long the holder believes it holds the lock.
-enum Belief {
-    /// A renewing guard: until it reports loss. Like an application using `with_lock`,
-    /// the holder stops and drops the guard (releasing in the background) as soon as it
-    /// learns of the loss; the task does that, or releases at the end of the trial.
-    Guard(Arc<OnceLock<Instant>>, oneshot::Sender<()>, JoinHandle<()>),
-    /// A bare lease received at the instant given: from then until its local deadline.
-    Lease(Lease, Instant),
-    /// Frozen: it cannot check anything, so it acts as if it still held the lock.
-    Paused(Lease),
-    /// It was refused (or failed) and holds nothing.
-    Nothing,
-}
-
-impl Belief {
-    /// Whether the holder believed it held the lock at `at`.
-    fn holds_at(&self, at: Instant) -> bool {
-        match self {
-            Belief::Guard(lost_at, _, _) => lost_at.get().is_none_or(|lost| at < *lost),
-            Belief::Lease(lease, since) => *since <= at && at < lease.valid_until(),
-            Belief::Paused(_) => true,
-            Belief::Nothing => false,
+impl Record {
+    fn new(key: LockKey) -> Self {
+        Self {
+            history: History::new(),
+            register: Arc::new(FencedRegister::new()),
+            key,
+            witness: None,
         }
     }
+
+    /// `lock`, recorded as `client`.
+    fn client(&self, client: usize, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        self.history.recorded(client, lock)
+    }
+
+    /// Judges the trial. If the contender was granted, it writes with its token, the
+    /// holder finishes, and a witness asks for the lock while the contender still holds
+    /// it; then the checker examines every hold the history recorded, on intervals:
+    /// any two clients' believed holds that overlap are a double grant (F-SAFE when
+    /// their tokens let a fence reject the stale one, else UNSAFE), as are a duplicate or
+    /// regressed token and a belief past what the server promised (UNSAFE).
+    async fn judge(
+        &self,
+        target: &Target,
+        holder: Holder,
+        contender: &Arc<dyn DistributedLock>,
+        outcome: Contended,
+        fired: bool,
+    ) -> Trial {
+        if let Some(lease) = &outcome.granted {
+            let _ = self.register.write(lease.token(), 1);
+        }
+        let stale_write = holder.stale_write;
+        holder.finish().await;
+        if let Some(lease) = outcome.granted.clone() {
+            self.witness(target).await;
+            let _ = contender.release(lease).await;
+        }
+        let report = self.history.check();
+        let holder_believed = self.history.believed_at(HOLDER, outcome.at);
+        let (verdict, note) = verdict(&report, &outcome, stale_write, holder_believed);
+        Trial {
+            verdict,
+            fired,
+            note,
+        }
+    }
+
+    /// A third client asks once for the lock the contender holds: a grant is a double
+    /// grant the checker sees (a release that freed someone else's lock, a shared value).
+    async fn witness(&self, target: &Target) {
+        let client = match &self.witness {
+            Some(client) => client.clone(),
+            None => match target.client().await {
+                Ok(client) => client,
+                Err(_) => return,
+            },
+        };
+        let witness = self.client(WITNESS, client);
+        if let Ok(Some(lease)) = witness.try_acquire(&self.key, target.ttl).await {
+            let _ = witness.release(lease).await;
+        }
+    }
+}
+
+/// The verdict on a trial from the checker's report, the contender's outcome and, for a
+/// paused holder, whether its write after waking was accepted by the fenced register.
+fn verdict(
+    report: &Report,
+    outcome: &Contended,
+    stale_write: Option<bool>,
+    holder_believed: bool,
+) -> (Verdict, Option<String>) {
+    let granted = outcome.granted.is_some();
+    // A holder frozen between its check and its write writes after the takeover.
+    let stale = stale_write.filter(|_| granted);
+    let mut contained = report.fencing_contained();
+    if let Some(accepted) = stale {
+        contained = Some(contained.unwrap_or(true) && !accepted);
+    }
+    let note = report.definite.first().map(describe).or(match stale {
+        Some(true) => Some("the paused holder's write after the takeover was accepted".into()),
+        Some(false) => Some("the paused holder's write after the takeover was fenced off".into()),
+        None => None,
+    });
+    match contained {
+        Some(true) => return (Verdict::FencedSafe, note),
+        Some(false) => return (Verdict::Unsafe, note),
+        None => {}
+    }
+    match &outcome.error {
+        _ if granted => (Verdict::Safe, None),
+        // Still held by the holder: that is mutual exclusion working.
+        Some(LockError::Timeout { .. }) if holder_believed => (Verdict::Safe, None),
+        Some(LockError::Timeout { .. }) => (
+            Verdict::Unavail,
+            Some("the lock stayed held after its holder lost it".into()),
+        ),
+        Some(error) => (Verdict::Unavail, Some(short(error))),
+        None => (Verdict::Unavail, None),
+    }
+}
+
+/// A violation in a few words, without the times that make every note distinct.
+fn describe(violation: &Violation) -> String {
+    let who = |client: usize| match client {
+        HOLDER => "holder",
+        CONTENDER => "contender",
+        WITNESS => "witness",
+        _ => "client",
+    };
+    match violation {
+        Violation::Overlap { first, second } => format!(
+            "checker: {} and {} held at once; {}",
+            who(first.client),
+            who(second.client),
+            if first.token == second.token {
+                "same token: no fence can tell them apart"
+            } else {
+                "the stale write was fenced off"
+            }
+        ),
+        Violation::DuplicateToken { .. } => "checker: a token was issued twice".into(),
+        Violation::TokenRegressed { earlier, later } => format!(
+            "fence regressed: token {} after {}",
+            later.token, earlier.token
+        ),
+        Violation::BelievedPastPromise { hold } => format!(
+            "checker: the {} believed its lease past the TTL its server promised",
+            who(hold.client)
+        ),
+    }
+}
+
+/// The holder of a trial.
+struct Holder {
+    lock: Arc<dyn DistributedLock>,
+    ending: Ending,
+    /// For a paused holder: whether its write after waking was accepted.
+    stale_write: Option<bool>,
+}
+
+/// How the holder's part of a trial ends.
+enum Ending {
+    /// A renewing guard, watched by a task that records its loss and — like an
+    /// application using `with_lock` — stops and releases as soon as it learns of it, or
+    /// when told at the end of the trial.
+    Guard(oneshot::Sender<()>, JoinHandle<()>),
+    /// A bare lease, released at the end of the trial.
+    Lease(Lease),
+    /// Nothing left to release.
+    Nothing,
 }
 
 impl Holder {
     /// Ends the trial for the holder: releases what it may still hold.
     async fn finish(self) {
-        let lease = match self.belief {
-            Belief::Guard(_, done, task) => {
+        match self.ending {
+            Ending::Guard(done, task) => {
                 let _ = done.send(());
                 let _ = task.await;
-                return;
             }
-            Belief::Paused(lease) | Belief::Lease(lease, _) => lease,
-            Belief::Nothing => return,
-        };
-        let _ = self.lock.release(lease).await;
+            Ending::Lease(lease) => {
+                let _ = self.lock.release(lease).await;
+            }
+            Ending::Nothing => {}
+        }
     }
 }
 
@@ -303,10 +439,11 @@ struct Contended {
     error: Option<LockError>,
 }
 
-/// Asks for `key` with a healthy client, for a lease of the target's TTL, waiting up to
-/// [`patience`].
+/// Asks for the trial's key with `lock` (the contender, recorded), waiting up to
+/// [`patience`]. It takes a lease longer than the holder's, so that the witness asks
+/// while it still holds.
 async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey) -> Contended {
-    let opts = AcquireOptions::new(target.ttl).wait(patience(target));
+    let opts = AcquireOptions::new(target.ttl * 4).wait(patience(target));
     let result = lock.acquire(key, &opts).await;
     let at = Instant::now();
     match result {
@@ -323,68 +460,6 @@ async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey
     }
 }
 
-/// Judges a trial: the contender's outcome against the holder's belief, and the holder's
-/// stale write against the register.
-async fn judge(
-    holder: Holder,
-    contender: &Arc<dyn DistributedLock>,
-    outcome: Contended,
-    register: &FencedRegister,
-    fired: bool,
-) -> Trial {
-    let trial = |verdict, note: Option<String>| Trial {
-        verdict,
-        fired,
-        note,
-    };
-    let result = match outcome.granted {
-        None => match outcome.error {
-            // Still held by the holder: that is mutual exclusion working.
-            Some(LockError::Timeout { .. }) if holder.belief.holds_at(outcome.at) => {
-                trial(Verdict::Safe, None)
-            }
-            Some(LockError::Timeout { .. }) => trial(
-                Verdict::Unavail,
-                Some("the lock stayed held after its holder lost it".into()),
-            ),
-            Some(error) => trial(Verdict::Unavail, Some(short(&error))),
-            None => trial(Verdict::Unavail, None),
-        },
-        Some(lease) => {
-            let believed = holder.belief.holds_at(outcome.at);
-
-            let fresh = register.write(lease.token(), 1).is_ok();
-            let regressed = lease.token() <= holder.token;
-            let verdict = if believed {
-                // The holder, still in its critical section, writes with its old token.
-                let stale_accepted = register.write(holder.token, 2).is_ok();
-                if stale_accepted || regressed {
-                    Verdict::Unsafe
-                } else {
-                    Verdict::FencedSafe
-                }
-            } else if regressed {
-                Verdict::Unsafe
-            } else {
-                Verdict::Safe
-            };
-            let note = match (believed, regressed, fresh) {
-                (_, true, _) => Some(format!(
-                    "fence regressed: token {} after {}",
-                    lease.token(),
-                    holder.token
-                )),
-                (true, false, _) => Some("double grant; the stale write was fenced off".into()),
-                _ => None,
-            };
-            let _ = contender.release(lease).await;
-            trial(verdict, note)
-        }
-    };
-    holder.finish().await;
-    result
-}
-
 fn short(error: &LockError) -> String {
     let text = error.to_string();
     match text.char_indices().nth(90) {
@@ -393,42 +468,38 @@ fn short(error: &LockError) -> String {
     }
 }
 
-/// Takes `key` for a trial's holder, with a renewing guard or as a bare lease, and makes
-/// its first fenced write.
+/// Takes the trial's key for its holder (`lock`, recorded), with a renewing guard or as a
+/// bare lease, and makes its first fenced write.
 async fn hold(
+    record: &Record,
     lock: Arc<dyn DistributedLock>,
-    key: &LockKey,
     ttl: Duration,
     guard: bool,
-    register: &FencedRegister,
 ) -> Result<Holder, LockError> {
+    let lock = record.client(HOLDER, lock);
     let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
-    let (token, belief) = if guard {
-        let guard = lock.lock(key, &opts).await?;
+    let (token, ending) = if guard {
+        let guard = lock.lock(&record.key, &opts).await?;
         let token = guard.fencing_token();
-        let (lost_at, (done, finished)) = (Arc::new(OnceLock::new()), oneshot::channel());
-        let task = tokio::spawn({
-            let lost_at = lost_at.clone();
-            async move {
-                tokio::select! {
-                    _ = guard.lost() => {
-                        let _ = lost_at.set(Instant::now());
-                    }
-                    _ = finished => {}
-                }
-                let _ = guard.release().await;
+        let (done, finished) = oneshot::channel();
+        let history = record.history.clone();
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                _ = guard.lost() => history.lost(HOLDER, Instant::now()),
+                _ = finished => {}
             }
+            let _ = guard.release().await;
         });
-        (token, Belief::Guard(lost_at, done, task))
+        (token, Ending::Guard(done, task))
     } else {
-        let lease = lock.acquire(key, &opts).await?;
-        (lease.token(), Belief::Lease(lease, Instant::now()))
+        let lease = lock.acquire(&record.key, &opts).await?;
+        (lease.token(), Ending::Lease(lease))
     };
-    let _ = register.write(token, 0);
+    let _ = record.register.write(token, 0);
     Ok(Holder {
         lock,
-        token,
-        belief,
+        ending,
+        stale_write: None,
     })
 }
 
@@ -525,16 +596,19 @@ struct ClientTrial<'a> {
     /// The holder's client, reaching every server through its own proxies.
     lock: Arc<dyn DistributedLock>,
     links: Links,
-    /// A healthy client.
+    /// A healthy client, recorded.
     contender: Arc<dyn DistributedLock>,
-    key: LockKey,
-    register: FencedRegister,
+    record: Record,
 }
 
 /// One trial of a fault on the holder's own links.
 async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
+    let record = Record::new(target.key(fault, 0, index));
+    if fault == Fault::PausedHolder {
+        return paused_holder(target, record).await;
+    }
     let query = match fault {
-        Fault::DelayedReply => target.patient_query.as_str(),
+        Fault::DelayedReply | Fault::LostReply => target.patient_query.as_str(),
         _ => target.harness.cut_options(),
     };
     let (lock, links) = match target.harness.proxied_client(query).await {
@@ -542,7 +616,7 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         Err(e) => return setup_failed("proxied client", e),
     };
     let contender = match target.client().await {
-        Ok(c) => c,
+        Ok(c) => record.client(CONTENDER, c),
         Err(e) => return setup_failed("contender", e),
     };
     let trial = ClientTrial {
@@ -550,16 +624,124 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         lock,
         links,
         contender,
-        key: target.key(fault, 0, index),
-        register: FencedRegister::new(),
+        record,
     };
     match fault {
-        Fault::PausedHolder => trial.paused_holder().await,
         Fault::DelayedReply => trial.delayed_reply().await,
         Fault::Blackhole => trial.blackhole().await,
         Fault::ConnectionCut => trial.connection_cut().await,
         _ => trial.lost_reply().await,
     }
+}
+
+/// What the frozen holder reports once it runs again.
+struct Woken {
+    /// When its runtime stopped and resumed, observed by the frozen thread itself.
+    frozen: (Instant, Instant),
+    /// Its lease's local deadline when it froze.
+    deadline: Instant,
+    /// Whether its write, made at once on waking, was accepted.
+    write_accepted: bool,
+}
+
+/// A holder paused past its TTL: a real `LockGuard` whose client runs on a runtime of
+/// its own thread, which the trial freezes (as a GC pause or SIGSTOP freezes a process:
+/// no renewals, no reads of its connections) between the holder's check and its write.
+/// The contender asks meanwhile; once it has its answer the holder wakes, writes with
+/// its token at once, and its watchdog then acts on what it finds. Fired: the frozen
+/// thread saw its stop outlast the lease's deadline and span the contender's answer.
+async fn paused_holder(target: &Target, record: Record) -> Trial {
+    let contender = match target.client().await {
+        Ok(c) => record.client(CONTENDER, c),
+        Err(e) => return setup_failed("contender", e),
+    };
+    let (ready_tx, ready) = oneshot::channel::<Result<(), LockError>>();
+    let (freeze_tx, freeze) = oneshot::channel::<()>();
+    let (wake_tx, wake) = std::sync::mpsc::channel::<()>();
+    let (woken_tx, woken) = oneshot::channel::<Woken>();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return setup_failed("holder runtime", LockError::backend(e.to_string())),
+    };
+    let (thread_target, history, register, key) = (
+        target.clone(),
+        record.history.clone(),
+        Arc::clone(&record.register),
+        record.key.clone(),
+    );
+    let patience = patience(target);
+    let thread = std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let taken = async {
+                let lock = history.recorded(HOLDER, thread_target.client().await?);
+                let opts = AcquireOptions::new(thread_target.ttl).wait(Duration::from_secs(10));
+                lock.lock(&key, &opts).await
+            };
+            let guard = match taken.await {
+                Ok(g) => g,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let token = guard.fencing_token();
+            let _ = register.write(token, 0);
+            let _ = ready_tx.send(Ok(()));
+            if freeze.await.is_err() {
+                return;
+            }
+            // The pause: this thread, and with it every task of the holder, stops.
+            let deadline = guard.deadline();
+            let stopped = Instant::now();
+            let _ = wake.recv_timeout(patience + Duration::from_secs(5));
+            let resumed = Instant::now();
+            let write_accepted = register.write(token, 2).is_ok();
+            // The watchdog runs again: give it a renewal interval to act on what it
+            // finds, recording any loss it reports.
+            let interval = tenure_api::renewal_interval(thread_target.ttl);
+            if tokio::time::timeout(interval * 2, guard.lost())
+                .await
+                .is_ok()
+            {
+                history.lost(HOLDER, Instant::now());
+            }
+            let _ = woken_tx.send(Woken {
+                frozen: (stopped, resumed),
+                deadline,
+                write_accepted,
+            });
+            let _ = guard.release().await;
+        });
+    });
+    match ready.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return setup_failed("holder", e),
+        Err(_) => return setup_failed("holder", LockError::backend("the holder's thread ended")),
+    }
+    let _ = freeze_tx.send(());
+    let outcome = contend(target, &contender, &record.key).await;
+    if let Some(lease) = &outcome.granted {
+        let _ = record.register.write(lease.token(), 1);
+    }
+    let _ = wake_tx.send(());
+    let woken = woken.await;
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    let Ok(woken) = woken else {
+        return setup_failed("holder", LockError::backend("the holder's thread ended"));
+    };
+    let (stopped, resumed) = woken.frozen;
+    let fired = resumed >= woken.deadline && stopped <= outcome.at && outcome.at <= resumed;
+    let holder = Holder {
+        lock: contender.clone(),
+        ending: Ending::Nothing,
+        stale_write: Some(woken.write_accepted),
+    };
+    record
+        .judge(target, holder, &contender, outcome, fired)
+        .await
 }
 
 impl ClientTrial<'_> {
@@ -570,43 +752,28 @@ impl ClientTrial<'_> {
     }
 
     async fn contend(&self) -> Contended {
-        contend(self.target, &self.contender, &self.key).await
+        contend(self.target, &self.contender, &self.record.key).await
     }
 
     async fn judge(self, holder: Holder, outcome: Contended, fired: bool) -> Trial {
-        judge(holder, &self.contender, outcome, &self.register, fired).await
+        self.record
+            .judge(self.target, holder, &self.contender, outcome, fired)
+            .await
     }
 
-    async fn paused_holder(self) -> Trial {
-        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
-        let lease = match self.lock.acquire(&self.key, &opts).await {
-            Ok(lease) => lease,
-            Err(e) => return setup_failed("holder", e),
-        };
-        let _ = self.register.write(lease.token(), 0);
-        // Frozen between its last check and its next write: no traffic, no renewals.
-        self.links.cut();
-        let outcome = self.contend().await;
-        // Evidence: the pause outlived the lease.
-        let fired = Instant::now() >= lease.valid_until();
-        self.links.heal();
-        let holder = Holder {
-            lock: self.lock.clone(),
-            token: lease.token(),
-            belief: Belief::Paused(lease),
-        };
-        self.judge(holder, outcome, fired).await
-    }
-
+    /// The holder's acquire is answered late, after a TTL; the contender asks meanwhile.
+    /// The checker sees the holder's belief from the reply to its deadline: a deadline
+    /// counted from the reply overlaps the contender and outlives the server's promise.
     async fn delayed_reply(self) -> Trial {
         let delay = self.target.ttl + Duration::from_millis(500);
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
             down: delay,
         });
+        let lock = self.record.client(HOLDER, self.lock.clone());
         let sent = Instant::now();
         let holder = async {
-            let granted = self.lock.try_acquire(&self.key, self.target.ttl).await;
+            let granted = lock.try_acquire(&self.record.key, self.target.ttl).await;
             (granted, Instant::now())
         };
         // The contender starts once the holder's request is surely on the server.
@@ -624,14 +791,14 @@ impl ClientTrial<'_> {
             Ok(Some(_)) => None,
             Ok(None) | Err(_) => Some("the holder refused the late grant".into()),
         };
-        let (token, belief) = match granted {
-            Ok(Some(lease)) => (lease.token(), Belief::Lease(lease, replied)),
-            Ok(None) | Err(_) => (FencingToken(0), Belief::Nothing),
+        let ending = match granted {
+            Ok(Some(lease)) => Ending::Lease(lease),
+            Ok(None) | Err(_) => Ending::Nothing,
         };
         let holder = Holder {
-            lock: self.lock.clone(),
-            token,
-            belief,
+            lock,
+            ending,
+            stale_write: None,
         };
         let mut trial = self.judge(holder, outcome, fired).await;
         trial.note = trial.note.or(note);
@@ -639,15 +806,7 @@ impl ClientTrial<'_> {
     }
 
     async fn blackhole(self) -> Trial {
-        let holder = match hold(
-            self.lock.clone(),
-            &self.key,
-            self.target.ttl,
-            true,
-            &self.register,
-        )
-        .await
-        {
+        let holder = match hold(&self.record, self.lock.clone(), self.target.ttl, true).await {
             Ok(h) => h,
             Err(e) => return setup_failed("holder", e),
         };
@@ -661,16 +820,7 @@ impl ClientTrial<'_> {
     /// The holder's connections reset while it holds; they stay refused while a contender
     /// asks. Fired: the proxy reset at least one of the holder's connections.
     async fn connection_cut(self) -> Trial {
-        let guard = true;
-        let holder = match hold(
-            self.lock.clone(),
-            &self.key,
-            self.target.ttl,
-            guard,
-            &self.register,
-        )
-        .await
-        {
+        let holder = match hold(&self.record, self.lock.clone(), self.target.ttl, true).await {
             Ok(h) => h,
             Err(e) => return setup_failed("holder", e),
         };
@@ -681,6 +831,10 @@ impl ClientTrial<'_> {
         self.judge(holder, outcome, fired).await
     }
 
+    /// The holder's acquire reaches the server, which grants it; the reply is lost with
+    /// the connection. Fired: the request's bytes went through the proxy, the holder got
+    /// no lease, and a healthy client saw the orphaned grant held. The note says how long
+    /// the orphan blocked the contender.
     async fn lost_reply(self) -> Trial {
         let sent_up = || -> u64 {
             self.links
@@ -690,50 +844,54 @@ impl ClientTrial<'_> {
                 .sum()
         };
         let before = sent_up();
+        // Replies are held back long enough for a healthy client to see the grant the
+        // request made while its reply is still on the way; acquires of several steps
+        // (ZooKeeper's sync, etcd's lease grant) get their earlier replies, later.
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
-            down: Duration::from_secs(3600),
+            down: self.target.ttl / 5,
         });
+        let lock = self.record.client(HOLDER, self.lock.clone());
         let attempt = tokio::spawn({
-            let (lock, key, ttl) = (self.lock.clone(), self.key.clone(), self.target.ttl);
+            let (lock, key, ttl) = (lock.clone(), self.record.key.clone(), self.target.ttl);
             async move { lock.try_acquire(&key, ttl).await }
         });
-        // Wait for the request to reach the server, then lose the reply with the connection.
+        // The orphan: held on the server while the holder waits for its answer. Once it
+        // is seen, the connection (and the reply on its way) is lost.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while sent_up() <= before && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut orphan_seen = false;
+        while !orphan_seen && !attempt.is_finished() && Instant::now() < deadline {
+            orphan_seen = matches!(self.contender.inspect(&self.record.key).await, Ok(Some(_)));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let reached = sent_up() > before;
         self.set_mode(ProxyMode::Reset);
         let holder_result = tokio::time::timeout(patience(self.target), attempt).await;
         self.set_mode(ProxyMode::Pass);
         let reply_lost = !matches!(holder_result, Ok(Ok(Ok(Some(_)))));
         let lost_at = Instant::now();
         let outcome = self.contend().await;
-        let blocked = lost_at.elapsed();
-        let (verdict, note) = match (&outcome.granted, &outcome.error) {
-            (Some(_), _) if reply_lost => (
-                Verdict::Safe,
-                Some(format!("orphan cleared in {}", round_secs(blocked))),
-            ),
-            (Some(_), _) => (Verdict::Safe, Some("the reply got through".into())),
-            (None, Some(e)) => (
-                Verdict::Unavail,
-                Some(format!("orphan blocked: {}", short(e))),
-            ),
-            (None, None) => (Verdict::Unavail, None),
+        let blocked = outcome.at - lost_at;
+        let note = match (&outcome.granted, reply_lost, orphan_seen) {
+            (_, false, _) => "the reply got through".to_string(),
+            (_, true, false) => "no orphaned grant was seen on the server".to_string(),
+            (Some(_), true, true) => format!("orphan blocked others for {}", round_secs(blocked)),
+            (None, true, true) => "the orphan was never cleared".to_string(),
         };
-        if let Some(lease) = outcome.granted {
-            let _ = self.contender.release(lease).await;
+        let ending = match holder_result {
+            Ok(Ok(Ok(Some(lease)))) => Ending::Lease(lease),
+            _ => Ending::Nothing,
+        };
+        let holder = Holder {
+            lock,
+            ending,
+            stale_write: None,
+        };
+        let fired = reached && reply_lost && orphan_seen;
+        let mut trial = self.judge(holder, outcome, fired).await;
+        if matches!(trial.verdict, Verdict::Safe | Verdict::Unavail) {
+            trial.note = Some(note);
         }
-        if let Ok(Ok(Ok(Some(lease)))) = holder_result {
-            let _ = self.lock.release(lease).await;
-        }
-        Trial {
-            verdict,
-            fired: reply_lost,
-            note,
-        }
+        trial
     }
 }
 
@@ -802,12 +960,10 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         holder_side = vec![f];
         contender_side = (0..target.nodes.len()).filter(|&i| i != f).collect();
     }
-    let mut holders = Vec::with_capacity(pairs);
-    let mut contenders = Vec::with_capacity(pairs);
+    let mut clients = Vec::with_capacity(pairs);
     let mut early = Vec::new();
     for pair in 0..pairs {
-        let key = target.key(fault, round, pair);
-        let register = FencedRegister::new();
+        let record = Record::new(target.key(fault, round, pair));
         let sides = if redlock || follower.is_some() {
             // The follower may still be rejoining after the previous round.
             let side =
@@ -822,21 +978,36 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
             };
             (direct(0).await, direct(1).await)
         };
-        let ((lock, holder_links), (contender, contender_links)) = match sides {
-            (Ok(h), Ok(c)) => (h, c),
-            (Err(e), _) | (_, Err(e)) => {
-                early.push(setup_failed("clients", e));
-                continue;
+        match sides {
+            (Ok((lock, holder_links)), Ok((contender, contender_links))) => {
+                let contender = record.client(CONTENDER, contender);
+                clients.push((record, lock, contender, [holder_links, contender_links]));
             }
-        };
-        // A clock jump is judged against the holder's own deadline (a bare lease: what a
-        // holder between two renewals relies on); other faults against a renewing guard.
-        let guard = fault != Fault::ClockJump;
-        match hold(lock, &key, target.ttl, guard, &register).await {
-            Ok(holder) => {
-                holders.push((holder, holder_links, register));
-                contenders.push((contender, contender_links, key));
-            }
+            (Err(e), _) | (_, Err(e)) => early.push(setup_failed("clients", e)),
+        }
+    }
+    // A clock jump is judged against the holder's own deadline (a bare lease: what a
+    // holder between two renewals relies on); other faults against a renewing guard.
+    // Bare leases are taken all at once, just before the injection, so that each still
+    // runs when the fault lands.
+    let guard = fault != Fault::ClockJump;
+    let holds = clients
+        .iter()
+        .map(|(record, lock, _, _)| hold(record, lock.clone(), target.ttl, guard));
+    let taken = if guard {
+        // Renewing holders keep their locks: one after another spares the two cores.
+        let mut taken = Vec::with_capacity(clients.len());
+        for hold in holds {
+            taken.push(hold.await);
+        }
+        taken
+    } else {
+        futures::future::join_all(holds).await
+    };
+    let mut pairs_held = Vec::with_capacity(taken.len());
+    for (taken, (record, _, contender, links)) in taken.into_iter().zip(clients) {
+        match taken {
+            Ok(holder) => pairs_held.push((record, holder, contender, links)),
             Err(e) => early.push(setup_failed("holder", e)),
         }
     }
@@ -844,7 +1015,6 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         Some(f) => f,
         None => victim(target).await,
     };
-    let injected_at = Instant::now();
     let dropped = || match (follower, &target.peer_links) {
         (Some(f), Some(links)) => links.dropped(f),
         _ => 0,
@@ -852,27 +1022,30 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     let dropped_before = dropped();
 
     let fired = inject(fault, target, node).await;
+    // By now the server sees the fault (a clock jump has been read and applied).
+    let landed = Instant::now();
     let outcomes = futures::future::join_all(
-        contenders
+        pairs_held
             .iter()
-            .map(|(lock, _, key)| contend(target, lock, key)),
+            .map(|(record, _, contender, _)| contend(target, contender, &record.key)),
     )
     .await;
     let mut trials = early;
-    for ((holder, _links, register), (outcome, (contender, _, _))) in holders
-        .into_iter()
-        .zip(outcomes.into_iter().zip(contenders.iter()))
-    {
+    for ((record, holder, contender, _links), outcome) in pairs_held.into_iter().zip(outcomes) {
         let mut fired = fired.is_ok();
         if fault == Fault::ClockJump {
-            // Evidence the jump expired the key early: granted before a TTL had passed.
-            fired &= outcome.granted.is_none() || outcome.at - injected_at < target.ttl;
+            // The jump counts only where it landed while the holder still believed.
+            fired &= record.history.believed_at(HOLDER, landed);
         }
         if follower.is_some() {
             // Evidence: the follower's traffic with the other members was dropped.
             fired &= dropped() > dropped_before;
         }
-        trials.push(judge(holder, contender, outcome, &register, fired).await);
+        trials.push(
+            record
+                .judge(target, holder, &contender, outcome, fired)
+                .await,
+        );
     }
     let healed = heal(fault, target, node).await;
     for trial in &mut trials {
@@ -1074,25 +1247,30 @@ where
 }
 
 /// A hand-off between two healthy clients: the second must see the lock held, then get
-/// it after the release, with a larger token.
+/// it after the release, with a larger token; the checker examines both holds.
 async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Trial {
+    let history = History::new();
     let attempt = async {
         let (a, b) = (
-            retried(|| target.client()).await?,
-            retried(|| target.client()).await?,
+            history.recorded(HOLDER, retried(|| target.client()).await?),
+            history.recorded(CONTENDER, retried(|| target.client()).await?),
         );
         let opts = AcquireOptions::new(target.ttl * 4).wait(Duration::from_secs(10));
         let first = a.acquire(key, &opts).await?;
         let sneaked = retried(|| b.try_acquire(key, target.ttl)).await?;
         let released = retried(|| a.release(first.clone())).await?;
         let second = b.acquire(key, &opts).await?;
-        let ok = sneaked.is_none()
-            && released == ReleaseOutcome::Released
-            && second.token() > first.token();
+        let ok = sneaked.is_none() && released == ReleaseOutcome::Released;
+        if let Some(lease) = sneaked {
+            let _ = b.release(lease).await;
+        }
         let _ = b.release(second).await;
         Ok::<bool, LockError>(ok)
     };
-    let (verdict, note) = match attempt.await {
+    let result = attempt.await;
+    let report = history.check();
+    let (verdict, note) = match result {
+        _ if !report.is_safe() => (Verdict::Unsafe, report.definite.first().map(describe)),
         Ok(true) => (Verdict::Safe, None),
         Ok(false) => (
             Verdict::Unsafe,
@@ -1134,10 +1312,9 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
     let mut holders = Vec::new();
     let mut trials = Vec::new();
     for i in 0..pairs {
-        let key = target.key(Fault::ReplicaFailover, round, i);
-        let register = FencedRegister::new();
-        match hold(primary.clone(), &key, target.ttl * 10, false, &register).await {
-            Ok(holder) => holders.push((holder, key, register)),
+        let record = Record::new(target.key(Fault::ReplicaFailover, round, i));
+        match hold(&record, primary.clone(), target.ttl * 10, false).await {
+            Ok(holder) => holders.push((record, holder)),
             Err(e) => trials.push(setup_failed("holder", e)),
         }
     }
@@ -1150,9 +1327,31 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
         Ok(c) => c,
         Err(e) => return vec![setup_failed("contender", e)],
     };
-    for (holder, key, register) in holders {
-        let outcome = contend(target, &contender, &key).await;
-        trials.push(judge(holder, &contender, outcome, &register, fired.is_ok()).await);
+    let witness = connect(pair.replica().url()).await.ok();
+    for (record, _) in &mut holders {
+        record.witness = witness.clone();
+    }
+    // Every contender asks at once: each trial is judged at its own takeover, while its
+    // holder's lease still runs.
+    let contenders: Vec<_> = holders
+        .iter()
+        .map(|(record, _)| record.client(CONTENDER, contender.clone()))
+        .collect();
+    let outcomes = futures::future::join_all(
+        holders
+            .iter()
+            .zip(&contenders)
+            .map(|((record, _), contender)| contend(target, contender, &record.key)),
+    )
+    .await;
+    for (((record, holder), contender), outcome) in
+        holders.into_iter().zip(&contenders).zip(outcomes)
+    {
+        trials.push(
+            record
+                .judge(target, holder, contender, outcome, fired.is_ok())
+                .await,
+        );
     }
     trials
 }
