@@ -8,6 +8,10 @@
  * 0), re-read at most every 10 ms (rate-limited with CLOCK_MONOTONIC, also via a raw
  * syscall). Other clocks pass straight through.
  *
+ * Evidence: whenever it reads an offset different from the last one it recorded, it writes
+ * "<offset_ms> <pid>\n" to "<offset file>.applied" (a temporary file renamed into place),
+ * so a harness can tell that this process read the offset it applies.
+ *
  * It uses no malloc, no stdio and no locks, so it is safe in allocators, signal handlers
  * and multi-threaded servers (libfaketime hangs Debian's jemalloc redis-server; this does
  * not).
@@ -32,6 +36,10 @@ static char offset_path_buf[4096];
 static const char *offset_path;
 static _Atomic long long offset_ms;
 static _Atomic long long next_check_ns; /* 0: never checked */
+static _Atomic int recorded;             /* whether last_recorded is valid */
+static _Atomic long long last_recorded;
+#define APPLIED_SUFFIX ".applied"
+#define TMP_SUFFIX ".applied.tmp."
 
 __attribute__((constructor)) static void clockshift_init(void) {
     const char *p = getenv("TENURE_CLOCK_OFFSET_FILE");
@@ -42,7 +50,7 @@ __attribute__((constructor)) static void clockshift_init(void) {
         offset_path_buf[n] = p[n];
         n++;
     }
-    if (p[n] != '\0')
+    if (p[n] != '\0' || n + sizeof TMP_SUFFIX + 24 >= sizeof offset_path_buf)
         return; /* too long: no shift rather than the wrong file */
     offset_path_buf[n] = '\0';
     offset_path = offset_path_buf;
@@ -71,6 +79,60 @@ static long long parse_ms(const char *s, long n) {
     return neg ? -v : v;
 }
 
+/* Append the decimal form of v (may be negative) at dst; returns the length written. */
+static int put_ll(char *dst, long long v) {
+    char tmp[24];
+    int n = 0, len = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    if (v < 0)
+        dst[len++] = '-';
+    while (n > 0)
+        dst[len++] = tmp[--n];
+    return len;
+}
+
+static int put_str(char *dst, const char *s) {
+    int n = 0;
+    while (s[n] != '\0') {
+        dst[n] = s[n];
+        n++;
+    }
+    return n;
+}
+
+/* Record "<v> <pid>\n" in "<offset file>.applied", atomically (write, then rename). */
+static void record_applied(long long v) {
+    char applied[sizeof offset_path_buf + sizeof APPLIED_SUFFIX];
+    char tmp[sizeof offset_path_buf + sizeof TMP_SUFFIX + 24];
+    char line[64];
+    long long pid = (long long)syscall(SYS_getpid);
+    int n = put_str(applied, offset_path);
+    n += put_str(applied + n, APPLIED_SUFFIX);
+    applied[n] = '\0';
+    n = put_str(tmp, offset_path);
+    n += put_str(tmp + n, TMP_SUFFIX);
+    n += put_ll(tmp + n, pid);
+    tmp[n] = '\0';
+    n = put_ll(line, v);
+    line[n++] = ' ';
+    n += put_ll(line + n, pid);
+    line[n++] = '\n';
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                          0644);
+    if (fd < 0)
+        return;
+    long w = (long)syscall(SYS_write, fd, line, n);
+    syscall(SYS_close, fd);
+    if (w == n)
+        syscall(SYS_renameat, AT_FDCWD, tmp, AT_FDCWD, applied);
+    else
+        syscall(SYS_unlinkat, AT_FDCWD, tmp, 0);
+}
+
 static long long current_offset_ms(void) {
     long long now = mono_ns();
     long long due = atomic_load_explicit(&next_check_ns, memory_order_relaxed);
@@ -86,6 +148,11 @@ static long long current_offset_ms(void) {
                 v = parse_ms(buf, n);
         }
         atomic_store(&offset_ms, v);
+        if (!atomic_load(&recorded) || atomic_load(&last_recorded) != v) {
+            record_applied(v);
+            atomic_store(&last_recorded, v);
+            atomic_store(&recorded, 1);
+        }
     }
     return atomic_load(&offset_ms);
 }

@@ -5,7 +5,8 @@
 //! `CLOCK_REALTIME_COARSE`, `gettimeofday` and `time`, reading the real time with raw
 //! syscalls and adding an offset in milliseconds read from the file named by
 //! [`OFFSET_FILE_ENV`] (re-read at most every 10 ms; a missing file means no shift). Other
-//! clocks (notably `CLOCK_MONOTONIC`) are untouched.
+//! clocks (notably `CLOCK_MONOTONIC`) are untouched. Each time it reads a new offset it
+//! records it, with its pid, for [`read_applied`]: evidence the process applies it.
 //!
 //! It only works for programs that read the clock through libc: Go programs (etcd) and the
 //! JVM (ZooKeeper) bypass it, so clock faults are "not injectable" for them.
@@ -74,6 +75,20 @@ pub fn write_offset(offset_file: &Path, offset_ms: i64) -> std::io::Result<()> {
     writeln!(tmp, "{offset_ms}")?;
     tmp.persist(offset_file).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// The shim's evidence for `offset_file`: the offset (ms) a process under the shim last
+/// read from it, and that process's pid. The shim writes `<offset file>.applied` each
+/// time it reads an offset different from the one it recorded before. `None` until a
+/// process has read the file.
+pub fn read_applied(offset_file: &Path) -> Option<(i64, u32)> {
+    let mut name = offset_file.as_os_str().to_owned();
+    name.push(".applied");
+    let text = std::fs::read_to_string(PathBuf::from(name)).ok()?;
+    let mut fields = text.split_whitespace();
+    let offset = fields.next()?.parse().ok()?;
+    let pid = fields.next()?.parse().ok()?;
+    Some((offset, pid))
 }
 
 /// FNV-1a, so that the cached file name depends only on the source.

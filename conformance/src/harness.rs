@@ -192,7 +192,11 @@ pub struct UrlHarness {
     short_ttl: Duration,
     connect: ConnectFn,
     servers: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    follow: Option<TargetsFn>,
 }
+
+/// Gives the servers' current addresses (see [`UrlHarness::follow`]).
+pub type TargetsFn = Arc<dyn Fn() -> Vec<SocketAddr> + Send + Sync>;
 
 impl Debug for UrlHarness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -220,6 +224,7 @@ impl UrlHarness {
             cut_query: None,
             short_ttl: Duration::from_millis(500),
             servers: None,
+            follow: None,
             connect: Arc::new(move |url| {
                 let connect = connect.clone();
                 Box::pin(
@@ -273,14 +278,24 @@ impl UrlHarness {
         self
     }
 
-    /// The servers' addresses.
-    pub fn targets(&self) -> &[SocketAddr] {
-        &self.targets
+    /// Takes the servers' addresses from `targets` each time a client is made, instead of
+    /// the fixed list: for servers that a restart may move to another port.
+    pub fn follow(mut self, targets: impl Fn() -> Vec<SocketAddr> + Send + Sync + 'static) -> Self {
+        self.follow = Some(Arc::new(targets));
+        self
+    }
+
+    /// The servers' addresses (their current ones, with [`follow`](Self::follow)).
+    pub fn targets(&self) -> Vec<SocketAddr> {
+        match &self.follow {
+            Some(current) => current(),
+            None => self.targets.clone(),
+        }
     }
 
     /// The URL of a direct client.
     pub fn url(&self) -> String {
-        self.url_for(&self.targets, &self.query)
+        self.url_for(&self.targets(), &self.query)
     }
 
     /// The URL of a direct client with `query` instead of the harness's query options.
@@ -312,7 +327,7 @@ impl UrlHarness {
         &self,
         query: &str,
     ) -> Result<(Arc<dyn DistributedLock>, Links), LockError> {
-        let links = Links::start(&self.targets).await?;
+        let links = Links::start(&self.targets()).await?;
         let lock = (self.connect)(self.url_for(&links.addrs(), query)).await?;
         Ok((lock, links))
     }

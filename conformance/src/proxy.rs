@@ -85,9 +85,18 @@ struct Counters {
     bytes_blackholed: AtomicU64,
 }
 
+impl Shared {
+    fn target(&self) -> SocketAddr {
+        *self
+            .target
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
-    target: SocketAddr,
+    target: std::sync::Mutex<SocketAddr>,
     mode: watch::Sender<ProxyMode>,
     counters: Counters,
 }
@@ -111,7 +120,7 @@ impl FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            target,
+            target: std::sync::Mutex::new(target),
             mode: watch::Sender::new(ProxyMode::Pass),
             counters: Counters::default(),
         });
@@ -131,7 +140,17 @@ impl FaultProxy {
 
     /// The address traffic is forwarded to.
     pub fn target(&self) -> SocketAddr {
-        self.shared.target
+        self.shared.target()
+    }
+
+    /// Forward new connections to `target` (a server that moved to another port);
+    /// connections already open stay with the old one.
+    pub fn set_target(&self, target: SocketAddr) {
+        *self
+            .shared
+            .target
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = target;
     }
 
     /// Switch mode; takes effect on existing and new connections.
@@ -208,14 +227,15 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>, cancel: Cancella
     let c = &shared.counters;
     c.active.fetch_add(1, Ordering::Relaxed);
     let _active = ActiveGuard(c);
+    let target = shared.target();
     let connect = tokio::select! {
         _ = cancel.cancelled() => return,
-        r = TcpStream::connect(shared.target) => r,
+        r = TcpStream::connect(target) => r,
     };
     let mut server = match connect {
         Ok(s) => s,
         Err(e) => {
-            tracing::debug!(target = %shared.target, error = %e, "fault proxy cannot reach target");
+            tracing::debug!(target = %target, error = %e, "fault proxy cannot reach target");
             c.connect_failures.fetch_add(1, Ordering::Relaxed);
             reset(&client);
             return;

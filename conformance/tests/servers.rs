@@ -485,3 +485,210 @@ async fn no_processes_outlive_their_handles() -> TestResult {
     }
     Ok(())
 }
+
+/// Postgres backends call `setsid()`, so killing the postmaster's process group misses
+/// them; a busy backend (a CPU-bound query does not check for postmaster death) then
+/// outlives its postmaster with the shared memory attached, and the restarted postmaster
+/// refuses to start ("pre-existing shared memory block … is still in use"). This is what
+/// made the matrix's Postgres restart fault leave the server down under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_kills_busy_backends() -> TestResult {
+    let pg = std::sync::Arc::new(Postgres::start().await?);
+    let busy = tokio::spawn({
+        let pg = pg.clone();
+        async move {
+            pg.psql("select count(*) from generate_series(1, 4000000000)")
+                .await
+        }
+    });
+    let find = "select pid from pg_stat_activity where state = 'active' \
+                and query like '%generate_series(1, 4%' and pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let backend = loop {
+        let found = pg.psql(find).await.unwrap_or_default();
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the busy query never showed up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let backend: u32 = backend.parse()?;
+    assert!(pid_alive(backend));
+    assert!(
+        spawned_pids().contains(&backend),
+        "a backend that left the postmaster's group is still listed as spawned"
+    );
+    let postmaster = pg.pid().expect("running");
+    pg.restart().await?;
+    assert!(
+        !pid_alive(backend),
+        "the busy backend outlived its postmaster"
+    );
+    assert_ne!(
+        pg.pid(),
+        Some(postmaster),
+        "the fault fired: a new postmaster"
+    );
+    assert_eq!(pg.psql("select 1").await?, "1");
+    assert!(busy.await?.is_err(), "the busy query was cut off");
+    Ok(())
+}
+
+/// Between the kill and the start of a restart, the server's port is free and any process
+/// may bind it (an outgoing connection, another test's server, a fault proxy): the restart
+/// then moves the server to a fresh port, and its proxy follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_moves_when_its_port_is_taken() -> TestResult {
+    let pg = Postgres::start().await?;
+    pg.psql("create table t (v int); insert into t values (7)")
+        .await?;
+    let old = pg.addr();
+    let pid = pg.pid().expect("running");
+    pg.kill().await?;
+    let squatter = std::net::TcpListener::bind(old)?;
+    pg.restart().await?;
+    assert!(!pid_alive(pid));
+    assert_ne!(pg.addr(), old, "moved off the taken port");
+    assert_eq!(squatter.local_addr()?, old, "the squatter kept its port");
+    assert_eq!(pg.psql("select v from t").await?, "7", "same data dir");
+    assert!(pg.url().contains(&pg.addr().to_string()));
+    assert_eq!(pg.proxy().target(), pg.addr(), "the proxy follows");
+    let log = std::fs::read_to_string(pg.log_path())?;
+    assert!(
+        log.contains("Address already in use"),
+        "the fault fired:\n{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_moves_when_its_port_is_taken() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default().nodes(1)).await?;
+    let n = &c.nodes()[0];
+    let old = n.addr();
+    n.kill().await?;
+    let squatter = std::net::TcpListener::bind(old)?;
+    n.restart().await?;
+    assert_ne!(n.addr(), old, "moved off the taken port");
+    assert_eq!(squatter.local_addr()?, old);
+    ping_within(n.addr(), 5000).await?;
+    ping_within(n.proxied_addr(), 5000).await?;
+    let log = std::fs::read_to_string(n.log_path())?;
+    assert!(
+        log.contains("Address already in use"),
+        "the fault fired:\n{log}"
+    );
+    Ok(())
+}
+
+/// Evidence a clock jump fired comes from the shimmed server itself: the offset it read,
+/// recorded with its own pid — not from the harness having written the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_clock_shim_records_the_offset_it_applies() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default().clock_shim(true)).await?;
+    let n = &c.nodes()[0];
+    let applied = |want: i64| async move {
+        eventually(Duration::from_secs(10), || async {
+            let _ = ping_within(n.addr(), 2000).await; // the server reads its clock
+            n.clock_applied() == Some((want, n.pid().expect("running")))
+        })
+        .await
+    };
+    assert!(
+        applied(0).await,
+        "no record of the initial offset: {:?}",
+        n.clock_applied()
+    );
+    n.set_clock_offset(20_000)?;
+    assert!(
+        applied(20_000).await,
+        "jump not recorded: {:?}",
+        n.clock_applied()
+    );
+    n.set_clock_offset(0)?;
+    assert!(
+        applied(0).await,
+        "undo not recorded: {:?}",
+        n.clock_applied()
+    );
+    // A restarted server records for itself (its own pid).
+    let before = n.pid();
+    n.restart().await?;
+    assert_ne!(n.pid(), before);
+    assert!(
+        applied(0).await,
+        "no record from the new process: {:?}",
+        n.clock_applied()
+    );
+    // Without the shim there is no evidence.
+    let plain = RedisCluster::start(RedisOptions::default()).await?;
+    assert_eq!(plain.nodes()[0].clock_applied(), None);
+    Ok(())
+}
+
+/// A paused server is observed stopped (state `T`) — Postgres backends included, which left
+/// the postmaster's process group — and running again after resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pause_stops_the_postmaster_and_its_backends() -> TestResult {
+    use tenure_conformance::servers::Node;
+    let pg = Postgres::start().await?;
+    let backends = pg
+        .psql("select pid from pg_stat_activity where backend_type <> 'client backend'")
+        .await?;
+    let backends: Vec<u32> = backends.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(!backends.is_empty(), "postgres runs helper processes");
+    let state = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+    };
+    // Signals are delivered asynchronously: wait for the stop to show.
+    let all_in = |stopped: bool| {
+        let backends = backends.clone();
+        let pg = &pg;
+        eventually(Duration::from_secs(10), move || {
+            let backends = backends.clone();
+            async move {
+                let is = |s: Option<char>| (s == Some('T')) == stopped;
+                is(Node::state(pg)) && backends.iter().all(|&b| is(state(b)))
+            }
+        })
+    };
+    Node::pause(&pg)?;
+    assert!(
+        all_in(true).await,
+        "not all stopped: postmaster {:?}, helpers {:?}",
+        Node::state(&pg),
+        backends.iter().map(|&b| state(b)).collect::<Vec<_>>()
+    );
+    Node::resume(&pg)?;
+    assert!(all_in(false).await, "not all running again");
+    Node::probe(&pg).await?;
+    Ok(())
+}
+
+/// `pause` returns once the server is stopped, and `resume` once it runs again: SIGSTOP and
+/// SIGCONT are delivered asynchronously, and a request sent right after `pause` returned
+/// could otherwise still be served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_return_once_they_took_effect() -> TestResult {
+    let c = RedisCluster::start(RedisOptions::default()).await?;
+    let n = &c.nodes()[0];
+    let pid = n.pid().expect("running");
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+    };
+    for i in 0..300 {
+        n.pause()?;
+        assert_eq!(state(), Some('T'), "round {i}: still running after pause()");
+        n.resume()?;
+        assert_ne!(
+            state(),
+            Some('T'),
+            "round {i}: still stopped after resume()"
+        );
+    }
+    Ok(())
+}

@@ -109,11 +109,14 @@ fn nodes<N: Node + 'static>(nodes: &[Arc<N>]) -> Vec<Arc<dyn Node>> {
     nodes.iter().map(|n| n.clone() as Arc<dyn Node>).collect()
 }
 
+/// A harness on `nodes` that follows them when a restart moves one to another port.
 fn harness(name: &str, template: &str, nodes: &[Arc<dyn Node>]) -> UrlHarness {
     let targets = nodes.iter().map(|n| n.addr()).collect();
+    let nodes = nodes.to_vec();
     UrlHarness::new(name, template, targets, |url| async move {
         crate::connect(&url).await
     })
+    .follow(move || nodes.iter().map(|n| n.addr()).collect())
 }
 
 /// Starts the servers of `backend` on free loopback ports.

@@ -155,16 +155,17 @@ impl EtcdCluster {
                 .arg("zap")
                 .arg("--log-outputs")
                 .arg("stderr");
-            let probe: Probe = Arc::new(move || Box::pin(healthy(addr)));
+            let probe: Probe = Arc::new(|addr| Box::pin(healthy(addr)));
             let process = ServerProcess::new(
                 format!("etcd {name} on {addr}"),
                 spec,
                 root.join(format!("{name}.log")),
                 READY_TIMEOUT,
+                addr,
                 probe,
             );
             let member = EtcdMember {
-                core: NodeCore::new(process, addr).await?,
+                core: NodeCore::new(process).await?,
                 name,
             };
             member.core.process.spawn()?;

@@ -7,8 +7,9 @@
 //! be killed (`SIGKILL`), paused (`SIGSTOP`/`SIGCONT`), restarted on the same port and data
 //! dir, and reached directly or through its own [`FaultProxy`](crate::proxy::FaultProxy).
 //!
-//! Every process is started in its own process group, and signals go to that group, so
-//! helpers a server forks (Postgres backends) are stopped with it. Cluster handles kill
+//! Every process is started in its own process group; signals go to that group and to
+//! every descendant that left it (Postgres backends call `setsid()`), so helpers a server
+//! forks are stopped with it, and a kill waits until they are gone. Cluster handles kill
 //! everything they started when dropped, also while unwinding from a panic.
 //! [`spawned_pids`] lists the processes this crate started that are still alive, so a test
 //! can check that none outlive their handles.
@@ -195,13 +196,14 @@ macro_rules! node_control_methods {
             self.core.process.kill().await
         }
 
-        /// Freeze the server with `SIGSTOP` (its whole process group). Its sockets stay
-        /// open; clients see timeouts rather than errors.
+        /// Freeze the server with `SIGSTOP` (its whole process group and helpers that left
+        /// it); returns once the processes are stopped. Its sockets stay open; clients see
+        /// timeouts rather than errors.
         pub fn pause(&self) -> $crate::servers::Result<()> {
             self.core.process.pause()
         }
 
-        /// Unfreeze the server with `SIGCONT`.
+        /// Unfreeze the server with `SIGCONT`; returns once no process is stopped.
         pub fn resume(&self) -> $crate::servers::Result<()> {
             self.core.process.resume()
         }
@@ -212,7 +214,7 @@ macro_rules! node_control_methods {
         /// # Cancel safety
         /// Not cancel safe: cancelled midway, the server may be left stopped or starting.
         pub async fn restart(&self) -> $crate::servers::Result<()> {
-            self.core.process.restart().await
+            self.core.restart().await
         }
 
         /// PID of the running server process (its process-group leader), if running.
@@ -225,14 +227,24 @@ macro_rules! node_control_methods {
             self.core.process.is_running()
         }
 
-        /// True while the server is paused with [`pause`](Self::pause).
+        /// True while the server is paused with [`pause`](Self::pause) (the harness's
+        /// record; [`state`](Self::state) observes it).
         pub fn is_paused(&self) -> bool {
             self.core.process.is_paused()
         }
 
-        /// Direct address of the server's client port.
+        /// The server process's state from `/proc/<pid>/stat` (`T` while stopped), if
+        /// running.
+        pub fn state(&self) -> Option<char> {
+            self.pid()
+                .and_then($crate::servers::process::stat)
+                .map(|s| s.state)
+        }
+
+        /// Direct address of the server's client port (a restart may move it to another
+        /// port when its own was taken; the [proxy](Self::proxy) follows).
         pub fn addr(&self) -> std::net::SocketAddr {
-            self.core.addr
+            self.core.addr()
         }
 
         /// The fault proxy in front of this node; started with the node and stable across
@@ -283,13 +295,35 @@ pub trait Node: Send + Sync + std::fmt::Debug {
     async fn restart(&self) -> Result<()>;
     /// True while the process is alive (also while paused).
     fn is_running(&self) -> bool;
+    /// PID of the running server process (its process-group leader), if running.
+    fn pid(&self) -> Option<u32>;
+    /// The server process's state from `/proc/<pid>/stat` (`T` while stopped), if running:
+    /// evidence a pause took effect.
+    fn state(&self) -> Option<char> {
+        self.pid().and_then(process::stat).map(|s| s.state)
+    }
+    /// True while paused with [`pause`](Self::pause).
+    fn is_paused(&self) -> bool;
+    /// Runs the server's readiness probe once (the one a start waits on): `Ok` when the
+    /// server answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (it only observes).
+    async fn probe(&self) -> Result<()>;
+    /// Evidence from the clock shim: the last offset (ms) the server process read from its
+    /// offset file, and that process's pid. `None` without the shim, or before the process
+    /// first read the clock.
+    fn clock_applied(&self) -> Option<(i64, u32)> {
+        None
+    }
     /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server nodes
     /// started with the clock shim support it; others are [`ServerError::Unsupported`].
     fn set_clock_offset(&self, offset_ms: i64) -> Result<()>;
 }
 
 /// Implements [`Node`] for a node type with a `core: NodeCore` field, delegating to the
-/// methods of [`node_control_methods`]; `clock` says how to shift its clock.
+/// methods of [`node_control_methods`]; `clock` says how to shift its clock and `applied`
+/// reads the clock shim's evidence.
 macro_rules! impl_node {
     ($ty:ty) => {
         $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
@@ -303,13 +337,16 @@ macro_rules! impl_node {
         });
     };
     ($ty:ty, $clock:expr) => {
+        $crate::servers::impl_node!($ty, $clock, |_: &$ty| None);
+    };
+    ($ty:ty, $clock:expr, $applied:expr) => {
         #[async_trait::async_trait]
         impl $crate::servers::Node for $ty {
             fn label(&self) -> String {
                 self.core.process.what().to_owned()
             }
             fn addr(&self) -> std::net::SocketAddr {
-                self.core.addr
+                self.core.addr()
             }
             async fn kill(&self) -> $crate::servers::Result<()> {
                 self.core.process.kill().await
@@ -321,10 +358,22 @@ macro_rules! impl_node {
                 self.core.process.resume()
             }
             async fn restart(&self) -> $crate::servers::Result<()> {
-                self.core.process.restart().await
+                self.core.restart().await
             }
             fn is_running(&self) -> bool {
                 self.core.process.is_running()
+            }
+            fn pid(&self) -> Option<u32> {
+                self.core.process.pid()
+            }
+            fn is_paused(&self) -> bool {
+                self.core.process.is_paused()
+            }
+            async fn probe(&self) -> $crate::servers::Result<()> {
+                self.core.process.probe_once().await
+            }
+            fn clock_applied(&self) -> Option<(i64, u32)> {
+                ($applied)(self)
             }
             fn set_clock_offset(&self, offset_ms: i64) -> $crate::servers::Result<()> {
                 ($clock)(self, offset_ms)
@@ -339,20 +388,31 @@ pub(crate) use impl_node;
 #[derive(Debug)]
 pub(crate) struct NodeCore {
     pub(crate) process: process::ServerProcess,
-    pub(crate) addr: SocketAddr,
     pub(crate) proxy: crate::proxy::FaultProxy,
 }
 
 impl NodeCore {
-    /// A core for a process on `addr`, with a fresh proxy in front of it. Does not start the
-    /// process.
-    pub(crate) async fn new(process: process::ServerProcess, addr: SocketAddr) -> Result<Self> {
-        let proxy = crate::proxy::FaultProxy::start(addr).await?;
-        Ok(NodeCore {
-            process,
-            addr,
-            proxy,
-        })
+    /// A core for `process`, with a fresh proxy in front of its address. Does not start
+    /// the process.
+    pub(crate) async fn new(process: process::ServerProcess) -> Result<Self> {
+        let proxy = crate::proxy::FaultProxy::start(process.addr()).await?;
+        Ok(NodeCore { process, proxy })
+    }
+
+    /// The process's current client address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.process.addr()
+    }
+
+    /// Restarts the process (on a fresh port if its own was taken) and points the proxy
+    /// at wherever it listens now.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe.
+    pub(crate) async fn restart(&self) -> Result<()> {
+        let result = self.process.restart().await;
+        self.proxy.set_target(self.process.addr());
+        result
     }
 }
 

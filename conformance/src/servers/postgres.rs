@@ -87,16 +87,18 @@ impl Postgres {
             .arg("-c")
             .arg("logging_collector=off");
         let probe_bins = bin_dir.clone();
-        let probe: Probe = Arc::new(move || Box::pin(ready(probe_bins.clone(), addr)));
+        let probe: Probe = Arc::new(move |addr| Box::pin(ready(probe_bins.clone(), addr)));
         let process = ServerProcess::new(
             format!("postgres on {addr}"),
             spec,
             root.join("postgres.log"),
             READY_TIMEOUT,
+            addr,
             probe,
-        );
+        )
+        .movable_port("-p");
         let pg = Postgres {
-            core: NodeCore::new(process, addr).await?,
+            core: NodeCore::new(process).await?,
             bin_dir,
             data,
             dir,

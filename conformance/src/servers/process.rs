@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +24,10 @@ use super::{Result, ServerError};
 const POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on waiting for a stop or continue signal to take effect.
+const SIGNAL_EFFECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on waiting for a killed server's helpers to exit.
+const HELPERS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the log goes into an error message.
 const LOG_TAIL_BYTES: usize = 3000;
 
@@ -47,9 +52,19 @@ pub fn spawned_pids() -> Vec<u32> {
             .collect();
         let keep = !members.is_empty();
         alive.extend(members);
+        if keep {
+            // Helpers that left the group (Postgres backends call `setsid()`).
+            alive.extend(
+                procs
+                    .iter()
+                    .filter(|p| p.live && p.pgrp != g && is_descendant(&procs, p.pid, g))
+                    .map(|p| p.pid),
+            );
+        }
         keep
     });
     alive.sort_unstable();
+    alive.dedup();
     alive
 }
 
@@ -64,20 +79,46 @@ pub fn pid_alive(pid: u32) -> bool {
 
 struct ProcInfo {
     pid: u32,
+    ppid: u32,
     pgrp: u32,
     live: bool,
 }
 
-/// `(pgrp, live)` of one process from `/proc/<pid>/stat`, `None` if it is gone.
-fn proc_stat(pid: u32) -> Option<(u32, bool)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// One process's line of `/proc/<pid>/stat`, the fields this module uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stat {
+    /// `R`, `S`, `D`, `T` (stopped), `t`, `Z` (zombie), `X`, …
+    pub(crate) state: char,
+    pub(crate) ppid: u32,
+    pub(crate) pgrp: u32,
+    /// Clock ticks after boot: with the pid, it names one process across pid reuse.
+    pub(crate) starttime: u64,
+}
+
+impl Stat {
+    /// Neither a zombie nor dead.
+    pub(crate) fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// `/proc/<pid>/stat`, `None` if the process is gone.
+pub(crate) fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let _ppid = fields.next()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((pgrp, !matches!(state, "Z" | "X" | "x")))
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        // Field 22 of the line; the 20th after the state.
+        starttime: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// `(pgrp, live)` of one process, `None` if it is gone.
+fn proc_stat(pid: u32) -> Option<(u32, bool)> {
+    stat(pid).map(|s| (s.pgrp, s.live()))
 }
 
 fn scan_proc() -> Vec<ProcInfo> {
@@ -86,10 +127,72 @@ fn scan_proc() -> Vec<ProcInfo> {
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let (pgrp, live) = proc_stat(pid)?;
-            Some(ProcInfo { pid, pgrp, live })
+            let s = stat(pid)?;
+            Some(ProcInfo {
+                pid,
+                ppid: s.ppid,
+                pgrp: s.pgrp,
+                live: s.live(),
+            })
         })
         .collect()
+}
+
+/// The live descendants of `pid` (children, their children, …), with their start times.
+/// Servers may fork helpers that leave the process group: Postgres backends call
+/// `setsid()`, so signalling the postmaster's group misses them.
+fn descendants(pid: u32) -> Vec<(u32, u64)> {
+    let procs = scan_proc();
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.live) {
+            if !found.contains(&p.pid) {
+                found.push(p.pid);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect()
+}
+
+/// Whether `pid` descends from `ancestor` in `procs`.
+fn is_descendant(procs: &[ProcInfo], pid: u32, ancestor: u32) -> bool {
+    let mut current = pid;
+    for _ in 0..64 {
+        let Some(p) = procs.iter().find(|p| p.pid == current) else {
+            return false;
+        };
+        if p.ppid == ancestor {
+            return true;
+        }
+        if p.ppid <= 1 {
+            return false;
+        }
+        current = p.ppid;
+    }
+    false
+}
+
+/// Whether the process `pid` that started at `starttime` is still alive (not a zombie).
+fn same_process_alive(pid: u32, starttime: u64) -> bool {
+    stat(pid).is_some_and(|s| s.live() && s.starttime == starttime)
+}
+
+/// Sends `sig` to each of `procs` that is still the same process. Errors are ignored:
+/// a process that is gone needs no signal.
+fn signal_each(procs: &[(u32, u64)], sig: Signal) {
+    for &(pid, starttime) in procs {
+        let Ok(raw) = i32::try_from(pid) else {
+            continue;
+        };
+        if same_process_alive(pid, starttime) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(raw), sig);
+        }
+    }
 }
 
 /// The last `max_bytes` of a log file (lossy UTF-8), or a note that it cannot be read.
@@ -97,6 +200,20 @@ pub(crate) fn log_tail(path: &Path, max_bytes: usize) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let start = bytes.len().saturating_sub(max_bytes);
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(e) => format!("(cannot read log {}: {e})", path.display()),
+    }
+}
+
+/// The last `max_bytes` of a log file written after its first `since` bytes.
+pub(crate) fn log_tail_since(path: &Path, since: u64, max_bytes: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let since = usize::try_from(since)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let start = bytes.len().saturating_sub(max_bytes).max(since);
             String::from_utf8_lossy(&bytes[start..]).into_owned()
         }
         Err(e) => format!("(cannot read log {}: {e})", path.display()),
@@ -163,8 +280,9 @@ impl CommandSpec {
     }
 }
 
-/// A readiness probe: `Ok(true)` when ready, `Ok(false)` or an error while not yet.
-pub(crate) type Probe = Arc<dyn Fn() -> BoxFuture<'static, Result<bool>> + Send + Sync>;
+/// A readiness probe of the server's current client address: `Ok(true)` when ready,
+/// `Ok(false)` or an error while not yet.
+pub(crate) type Probe = Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, Result<bool>> + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -178,9 +296,17 @@ pub(crate) struct ServerProcess {
     what: String,
     spec: Mutex<CommandSpec>,
     log: PathBuf,
+    /// Length of the log when the current process was spawned: start errors show and
+    /// classify only what this start wrote.
+    log_start: Mutex<u64>,
     probe: Probe,
     ready_timeout: Duration,
     state: Mutex<State>,
+    /// The client address (it changes when a restart finds its port taken).
+    addr: Mutex<SocketAddr>,
+    /// The option giving the port on the command line, if a restart may move the server
+    /// to another port.
+    port_option: Option<&'static str>,
 }
 
 impl fmt::Debug for ServerProcess {
@@ -200,16 +326,32 @@ impl ServerProcess {
         spec: CommandSpec,
         log: PathBuf,
         ready_timeout: Duration,
+        addr: SocketAddr,
         probe: Probe,
     ) -> Self {
         ServerProcess {
             what: what.into(),
             spec: Mutex::new(spec),
             log,
+            log_start: Mutex::new(0),
             probe,
             ready_timeout,
             state: Mutex::new(State::default()),
+            addr: Mutex::new(addr),
+            port_option: None,
         }
+    }
+
+    /// Lets [`restart`](Self::restart) move the server to a fresh port when its own was
+    /// taken meanwhile, rewriting the command-line option `option` (`--port`, `-p`).
+    pub(crate) fn movable_port(mut self, option: &'static str) -> Self {
+        self.port_option = Some(option);
+        self
+    }
+
+    /// The server's client address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        *lock(&self.addr)
     }
 
     pub(crate) fn what(&self) -> &str {
@@ -231,7 +373,7 @@ impl ServerProcess {
             detail: format!(
                 "{detail}\n--- last lines of {} ---\n{}",
                 self.log.display(),
-                log_tail(&self.log, LOG_TAIL_BYTES)
+                log_tail_since(&self.log, *lock(&self.log_start), LOG_TAIL_BYTES)
             ),
         }
     }
@@ -248,6 +390,7 @@ impl ServerProcess {
             .create(true)
             .append(true)
             .open(&self.log)?;
+        *lock(&self.log_start) = log.metadata()?.len();
         writeln!(
             log,
             "==== tenure: starting {}: {}",
@@ -298,7 +441,8 @@ impl ServerProcess {
                     return Err(self.start_error("killed while starting"));
                 }
             }
-            let last = match tokio::time::timeout(PROBE_TIMEOUT, (self.probe)()).await {
+            let probe = (self.probe)(self.addr());
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
                 Ok(Ok(true)) => {
                     tracing::debug!(what = %self.what, elapsed = ?started.elapsed(), "ready");
                     return Ok(());
@@ -327,11 +471,14 @@ impl ServerProcess {
         self.wait_ready().await
     }
 
-    /// `SIGKILL` the process group and reap the leader. Idempotent.
+    /// `SIGKILL` the process group and every descendant that left it, reap the leader,
+    /// and wait (up to [`HELPERS_GONE_TIMEOUT`]) until those descendants are gone too:
+    /// a Postgres backend that outlives its postmaster keeps the shared memory attached,
+    /// and the next postmaster on the data dir refuses to start. Idempotent.
     ///
     /// # Cancel safety
-    /// Cancel safe: the signal is sent before the first await; a dropped reap is finished
-    /// by tokio's orphan reaper.
+    /// Cancel safe: the signals are sent before the first await; a dropped reap is
+    /// finished by tokio's orphan reaper.
     pub(crate) async fn kill(&self) -> Result<()> {
         let child = {
             let mut st = lock(&self.state);
@@ -341,13 +488,30 @@ impl ServerProcess {
         let Some(mut child) = child else {
             return Ok(());
         };
-        signal_group(&child, Signal::SIGKILL)?;
+        let helpers = kill_tree(&child)?;
         child.wait().await?;
-        Ok(())
+        let deadline = Instant::now() + HELPERS_GONE_TIMEOUT;
+        loop {
+            let left: Vec<u32> = helpers
+                .iter()
+                .filter(|&&(pid, start)| same_process_alive(pid, start))
+                .map(|&(pid, _)| pid)
+                .collect();
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("{}: processes {left:?} to exit after SIGKILL", self.what),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
     }
 
-    /// `SIGKILL` the process group without awaiting; the leader is reaped if it goes
-    /// within a few milliseconds, else left to tokio's orphan reaper. For `Drop`.
+    /// `SIGKILL` the process group and its descendants without awaiting; the leader is
+    /// reaped if it goes within a few milliseconds, else left to tokio's orphan reaper.
+    /// For `Drop`.
     pub(crate) fn kill_now(&self) {
         let child = {
             let mut st = lock(&self.state);
@@ -357,7 +521,7 @@ impl ServerProcess {
         let Some(mut child) = child else {
             return;
         };
-        if let Err(e) = signal_group(&child, Signal::SIGKILL) {
+        if let Err(e) = kill_tree(&child) {
             tracing::warn!(what = %self.what, error = %e, "could not kill server");
         }
         for _ in 0..50 {
@@ -369,25 +533,59 @@ impl ServerProcess {
         // Dropping an unreaped tokio Child hands it to tokio's orphan reaper.
     }
 
-    /// Kill if running, spawn again with the same spec, wait until ready.
+    /// Kill if running, spawn again with the same spec, wait until ready. If the port
+    /// was taken meanwhile (another process may bind a port its server no longer holds)
+    /// and the port is [movable](Self::movable_port), start again on a fresh port, up to
+    /// three times; [`addr`](Self::addr) then gives the new address.
     ///
     /// # Cancel safety
     /// Not cancel safe.
     pub(crate) async fn restart(&self) -> Result<()> {
         self.kill().await?;
-        self.start().await
+        let mut moves = 0;
+        loop {
+            match self.start().await {
+                Err(e) if e.is_port_clash() && moves < 3 => {
+                    let Some(option) = self.port_option else {
+                        return Err(e);
+                    };
+                    moves += 1;
+                    self.kill().await?;
+                    let old = self.addr();
+                    let port = super::free_port()?;
+                    tracing::warn!(what = %self.what, %old, port, "port taken at restart; moving");
+                    if let Ok(mut log) = OpenOptions::new().append(true).open(&self.log) {
+                        let _ = writeln!(
+                            log,
+                            "==== tenure: {old} was taken at restart; moving to port {port}"
+                        );
+                    }
+                    self.update_spec(|spec| {
+                        spec.remove_option(option, 1);
+                        spec.args.push(option.into());
+                        spec.args.push(port.to_string().into());
+                    });
+                    *lock(&self.addr) = super::loopback(port);
+                }
+                other => return other,
+            }
+        }
     }
 
-    /// `SIGSTOP` the process group.
+    /// `SIGSTOP` the process group (and helpers that left it); returns once they are
+    /// stopped (state `T`), blocking up to 5 s.
     pub(crate) fn pause(&self) -> Result<()> {
         self.signal(Signal::SIGSTOP, true)
     }
 
-    /// `SIGCONT` the process group.
+    /// `SIGCONT` the process group (and helpers that left it); returns once none is
+    /// stopped, blocking up to 5 s.
     pub(crate) fn resume(&self) -> Result<()> {
         self.signal(Signal::SIGCONT, false)
     }
 
+    /// Signals the group, then the descendants that left it (Postgres backends), so the
+    /// whole server stops or continues.
     fn signal(&self, sig: Signal, paused: bool) -> Result<()> {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
@@ -395,7 +593,32 @@ impl ServerProcess {
             what: self.what.clone(),
         })?;
         signal_group(child, sig)?;
+        let Some(pid) = child.id() else {
+            return Ok(());
+        };
+        let helpers = descendants(pid);
+        signal_each(&helpers, sig);
         st.paused = paused;
+        drop(st);
+        // Signals are delivered asynchronously: return once every process shows the effect,
+        // so that nothing sent after `pause` returns is still served.
+        let settled = |pid: u32| match stat(pid) {
+            Some(s) if s.live() => matches!(s.state, 'T' | 't') == paused,
+            _ => true,
+        };
+        let deadline = Instant::now() + SIGNAL_EFFECT_TIMEOUT;
+        while !(settled(pid) && helpers.iter().all(|&(h, _)| settled(h))) {
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!(
+                        "{} to {} after {sig}",
+                        self.what,
+                        if paused { "stop" } else { "continue" }
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
@@ -403,6 +626,29 @@ impl ServerProcess {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
         st.child.as_ref().and_then(Child::id)
+    }
+
+    /// Runs the readiness probe once, bounded by the probe timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (it only observes).
+    pub(crate) async fn probe_once(&self) -> Result<()> {
+        if !self.is_running() {
+            return Err(ServerError::NotRunning {
+                what: self.what.clone(),
+            });
+        }
+        match tokio::time::timeout(PROBE_TIMEOUT, (self.probe)(self.addr())).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(ServerError::Protocol {
+                what: self.what.clone(),
+                detail: "not ready".into(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ServerError::Timeout {
+                what: format!("{} to answer its readiness probe", self.what),
+            }),
+        }
     }
 
     pub(crate) fn is_running(&self) -> bool {
@@ -420,6 +666,16 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill_now();
     }
+}
+
+/// Freezes the child's group (so nothing new is forked), finds its descendants, and
+/// `SIGKILL`s them and the group. Returns the descendants, to wait for.
+fn kill_tree(child: &Child) -> Result<Vec<(u32, u64)>> {
+    signal_group(child, Signal::SIGSTOP)?;
+    let helpers = child.id().map(descendants).unwrap_or_default();
+    signal_each(&helpers, Signal::SIGKILL);
+    signal_group(child, Signal::SIGKILL)?;
+    Ok(helpers)
 }
 
 /// Send `sig` to the child's process group. The leader is our unreaped child, so its PID

@@ -89,7 +89,11 @@ pub struct RedisNode {
     offset_file: Option<PathBuf>,
 }
 
-super::impl_node!(RedisNode, RedisNode::set_clock_offset);
+super::impl_node!(
+    RedisNode,
+    RedisNode::set_clock_offset,
+    RedisNode::clock_applied
+);
 
 impl RedisNode {
     super::node_control_methods!();
@@ -126,6 +130,13 @@ impl RedisNode {
             })?;
         crate::clock_shim::write_offset(file, offset_ms)?;
         Ok(())
+    }
+
+    /// Evidence from the clock shim: the offset the server process last read and applies,
+    /// with that process's pid (see [`crate::clock_shim::read_applied`]). `None` without
+    /// the shim or before the server first read its clock.
+    pub fn clock_applied(&self) -> Option<(i64, u32)> {
+        crate::clock_shim::read_applied(self.offset_file.as_ref()?)
     }
 
     /// Run one command on a fresh direct connection, bounded by 5 s.
@@ -253,16 +264,18 @@ impl RedisNode {
             }
             None => None,
         };
-        let probe: Probe = Arc::new(move || Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
+        let probe: Probe = Arc::new(|addr| Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
         let process = ServerProcess::new(
             format!("redis-server {name} on {addr}"),
             spec,
             root.join(format!("{name}.log")),
             READY_TIMEOUT,
+            addr,
             probe,
-        );
+        )
+        .movable_port("--port");
         Ok(RedisNode {
-            core: NodeCore::new(process, addr).await?,
+            core: NodeCore::new(process).await?,
             dir,
             offset_file,
         })

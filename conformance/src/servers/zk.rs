@@ -253,16 +253,17 @@ impl ZkEnsemble {
                 .arg(&classpath)
                 .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
                 .arg(&cfg);
-            let probe: Probe = Arc::new(move || Box::pin(serving(addr)));
+            let probe: Probe = Arc::new(|addr| Box::pin(serving(addr)));
             let process = ServerProcess::new(
                 format!("zookeeper {id} on {addr}"),
                 spec,
                 root.join(format!("zk{id}.log")),
                 READY_TIMEOUT,
+                addr,
                 probe,
             );
             let node = ZkNode {
-                core: NodeCore::new(process, addr).await?,
+                core: NodeCore::new(process).await?,
                 id,
             };
             node.core.process.spawn()?;

@@ -170,6 +170,12 @@ pub enum Cell {
         /// Why.
         reason: String,
     },
+    /// Not run: the backend could not be brought back to health before the cell (a server
+    /// down that did not restart, one that does not answer, no lock granted).
+    Unhealthy {
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl Cell {
@@ -236,6 +242,7 @@ impl Cell {
             }
             Cell::NotInjectable { .. } => "not injectable".into(),
             Cell::NotApplicable { .. } => "n/a".into(),
+            Cell::Unhealthy { .. } => "unhealthy".into(),
         }
     }
 }
@@ -593,7 +600,7 @@ pub async fn run(fault: Fault, target: &Target, trials: usize, rounds: usize) ->
 }
 
 /// Why `fault` cannot run on `target`, if it cannot.
-fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
+pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
     let backend = target.caps.backend;
     let not_injectable = |reason: &str| {
         Some(Cell::NotInjectable {
@@ -1094,68 +1101,143 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
                 .await,
         );
     }
-    heal(fault, target, node).await;
-    if let Err(e) = fired {
-        for trial in &mut trials {
-            trial
-                .note
-                .get_or_insert_with(|| format!("injection failed: {e}"));
-        }
+    let healed = heal(fault, target, node).await;
+    for trial in &mut trials {
+        let note = match (&fired, &healed) {
+            (Err(e), _) => format!("injection failed: {e}"),
+            (Ok(_), Err(e)) => format!("heal failed: {e}"),
+            (Ok(evidence), Ok(())) => evidence.to_string(),
+        };
+        trial.note.get_or_insert(note);
     }
     trials
 }
 
-/// Injects a server fault on node `node`.
-async fn inject(fault: Fault, target: &Target, index: usize) -> Result<(), String> {
-    let node = &target.nodes[index];
-    match fault {
-        Fault::ClockJump => {
-            let jump = i64::try_from((target.ttl * 2).as_millis()).unwrap_or(i64::MAX);
-            node.set_clock_offset(jump + 1000)
-                .map_err(|e| e.to_string())?;
-            // The shim rereads its offset file at most every 10 ms, and redis-server
-            // refreshes its cached clock in its 100 ms cron: wait for both.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            Ok(())
-        }
-        Fault::Restart => node.restart().await.map_err(|e| e.to_string()),
-        Fault::ServerPause => node.pause().map_err(|e| e.to_string()),
-        Fault::FollowerPartition => match &target.peer_links {
-            Some(links) => links.isolate(index),
-            None => Err("no control over the links between the members".into()),
-        },
-        _ => Ok(()),
+/// Observed evidence that an injected fault took effect: what the system showed (a new
+/// pid, a stopped process, the offset the shimmed server read, dropped member traffic),
+/// never that a call returned `Ok`. Its text goes into the cell's notes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evidence(pub String);
+
+impl std::fmt::Display for Evidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fired: {}", self.0)
     }
 }
 
-/// Shifts a node's clock and waits until the server sees it: the shim rereads its offset
-/// file at most every 10 ms, and redis-server refreshes its cached clock in its 100 ms
-/// cron.
+/// How long to wait for a fault's effect to show.
+const EVIDENCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Polls `observe` every 10 ms until it returns `Some`, for up to [`EVIDENCE_TIMEOUT`].
+async fn observed<T>(mut observe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + EVIDENCE_TIMEOUT;
+    loop {
+        if let Some(seen) = observe() {
+            return Some(seen);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether the process `pid` is gone (or a zombie).
+fn exited(pid: u32) -> bool {
+    !tenure_conformance::servers::pid_alive(pid)
+}
+
+/// Injects a server fault on node `node` and returns the evidence that it took effect.
+async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence, String> {
+    let node = &target.nodes[index];
+    match fault {
+        Fault::ClockJump => {
+            let jump = i64::try_from((target.ttl * 2).as_millis()).unwrap_or(i64::MAX) + 1000;
+            set_clock(node.as_ref(), jump).await?;
+            Ok(Evidence(format!(
+                "the server read its +{} s clock offset",
+                jump / 1000
+            )))
+        }
+        Fault::Restart => {
+            let before = node.pid().ok_or("the server was not running")?;
+            let moved_from = node.addr();
+            node.restart().await.map_err(|e| e.to_string())?;
+            let after = node
+                .pid()
+                .ok_or("the server is not running after its restart")?;
+            if after == before || !exited(before) {
+                return Err(format!("pid {before} is still the server after a restart"));
+            }
+            let moved = match node.addr() {
+                a if a == moved_from => String::new(),
+                a => format!(" (its port was taken: moved to {})", a.port()),
+            };
+            Ok(Evidence(format!("a new server process{moved}")))
+        }
+        Fault::ServerPause => {
+            node.pause().map_err(|e| e.to_string())?;
+            observed(|| (node.state() == Some('T')).then_some(()))
+                .await
+                .ok_or_else(|| format!("SIGSTOP sent, but the state is {:?}", node.state()))?;
+            Ok(Evidence("the server process is stopped (state T)".into()))
+        }
+        Fault::FollowerPartition => {
+            let links = target
+                .peer_links
+                .as_ref()
+                .ok_or("no control over the links between the members")?;
+            let before = links.dropped(index);
+            links.isolate(index)?;
+            observed(|| (links.dropped(index) > before).then_some(()))
+                .await
+                .ok_or("the member's links were cut, but none of its traffic was dropped")?;
+            Ok(Evidence(
+                "the member's traffic with the others was dropped".into(),
+            ))
+        }
+        other => Err(format!("{other:?} is not injected on one server")),
+    }
+}
+
+/// Shifts a node's clock and waits until the server has read the new offset (the shim's
+/// record, with the server's pid) and redis-server has refreshed its cached clock (its
+/// 100 ms cron).
 async fn set_clock(node: &dyn Node, offset_ms: i64) -> Result<(), String> {
     node.set_clock_offset(offset_ms)
         .map_err(|e| e.to_string())?;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    observed(|| (node.clock_applied()? == (offset_ms, node.pid()?)).then_some(()))
+        .await
+        .ok_or_else(|| {
+            format!(
+                "offset {offset_ms} ms written, but the server's last read is {:?}",
+                node.clock_applied()
+            )
+        })?;
+    tokio::time::sleep(Duration::from_millis(110)).await;
     Ok(())
 }
 
-/// Undoes [`inject`].
-async fn heal(fault: Fault, target: &Target, node: usize) {
+/// Undoes [`inject`], and checks the undo took effect.
+async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
     let node = &target.nodes[node];
     match fault {
-        Fault::ClockJump => {
-            // Back to real time before the next round takes locks: a grant made on the
-            // jumped clock would carry an expiry that far in the future.
-            let _ = set_clock(node.as_ref(), 0).await;
-        }
+        // Back to real time before the next round takes locks: a grant made on the
+        // jumped clock would carry an expiry that far in the future.
+        Fault::ClockJump => set_clock(node.as_ref(), 0).await,
         Fault::ServerPause => {
-            let _ = node.resume();
+            node.resume().map_err(|e| e.to_string())?;
+            observed(|| (node.state() != Some('T')).then_some(()))
+                .await
+                .ok_or_else(|| "SIGCONT sent, but the server is still stopped".to_string())
         }
         Fault::FollowerPartition => {
             if let Some(links) = &target.peer_links {
                 links.heal();
             }
+            Ok(())
         }
-        _ => {}
+        _ => Ok(()),
     }
 }
 
@@ -1168,20 +1250,43 @@ async fn minority_loss(target: &Target, round: usize, pairs: usize) -> Vec<Trial
         .chain((0..n).filter(|&i| i != leader))
         .take((n - 1) / 2)
         .collect();
+    // Evidence: every doomed server's process exited.
     let mut killed = Ok(());
     for &i in &doomed {
-        if let Err(e) = target.nodes[i].kill().await {
+        let node = &target.nodes[i];
+        let Some(pid) = node.pid() else {
+            killed = Err(format!("node {i} was not running"));
+            continue;
+        };
+        if let Err(e) = node.kill().await {
             killed = Err(e.to_string());
+        } else if !exited(pid) || node.is_running() {
+            killed = Err(format!(
+                "node {i} (pid {pid}) is still running after SIGKILL"
+            ));
         }
     }
-    let trials = futures::future::join_all((0..pairs).map(|pair| {
+    let mut trials = futures::future::join_all((0..pairs).map(|pair| {
         let key = target.key(Fault::MinorityLoss, round, pair);
         let fired = killed.is_ok();
         async move { hand_off(target, &key, fired).await }
     }))
     .await;
+    let mut restarted = Ok(());
     for &i in &doomed {
-        let _ = target.nodes[i].restart().await;
+        if let Err(e) = target.nodes[i].restart().await {
+            restarted = Err(format!("node {i} did not come back: {e}"));
+        }
+    }
+    for trial in &mut trials {
+        let note = match (&killed, &restarted) {
+            (Err(e), _) => format!("injection failed: {e}"),
+            (Ok(()), Err(e)) => format!("heal failed: {e}"),
+            (Ok(()), Ok(())) => {
+                Evidence(format!("{} server process(es) exited", doomed.len())).to_string()
+            }
+        };
+        trial.note.get_or_insert(note);
     }
     trials
 }
@@ -1304,3 +1409,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
     }
     trials
 }
+
+#[cfg(test)]
+#[path = "faults_evidence_tests.rs"]
+mod evidence_tests;

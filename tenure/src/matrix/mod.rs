@@ -9,6 +9,7 @@
 pub mod broken;
 pub mod expect;
 pub mod faults;
+mod health;
 pub mod report;
 
 use std::io::{IsTerminal, Write as _};
@@ -685,6 +686,26 @@ async fn suite(target: &Target, progress: &Progress) -> Vec<ScenarioOutcome> {
     outcomes
 }
 
+/// One fault's cell, run on a backend first brought back to health (see [`health`]):
+/// what had to be repaired goes into the cell's notes; a backend that cannot be repaired
+/// gives [`Cell::Unhealthy`] saying what is wrong.
+async fn cell(fault: Fault, target: &Target, options: &MatrixOptions) -> Cell {
+    if let Some(cell) = faults::applicability(fault, target) {
+        return cell;
+    }
+    let repairs = match health::ensure(target).await {
+        Ok(repairs) => repairs,
+        Err(reason) => return Cell::Unhealthy { reason },
+    };
+    let mut cell = faults::run(fault, target, options.trials, options.rounds).await;
+    if let Cell::Ran { notes, .. } = &mut cell {
+        for (i, repair) in repairs.into_iter().enumerate() {
+            notes.insert(i, format!("before this cell, {repair}"));
+        }
+    }
+    cell
+}
+
 /// Every fault against one backend.
 async fn faults(
     target: &Target,
@@ -693,7 +714,7 @@ async fn faults(
 ) -> Vec<FaultOutcome> {
     let mut outcomes = Vec::new();
     for &fault in &options.faults {
-        let cell = faults::run(fault, target, options.trials, options.rounds).await;
+        let cell = cell(fault, target, options).await;
         let expected = expect::expect(&target.config, fault);
         outcomes.push(FaultOutcome {
             fault,
@@ -802,6 +823,11 @@ pub async fn run(
         let (Ok(target), true) = (target, options.suite_and_perf) else {
             continue;
         };
+        if let Err(why) = health::ensure(target).await {
+            report.error = Some(format!("perf not run, backend unhealthy: {why}"));
+            progress.skip(Mode::ALL.len());
+            continue;
+        }
         let perf_options = BenchOptions {
             secs: options.perf_secs,
             ttl: Duration::from_secs(10),

@@ -340,6 +340,7 @@ fn notes(matrix: &Matrix, out: &mut String) {
             let reason = match &f.cell {
                 Cell::NotInjectable { reason } => format!("not injectable: {reason}"),
                 Cell::NotApplicable { reason } => format!("n/a: {reason}"),
+                Cell::Unhealthy { reason } => format!("not run, backend unhealthy: {reason}"),
                 Cell::Ran { notes, .. } if !notes.is_empty() => notes.join("; "),
                 Cell::Ran { .. } => continue,
             };
@@ -532,9 +533,9 @@ pub fn html(matrix: &Matrix) -> String {
                 Some(f) => {
                     let title = match &f.cell {
                         Cell::Ran { notes, .. } => notes.join("; "),
-                        Cell::NotInjectable { reason } | Cell::NotApplicable { reason } => {
-                            reason.clone()
-                        }
+                        Cell::NotInjectable { reason }
+                        | Cell::NotApplicable { reason }
+                        | Cell::Unhealthy { reason } => reason.clone(),
                     };
                     let _ = write!(
                         out,
