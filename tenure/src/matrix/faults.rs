@@ -900,14 +900,17 @@ impl ClientTrial<'_> {
         let before = sent_up();
         // Replies are held back long enough for a healthy client to see the grant the
         // request made while its reply is still on the way; acquires of several steps
-        // (ZooKeeper's sync, etcd's lease grant) get their earlier replies, later.
+        // (ZooKeeper's sync, etcd's lease grant) get their earlier replies, later. The
+        // lease is long enough for its server not to end it while replies lag
+        // (Postgres's idle-in-transaction timer is the TTL).
+        let ttl = self.target.ttl * 4;
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
-            down: self.target.ttl / 5,
+            down: ttl / 5,
         });
         let lock = self.record.client(HOLDER, self.lock.clone());
         let attempt = tokio::spawn({
-            let (lock, key, ttl) = (lock.clone(), self.record.key.clone(), self.target.ttl);
+            let (lock, key) = (lock.clone(), self.record.key.clone());
             async move { lock.try_acquire(&key, ttl).await }
         });
         // The orphan: held on the server while the holder waits for its answer. Once it

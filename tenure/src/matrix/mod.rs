@@ -588,6 +588,7 @@ fn checks(
         observed: fifo.map_or("not run".into(), |s| format!("FIFO scenario {}", s.result)),
         consistent: match (caps.fairness, fifo.map(|s| s.result)) {
             (Fairness::Fifo, Some("passed")) => Some(true),
+            (Fairness::Fifo, None) => None,
             (Fairness::Fifo, _) => Some(false),
             _ => None,
         },
