@@ -116,24 +116,63 @@ static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 /// Port 2024 is taken on the project's machines; never hand it out.
 const FORBIDDEN_PORT: u16 = 2024;
 
-/// A free loopback TCP port: bind `127.0.0.1:0`, take the port, close. Never 2024, and never
-/// a port already handed out by this process.
+/// A free loopback TCP port for a server, never 2024 and never one already handed out by
+/// this process. It is taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), where no outgoing connection can take it while its
+/// server is down: a killed member's port would otherwise be reused as the local port of
+/// some connection (the fault proxies open many) and its restart fail to bind (ZooKeeper
+/// exits with status 14). Falls back to a kernel-chosen port if that range is unusable.
 pub(crate) fn free_port() -> Result<u16> {
+    let (low, _) = ephemeral_range();
+    let below = 10_000u16..low.max(10_000);
+    if below.len() >= 1024 {
+        // A start that differs between processes, so that concurrent harnesses rarely try
+        // the same ports; each candidate is checked by binding it.
+        let span = below.len();
+        let seed = std::process::id() as usize
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as usize);
+        for i in 0..span.min(4096) {
+            let port = below.start + ((seed + i * 7919) % span) as u16;
+            if port == FORBIDDEN_PORT
+                || TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_err()
+            {
+                continue;
+            }
+            if hand_out(port) {
+                return Ok(port);
+            }
+        }
+    }
     for _ in 0..64 {
         let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
         let port = l.local_addr()?.port();
         drop(l);
-        if port == FORBIDDEN_PORT {
-            continue;
-        }
-        let mut set = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-        if set.get_or_insert_with(HashSet::new).insert(port) {
+        if port != FORBIDDEN_PORT && hand_out(port) {
             return Ok(port);
         }
     }
     Err(ServerError::Io(std::io::Error::other(
         "could not find a free loopback port",
     )))
+}
+
+/// Records `port` as handed out; false if it already was.
+fn hand_out(port: u16) -> bool {
+    let mut set = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    set.get_or_insert_with(HashSet::new).insert(port)
+}
+
+/// The kernel's ephemeral port range (Linux's default if it cannot be read).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut parts = text.split_whitespace().map(str::parse::<u16>);
+            Some((parts.next()?.ok()?, parts.next()?.ok()?))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
 /// `127.0.0.1:port`.
@@ -440,6 +479,15 @@ mod tests {
             e.to_string(),
             "tenure-no-such-binary not found: install it with `apt-get install -y redis-server`"
         );
+    }
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range() {
+        let (low, _) = ephemeral_range();
+        for _ in 0..20 {
+            let port = free_port().unwrap();
+            assert!(port < low, "{port} is in the ephemeral range from {low}");
+        }
     }
 
     #[test]
