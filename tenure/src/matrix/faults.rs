@@ -906,7 +906,7 @@ impl ClientTrial<'_> {
         let ttl = self.target.ttl * 4;
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
-            down: ttl / 5,
+            down: (self.target.ttl / 5).min(Duration::from_millis(200)),
         });
         let lock = self.record.client(HOLDER, self.lock.clone());
         let attempt = tokio::spawn({
@@ -1294,13 +1294,15 @@ async fn minority_loss(target: &Target, round: usize, pairs: usize) -> Vec<Trial
     trials
 }
 
-/// [`retrying`] for up to 5 s: a cluster that lost its leader recovers after an election.
+/// [`retrying`] for up to 20 s: a cluster that lost its leader recovers after an
+/// election, which on two loaded cores can take longer than 5 s (ZooKeeper's hand-offs
+/// once read UNAVAIL ⚠ with "connect … timeout" after 5 s).
 async fn retried<T, F, Fut>(op: F) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, LockError>>,
 {
-    retrying(Duration::from_secs(5), op).await.0
+    retrying(Duration::from_secs(20), op).await.0
 }
 
 /// A hand-off between two healthy clients: the second must see the lock held, then get
