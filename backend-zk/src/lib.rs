@@ -50,6 +50,11 @@
 //! The session itself is also watched: expired, closed, or disconnected for longer than
 //! the session timeout (measured locally, not waiting for the server) marks every lease
 //! of that session lost; the session is then closed and the next call opens a new one.
+//! The disconnect counts from the last request the ensemble answered, not from the first
+//! "disconnected" the client library reported — a short reconnection can go unreported,
+//! and a lease granted or renewed in it outlives that first report — so closing the
+//! session never deletes the node of a lease whose deadline has not passed. No grant is
+//! returned from a session already declared lost.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_api::LockError> {
@@ -563,18 +568,11 @@ impl ZkLock {
         loop {
             let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
             let predecessor = match position {
+                // A session declared lost is being closed, and our node with it.
+                _ if session.is_lost() => return Err(Stop::Failed(lost_while_queued(&session))),
                 Position::First => return Ok(self.lease(key, owner, &node, &session, sent, ttl)?),
                 Position::Behind(predecessor) => predecessor,
                 Position::Gone => {
-                    if session.is_lost() {
-                        return Err(Stop::Failed(LockError::Unavailable {
-                            message: format!(
-                                "session lost while queued: {}",
-                                session.lost_reason()
-                            ),
-                            source: None,
-                        }));
-                    }
                     if Instant::now() >= deadline {
                         return Err(Stop::TimedOut);
                     }
@@ -594,17 +592,21 @@ impl ZkLock {
                     tokio::select! {
                         _ = watcher.changed() => {}
                         _ = tokio::time::sleep_until(deadline.into()) => return Err(Stop::TimedOut),
-                        reason = session.lost() => {
-                            return Err(Stop::Failed(LockError::Unavailable {
-                                message: format!("session lost while queued: {reason}"),
-                                source: None,
-                            }))
-                        }
+                        _ = session.lost() => return Err(Stop::Failed(lost_while_queued(&session))),
                     }
                 }
                 Err(e) => return Err(Stop::Failed(self.zk_error("watch predecessor", e))),
             }
         }
+    }
+}
+
+/// The session was declared lost (expired, closed, or disconnected too long) while an
+/// acquisition waited in it: retryable, in a new session.
+fn lost_while_queued(session: &Session) -> LockError {
+    LockError::Unavailable {
+        message: format!("session lost while queued: {}", session.lost_reason()),
+        source: None,
     }
 }
 
@@ -769,6 +771,8 @@ impl DistributedLock for ZkLock {
         pending.node = Some(node.name.clone());
         let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
         match position {
+            // A session declared lost is being closed, and our node with it.
+            Position::First if session.is_lost() => Err(lost_while_queued(&session)),
             Position::First => {
                 let lease = self.lease(key, owner, &node, &session, sent, ttl)?;
                 pending.finish(Some(node.name));

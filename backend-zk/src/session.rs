@@ -87,6 +87,11 @@ impl Proofs {
     }
 
     /// The latest proof sent at least a tick before `sent`.
+    /// The latest proof: the session was heard from after it.
+    fn latest(&self) -> Option<Instant> {
+        self.sent.back().copied()
+    }
+
     fn a_tick_before(&self, sent: Instant) -> Option<Instant> {
         let cutoff = sent.checked_sub(self.tick)?;
         self.sent.iter().copied().filter(|p| *p <= cutoff).max()
@@ -135,14 +140,15 @@ impl Session {
         let initial = states.peek_state();
         let slot = Arc::new(Mutex::new(Some(client)));
         let (sender, health) = watch::channel(Health::Connected);
+        let proofs = Arc::new(Mutex::new(Proofs::new(config.server_tick)));
         let monitor = tokio::spawn(monitor(
             states,
             initial,
             timeout,
             sender,
             Arc::downgrade(&slot),
+            Arc::downgrade(&proofs),
         ));
-        let proofs = Arc::new(Mutex::new(Proofs::new(config.server_tick)));
         let prover = tokio::spawn(prover(
             Arc::downgrade(&slot),
             Arc::downgrade(&proofs),
@@ -253,6 +259,12 @@ impl Drop for Session {
     }
 }
 
+/// The current instant on tokio's clock (the same as `Instant::now()` unless a test
+/// paused that clock).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -284,27 +296,49 @@ async fn prover(
     }
 }
 
+/// Where the monitor learns of the session's state changes: the client's watcher, or a
+/// plain channel in tests. Like any watch channel it keeps only the latest state, so a
+/// short reconnection between two polls can be missed.
+pub(crate) trait States: Send + 'static {
+    /// The next state, once it changes.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a change not yet returned is returned by the next call.
+    fn changed(&mut self) -> impl std::future::Future<Output = SessionState> + Send;
+}
+
+impl States for StateWatcher {
+    fn changed(&mut self) -> impl std::future::Future<Output = SessionState> + Send {
+        StateWatcher::changed(self)
+    }
+}
+
 /// Follows the library's session states; declares the session lost on expiry, close,
-/// auth failure, or a disconnect longer than `timeout`, and then drops the client.
+/// auth failure, or a disconnect longer than `timeout`, and then drops the client (which
+/// closes the session). The disconnect counts from the later of the first "disconnected"
+/// seen and the last answered request (`proofs`): the watcher keeps only the latest state,
+/// so a short reconnection in which a lease was granted or renewed can go unseen, and the
+/// session must not be closed before that lease's deadline.
 async fn monitor(
-    mut states: StateWatcher,
+    mut states: impl States,
     mut state: SessionState,
     timeout: Duration,
     health: watch::Sender<Health>,
     client: Weak<Mutex<Option<Client>>>,
+    proofs: Weak<Mutex<Proofs>>,
 ) {
     let mut since: Option<Instant> = None;
     loop {
-        let give_up_at = match state {
+        let disconnected = match state {
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                 since = None;
                 health.send_replace(Health::Connected);
                 None
             }
             SessionState::Disconnected => {
-                let since = *since.get_or_insert_with(Instant::now);
+                let since = *since.get_or_insert_with(now);
                 health.send_replace(Health::Disconnected { since });
-                Some(since + timeout)
+                Some(since)
             }
             SessionState::Expired => return lose(&health, &client, "the session expired".into()),
             SessionState::Closed => return lose(&health, &client, "the session was closed".into()),
@@ -312,11 +346,22 @@ async fn monitor(
                 return lose(&health, &client, "authentication failed".into())
             }
         };
-        state = match give_up_at {
-            None => states.changed().await,
-            Some(at) => tokio::select! {
-                next = states.changed() => next,
-                _ = tokio::time::sleep_until(at.into()) => {
+        let Some(since) = disconnected else {
+            state = states.changed().await;
+            continue;
+        };
+        let heard = || {
+            let latest = proofs.upgrade().and_then(|p| locked(&p).latest());
+            latest.map_or(since, |p| p.max(since))
+        };
+        state = loop {
+            let give_up_at = heard() + timeout;
+            tokio::select! {
+                next = states.changed() => break next,
+                _ = tokio::time::sleep_until(give_up_at.into()) => {
+                    if heard() + timeout > now() {
+                        continue; // answered meanwhile: connected after all
+                    }
                     return lose(
                         &health,
                         &client,
@@ -326,7 +371,7 @@ async fn monitor(
                         ),
                     );
                 }
-            },
+            }
         };
     }
 }
@@ -360,5 +405,59 @@ mod tests {
             "no proof kept from a tick ago: the anchor falls back to the session's creation",
         );
         assert!(now - anchor <= tick * 2, "anchor {:?} old", now - anchor);
+    }
+
+    impl States for watch::Receiver<SessionState> {
+        async fn changed(&mut self) -> SessionState {
+            match watch::Receiver::changed(self).await {
+                Ok(()) => *self.borrow_and_update(),
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+
+    /// The session's watcher keeps only the latest state: a monitor that was not polled
+    /// during a short reconnection sees "disconnected" twice. A request answered in that
+    /// reconnection (a lease's grant, a renewal) proves the session alive, so the session
+    /// must not be declared lost — and closed, deleting the lease's node — a session
+    /// timeout after the *first* disconnect.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnection_the_watcher_missed_still_counts() {
+        let timeout = Duration::from_secs(4);
+        let (states, watched) = watch::channel(SessionState::SyncConnected);
+        let (sender, health) = watch::channel(Health::Connected);
+        let slot = Arc::new(Mutex::new(None::<Client>));
+        let proofs = Arc::new(Mutex::new(Proofs::new(Duration::from_millis(200))));
+        let task = tokio::spawn(monitor(
+            watched,
+            SessionState::SyncConnected,
+            timeout,
+            sender,
+            Arc::downgrade(&slot),
+            Arc::downgrade(&proofs),
+        ));
+        let lost = || matches!(*health.borrow(), Health::Lost(_));
+        tokio::task::yield_now().await;
+        states.send_replace(SessionState::Disconnected);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Reconnected, a grant answered, disconnected again — all before the monitor runs.
+        states.send_replace(SessionState::SyncConnected);
+        let answered = now();
+        locked(&proofs).record(answered);
+        states.send_replace(SessionState::Disconnected);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert!(
+            !lost(),
+            "declared lost 4.5 s after the first disconnect, 3.5 s after the session was \
+             last heard from: {:?}",
+            *health.borrow()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            lost(),
+            "still {:?} past a session timeout after the session was last heard from",
+            *health.borrow()
+        );
+        task.abort();
     }
 }
