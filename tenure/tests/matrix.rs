@@ -122,7 +122,8 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         };
         // Every lease lock is violated by a holder paused past its TTL; fencing contains it.
         assert_eq!(verdicts("paused-holder"), ["F-SAFE"], "{name}");
-        // A late grant is never believed: deadlines count from when the request was sent.
+        // A late grant is never believed: deadlines count from when the request was sent;
+        // a release frees the lock on arrival, however late its reply.
         assert_eq!(verdicts("delayed-reply"), ["SAFE"], "{name}");
         assert_eq!(verdicts("blackhole"), ["SAFE"], "{name}");
         // Grants and renewals are proven through the leader, not a cut-off follower.

@@ -273,31 +273,35 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              contender's committed nextval is larger, so the woken holder's write is rejected",
         ),
 
-        // --- the replies to the holder's acquire arrive after its TTL ----------------
+        // --- the replies to the holder's acquire (or release) arrive late ----------
         (Fault::DelayedReply, Redis { .. }) => e(
             SAFE,
             "the lease's deadline counts from the send: a grant delayed past its TTL \
-             arrives expired and is never believed",
+             arrives expired and is never believed; a release is one script, which frees \
+             the lock on arrival however late its reply",
         ),
         (Fault::DelayedReply, Redlock { .. }) => e(
             SAFE,
             "validity is ttl − elapsed − drift from before the first send: a grant delayed \
-             past its TTL has none left and is refused",
+             past its TTL has none left and is refused; a release is one script per node, \
+             all sent at once, each freeing its node on arrival",
         ),
         (Fault::DelayedReply, Etcd) => e(
             SAFE,
             "the lease's deadline counts from the lease grant's send: a late grant arrives \
-             expired",
+             expired; a release is one owner-checked delete transaction, applied on arrival",
         ),
         (Fault::DelayedReply, Zk) => e(
             SAFE,
             "the deadline is min(sent + ttl, anchor + session timeout), both fixed before \
-             the reply: a late grant arrives expired",
+             the reply: a late grant arrives expired; a release is one versioned delete, \
+             applied on arrival",
         ),
         (Fault::DelayedReply, Postgres) => e(
             SAFE,
             "the deadline counts from the send, and the server's idle timer from its grant: \
-             a late grant arrives expired",
+             a late grant arrives expired; a release ends the holder's transaction on \
+             arrival",
         ),
 
         // --- the server's wall clock jumps forward by 2 × TTL ------------------------

@@ -31,7 +31,8 @@ use super::Target;
 pub enum Fault {
     /// The holder's process stops (GC pause, SIGSTOP) past its TTL, then writes.
     PausedHolder,
-    /// The server's replies to the holder's acquire arrive after the TTL.
+    /// The server's replies to the holder arrive late: to its acquire, after the TTL; in
+    /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
     /// The server's wall clock jumps forward by twice the TTL.
     ClockJump,
@@ -486,7 +487,17 @@ struct Contended {
 /// [`patience`]. It takes a lease longer than the holder's, so that the witness asks
 /// while it still holds.
 async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey) -> Contended {
-    let opts = AcquireOptions::new(target.ttl * 4).wait(patience(target));
+    contend_for(target, lock, key, target.ttl * 4).await
+}
+
+/// [`contend`] with a lease of `ttl`.
+async fn contend_for(
+    target: &Target,
+    lock: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+    ttl: Duration,
+) -> Contended {
+    let opts = AcquireOptions::new(ttl).wait(patience(target));
     let result = lock.acquire(key, &opts).await;
     let at = Instant::now();
     match result {
@@ -681,6 +692,8 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         record,
     };
     match fault {
+        // Every other trial delays a release instead of an acquire.
+        Fault::DelayedReply if index % 2 == 1 => trial.delayed_release().await,
         Fault::DelayedReply => trial.delayed_reply().await,
         Fault::Blackhole => trial.blackhole().await,
         Fault::ConnectionCut => trial.connection_cut().await,
@@ -852,6 +865,68 @@ impl ClientTrial<'_> {
         let holder = Holder {
             lock,
             ending,
+            stale_write: None,
+        };
+        let mut trial = self.judge(holder, outcome, fired).await;
+        trial.note = trial.note.or(note);
+        trial
+    }
+
+    /// The holder releases while the server's replies to it are delayed past its lease's
+    /// remaining TTL, a contender waiting. A release that runs on the server at once frees
+    /// the lock for the contender after the holder stopped believing; a release whose
+    /// owner check and delete are two requests deletes, after the late check, whatever
+    /// lock is there by then: the contender's, which the witness is then granted. Fired:
+    /// the release took at least the delay, and the contender was granted before it
+    /// returned.
+    async fn delayed_release(self) -> Trial {
+        let delay = match self.target.caps.backend {
+            // Its client drops a connection silent for 2/5 of the session timeout (the
+            // TTL): a longer delay fails the release before its reply is due.
+            "zk" => self.target.ttl / 5,
+            _ => self.target.ttl + Duration::from_millis(500),
+        };
+        let lock = self.record.client(HOLDER, self.lock.clone());
+        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
+        let lease = match lock.acquire(&self.record.key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let _ = self.record.register.write(lease.token(), 0);
+        self.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: delay,
+        });
+        // It releases at once, still believing (its belief ends at this call).
+        let started = Instant::now();
+        let release = tokio::spawn({
+            let lock = lock.clone();
+            async move {
+                let released = lock.release(lease).await;
+                (released, Instant::now())
+            }
+        });
+        // The contender's lease outlasts the late release and the witness's request.
+        let outcome = contend_for(
+            self.target,
+            &self.contender,
+            &self.record.key,
+            self.target.ttl * 4 + delay * 2,
+        )
+        .await;
+        // Replies already on their way keep their delay; later ones pass.
+        self.set_mode(ProxyMode::Pass);
+        // The holder's release returns before the witness asks.
+        let (fired, note) = match tokio::time::timeout(patience(self.target), release).await {
+            Ok(Ok((released, returned))) => (
+                returned - started >= delay && outcome.at < returned,
+                released.err().map(|e| format!("release: {}", short(&e))),
+            ),
+            _ => (false, Some("the holder's release did not return".into())),
+        };
+        let holder = Holder {
+            lock,
+            ending: Ending::Nothing,
             stale_write: None,
         };
         let mut trial = self.judge(holder, outcome, fired).await;
