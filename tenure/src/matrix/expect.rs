@@ -522,17 +522,29 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
             "the reset ends the orphan's transaction, which frees the row",
         ),
 
-        // --- a ZooKeeper follower cut off from the leader ---------------------------
-        (Fault::FollowerPartition, Zk) if single => e(NOT_APPLICABLE, "no followers"),
-        (Fault::FollowerPartition, Zk) => e(
+        // --- the holder is partitioned into a minority of the servers -----------------
+        (Fault::MinorityPartition, Zk | Redlock { .. } | Etcd) if single => {
+            e(NOT_APPLICABLE, "fewer than three servers: no minority side")
+        }
+        (Fault::MinorityPartition, Zk) => e(
             SAFE,
             "every grant and renewal is preceded by a sync through the leader: a follower \
              cut off from it cannot prove the lease",
         ),
-        (Fault::FollowerPartition, _) => e(
-            NOT_APPLICABLE,
-            "only ZooKeeper clients talk to followers that answer from their own replica",
+        (Fault::MinorityPartition, Redlock { .. }) => e(
+            SAFE,
+            "a renewal needs a majority: the holder's guard gives up at its deadline, \
+             counted from a send minus drift, before the majority side's TTL runs out and a \
+             contender can be granted there",
         ),
+        (Fault::MinorityPartition, Etcd) => e(
+            SAFE,
+            "keep-alives are answered by the leader: a member cut off from it cannot renew, \
+             and the guard gives up at its deadline, before the leader expires the lease",
+        ),
+        (Fault::MinorityPartition, Redis { .. } | Postgres) => {
+            e(NOT_APPLICABLE, "one server: no minority side")
+        }
     }
 }
 

@@ -50,8 +50,10 @@ pub enum Fault {
     ReplicaFailover,
     /// The acquire request reaches the server but its reply is lost.
     LostReply,
-    /// The ZooKeeper follower the holder talks to is cut off from the other members.
-    FollowerPartition,
+    /// The holder is partitioned into a minority of the servers: ZooKeeper, the follower
+    /// it talks to is cut off from the other members; Redlock, its links to a majority of
+    /// the masters are black-holed.
+    MinorityPartition,
 }
 
 impl Fault {
@@ -67,7 +69,7 @@ impl Fault {
         Fault::ServerPause,
         Fault::ReplicaFailover,
         Fault::LostReply,
-        Fault::FollowerPartition,
+        Fault::MinorityPartition,
     ];
 
     /// Short title for tables.
@@ -83,7 +85,7 @@ impl Fault {
             Fault::ServerPause => "server SIGSTOP",
             Fault::ReplicaFailover => "failover to async replica",
             Fault::LostReply => "acquire with lost reply",
-            Fault::FollowerPartition => "ZooKeeper follower partitioned from the leader",
+            Fault::MinorityPartition => "holder partitioned into a minority",
         }
     }
 
@@ -97,7 +99,7 @@ impl Fault {
                 | Fault::MinorityLoss
                 | Fault::ServerPause
                 | Fault::ReplicaFailover
-                | Fault::FollowerPartition
+                | Fault::MinorityPartition
         )
     }
 }
@@ -639,16 +641,20 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             }),
             _ => not_injectable("the harness starts no replica for this backend"),
         },
-        Fault::FollowerPartition => match backend {
+        Fault::MinorityPartition => match backend {
+            "zk" | "redlock" if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+                reason: "fewer than three servers: no minority side".into(),
+            }),
             "zk" if target.peer_links.is_none() => {
                 not_injectable("no control over the links between the members")
             }
-            "zk" => None,
+            "zk" | "redlock" => None,
+            "etcd" => not_injectable(
+                "the harness has no control over the links between etcd members (its \
+                 members reach each other directly)",
+            ),
             _ => Some(Cell::NotApplicable {
-                reason: "only ZooKeeper clients talk to followers that answer from their \
-                         own replica (etcd confirms reads with the leader; the others have \
-                         no followers)"
-                    .into(),
+                reason: "one server: no minority side".into(),
             }),
         },
         _ => None,
@@ -1080,17 +1086,28 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     if fault == Fault::MinorityLoss {
         return minority_loss(target, round, pairs).await;
     }
+    let n = target.nodes.len();
     let redlock = target.caps.backend == "redlock" && fault != Fault::ServerPause;
-    let (mut holder_side, mut contender_side, _) = redlock_sides(target.nodes.len());
-    // A follower partition: the holder talks to one follower only, the contender to the
-    // others (the leader's side).
+    let (mut holder_side, mut contender_side, _) = redlock_sides(n);
+    // A minority partition on ZooKeeper: the holder talks to one follower only, the
+    // contender to the others (the leader's side).
     let follower = match fault {
-        Fault::FollowerPartition => Some((victim(target).await + 1) % target.nodes.len()),
+        Fault::MinorityPartition if !redlock => Some((victim(target).await + 1) % n),
         _ => None,
     };
     if let Some(f) = follower {
         holder_side = vec![f];
-        contender_side = (0..target.nodes.len()).filter(|&i| i != f).collect();
+        contender_side = (0..n).filter(|&i| i != f).collect();
+    }
+    // On Redlock: the holder takes the lock on every master, then loses its links to a
+    // majority (it keeps the first ⌊n/2⌋); the contender reaches only that majority.
+    let cut: Vec<usize> = match fault {
+        Fault::MinorityPartition if redlock => (n / 2..n).collect(),
+        _ => Vec::new(),
+    };
+    if !cut.is_empty() {
+        holder_side = (0..n).collect();
+        contender_side = cut.clone();
     }
     let mut clients = Vec::with_capacity(pairs);
     let mut early = Vec::new();
@@ -1152,8 +1169,32 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         _ => 0,
     };
     let dropped_before = dropped();
+    // Bytes black-holed on each holder's cut links.
+    let blackholed = |links: &[Links; 2]| -> u64 {
+        cut.iter()
+            .filter_map(|&i| links[0].proxies().get(i))
+            .map(|p| p.stats().bytes_blackholed)
+            .sum()
+    };
+    let blackholed_before: Vec<u64> = pairs_held
+        .iter()
+        .map(|(_, _, _, links)| blackholed(links))
+        .collect();
 
-    let fired = inject(fault, target, node).await;
+    let fired = if cut.is_empty() {
+        inject(fault, target, node).await
+    } else {
+        for (_, _, _, links) in &pairs_held {
+            for &i in &cut {
+                if let Some(proxy) = links[0].proxies().get(i) {
+                    proxy.set_mode(ProxyMode::Blackhole);
+                }
+            }
+        }
+        Ok(Evidence(
+            "the holder's traffic to a majority of the masters was black-holed".into(),
+        ))
+    };
     // By now the server sees the fault (a clock jump has been read and applied).
     let landed = Instant::now();
     let outcomes = futures::future::join_all(
@@ -1163,7 +1204,9 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     )
     .await;
     let mut trials = early;
-    for ((record, holder, contender, _links), outcome) in pairs_held.into_iter().zip(outcomes) {
+    for (((record, holder, contender, links), outcome), before) in
+        pairs_held.into_iter().zip(outcomes).zip(blackholed_before)
+    {
         let mut fired = fired.is_ok();
         if fault == Fault::ClockJump {
             // The jump counts only where it landed while the holder still believed.
@@ -1172,6 +1215,10 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         if follower.is_some() {
             // Evidence: the follower's traffic with the other members was dropped.
             fired &= dropped() > dropped_before;
+        }
+        if !cut.is_empty() {
+            // Evidence: the holder's requests to the cut-off majority were dropped.
+            fired &= blackholed(&links) > before;
         }
         trials.push(
             record
@@ -1260,7 +1307,7 @@ async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence,
                 .ok_or_else(|| format!("SIGSTOP sent, but the state is {:?}", node.state()))?;
             Ok(Evidence("the server process is stopped (state T)".into()))
         }
-        Fault::FollowerPartition => {
+        Fault::MinorityPartition => {
             let links = target
                 .peer_links
                 .as_ref()
@@ -1309,7 +1356,7 @@ async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> 
                 .await
                 .ok_or_else(|| "SIGCONT sent, but the server is still stopped".to_string())
         }
-        Fault::FollowerPartition => {
+        Fault::MinorityPartition => {
             if let Some(links) = &target.peer_links {
                 links.heal();
             }
