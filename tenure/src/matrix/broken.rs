@@ -427,7 +427,12 @@ impl Broken {
                     let token = tokens.into_iter().max().unwrap_or(FencingToken(0));
                     return Ok(Some(self.lease(key, owner, token, from, ttl)));
                 }
-                futures::future::join_all(nodes.iter().map(|n| n.release_owner(key, owner))).await;
+                futures::future::join_all(
+                    nodes
+                        .iter()
+                        .map(|n| tokio::time::timeout(bound, n.release_owner(key, owner))),
+                )
+                .await;
                 Ok(None)
             }
         }
@@ -596,14 +601,14 @@ impl DistributedLock for Broken {
                 Ok(outcome(deleted > 0))
             }
             Flaw::RedlockNoValidity | Flaw::RedlockMinority => {
-                let (nodes, _, _) = self.nodes(lease.ttl());
-                let released = futures::future::join_all(
-                    nodes
-                        .iter()
-                        .map(|n| n.release_owner(lease.key(), lease.owner())),
-                )
+                // Each node's request bounded as the real Redlock bounds it: a cut-off
+                // node must not hold the release up.
+                let (nodes, bound, _) = self.nodes(lease.ttl());
+                let released = futures::future::join_all(nodes.iter().map(|n| {
+                    tokio::time::timeout(bound, n.release_owner(lease.key(), lease.owner()))
+                }))
                 .await;
-                Ok(outcome(released.iter().any(|r| matches!(r, Ok(true)))))
+                Ok(outcome(released.iter().any(|r| matches!(r, Ok(Ok(true))))))
             }
             _ => self.inner.release(lease).await,
         }

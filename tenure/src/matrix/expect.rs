@@ -273,31 +273,35 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              contender's committed nextval is larger, so the woken holder's write is rejected",
         ),
 
-        // --- the replies to the holder's acquire arrive after its TTL ----------------
+        // --- the replies to the holder's acquire (or release) arrive late ----------
         (Fault::DelayedReply, Redis { .. }) => e(
             SAFE,
             "the lease's deadline counts from the send: a grant delayed past its TTL \
-             arrives expired and is never believed",
+             arrives expired and is never believed; a release is one script, which frees \
+             the lock on arrival however late its reply",
         ),
         (Fault::DelayedReply, Redlock { .. }) => e(
             SAFE,
             "validity is ttl − elapsed − drift from before the first send: a grant delayed \
-             past its TTL has none left and is refused",
+             past its TTL has none left and is refused; a release is one script per node, \
+             all sent at once, each freeing its node on arrival",
         ),
         (Fault::DelayedReply, Etcd) => e(
             SAFE,
             "the lease's deadline counts from the lease grant's send: a late grant arrives \
-             expired",
+             expired; a release is one owner-checked delete transaction, applied on arrival",
         ),
         (Fault::DelayedReply, Zk) => e(
             SAFE,
             "the deadline is min(sent + ttl, anchor + session timeout), both fixed before \
-             the reply: a late grant arrives expired",
+             the reply: a late grant arrives expired; a release is one versioned delete, \
+             applied on arrival",
         ),
         (Fault::DelayedReply, Postgres) => e(
             SAFE,
             "the deadline counts from the send, and the server's idle timer from its grant: \
-             a late grant arrives expired",
+             a late grant arrives expired; a release ends the holder's transaction on \
+             arrival",
         ),
 
         // --- the server's wall clock jumps forward by 2 × TTL ------------------------
@@ -518,17 +522,29 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
             "the reset ends the orphan's transaction, which frees the row",
         ),
 
-        // --- a ZooKeeper follower cut off from the leader ---------------------------
-        (Fault::FollowerPartition, Zk) if single => e(NOT_APPLICABLE, "no followers"),
-        (Fault::FollowerPartition, Zk) => e(
+        // --- the holder is partitioned into a minority of the servers -----------------
+        (Fault::MinorityPartition, Zk | Redlock { .. } | Etcd) if single => {
+            e(NOT_APPLICABLE, "fewer than three servers: no minority side")
+        }
+        (Fault::MinorityPartition, Zk) => e(
             SAFE,
             "every grant and renewal is preceded by a sync through the leader: a follower \
              cut off from it cannot prove the lease",
         ),
-        (Fault::FollowerPartition, _) => e(
-            NOT_APPLICABLE,
-            "only ZooKeeper clients talk to followers that answer from their own replica",
+        (Fault::MinorityPartition, Redlock { .. }) => e(
+            SAFE,
+            "a renewal needs a majority: the holder's guard gives up at its deadline, \
+             counted from a send minus drift, before the majority side's TTL runs out and a \
+             contender can be granted there",
         ),
+        (Fault::MinorityPartition, Etcd) => e(
+            SAFE,
+            "keep-alives are answered by the leader: a member cut off from it cannot renew, \
+             and the guard gives up at its deadline, before the leader expires the lease",
+        ),
+        (Fault::MinorityPartition, Redis { .. } | Postgres) => {
+            e(NOT_APPLICABLE, "one server: no minority side")
+        }
     }
 }
 

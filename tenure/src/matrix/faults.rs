@@ -31,7 +31,8 @@ use super::Target;
 pub enum Fault {
     /// The holder's process stops (GC pause, SIGSTOP) past its TTL, then writes.
     PausedHolder,
-    /// The server's replies to the holder's acquire arrive after the TTL.
+    /// The server's replies to the holder arrive late: to its acquire, after the TTL; in
+    /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
     /// The server's wall clock jumps forward by twice the TTL.
     ClockJump,
@@ -49,8 +50,10 @@ pub enum Fault {
     ReplicaFailover,
     /// The acquire request reaches the server but its reply is lost.
     LostReply,
-    /// The ZooKeeper follower the holder talks to is cut off from the other members.
-    FollowerPartition,
+    /// The holder is partitioned into a minority of the servers: ZooKeeper, the follower
+    /// it talks to is cut off from the other members; Redlock, its links to a majority of
+    /// the masters are black-holed.
+    MinorityPartition,
 }
 
 impl Fault {
@@ -66,7 +69,7 @@ impl Fault {
         Fault::ServerPause,
         Fault::ReplicaFailover,
         Fault::LostReply,
-        Fault::FollowerPartition,
+        Fault::MinorityPartition,
     ];
 
     /// Short title for tables.
@@ -82,7 +85,7 @@ impl Fault {
             Fault::ServerPause => "server SIGSTOP",
             Fault::ReplicaFailover => "failover to async replica",
             Fault::LostReply => "acquire with lost reply",
-            Fault::FollowerPartition => "ZooKeeper follower partitioned from the leader",
+            Fault::MinorityPartition => "holder partitioned into a minority",
         }
     }
 
@@ -96,7 +99,7 @@ impl Fault {
                 | Fault::MinorityLoss
                 | Fault::ServerPause
                 | Fault::ReplicaFailover
-                | Fault::FollowerPartition
+                | Fault::MinorityPartition
         )
     }
 }
@@ -486,7 +489,17 @@ struct Contended {
 /// [`patience`]. It takes a lease longer than the holder's, so that the witness asks
 /// while it still holds.
 async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey) -> Contended {
-    let opts = AcquireOptions::new(target.ttl * 4).wait(patience(target));
+    contend_for(target, lock, key, target.ttl * 4).await
+}
+
+/// [`contend`] with a lease of `ttl`.
+async fn contend_for(
+    target: &Target,
+    lock: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+    ttl: Duration,
+) -> Contended {
+    let opts = AcquireOptions::new(ttl).wait(patience(target));
     let result = lock.acquire(key, &opts).await;
     let at = Instant::now();
     match result {
@@ -628,16 +641,20 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             }),
             _ => not_injectable("the harness starts no replica for this backend"),
         },
-        Fault::FollowerPartition => match backend {
+        Fault::MinorityPartition => match backend {
+            "zk" | "redlock" if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+                reason: "fewer than three servers: no minority side".into(),
+            }),
             "zk" if target.peer_links.is_none() => {
                 not_injectable("no control over the links between the members")
             }
-            "zk" => None,
+            "zk" | "redlock" => None,
+            "etcd" => not_injectable(
+                "the harness has no control over the links between etcd members (its \
+                 members reach each other directly)",
+            ),
             _ => Some(Cell::NotApplicable {
-                reason: "only ZooKeeper clients talk to followers that answer from their \
-                         own replica (etcd confirms reads with the leader; the others have \
-                         no followers)"
-                    .into(),
+                reason: "one server: no minority side".into(),
             }),
         },
         _ => None,
@@ -681,6 +698,8 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         record,
     };
     match fault {
+        // Every other trial delays a release instead of an acquire.
+        Fault::DelayedReply if index % 2 == 1 => trial.delayed_release().await,
         Fault::DelayedReply => trial.delayed_reply().await,
         Fault::Blackhole => trial.blackhole().await,
         Fault::ConnectionCut => trial.connection_cut().await,
@@ -859,6 +878,68 @@ impl ClientTrial<'_> {
         trial
     }
 
+    /// The holder releases while the server's replies to it are delayed past its lease's
+    /// remaining TTL, a contender waiting. A release that runs on the server at once frees
+    /// the lock for the contender after the holder stopped believing; a release whose
+    /// owner check and delete are two requests deletes, after the late check, whatever
+    /// lock is there by then: the contender's, which the witness is then granted. Fired:
+    /// the release took at least the delay, and the contender was granted before it
+    /// returned.
+    async fn delayed_release(self) -> Trial {
+        let delay = match self.target.caps.backend {
+            // Its client drops a connection silent for 2/5 of the session timeout (the
+            // TTL): a longer delay fails the release before its reply is due.
+            "zk" => self.target.ttl / 5,
+            _ => self.target.ttl + Duration::from_millis(500),
+        };
+        let lock = self.record.client(HOLDER, self.lock.clone());
+        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
+        let lease = match lock.acquire(&self.record.key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let _ = self.record.register.write(lease.token(), 0);
+        self.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: delay,
+        });
+        // It releases at once, still believing (its belief ends at this call).
+        let started = Instant::now();
+        let release = tokio::spawn({
+            let lock = lock.clone();
+            async move {
+                let released = lock.release(lease).await;
+                (released, Instant::now())
+            }
+        });
+        // The contender's lease outlasts the late release and the witness's request.
+        let outcome = contend_for(
+            self.target,
+            &self.contender,
+            &self.record.key,
+            self.target.ttl * 4 + delay * 2,
+        )
+        .await;
+        // Replies already on their way keep their delay; later ones pass.
+        self.set_mode(ProxyMode::Pass);
+        // The holder's release returns before the witness asks.
+        let (fired, note) = match tokio::time::timeout(patience(self.target), release).await {
+            Ok(Ok((released, returned))) => (
+                returned - started >= delay && outcome.at < returned,
+                released.err().map(|e| format!("release: {}", short(&e))),
+            ),
+            _ => (false, Some("the holder's release did not return".into())),
+        };
+        let holder = Holder {
+            lock,
+            ending: Ending::Nothing,
+            stale_write: None,
+        };
+        let mut trial = self.judge(holder, outcome, fired).await;
+        trial.note = trial.note.or(note);
+        trial
+    }
+
     async fn blackhole(self) -> Trial {
         let holder = match hold(&self.record, self.lock.clone(), self.target.ttl, true).await {
             Ok(h) => h,
@@ -1005,17 +1086,28 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     if fault == Fault::MinorityLoss {
         return minority_loss(target, round, pairs).await;
     }
+    let n = target.nodes.len();
     let redlock = target.caps.backend == "redlock" && fault != Fault::ServerPause;
-    let (mut holder_side, mut contender_side, _) = redlock_sides(target.nodes.len());
-    // A follower partition: the holder talks to one follower only, the contender to the
-    // others (the leader's side).
+    let (mut holder_side, mut contender_side, _) = redlock_sides(n);
+    // A minority partition on ZooKeeper: the holder talks to one follower only, the
+    // contender to the others (the leader's side).
     let follower = match fault {
-        Fault::FollowerPartition => Some((victim(target).await + 1) % target.nodes.len()),
+        Fault::MinorityPartition if !redlock => Some((victim(target).await + 1) % n),
         _ => None,
     };
     if let Some(f) = follower {
         holder_side = vec![f];
-        contender_side = (0..target.nodes.len()).filter(|&i| i != f).collect();
+        contender_side = (0..n).filter(|&i| i != f).collect();
+    }
+    // On Redlock: the holder takes the lock on every master, then loses its links to a
+    // majority (it keeps the first ⌊n/2⌋); the contender reaches only that majority.
+    let cut: Vec<usize> = match fault {
+        Fault::MinorityPartition if redlock => (n / 2..n).collect(),
+        _ => Vec::new(),
+    };
+    if !cut.is_empty() {
+        holder_side = (0..n).collect();
+        contender_side = cut.clone();
     }
     let mut clients = Vec::with_capacity(pairs);
     let mut early = Vec::new();
@@ -1077,8 +1169,32 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         _ => 0,
     };
     let dropped_before = dropped();
+    // Bytes black-holed on each holder's cut links.
+    let blackholed = |links: &[Links; 2]| -> u64 {
+        cut.iter()
+            .filter_map(|&i| links[0].proxies().get(i))
+            .map(|p| p.stats().bytes_blackholed)
+            .sum()
+    };
+    let blackholed_before: Vec<u64> = pairs_held
+        .iter()
+        .map(|(_, _, _, links)| blackholed(links))
+        .collect();
 
-    let fired = inject(fault, target, node).await;
+    let fired = if cut.is_empty() {
+        inject(fault, target, node).await
+    } else {
+        for (_, _, _, links) in &pairs_held {
+            for &i in &cut {
+                if let Some(proxy) = links[0].proxies().get(i) {
+                    proxy.set_mode(ProxyMode::Blackhole);
+                }
+            }
+        }
+        Ok(Evidence(
+            "the holder's traffic to a majority of the masters was black-holed".into(),
+        ))
+    };
     // By now the server sees the fault (a clock jump has been read and applied).
     let landed = Instant::now();
     let outcomes = futures::future::join_all(
@@ -1088,7 +1204,9 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     )
     .await;
     let mut trials = early;
-    for ((record, holder, contender, _links), outcome) in pairs_held.into_iter().zip(outcomes) {
+    for (((record, holder, contender, links), outcome), before) in
+        pairs_held.into_iter().zip(outcomes).zip(blackholed_before)
+    {
         let mut fired = fired.is_ok();
         if fault == Fault::ClockJump {
             // The jump counts only where it landed while the holder still believed.
@@ -1097,6 +1215,10 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         if follower.is_some() {
             // Evidence: the follower's traffic with the other members was dropped.
             fired &= dropped() > dropped_before;
+        }
+        if !cut.is_empty() {
+            // Evidence: the holder's requests to the cut-off majority were dropped.
+            fired &= blackholed(&links) > before;
         }
         trials.push(
             record
@@ -1185,7 +1307,7 @@ async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence,
                 .ok_or_else(|| format!("SIGSTOP sent, but the state is {:?}", node.state()))?;
             Ok(Evidence("the server process is stopped (state T)".into()))
         }
-        Fault::FollowerPartition => {
+        Fault::MinorityPartition => {
             let links = target
                 .peer_links
                 .as_ref()
@@ -1234,7 +1356,7 @@ async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> 
                 .await
                 .ok_or_else(|| "SIGCONT sent, but the server is still stopped".to_string())
         }
-        Fault::FollowerPartition => {
+        Fault::MinorityPartition => {
             if let Some(links) = &target.peer_links {
                 links.heal();
             }

@@ -117,7 +117,8 @@ impl Target {
 fn patient_query(backend: &str) -> &'static str {
     match backend {
         "redis" | "postgres" => "command_timeout_ms=5000",
-        "redlock" => "node_timeout_ms=5000",
+        // Both bounds: each node's command timeout, and the round's per-node bound.
+        "redlock" => "node_timeout_ms=5000&command_timeout_ms=5000",
         "etcd" => "request_timeout_ms=10000",
         "zk" => "session_timeout_ms=4000&op_timeout_ms=5000",
         _ => "",
