@@ -8,15 +8,6 @@ use serde_json::Value;
 use tenure::matrix::expect::{expect, Config};
 use tenure::matrix::Fault;
 
-/// Cells whose ⚠ is an open finding, explained in the README ("Open findings"), with the
-/// verdict it shows: the matrix keeps reporting them; this test does not fail on them.
-/// Never a way to widen the table: each entry names the verdict the table does not allow.
-const OPEN_FINDINGS: &[(&str, &str, &str)] = &[
-    // About 1 quick run in 10: the witness is granted while the contender still believes
-    // its fresh grant, after the leader was restarted. Under investigation.
-    ("zk", "restart", "F-SAFE"),
-];
-
 /// The configurations `tenure matrix` starts locally (default fence modes).
 fn local_config(backend: &str) -> Config {
     let (url, nodes) = match backend {
@@ -63,7 +54,6 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         let faults = backend["faults"].as_array().unwrap();
         assert_eq!(faults.len(), Fault::ALL.len(), "{name}");
         let config = local_config(name);
-        let mut open_hit = false;
         for (fault, kind) in faults.iter().zip(Fault::ALL) {
             let cell = &fault["cell"];
             let title = kind.title();
@@ -80,11 +70,8 @@ fn quick_matrix_covers_every_backend_and_scenario() {
                 .as_object()
                 .map(|c| c.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let key = fault["fault"].as_str().unwrap();
-            let open = |v: &str| OPEN_FINDINGS.contains(&(name, key, v));
-            open_hit |= observed.iter().any(|v| !allowed.contains(v) && open(v));
             assert!(
-                observed.iter().all(|v| allowed.contains(v) || open(v)),
+                observed.iter().all(|v| allowed.contains(v)),
                 "⚠ {name} / {title}: observed {observed:?}, the table allows {allowed:?} \
                  ({}): {cell}",
                 table.reason
@@ -139,9 +126,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         }
         assert_eq!(backend["perf"].as_array().unwrap().len(), 3, "{name}");
         for check in backend["checks"].as_array().unwrap() {
-            // The fencing claim is judged on the restart cell, an open finding for zk.
-            let open = open_hit && check["claim"].as_str().unwrap().starts_with("fencing");
-            assert!(check["consistent"] != false || open, "⚠ {name}: {check}");
+            assert!(check["consistent"] != false, "⚠ {name}: {check}");
         }
     }
     // Seeds 001/004: a Redis failover or a restart without persistence loses the grant;
@@ -154,7 +139,7 @@ fn quick_matrix_covers_every_backend_and_scenario() {
         assert!(cell["counts"]["UNSAFE"].is_null(), "{fault}: {cell}");
     }
     assert!(json["seed_claims"].as_array().unwrap().len() >= 5);
-    // No backend error, and no ⚠ but the open findings (checked per cell above).
+    // No backend error, and no ⚠ (checked per cell above).
     assert!(out.status.success(), "{stderr}\n{report}");
     for file in ["matrix.md", "matrix.html"] {
         let text = std::fs::read_to_string(out_dir.path().join(file)).unwrap();
