@@ -434,8 +434,9 @@ pub trait LockExt {
     type Lock: DistributedLock + ?Sized + 'static;
 
     /// Acquires `key` (waiting up to `opts.wait`) and returns a renewing guard. A grant
-    /// that arrives after its own deadline (a reply slower than the TTL) is released and
-    /// reported as [`LockError::LeaseLost`], never handed out.
+    /// that arrives after its own deadline (a reply slower than the TTL) is released, never
+    /// handed out, and the lock is asked for again within the wait; if the wait runs out on
+    /// such a grant, the error is [`LockError::LeaseLost`].
     ///
     /// # Cancel safety
     /// As [`DistributedLock::acquire`].
@@ -469,15 +470,29 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
     type Lock = L;
 
     async fn lock(&self, key: &LockKey, opts: &AcquireOptions) -> Result<LockGuard<L>, LockError> {
-        let lease = self.acquire(key, opts).await?;
-        let guard = LockGuard::new(self.clone(), lease);
-        if guard.is_lost() {
+        let deadline = opts.wait_deadline(Instant::now());
+        let mut late = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let lease = match late {
+                0 => self.acquire(key, opts).await?,
+                _ => self.acquire(key, &opts.clone().wait(left)).await?,
+            };
+            let guard = LockGuard::new(self.clone(), lease);
+            if !guard.is_lost() {
+                return Ok(guard);
+            }
             let _ = guard.release().await;
-            return Err(LockError::lost(format!(
-                "the grant of `{key}` arrived after its lease deadline"
-            )));
+            late += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LockError::lost(format!(
+                    "the grant of `{key}` arrived after its lease deadline ({late} such \
+                     grant(s) within the wait)"
+                )));
+            }
+            tokio::time::sleep(opts.backoff.delay(late).min(left)).await;
         }
-        Ok(guard)
     }
 
     async fn with_lock<F, Fut, T>(

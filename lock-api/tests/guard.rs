@@ -393,10 +393,11 @@ async fn with_lock_never_starts_work_on_an_expired_grant() {
     let lock = Faulty::late(MemoryLock::new(), ttl * 3);
     let started = Arc::new(AtomicBool::new(false));
     let flag = started.clone();
+    // Every grant is late: the wait runs out on them.
     let result = lock
         .with_lock(
             &key("expired"),
-            &AcquireOptions::new(ttl),
+            &AcquireOptions::new(ttl).wait(ttl * 4),
             |_, _| async move {
                 flag.store(true, Ordering::SeqCst);
             },
@@ -413,11 +414,75 @@ async fn with_lock_never_starts_work_on_an_expired_grant() {
         !started.load(Ordering::SeqCst),
         "work ran on an expired lease"
     );
-    let guard = lock.lock(&key("expired"), &AcquireOptions::new(ttl)).await;
+    // Every grant is late: once the wait has run out, the error says so.
+    let opts = AcquireOptions::new(ttl).wait(ttl * 4);
+    let guard = lock.lock(&key("expired"), &opts).await;
     assert!(
         matches!(guard, Err(LockError::LeaseLost { .. })),
         "{guard:?}"
     );
+}
+
+/// Defect: `lock()` gave up on the first grant that arrived after its deadline, though
+/// its wait had time left (the matrix's ZooKeeper holders, on a loaded machine, failed to
+/// start: "the grant … arrived after its lease deadline").
+#[tokio::test]
+async fn a_late_grant_is_released_and_the_lock_asked_for_again_within_the_wait() {
+    let ttl = Duration::from_millis(50);
+    let late = Arc::new(LateOnce {
+        inner: MemoryLock::new(),
+        delay: ttl * 3,
+        acquires: AtomicU32::new(0),
+    });
+    let guard = late
+        .lock(&key("late-once"), &AcquireOptions::new(ttl))
+        .await
+        .expect("the second grant arrives in time");
+    assert!(!guard.is_lost());
+    assert!(late.acquires.load(Ordering::SeqCst) >= 2);
+    // The late grant was released: one holder in the backend's eyes.
+    let holder = late
+        .inner
+        .inspect(&key("late-once"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder.owner, guard.lease().await.unwrap().owner());
+    guard.release().await.unwrap();
+}
+
+/// MemoryLock whose first acquire's reply arrives `delay` late.
+#[derive(Debug)]
+struct LateOnce {
+    inner: MemoryLock,
+    delay: Duration,
+    acquires: AtomicU32,
+}
+
+#[async_trait]
+impl DistributedLock for LateOnce {
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        let lease = self.inner.acquire(key, opts).await?;
+        if self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(lease)
+    }
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
 }
 
 /// Defect: when the release after the work failed, `with_lock` returned only the error
