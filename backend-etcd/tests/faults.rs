@@ -66,19 +66,19 @@ async fn queued(lock: &EtcdLock, hosts: &str, key: &LockKey) -> usize {
 /// One served waiter: (index, token, acquired at, release started at).
 type Served = (usize, FencingToken, Instant, Instant);
 
-/// Starts a waiter on its own client and returns once its key is queued behind
-/// `ahead` others. The task reports (index, lease, acquired-at) and releases after
-/// `hold`, reporting when it started the release.
+/// Starts a waiter on its own client, recorded in `history` as client `index + 1`, and
+/// returns once its key is queued behind `ahead` others. The task reports (index, lease,
+/// acquired-at) and releases after `hold`, reporting when it started the release.
 async fn spawn_waiter(
     hosts: &str,
     key: &LockKey,
-    index: usize,
-    ahead: usize,
+    (index, ahead): (usize, usize),
     hold: Duration,
     log: Arc<Mutex<Vec<Served>>>,
+    history: &History,
 ) -> tokio::task::JoinHandle<Result<(), LockError>> {
-    let lock = connect(hosts, "").await;
-    let probe = lock.clone();
+    let probe = connect(hosts, "").await;
+    let lock = history.recorded(index + 1, Arc::new(probe.clone()));
     let key = key.clone();
     let task = {
         let key = key.clone();
@@ -145,14 +145,16 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
     let _serial = SERIAL.lock().await;
     let cluster = EtcdCluster::start(3).await.unwrap();
     let hosts = all_hosts(&cluster);
-    let holder = connect(&hosts, "").await;
+    let probe = connect(&hosts, "").await;
+    let history = History::new();
+    let holder = history.recorded(0, Arc::new(probe.clone()));
     let k = key("leader-killed");
     let mut held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..3 {
         let hold = Duration::from_millis(20);
-        waiters.push(spawn_waiter(&hosts, &k, i, i + 1, hold, log.clone()).await);
+        waiters.push(spawn_waiter(&hosts, &k, (i, i + 1), hold, log.clone(), &history).await);
     }
 
     let leader = cluster.leader_index().await.unwrap();
@@ -179,7 +181,7 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
     assert_eq!(info.owner, held.owner(), "still held by its owner");
     assert_eq!(info.token, Some(held.token()));
     assert_eq!(
-        queued(&holder, &hosts, &k).await,
+        queued(&probe, &hosts, &k).await,
         4,
         "the waiters are still queued"
     );
@@ -195,6 +197,9 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
         "after leader failover: hand-off latency {}",
         summary(&mut latencies)
     );
+    let report = history.check();
+    assert_eq!(history.holds().len(), 4, "the holder and three waiters");
+    assert!(report.is_safe(), "one holder at a time: {report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,21 +319,21 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
     let proxy = FaultProxy::start(cluster.members()[0].addr())
         .await
         .unwrap();
-    let holder: Arc<EtcdLock> =
-        Arc::new(connect(&proxy.addr().to_string(), "request_timeout_ms=500").await);
-    let waiter = connect(&hosts, "").await;
+    let history = History::new();
+    let holder = history.recorded(
+        0,
+        Arc::new(connect(&proxy.addr().to_string(), "request_timeout_ms=500").await),
+    );
+    let probe = connect(&hosts, "").await;
+    let waiter = history.recorded(1, Arc::new(probe.clone()));
     let k = key("blackhole");
     let ttl = Duration::from_secs(2);
     let register = FencedRegister::new();
-    let history = History::new();
 
-    let invoked = Instant::now();
     let guard = holder.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
-    let completed = Instant::now();
     let stale = guard.lease().await.unwrap();
     let seen_by_stale = register.read(stale.token()).unwrap();
 
-    let w_invoked = Instant::now();
     let waiting = {
         let (waiter, k) = (waiter.clone(), k.clone());
         tokio::spawn(async move {
@@ -339,7 +344,7 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
         })
     };
     let started = Instant::now();
-    while queued(&waiter, &hosts, &k).await < 2 {
+    while queued(&probe, &hosts, &k).await < 2 {
         assert!(started.elapsed() < ttl, "the waiter never queued");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -350,6 +355,7 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
         .await
         .expect("the stale holder's guard reports the loss");
     let lost_at = Instant::now();
+    history.lost(0, lost_at);
     let (fresh, w_completed) = waiting.await.unwrap();
     let fresh = fresh.expect("the expired holder's lock is taken over");
     eprintln!(
@@ -372,10 +378,6 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
         "taken over before the stale holder's own deadline"
     );
     assert!(fresh.token() > stale.token(), "tokens increase");
-    history.record(0, &last, invoked, completed, lost_at);
-    history.record(1, &fresh, w_invoked, w_completed, Instant::now());
-    let report = history.check();
-    assert!(report.is_safe(), "{report}");
 
     // The stale holder writes as if nothing had happened: fencing rejects it.
     assert!(register
@@ -393,6 +395,11 @@ async fn blackholed_holder_expires_and_is_fenced_off() {
     let info = waiter.inspect(&k).await.unwrap().expect("still held");
     assert_eq!(info.owner, fresh.owner(), "the new owner keeps the lock");
     waiter.release(fresh).await.unwrap();
+    // Judged after the stale holder's release: a release that freed the new lock would
+    // be an overlap the hand-off alone could not show.
+    let report = history.check();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert!(report.is_safe(), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,15 +408,25 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
     let _serial = SERIAL.lock().await;
     let cluster = EtcdCluster::start(3).await.unwrap();
     let hosts = all_hosts(&cluster);
-    let holder = connect(&hosts, "").await;
+    let probe = connect(&hosts, "").await;
+    let history = History::new();
+    let holder = history.recorded(0, Arc::new(probe.clone()));
     let k = key("fifo16");
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..WAITERS {
-        waiters.push(spawn_waiter(&hosts, &k, i, i + 1, Duration::ZERO, log.clone()).await);
+        let waiter = spawn_waiter(
+            &hosts,
+            &k,
+            (i, i + 1),
+            Duration::ZERO,
+            log.clone(),
+            &history,
+        );
+        waiters.push(waiter.await);
     }
-    assert_eq!(queued(&holder, &hosts, &k).await, WAITERS + 1);
+    assert_eq!(queued(&probe, &hosts, &k).await, WAITERS + 1);
     let released_at = Instant::now();
     holder.release(held.clone()).await.unwrap();
     for waiter in waiters {
@@ -422,7 +439,10 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
         "{WAITERS} waiters: hand-off latency (release → next acquired) {}",
         summary(&mut latencies)
     );
-    assert_eq!(queued(&holder, &hosts, &k).await, 0, "nothing left queued");
+    assert_eq!(queued(&probe, &hosts, &k).await, 0, "nothing left queued");
+    let report = history.check();
+    assert_eq!(history.holds().len(), WAITERS + 1, "every grant recorded");
+    assert!(report.is_safe(), "one holder at a time: {report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

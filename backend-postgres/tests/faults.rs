@@ -38,6 +38,18 @@ async fn acquire_eventually(lock: &PgLock, key: &LockKey, limit: Duration) -> Op
     }
 }
 
+/// `lock` recorded as `client` in `history`.
+fn recorded(history: &History, client: usize, lock: PgLock) -> Arc<dyn DistributedLock> {
+    history.recorded(client, Arc::new(lock))
+}
+
+/// Checks `history` and asserts it is safe: one holder at a time, tokens increasing,
+/// nobody believing past what the server promised.
+fn assert_safe(history: &History) {
+    let report = history.check();
+    assert!(report.is_safe(), "{report}");
+}
+
 async fn backend_alive(server: &Postgres, pid: i64) -> bool {
     let count = server
         .psql(&format!(
@@ -482,7 +494,7 @@ async fn wait_queued(server: &Postgres, n: usize) {
 /// Starts a contender waiting for `k` on `lock`; it returns its lease, the instant it was
 /// granted, and whether the holder's `lost` signal said "lost" at that instant.
 fn contend_against(
-    lock: PgLock,
+    lock: Arc<dyn DistributedLock>,
     k: &LockKey,
     holder: tenure_api::LostSignal,
 ) -> tokio::task::JoinHandle<(Lease, Instant, bool)> {
@@ -499,9 +511,12 @@ fn contend_against(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_is_reported_before_the_contender_is_granted() {
     let server = Postgres::start().await.unwrap();
-    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&server).await);
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("terminated-push");
     let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let loss = history.lost_on(0, guard.lost_signal());
     let first = guard.lease().await.unwrap();
     let contender = contend_against(b, &k, guard.lost_signal());
     wait_queued(&server, 1).await;
@@ -528,14 +543,20 @@ async fn terminated_backend_is_reported_before_the_contender_is_granted() {
     assert!(reason.contains("connection"), "{reason}");
     assert!(!backend_alive(&server, pid).await);
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+    loss.await.unwrap();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restart_is_reported_before_the_contender_is_granted() {
     let server = Postgres::start().await.unwrap();
-    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&server).await);
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("restart-push");
     let guard = a.lock(&k, &AcquireOptions::new(LONG_TTL)).await.unwrap();
+    let loss = history.lost_on(0, guard.lost_signal());
     let first = guard.lease().await.unwrap();
     let contender = contend_against(b, &k, guard.lost_signal());
     wait_queued(&server, 1).await;
@@ -556,20 +577,27 @@ async fn server_restart_is_reported_before_the_contender_is_granted() {
     );
     assert!(second.token() > first.token());
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+    loss.await.unwrap();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholed_holder_is_not_freed_before_its_deadline() {
     let server = Postgres::start().await.unwrap();
-    let a = Arc::new(
+    let history = History::new();
+    let a = recorded(
+        &history,
+        0,
         PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
             .await
             .unwrap(),
     );
-    let b = connect(&server).await;
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("blackhole");
     let ttl = Duration::from_secs(2);
     let guard = a.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let loss = history.lost_on(0, guard.lost_signal());
     let first = guard.lease().await.unwrap();
     server
         .proxy()
@@ -590,6 +618,9 @@ async fn blackholed_holder_is_not_freed_before_its_deadline() {
         .proxy()
         .set_mode(tenure_conformance::proxy::ProxyMode::Pass);
     let _ = guard.release().await;
+    loss.await.unwrap();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,11 @@ async fn connect(url: &str) -> RedisLock {
 }
 
 /// Retries `try_acquire` for up to `limit` while the client reconnects.
-async fn acquire_eventually(lock: &RedisLock, key: &LockKey, limit: Duration) -> Option<Lease> {
+async fn acquire_eventually(
+    lock: &dyn DistributedLock,
+    key: &LockKey,
+    limit: Duration,
+) -> Option<Lease> {
     let started = Instant::now();
     loop {
         match lock.try_acquire(key, TTL).await {
@@ -40,7 +44,7 @@ async fn acquire_eventually(lock: &RedisLock, key: &LockKey, limit: Duration) ->
 }
 
 /// Grants and releases `n` times so the fence counter is well above 1.
-async fn advance_fence(lock: &RedisLock, key: &LockKey, n: usize) {
+async fn advance_fence(lock: &dyn DistributedLock, key: &LockKey, n: usize) {
     for _ in 0..n {
         let lease = lock.try_acquire(key, TTL).await.unwrap().unwrap();
         lock.release(lease).await.unwrap();
@@ -80,6 +84,11 @@ async fn server_killed_while_held_is_unavailable_then_usable_after_restart() {
     );
 }
 
+/// `lock` recorded as `client` in `history`.
+fn recorded(history: &History, client: usize, lock: RedisLock) -> Arc<dyn DistributedLock> {
+    history.recorded(client, Arc::new(lock))
+}
+
 /// Two holders at once: what the first was granted and what the second took over.
 struct DoubleGrant {
     held: Lease,
@@ -88,19 +97,14 @@ struct DoubleGrant {
 }
 
 impl DoubleGrant {
-    /// Records both grants in `history` (created before either acquire) and checks it.
-    fn new(
-        history: &History,
-        held: (Lease, Instant, Instant),
-        stolen: (Lease, Instant, Instant),
-    ) -> Self {
-        history.record(1, &stolen.0, stolen.1, stolen.2, Instant::now());
-        history.record(0, &held.0, held.1, held.2, Instant::now());
+    /// Checks `history`, which recorded both clients' every call: the holder's unreleased
+    /// lease is believed until its deadline, so the takeover must show as an overlap.
+    fn new(history: &History, held: Lease, stolen: Lease) -> Self {
         let report = history.check();
         assert!(report.overlaps() >= 1, "double grant observed: {report}");
         Self {
-            held: held.0,
-            stolen: stolen.0,
+            held,
+            stolen,
             report,
         }
     }
@@ -130,6 +134,12 @@ impl DoubleGrant {
     /// store rejects the first holder's stale write.
     fn assert_fencing_contains_it(&self) {
         assert_eq!(self.report.token_violations(), 0, "{}", self.report);
+        assert_eq!(
+            self.report.fencing_contained(),
+            Some(true),
+            "the checker finds every violation fenced: {}",
+            self.report
+        );
         let register = FencedRegister::new();
         let seen_by_held = register.read(self.held.token()).unwrap();
         let rejected = register
@@ -149,14 +159,13 @@ async fn restart_without_persistence(fence: &str, advance: usize) -> DoubleGrant
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     let url = format!("{}?fence={fence}", node.url());
-    let (a, b) = (connect(&url).await, connect(&url).await);
-    let k = key("amnesia");
-    advance_fence(&a, &k, advance).await;
     let history = History::new();
+    let a = recorded(&history, 0, connect(&url).await);
+    let b = recorded(&history, 1, connect(&url).await);
+    let k = key("amnesia");
+    advance_fence(&*a, &k, advance).await;
 
-    let invoked = Instant::now();
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let completed = Instant::now();
     let pid_before = node.pid();
     node.restart().await.unwrap();
     assert_ne!(
@@ -165,15 +174,10 @@ async fn restart_without_persistence(fence: &str, advance: usize) -> DoubleGrant
         "the fault fired: a new server process"
     );
 
-    let b_invoked = Instant::now();
-    let stolen = acquire_eventually(&b, &k, Duration::from_secs(5))
+    let stolen = acquire_eventually(&*b, &k, Duration::from_secs(5))
         .await
         .expect("UNSAFE (expected): the restarted node forgot the lock");
-    let double = DoubleGrant::new(
-        &history,
-        (held, invoked, completed),
-        (stolen, b_invoked, Instant::now()),
-    );
+    let double = DoubleGrant::new(&history, held, stolen);
     eprintln!(
         "restart without persistence, fence={fence}: {}",
         double.report
@@ -230,9 +234,11 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
     let options = RedisOptions::default().persistence(Persistence::AofAlways);
     let cluster = RedisCluster::start(options).await.unwrap();
     let node = &cluster.nodes()[0];
-    let (a, b) = (connect(&node.url()).await, connect(&node.url()).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&node.url()).await);
+    let b = recorded(&history, 1, connect(&node.url()).await);
     let k = key("durable");
-    advance_fence(&a, &k, 5).await;
+    advance_fence(&*a, &k, 5).await;
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
     let pid_before = node.pid();
     node.restart().await.unwrap();
@@ -242,7 +248,7 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
         "the fault fired: a new server process"
     );
 
-    let after = acquire_eventually(&b, &k, Duration::from_secs(5)).await;
+    let after = acquire_eventually(&*b, &k, Duration::from_secs(5)).await;
     assert!(after.is_none(), "SAFE: the lock survived the restart");
     assert_eq!(
         a.release(held.clone()).await.unwrap(),
@@ -255,6 +261,8 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
         next.token(),
         held.token()
     );
+    let report = history.check();
+    assert!(report.is_safe(), "one holder at a time: {report}");
 }
 
 /// A holder on a primary whose replica lags; the primary dies, the replica is promoted,
@@ -262,11 +270,15 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
 async fn failover_to_an_async_replica(fence: &str) -> DoubleGrant {
     let pair = RedisReplicaPair::start().await.unwrap();
     let (primary, replica) = (pair.primary(), pair.replica());
-    let a = connect(&format!("{}?fence={fence}", primary.url())).await;
-    let k = key("failover");
-    advance_fence(&a, &k, 3).await;
-    pair.wait_synced().await.unwrap();
     let history = History::new();
+    let a = recorded(
+        &history,
+        0,
+        connect(&format!("{}?fence={fence}", primary.url())).await,
+    );
+    let k = key("failover");
+    advance_fence(&*a, &k, 3).await;
+    pair.wait_synced().await.unwrap();
 
     // The replica falls behind: frozen, and cut off from the primary.
     replica.pause().unwrap();
@@ -278,28 +290,24 @@ async fn failover_to_an_async_replica(fence: &str) -> DoubleGrant {
         killed.as_int().unwrap_or(0) >= 1,
         "the fault fired: replication link cut"
     );
-    let invoked = Instant::now();
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let completed = Instant::now();
     primary.kill().await.unwrap();
     replica.resume().unwrap();
     replica.promote().await.unwrap();
 
-    let b = connect(&format!("{}?fence={fence}", replica.url())).await;
-    let b_invoked = Instant::now();
-    let stolen = acquire_eventually(&b, &k, Duration::from_secs(5))
+    let b = recorded(
+        &history,
+        1,
+        connect(&format!("{}?fence={fence}", replica.url())).await,
+    );
+    let stolen = acquire_eventually(&*b, &k, Duration::from_secs(5))
         .await
         .expect("UNSAFE (expected): the promoted replica never saw the lock");
-    let b_completed = Instant::now();
     assert!(
-        b_completed < held.valid_until(),
+        Instant::now() < held.valid_until(),
         "A still believes it holds the lock"
     );
-    let double = DoubleGrant::new(
-        &history,
-        (held, invoked, completed),
-        (stolen, b_invoked, b_completed),
-    );
+    let double = DoubleGrant::new(&history, held, stolen);
     eprintln!("failover, fence={fence}: {}", double.report);
     double
 }
@@ -326,14 +334,13 @@ async fn server_clock_jump_expires_early_and_fencing_contains_it() {
         .await
         .unwrap();
     let node = &cluster.nodes()[0];
-    let (a, b) = (connect(&node.url()).await, connect(&node.url()).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&node.url()).await);
+    let b = recorded(&history, 1, connect(&node.url()).await);
     let k = key("clock");
     let register = FencedRegister::new();
-    let history = History::new();
 
-    let invoked = Instant::now();
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let completed = Instant::now();
     let seen_by_a = register.read(held.token()).unwrap();
     node.set_clock_offset(2 * TTL.as_millis() as i64).unwrap();
 
@@ -347,14 +354,13 @@ async fn server_clock_jump_expires_early_and_fencing_contains_it() {
         }
     }
     let stolen = stolen.expect("UNSAFE (expected): the clock jump expired the lock early");
-    let b_completed = Instant::now();
     assert!(
-        b_completed < held.valid_until(),
+        Instant::now() < held.valid_until(),
         "A still believes it holds the lock"
     );
-    history.record(1, &stolen, b_invoked, b_completed, Instant::now());
-    history.record(0, &held, invoked, completed, Instant::now());
-    assert!(history.check().overlaps() >= 1, "double grant observed");
+    let report = history.check();
+    assert!(report.overlaps() >= 1, "double grant observed: {report}");
+    assert_eq!(report.fencing_contained(), Some(true), "{report}");
 
     let seen_by_b = register.read(stolen.token()).unwrap();
     register.write(stolen.token(), seen_by_b + 1).unwrap();
@@ -369,7 +375,9 @@ async fn server_clock_jump_expires_early_and_fencing_contains_it() {
 async fn holder_paused_past_its_ttl_is_fenced_off() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = cluster.urls()[0].clone();
-    let (a, b) = (connect(&url).await, connect(&url).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&url).await);
+    let b = recorded(&history, 1, connect(&url).await);
     let k = key("paused-holder");
     let register = FencedRegister::new();
     let ttl = Duration::from_millis(300);
@@ -392,6 +400,11 @@ async fn holder_paused_past_its_ttl_is_fenced_off() {
     // The holder wakes and writes as if nothing happened.
     assert!(register.write(stale.token(), seen_by_stale + 1).is_err());
     assert_eq!(register.value(), 1, "only the fresh holder's update landed");
+    let report = history.check();
+    assert!(
+        report.is_safe(),
+        "the stale lease ended before the takeover: {report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

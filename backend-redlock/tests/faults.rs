@@ -1,13 +1,14 @@
 //! Redlock on five live masters under real faults. Each test asserts its expected
 //! outcome — unsafe ones must be observed — and that its fault fired.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
 use tenure_conformance::servers::redis::{Persistence, RedisCluster, RedisNode, RedisOptions};
-use tenure_conformance::{FencedRegister, History};
+use tenure_conformance::{FencedRegister, History, Report};
 use tenure_redlock::Redlock;
 
 mod common;
@@ -45,7 +46,12 @@ async fn node_holds(node: &RedisNode, key: &LockKey) -> bool {
     reply.as_int() == Some(1)
 }
 
-async fn churn(lock: &Redlock, key: &LockKey, n: usize) {
+/// `lock` recorded as `client` in `history`.
+fn recorded(history: &History, client: usize, lock: Redlock) -> Arc<dyn DistributedLock> {
+    history.recorded(client, Arc::new(lock))
+}
+
+async fn churn(lock: &dyn DistributedLock, key: &LockKey, n: usize) {
     for _ in 0..n {
         let lease = lock.try_acquire(key, TTL).await.unwrap().unwrap();
         lock.release(lease).await.unwrap();
@@ -181,28 +187,28 @@ async fn replies_delayed_past_the_ttl_are_refused() {
 }
 
 /// The seed's A–E scenario: client 1 locks A, B, C; C restarts without persistence;
-/// client 2 locks C, D, E. Returns both leases after asserting the double grant.
-async fn restart_without_persistence(options: &str) -> (Lease, Lease) {
+/// client 2 locks C, D, E. Returns both leases and the checker's report of every
+/// recorded call, after asserting it shows the double grant.
+async fn restart_without_persistence(options: &str) -> (Lease, Lease, Report) {
     let cluster = five(RedisOptions::default()).await;
     let k = key("amnesia");
     // History in the same fence mode: with plain counters every node then ends at the
     // same count (a clock-floored history would leave nodes at different µs values,
     // and which nodes are ahead would decide the outcome below).
+    let history = History::new();
     let warm = Redlock::connect(&url(cluster.nodes().iter().map(|n| n.addr()), options))
         .await
         .unwrap();
-    churn(&warm, &k, 3).await;
+    churn(&*recorded(&history, 2, warm), &k, 3).await;
     let (one, _p1) = partitioned(&cluster, &[3, 4], options).await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], options).await;
-    let history = History::new();
+    let (one, two) = (recorded(&history, 0, one), recorded(&history, 1, two));
 
-    let invoked = Instant::now();
     let held = one
         .try_acquire(&k, TTL)
         .await
         .unwrap()
         .expect("A, B, C grant");
-    let completed = Instant::now();
     let node_c = &cluster.nodes()[2];
     node_c.restart().await.unwrap();
     assert!(
@@ -210,29 +216,25 @@ async fn restart_without_persistence(options: &str) -> (Lease, Lease) {
         "the fault fired: C forgot the lock"
     );
 
-    let invoked2 = Instant::now();
     let stolen = two
         .try_acquire(&k, TTL)
         .await
         .unwrap()
         .expect("UNSAFE (expected): C, D, E grant");
-    let completed2 = Instant::now();
-    history.record(1, &stolen, invoked2, completed2, Instant::now());
-    history.record(0, &held, invoked, completed, Instant::now());
     let report = history.check();
     eprintln!(
         "A–E restart without persistence ({options}): {report}; tokens {} then {}",
         held.token(),
         stolen.token()
     );
-    assert!(report.overlaps() >= 1, "double grant observed");
-    (held, stolen)
+    assert!(report.overlaps() >= 1, "double grant observed: {report}");
+    (held, stolen, report)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_grants_twice_and_plain_counters_do_not_fence_it() {
     use tenure_redis::scripts::{count_of, OWNER_BITS};
-    let (held, stolen) = restart_without_persistence("?fence=counter").await;
+    let (held, stolen, report) = restart_without_persistence("?fence=counter").await;
     // Honest finding: the register majority {A, B, C} lost C, so {C, D, E} does not
     // intersect what client 1 wrote: the fence count does not increase (D and E were
     // one grant behind, so it is the same count).
@@ -251,11 +253,22 @@ async fn restart_without_persistence_grants_twice_and_plain_counters_do_not_fenc
         owner_bits(&held) == owner_bits(&stolen),
         "two holders share a token only when their owner ids share the low bits"
     );
+    if stolen.token() <= held.token() {
+        assert!(
+            report.token_violations() >= 1,
+            "checker reports the regression: {report}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_grants_twice_and_clock_floored_counters_fence_it() {
-    let (held, stolen) = restart_without_persistence("").await;
+    let (held, stolen, report) = restart_without_persistence("").await;
+    assert_eq!(
+        report.fencing_contained(),
+        Some(true),
+        "the checker finds every violation fenced: {report}"
+    );
     // C restarted empty but floors its counter at its clock: above client 1's token.
     let register = FencedRegister::new();
     let seen_by_one = register.read(held.token()).unwrap();
@@ -277,46 +290,46 @@ async fn restart_delayed_past_the_max_ttl_grants_once() {
     let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
     let ttl = Duration::from_millis(800);
     let history = History::new();
+    let (one, two) = (recorded(&history, 0, one), recorded(&history, 1, two));
 
-    let invoked = Instant::now();
     let held = one
         .try_acquire(&k, ttl)
         .await
         .unwrap()
         .expect("A, B, C grant");
-    let completed = Instant::now();
     let node_c = &cluster.nodes()[2];
     node_c.kill().await.unwrap();
     tokio::time::sleep(ttl + Duration::from_millis(100)).await; // down for longer than the max TTL
     node_c.restart().await.unwrap();
 
-    let invoked2 = Instant::now();
     // The client's link to C reconnects on first use after the restart: allow retries.
     let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(3));
     let next = two.acquire(&k, &wait).await.expect("C, D, E grant");
-    history.record(0, &held, invoked, completed, Instant::now());
-    history.record(1, &next, invoked2, Instant::now(), Instant::now());
+    assert!(
+        held.valid_until() < Instant::now(),
+        "the first lease was over before the second grant"
+    );
     let report = history.check();
-    assert_eq!(report.overlaps(), 0, "SAFE: {report}");
+    assert!(report.is_safe(), "SAFE: {report}");
+    assert!(next.token() > held.token(), "tokens increase");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
     let cluster = five(RedisOptions::default().clock_shim(true)).await;
     let k = key("clock-partition");
-    churn(&direct(&cluster).await, &k, 3).await;
+    let history = History::new();
+    churn(&*recorded(&history, 2, direct(&cluster).await), &k, 3).await;
     let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
+    let (one, two) = (recorded(&history, 0, one), recorded(&history, 1, two));
     let register = FencedRegister::new();
-    let history = History::new();
 
-    let invoked = Instant::now();
     let held = one
         .try_acquire(&k, TTL)
         .await
         .unwrap()
         .expect("A, B, C grant");
-    let completed = Instant::now();
     let seen_by_one = register.read(held.token()).unwrap();
     cluster.nodes()[2]
         .set_clock_offset(2 * TTL.as_millis() as i64)
@@ -328,10 +341,13 @@ async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
         stolen = two.try_acquire(&k, TTL).await.unwrap();
     }
     let stolen = stolen.expect("UNSAFE (expected): C's clock jump freed the majority C, D, E");
-    let completed2 = Instant::now();
-    history.record(1, &stolen, invoked2, completed2, Instant::now());
-    history.record(0, &held, invoked, completed, Instant::now());
-    assert!(history.check().overlaps() >= 1, "double grant observed");
+    let report = history.check();
+    assert!(report.overlaps() >= 1, "double grant observed: {report}");
+    assert_eq!(
+        report.fencing_contained(),
+        Some(true),
+        "the checker finds every violation fenced: {report}"
+    );
     eprintln!(
         "clock jump + partition: tokens {} then {}",
         held.token(),
@@ -349,7 +365,11 @@ async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_across_competing_clients_and_minority_restarts() {
     let cluster = five(RedisOptions::default().persistence(Persistence::AofAlways)).await;
-    let clients = [direct(&cluster).await, direct(&cluster).await];
+    let history = History::new();
+    let clients = [
+        recorded(&history, 0, direct(&cluster).await),
+        recorded(&history, 1, direct(&cluster).await),
+    ];
     let k = key("monotonic");
     let mut last = 0;
     // Evidence each restart fired: the node's pid changed (not a loop counter).
@@ -391,4 +411,7 @@ async fn tokens_increase_across_competing_clients_and_minority_restarts() {
         new_processes, 4,
         "the fault fired: four restarts gave new pids"
     );
+    let report = history.check();
+    assert_eq!(history.holds().len(), 1000, "every grant was recorded");
+    assert!(report.is_safe(), "one holder at a time: {report}");
 }

@@ -52,6 +52,40 @@ async fn connect(hosts: &str, session: Duration, op: Duration) -> ZkLock {
     .unwrap()
 }
 
+/// `lock` (a clone of it: same session) recorded as `client` in `history`.
+fn recorded(history: &History, client: usize, lock: &ZkLock) -> Arc<dyn DistributedLock> {
+    history.recorded(client, Arc::new(lock.clone()))
+}
+
+/// Checks `history` and asserts it is safe: one holder at a time, tokens increasing,
+/// nobody believing past what the server promised.
+fn assert_safe(history: &History) {
+    let report = history.check();
+    assert!(report.is_safe(), "{report}");
+}
+
+/// A client through `proxy` (request bound `op`, recorded as client 1) and one connected
+/// directly (recorded as client 0): each as (raw client, for probes; recorded client).
+/// The direct client is not under test: its requests get half a session, so a loaded
+/// machine does not fail the test's setup.
+async fn proxied_and_direct(
+    zk: &ZkEnsemble,
+    proxy: &FaultProxy,
+    op: Duration,
+    history: &History,
+) -> Clients {
+    let proxied = connect(&proxy.addr().to_string(), SESSION, op).await;
+    let direct = connect(&zk.connect_string(), SESSION, SESSION / 2).await;
+    let recorded_proxied = recorded(history, 1, &proxied);
+    let recorded_direct = recorded(history, 0, &direct);
+    ((proxied, recorded_proxied), (direct, recorded_direct))
+}
+
+type Clients = (
+    (ZkLock, Arc<dyn DistributedLock>),
+    (ZkLock, Arc<dyn DistributedLock>),
+);
+
 /// Polls `probe` every 10 ms until it yields a value; panics after `limit`.
 async fn poll<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
 where
@@ -73,6 +107,17 @@ async fn queue(observer: &ZkLock, key: &LockKey) -> Vec<QueuedNode> {
     retrying(SESSION, || observer.queue(key)).await.0.unwrap()
 }
 
+/// Waits until `observer` sees `key`'s queue empty. Another session's deletes reach
+/// `observer`'s server a little later (ZooKeeper reads are not linearizable across
+/// sessions), but well within a quarter of a session: a node left behind for the
+/// session's lifetime still fails.
+async fn nothing_queued(observer: &ZkLock, key: &LockKey, what: &str) {
+    poll(what, SESSION / 4, || async {
+        queue(observer, key).await.is_empty().then_some(())
+    })
+    .await;
+}
+
 /// The name of the node a lease was granted on.
 fn node_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or_default()
@@ -81,18 +126,18 @@ fn node_name(path: &str) -> &str {
 /// One served waiter: (index, token, acquired at, release started at).
 type Served = (usize, FencingToken, Instant, Instant);
 
-/// Starts waiter `index` on its own client and returns once its node is queued (so
-/// each waiter is queued before the next one starts). The task holds the lock for
-/// `hold` once granted, logs itself, and releases.
+/// Starts waiter `index` on its own client, recorded in `history` as client
+/// `index + 1`, and returns once its node is queued (so each waiter is queued before the
+/// next one starts). The task holds the lock for `hold` once granted, logs itself, and
+/// releases.
 async fn spawn_waiter(
-    hosts: &str,
-    observer: &ZkLock,
+    (hosts, observer, history): (&str, &ZkLock, &History),
     key: &LockKey,
     index: usize,
     hold: Duration,
     log: Arc<Mutex<Vec<Served>>>,
 ) -> tokio::task::JoinHandle<Result<(), LockError>> {
-    let lock = connect(hosts, SESSION, OP).await;
+    let lock = recorded(history, index + 1, &connect(hosts, SESSION, OP).await);
     let ahead = queue(observer, key).await.len();
     let task = {
         let key = key.clone();
@@ -220,16 +265,19 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
     let _serial = SERIAL.lock().await;
     let zk = start(3).await;
     let hosts = zk.connect_string();
-    let holder = connect(&hosts, SESSION, OP).await;
+    let history = History::new();
+    let zk_holder = connect(&hosts, SESSION, OP).await;
+    let holder = recorded(&history, 0, &zk_holder);
     let observer = connect(&hosts, SESSION, OP).await;
     let k = key("leader-killed");
     let mut held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
-    let session = holder.session_id();
+    let session = zk_holder.session_id();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..3 {
         let hold = Duration::from_millis(20);
-        waiters.push(spawn_waiter(&hosts, &observer, &k, i, hold, log.clone()).await);
+        let waiter = spawn_waiter((&hosts, &observer, &history), &k, i, hold, log.clone());
+        waiters.push(waiter.await);
     }
 
     let leader = zk.leader_index().await.unwrap();
@@ -256,7 +304,7 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
     .await;
     held = extended.expect("the holder's lock survives the election");
     eprintln!("extend after the election needed {failures} retries");
-    assert_eq!(holder.session_id(), session, "the same session");
+    assert_eq!(zk_holder.session_id(), session, "the same session");
     let (info, _) = retrying(SESSION, || observer.inspect(&k)).await;
     let info = info.unwrap().expect("still held");
     assert_eq!(info.owner, held.owner(), "still held by its owner");
@@ -276,6 +324,8 @@ async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
         "after leader failover: hand-off latency {}",
         summary(&mut latencies)
     );
+    assert_eq!(history.holds().len(), 4, "the holder and three waiters");
+    assert_safe(&history);
 }
 
 /// The holder reaches ZooKeeper through its own proxy, which then black-holes its link
@@ -285,23 +335,25 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
     let zk = start(nodes).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let session = Duration::from_millis(2000);
-    let holder = Arc::new(connect(&proxy.addr().to_string(), session, OP).await);
-    let negotiated = holder.session_timeout().unwrap();
+    let zk_holder = connect(&proxy.addr().to_string(), session, OP).await;
+    let negotiated = zk_holder.session_timeout().unwrap();
     assert_eq!(
         negotiated, session,
         "the server granted the session asked for"
     );
-    let waiter = connect(&zk.connect_string(), SESSION, OP).await;
+    let zk_waiter = connect(&zk.connect_string(), SESSION, OP).await;
     let k = key("expiry");
     let register = FencedRegister::new();
     let history = History::new();
+    let (holder, waiter) = (
+        recorded(&history, 0, &zk_holder),
+        recorded(&history, 1, &zk_waiter),
+    );
 
-    let invoked = Instant::now();
     let guard = holder.lock(&k, &AcquireOptions::new(TTL)).await.unwrap();
-    let completed = Instant::now();
+    let loss = history.lost_on(0, guard.lost_signal());
     let stale = guard.lease().await.unwrap();
     let seen_by_stale = register.read(stale.token()).unwrap();
-    let w_invoked = Instant::now();
     let waiting = {
         let (waiter, k) = (waiter.clone(), k.clone());
         tokio::spawn(async move {
@@ -312,7 +364,7 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
         })
     };
     poll("the waiter to queue", Duration::from_secs(5), || async {
-        (queue(&waiter, &k).await.len() == 2).then_some(())
+        (queue(&zk_waiter, &k).await.len() == 2).then_some(())
     })
     .await;
 
@@ -350,10 +402,7 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
         "taken over before the stale holder's own deadline"
     );
     assert!(fresh.token() > stale.token(), "tokens increase");
-    history.record(0, &last, invoked, completed, lost_at);
-    history.record(1, &fresh, w_invoked, granted_at, Instant::now());
-    let report = history.check();
-    assert!(report.is_safe(), "{report}");
+    loss.await.unwrap();
 
     // The stale holder writes as if nothing had happened: fencing rejects it.
     assert!(register
@@ -374,6 +423,10 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
         waiter.release(fresh).await.unwrap(),
         ReleaseOutcome::Released
     );
+    // Judged after the stale holder's release: had it freed the new lock, the checker
+    // would see the overlap.
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,11 +449,16 @@ async fn lost_create_reply_is_recognised_by_the_retry() {
     let _serial = SERIAL.lock().await;
     let zk = start(3).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
-    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
-    let session = client.session_id();
-    let holder = connect(&zk.connect_string(), SESSION, OP).await;
+    let history = History::new();
+    let ((zk_client, client), (holder, recorded_holder)) =
+        proxied_and_direct(&zk, &proxy, OP, &history).await;
+    let session = zk_client.session_id();
     let k = key("lost-reply-retry");
-    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let held = recorded_holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free");
 
     let acquire = {
         let (client, k) = (client.clone(), k.clone());
@@ -414,7 +472,7 @@ async fn lost_create_reply_is_recognised_by_the_retry() {
     drop_held_replies(&proxy).await;
     let released_at = Instant::now();
     assert_eq!(
-        holder.release(held).await.unwrap(),
+        recorded_holder.release(held).await.unwrap(),
         ReleaseOutcome::Released
     );
     let lease = acquiring
@@ -432,13 +490,15 @@ async fn lost_create_reply_is_recognised_by_the_retry() {
         "the retry recognised its node"
     );
     assert_eq!(node.owner, lease.owner());
-    assert_eq!(client.session_id(), session, "the same session");
+    assert_eq!(zk_client.session_id(), session, "the same session");
     assert_eq!(queue(&holder, &k).await, [node], "no second node");
     assert_eq!(
         client.release(lease).await.unwrap(),
         ReleaseOutcome::Released
     );
-    assert!(queue(&holder, &k).await.is_empty(), "nothing left behind");
+    nothing_queued(&holder, &k, "nothing left behind").await;
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 /// A `try_acquire` whose create reaches the server but whose reply is lost runs out of
@@ -450,9 +510,10 @@ async fn lost_create_reply_is_recognised_by_the_retry() {
 async fn failed_acquire_leaves_no_orphan(nodes: usize) {
     let zk = start(nodes).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
-    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
-    let session = client.session_id();
-    let other = connect(&zk.connect_string(), SESSION, OP).await;
+    let history = History::new();
+    let ((zk_client, client), (zk_other, other)) =
+        proxied_and_direct(&zk, &proxy, OP, &history).await;
+    let session = zk_client.session_id();
     let k = key("lost-reply-orphan");
     let held = other.try_acquire(&k, TTL).await.unwrap().expect("free");
 
@@ -460,7 +521,7 @@ async fn failed_acquire_leaves_no_orphan(nodes: usize) {
         let (client, k) = (client.clone(), k.clone());
         async move { client.try_acquire(&k, TTL).await }
     };
-    let (orphan, attempt) = create_with_reply_held(&proxy, &other, &k, attempt).await;
+    let (orphan, attempt) = create_with_reply_held(&proxy, &zk_other, &k, attempt).await;
     let result = attempt.await.unwrap();
     let failed_at = Instant::now();
     assert!(
@@ -488,15 +549,18 @@ async fn failed_acquire_leaves_no_orphan(nodes: usize) {
         "freed after {freed:?}: not well below the session timeout {SESSION:?}"
     );
     assert_eq!(
-        client.session_id(),
+        zk_client.session_id(),
         session,
         "freed by the sweep, not by the session's expiry"
     );
     assert!(lease.token() > info.token.unwrap(), "tokens increase");
-    let left = queue(&other, &k).await;
+    let left = queue(&zk_other, &k).await;
     assert_eq!(left.len(), 1, "only the new holder's node: {left:?}");
     assert_eq!(left[0].owner, lease.owner());
     other.release(lease).await.unwrap();
+    // The failed call was granted nothing: only `other` ever held the lock.
+    assert_eq!(history.holds().len(), 2, "the first and the new grant");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -518,18 +582,25 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
     let zk = start(3).await;
     let hosts = zk.connect_string();
     let holder = connect(&hosts, SESSION, OP).await;
+    let history = History::new();
+    let recorded_holder = recorded(&history, 0, &holder);
     let k = key("fifo16");
-    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let held = recorded_holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free");
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..WAITERS {
-        waiters.push(spawn_waiter(&hosts, &holder, &k, i, Duration::ZERO, log.clone()).await);
+        let observer = (hosts.as_str(), &holder, &history);
+        waiters.push(spawn_waiter(observer, &k, i, Duration::ZERO, log.clone()).await);
     }
     assert_eq!(queue(&holder, &k).await.len(), WAITERS + 1);
 
     let released_at = Instant::now();
     assert_eq!(
-        holder.release(held.clone()).await.unwrap(),
+        recorded_holder.release(held.clone()).await.unwrap(),
         ReleaseOutcome::Released
     );
     let mut latencies = served_in_fifo_order(waiters, &log, held.token(), released_at).await;
@@ -537,7 +608,9 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
         "{WAITERS} waiters: hand-off latency (release → next acquired) {}",
         summary(&mut latencies)
     );
-    assert!(queue(&holder, &k).await.is_empty(), "nothing left queued");
+    nothing_queued(&holder, &k, "nothing left queued").await;
+    assert_eq!(history.holds().len(), WAITERS + 1, "every grant recorded");
+    assert_safe(&history);
 }
 
 /// The holder talks to one follower only; that follower is then cut off from the other
@@ -564,13 +637,20 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
         .map(|i| zk.nodes()[i].connect_string())
         .collect();
     let session = Duration::from_millis(2000);
-    let holder = Arc::new(connect(&zk.nodes()[follower].connect_string(), session, OP).await);
-    let contender = connect(&majority.join(","), SESSION, OP).await;
+    let history = History::new();
+    let holder = recorded(
+        &history,
+        0,
+        &connect(&zk.nodes()[follower].connect_string(), session, OP).await,
+    );
+    let zk_contender = connect(&majority.join(","), SESSION, OP).await;
+    let contender = recorded(&history, 1, &zk_contender);
     let k = key("follower-partitioned");
 
     let guard = holder.lock(&k, &AcquireOptions::new(TTL)).await.unwrap();
     let stale = guard.lease().await.unwrap();
     let signal = guard.lost_signal();
+    let loss = history.lost_on(0, signal.clone());
     let waiting = {
         let (contender, k, signal) = (contender.clone(), k.clone(), signal.clone());
         tokio::spawn(async move {
@@ -582,7 +662,7 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
         })
     };
     poll("the contender to queue", Duration::from_secs(5), || async {
-        (queue(&contender, &k).await.len() == 2).then_some(())
+        (queue(&zk_contender, &k).await.len() == 2).then_some(())
     })
     .await;
 
@@ -610,6 +690,8 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
         signal.deadline().saturating_duration_since(granted_at)
     );
     assert!(fresh.token() > stale.token(), "tokens increase");
+    loss.await.unwrap();
+    assert_safe(&history);
     // The partition really cut the follower off its leader: it stops following.
     poll(
         "the cut-off follower to lose its leader",
@@ -717,12 +799,17 @@ async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
     let _serial = SERIAL.lock().await;
     let zk = start(1).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
-    let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
-    let session = client.session_id().unwrap();
-    let holder = connect(&zk.connect_string(), SESSION, OP).await;
+    let history = History::new();
+    let ((zk_client, client), (holder, recorded_holder)) =
+        proxied_and_direct(&zk, &proxy, OP, &history).await;
+    let session = zk_client.session_id().unwrap();
     let k = key("foreign-session-node");
     let dir = holder.lock_dir(&k);
-    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let held = recorded_holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free");
 
     let acquire = {
         let (client, k) = (client.clone(), k.clone());
@@ -750,7 +837,7 @@ async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
     assert_ne!(stat.ephemeral_owner, session, "another session's node");
     drop_held_replies(&proxy).await;
     assert_eq!(
-        holder.release(held).await.unwrap(),
+        recorded_holder.release(held).await.unwrap(),
         ReleaseOutcome::Released
     );
     let lease = acquiring.await.unwrap().expect("granted");
@@ -768,6 +855,8 @@ async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
         "the granted node lives in the grantee's session"
     );
     client.release(lease).await.unwrap();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 /// A failed `try_acquire` leaves an orphan node (its create reply was lost) and its sweep
@@ -782,9 +871,10 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
     // Short requests: the sweep's first passes (bounded by the op timeout) are over long
     // before the session could expire.
     let op = Duration::from_millis(100);
-    let client = connect(&proxy.addr().to_string(), SESSION, op).await;
-    let session = client.session_id();
-    let other = connect(&zk.connect_string(), SESSION, OP).await;
+    let history = History::new();
+    let ((zk_client, client), (zk_other, other)) =
+        proxied_and_direct(&zk, &proxy, op, &history).await;
+    let session = zk_client.session_id();
     let k = key("sweep-retries");
     let held = other.try_acquire(&k, TTL).await.unwrap().expect("free");
 
@@ -792,7 +882,7 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
         let (client, k) = (client.clone(), k.clone());
         async move { client.try_acquire(&k, TTL).await }
     };
-    let (orphan, attempt) = create_with_reply_held(&proxy, &other, &k, attempt).await;
+    let (orphan, attempt) = create_with_reply_held(&proxy, &zk_other, &k, attempt).await;
     let result = attempt.await.unwrap();
     assert!(
         matches!(result, Err(LockError::Unavailable { .. })),
@@ -810,7 +900,7 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
         "the fault fired: no reply reached the client"
     );
     assert_eq!(
-        queue(&other, &k).await.get(1).map(|n| n.name.clone()),
+        queue(&zk_other, &k).await.get(1).map(|n| n.name.clone()),
         Some(orphan.name.clone()),
         "the orphan is still queued"
     );
@@ -823,11 +913,13 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
         .expect("the orphan goes once the link is back");
     eprintln!("orphan gone {:?} after the link came back", back.elapsed());
     assert_eq!(
-        client.session_id(),
+        zk_client.session_id(),
         session,
         "freed by the sweep, not by the session's end"
     );
     other.release(lease).await.unwrap();
+    assert_eq!(history.holds().len(), 2, "the first and the new grant");
+    assert_safe(&history);
 }
 
 /// A waiter queued for longer than its session timeout is granted a lease with most of
@@ -839,8 +931,10 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
     let zk = start(3).await;
     let hosts = zk.connect_string();
     let session = Duration::from_millis(2000);
-    let holder = connect(&hosts, SESSION, OP).await;
-    let waiter = connect(&hosts, session, OP).await;
+    let zk_holder = connect(&hosts, SESSION, OP).await;
+    let history = History::new();
+    let holder = recorded(&history, 0, &zk_holder);
+    let waiter = recorded(&history, 1, &connect(&hosts, session, OP).await);
     let k = key("long-wait");
     let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
     let waiting = {
@@ -852,7 +946,7 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
         })
     };
     poll("the waiter to queue", Duration::from_secs(5), || async {
-        (queue(&holder, &k).await.len() == 2).then_some(())
+        (queue(&zk_holder, &k).await.len() == 2).then_some(())
     })
     .await;
     let queued = Instant::now();
@@ -872,4 +966,6 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
         "granted with only {left:?} of a {session:?} session left"
     );
     waiter.release(lease).await.unwrap();
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{
     async_trait, AcquireOptions, Capabilities, DistributedLock, FencingToken, HolderInfo, Lease,
-    LockError, LockKey, OwnerId, ReleaseOutcome,
+    LockError, LockKey, LostSignal, OwnerId, ReleaseOutcome,
 };
 
 /// How far a believed hold may reach past what the server promised before the checker
@@ -160,6 +160,16 @@ impl History {
                 entry.ended = Some(at);
             }
         }
+    }
+
+    /// Records `client`'s loss (as [`History::lost`]) when `signal`, its guard's lost
+    /// signal, fires. Await the handle before checking a history that needs the loss.
+    pub fn lost_on(&self, client: usize, signal: LostSignal) -> tokio::task::JoinHandle<()> {
+        let history = self.clone();
+        tokio::spawn(async move {
+            signal.lost().await;
+            history.lost(client, Instant::now());
+        })
     }
 
     /// Whether `client` believed at `at` that it held the lock (a hold still open counts
