@@ -38,7 +38,9 @@
 //!   (`set_config('idle_in_transaction_session_timeout', ttl, true)` — which also re-arms
 //!   the timer) and checks the transaction id is unchanged; any failure is
 //!   [`LockError::LeaseLost`], since a broken connection can never get its transaction
-//!   back.
+//!   back. The local deadline of a `try_acquire` grant counts from the call's start (so
+//!   it never outlives the call plus its TTL, however slow the connection); a grant that
+//!   waited in the server's lock queue counts from a statement sent once granted.
 //! * **Nothing ends the transaction before the lease deadline.** The server's TCP
 //!   keepalives are set per session so that it cannot give up on a silent client before
 //!   `ttl` (`tcp_keepalives_idle` ≥ ttl), `statement_timeout` and (Postgres 17+)
@@ -745,8 +747,13 @@ impl PgLock {
         let deadline = started + wait.unwrap_or_default();
         let mut conn = self.begin(ttl, wait).await?;
         // The server's idle timer starts after the locking statement completes, so a
-        // deadline counted from its sending is conservative.
-        let mut sent = Instant::now();
+        // deadline counted from its sending is conservative. A single attempt counts from
+        // the call's start, before the connection was taken and the transaction opened:
+        // what it promises never outlives the call plus its TTL, however slow the call.
+        let mut sent = match wait {
+            Some(_) => Instant::now(),
+            None => started,
+        };
         let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await {
             Ok(Locked::Granted { xid, pid }) => (xid, pid),
             Ok(Locked::Busy) => {
@@ -807,7 +814,7 @@ impl PgLock {
                 "fence sequence returned {token}"
             )));
         };
-        if sent.elapsed() > ttl / 8 {
+        if wait.is_some() && sent.elapsed() > ttl / 8 {
             // We queued for a while: count the lease from a statement sent now rather than
             // from the start of the wait.
             sent = Instant::now();

@@ -814,3 +814,48 @@ async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_l
     let lease = lease.unwrap_or_else(|e| panic!("acquire returned {e:?}"));
     assert!(lease.token() > FencingToken(1));
 }
+
+/// Defect: a `try_acquire` slowed past an eighth of its TTL (a loaded machine, a slow
+/// link) counted its lease from a refresh statement sent at the end of the call, so the
+/// client believed past what the server was first asked for: the invocation plus the TTL
+/// (the checker's `BelievedPastPromise`, seen under load in the recorded fault tests). A
+/// single-attempt grant now counts from the call's start; only a grant that waited in the
+/// server's lock queue is refreshed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_try_acquire_counts_its_lease_from_the_call() {
+    let server = Postgres::start().await.unwrap();
+    let history = History::new();
+    let a = recorded(
+        &history,
+        0,
+        PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
+            .await
+            .unwrap(),
+    );
+    let k = key("slow-try-acquire");
+    let ttl = Duration::from_millis(600);
+    let delay = Duration::from_millis(40);
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: delay,
+        });
+    let invoked = Instant::now();
+    let lease = a.try_acquire(&k, ttl).await.unwrap().expect("free");
+    let took = invoked.elapsed();
+    server
+        .proxy()
+        .set_mode(tenure_conformance::proxy::ProxyMode::Pass);
+    assert!(
+        took > ttl / 8,
+        "the fault fired: the grant took {took:?}, more than an eighth of the TTL"
+    );
+    assert!(
+        lease.valid_until() <= invoked + ttl,
+        "the lease runs {:?} past the call's start plus its TTL",
+        lease.valid_until() - (invoked + ttl)
+    );
+    assert_safe(&history);
+    assert_eq!(a.release(lease).await.unwrap(), ReleaseOutcome::Released);
+}
