@@ -25,7 +25,11 @@ async fn connect(server: &Postgres) -> PgLock {
 }
 
 /// Retries `try_acquire` for up to `limit` while the client reconnects.
-async fn acquire_eventually(lock: &PgLock, key: &LockKey, limit: Duration) -> Option<Lease> {
+async fn acquire_eventually(
+    lock: &dyn DistributedLock,
+    key: &LockKey,
+    limit: Duration,
+) -> Option<Lease> {
     let started = Instant::now();
     loop {
         match lock.try_acquire(key, TTL).await {
@@ -63,12 +67,16 @@ async fn backend_alive(server: &Postgres, pid: i64) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_holder_loses_its_lease_and_the_next_client_acquires() {
     let server = Postgres::start().await.unwrap();
-    let (a, b) = (Arc::new(connect(&server).await), connect(&server).await);
+    let history = History::new();
+    let pg_a = Arc::new(connect(&server).await);
+    let a = history.recorded(0, pg_a.clone());
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("terminated");
     let ttl = Duration::from_secs(1);
 
     // A guard-held lease: the watchdog's next tick reports the loss.
     let guard = a.lock(&k, &AcquireOptions::new(ttl)).await.unwrap();
+    let loss = history.lost_on(0, guard.lost_signal());
     let first = guard.lease().await.unwrap();
     let pid = first.handle().id;
     assert!(backend_alive(&server, pid).await);
@@ -85,6 +93,7 @@ async fn terminated_holder_loses_its_lease_and_the_next_client_acquires() {
         .expect("the guard reports the loss on its next tick");
     let reason = guard.lost_signal().reason().unwrap();
     assert!(reason.contains("lease lost"), "{reason}");
+    loss.await.unwrap();
 
     // Another client gets it at once (the server freed the row with the session).
     let second = b
@@ -120,13 +129,17 @@ async fn terminated_holder_loses_its_lease_and_the_next_client_acquires() {
         .await
         .expect("free again once the terminated backend exits");
     assert!(third.token() > plain.token());
-    assert_eq!(a.held_count(), 0);
+    assert_eq!(pg_a.held_count(), 0);
+    assert_eq!(history.holds().len(), 4, "two grants each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_holder_is_cut_off_by_the_server_after_its_ttl() {
     let server = Postgres::start().await.unwrap();
-    let (a, b) = (connect(&server).await, connect(&server).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&server).await);
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("silent");
     let ttl = Duration::from_millis(600);
 
@@ -172,12 +185,15 @@ async fn silent_holder_is_cut_off_by_the_server_after_its_ttl() {
     assert_eq!(b.inspect(&k).await.unwrap().unwrap().owner, fresh.owner());
     assert_eq!(b.release(fresh).await.unwrap(), ReleaseOutcome::Released);
     assert!(b.inspect(&k).await.unwrap().is_none());
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_restart_while_held_keeps_tokens_increasing() {
     let server = Postgres::start().await.unwrap();
-    let a = connect(&server).await;
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&server).await);
     let k = key("crash");
     let mut issued = Vec::new();
     // Cross a sequence WAL-logging boundary (nextval logs 32 values ahead).
@@ -200,8 +216,10 @@ async fn crash_restart_while_held_keeps_tokens_increasing() {
 
     let err = a.extend(&mut held, TTL).await.unwrap_err();
     assert!(matches!(err, LockError::LeaseLost { .. }), "{err:?}");
-    let b = connect(&server).await;
-    let after = acquire_eventually(&b, &k, Duration::from_secs(10))
+    // The crash ended the holder's belief: it learns so by the extend above.
+    a.release(held).await.unwrap();
+    let b = recorded(&history, 1, connect(&server).await);
+    let after = acquire_eventually(&*b, &k, Duration::from_secs(10))
         .await
         .expect("the crash freed the lock");
     assert!(
@@ -211,10 +229,13 @@ async fn crash_restart_while_held_keeps_tokens_increasing() {
     );
     // The old client recovers too (stale pooled and cached connections are replaced).
     b.release(after.clone()).await.unwrap();
-    let again = acquire_eventually(&a, &k, Duration::from_secs(10))
+    let again = acquire_eventually(&*a, &k, Duration::from_secs(10))
         .await
         .unwrap();
     assert!(again.token() > after.token());
+    a.release(again).await.unwrap();
+    assert_eq!(history.holds().len(), 43, "42 grants to a, one to b");
+    assert_safe(&history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,14 +263,11 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     let history = History::new();
     let mut tasks = Vec::new();
     for (i, lock) in clients.iter().enumerate() {
-        let (lock, k, history) = (lock.clone(), k.clone(), history.clone());
+        let (lock, k) = (history.recorded(i, lock.clone()), k.clone());
         tasks.push(tokio::spawn(async move {
             let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
-            let invoked = Instant::now();
             let lease = lock.acquire(&k, &opts).await.unwrap();
-            let completed = Instant::now();
             tokio::time::sleep(Duration::from_millis(10)).await;
-            history.record(i, &lease, invoked, completed, Instant::now());
             assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
         }));
     }
@@ -332,13 +350,18 @@ async fn cancelled_try_acquire_at_any_point_leaves_no_ghost() {
 async fn fenced_write_rejects_a_stale_holder() {
     let server = Postgres::start().await.unwrap();
     let (a, b) = (connect(&server).await, connect(&server).await);
+    let history = History::new();
+    let (ra, rb) = (
+        history.recorded(0, Arc::new(a.clone())),
+        history.recorded(1, Arc::new(b.clone())),
+    );
     let k = key("fenced");
     let orders = FencedTable::new("public", "order_state").unwrap();
     orders.create(&a).await.unwrap();
     orders.create(&b).await.unwrap(); // idempotent
 
     let ttl = Duration::from_millis(300);
-    let mut stale = a.try_acquire(&k, ttl).await.unwrap().unwrap();
+    let mut stale = ra.try_acquire(&k, ttl).await.unwrap().unwrap();
     let write = orders
         .write(&a, "order-1001", stale.token(), "pending")
         .await;
@@ -354,7 +377,7 @@ async fn fenced_write_rejects_a_stale_holder() {
 
     // A pauses past its TTL; B takes over and writes.
     tokio::time::sleep(ttl * 2).await;
-    let fresh = b
+    let fresh = rb
         .acquire(&k, &AcquireOptions::new(TTL).wait(Duration::from_secs(3)))
         .await
         .unwrap();
@@ -365,11 +388,13 @@ async fn fenced_write_rejects_a_stale_holder() {
     assert_eq!(write.unwrap(), FencedWrite::Accepted);
 
     // A wakes and writes as if nothing happened: the database refuses it.
-    let err = a.extend(&mut stale, ttl).await.unwrap_err();
+    let err = ra.extend(&mut stale, ttl).await.unwrap_err();
     assert!(
         matches!(err, LockError::LeaseLost { .. }),
         "the fault fired: A's lease is gone ({err:?})"
     );
+    // A believed only until its deadline, before B's grant.
+    assert_safe(&history);
     let write = orders
         .write(&a, "order-1001", stale.token(), "shipped")
         .await;
@@ -779,7 +804,9 @@ async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_lost() {
     let server = Postgres::start().await.unwrap();
-    let (a, b) = (connect(&server).await, connect(&server).await);
+    let history = History::new();
+    let a = recorded(&history, 0, connect(&server).await);
+    let b = recorded(&history, 1, connect(&server).await);
     let k = key("dies-at-grant");
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
     // The fault: the server terminates the next holder's lock backend as its grant is
@@ -813,6 +840,9 @@ async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_l
     );
     let lease = lease.unwrap_or_else(|e| panic!("acquire returned {e:?}"));
     assert!(lease.token() > FencingToken(1));
+    // The dead grant was never handed out: one grant each, b's after a's release.
+    assert_eq!(history.holds().len(), 2, "one grant each");
+    assert_safe(&history);
 }
 
 /// Defect: a `try_acquire` slowed past an eighth of its TTL (a loaded machine, a slow
