@@ -24,6 +24,13 @@ async fn connect(server: &Postgres) -> PgLock {
         .unwrap()
 }
 
+/// A client reaching the server through its fault proxy.
+async fn connect_proxied(server: &Postgres) -> PgLock {
+    PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
+        .await
+        .unwrap()
+}
+
 /// Retries `try_acquire` for up to `limit` while the client reconnects.
 async fn acquire_eventually(
     lock: &dyn DistributedLock,
@@ -611,13 +618,7 @@ async fn server_restart_is_reported_before_the_contender_is_granted() {
 async fn blackholed_holder_is_not_freed_before_its_deadline() {
     let server = Postgres::start().await.unwrap();
     let history = History::new();
-    let a = recorded(
-        &history,
-        0,
-        PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
-            .await
-            .unwrap(),
-    );
+    let a = recorded(&history, 0, connect_proxied(&server).await);
     let b = recorded(&history, 1, connect(&server).await);
     let k = key("blackhole");
     let ttl = Duration::from_secs(2);
@@ -855,13 +856,7 @@ async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_l
 async fn a_slow_try_acquire_counts_its_lease_from_the_call() {
     let server = Postgres::start().await.unwrap();
     let history = History::new();
-    let a = recorded(
-        &history,
-        0,
-        PgLock::connect(&format!("{}?pool_size=2", server.proxied_url()))
-            .await
-            .unwrap(),
-    );
+    let a = recorded(&history, 0, connect_proxied(&server).await);
     let k = key("slow-try-acquire");
     let ttl = Duration::from_millis(600);
     let delay = Duration::from_millis(40);
