@@ -12,7 +12,9 @@
 //! - Acquire creates an **ephemeral sequential** node `lock-<owner id>-<sequence>` there.
 //!   The owner id (128 random bits, one per acquire call) is in the name, so when a
 //!   create's reply is lost the retry lists the directory and recognises the node as its
-//!   own instead of orphaning it.
+//!   own instead of orphaning it. A waiter retrying in the same session after any other
+//!   failed request keeps its node (re-checked: same `czxid`, this session), and so its
+//!   place in the queue.
 //! - The node with the **lowest sequence** holds the lock. A waiter watches only its
 //!   **predecessor** (FIFO, no herd effect) and re-checks when it goes.
 //!   [`try_acquire`](DistributedLock::try_acquire) deletes its node when it is not first.
