@@ -12,7 +12,9 @@
 //! - Acquire creates an **ephemeral sequential** node `lock-<owner id>-<sequence>` there.
 //!   The owner id (128 random bits, one per acquire call) is in the name, so when a
 //!   create's reply is lost the retry lists the directory and recognises the node as its
-//!   own instead of orphaning it.
+//!   own instead of orphaning it. A waiter retrying in the same session after any other
+//!   failed request keeps its node (re-checked: same `czxid`, this session), and so its
+//!   place in the queue.
 //! - The node with the **lowest sequence** holds the lock. A waiter watches only its
 //!   **predecessor** (FIFO, no herd effect) and re-checks when it goes.
 //!   [`try_acquire`](DistributedLock::try_acquire) deletes its node when it is not first.
@@ -433,6 +435,25 @@ impl ZkLock {
         Ok(None)
     }
 
+    /// `node` (created earlier by this acquisition) if it still exists as created, held by
+    /// `session_id`; `None` if it is gone or not that node any more.
+    async fn still_ours(
+        &self,
+        client: &Client,
+        dir: &str,
+        node: Created,
+        session_id: i64,
+    ) -> Result<Option<Created>, LockError> {
+        let path = format!("{dir}/{}", node.name);
+        match bounded(self.op_timeout(), client.check_stat(&path)).await {
+            Ok(Some(stat)) if stat.czxid == node.czxid && stat.ephemeral_owner == session_id => {
+                Ok(Some(node))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(self.zk_error("stat lock node", e)),
+        }
+    }
+
     /// Lists `dir` (after a `sync`, so the listing is as recent as the leader's) and places
     /// `node` in it; removes any duplicate of ours. Also returns when the `sync` was sent.
     async fn position(
@@ -563,8 +584,19 @@ impl ZkLock {
         };
         let dir = pending.dir.clone();
         let retry_until = deadline.max(Instant::now() + self.op_timeout());
-        let mut node = self.enqueue(&client, pending, retry_until).await?;
-        pending.node = Some(node.name.clone());
+        // A retry in the same session keeps the node it already has, and its place.
+        let known = match pending.node.clone() {
+            Some(known) => {
+                self.still_ours(&client, &dir, known, pending.session_id)
+                    .await?
+            }
+            None => None,
+        };
+        let mut node = match known {
+            Some(node) => node,
+            None => self.enqueue(&client, pending, retry_until).await?,
+        };
+        pending.node = Some(node.clone());
         loop {
             let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
             let predecessor = match position {
@@ -578,7 +610,7 @@ impl ZkLock {
                     }
                     // Deleted by someone else while the session lives: queue again.
                     node = self.enqueue(&client, pending, retry_until).await?;
-                    pending.node = Some(node.name.clone());
+                    pending.node = Some(node.clone());
                     continue;
                 }
             };
@@ -618,8 +650,9 @@ struct Pending {
     dir: String,
     owner: OwnerId,
     op_timeout: Duration,
-    /// Our node, once known.
-    node: Option<String>,
+    /// Our node, once known: a retry in this session checks it is still there and
+    /// waits on it rather than queueing again.
+    node: Option<Created>,
     /// A create's reply was lost: a stray node of ours may appear later.
     uncertain: bool,
     armed: bool,
@@ -768,7 +801,7 @@ impl DistributedLock for ZkLock {
         let mut pending = Pending::new(&session, dir.clone(), owner, self.op_timeout());
         let retry_until = Instant::now() + self.op_timeout();
         let node = self.enqueue(&client, &mut pending, retry_until).await?;
-        pending.node = Some(node.name.clone());
+        pending.node = Some(node.clone());
         let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
         match position {
             // A session declared lost is being closed, and our node with it.
@@ -796,7 +829,9 @@ impl DistributedLock for ZkLock {
 
     /// Queues an ephemeral sequential node and waits, woken by a watch on the predecessor
     /// only, until it is first or `opts.wait` has passed. One owner id per call, reused by
-    /// its retries, so a retry after a lost reply finds its node instead of queueing twice.
+    /// its retries, so a retry after a lost reply finds its node instead of queueing twice;
+    /// a retry in the same session after any other failed request keeps its node (checked
+    /// to still exist, same `czxid`, owned by the session), and so its place in the queue.
     /// If the session is lost while waiting, the call queues again in a new session (and
     /// loses its place). Each request is bounded by the op timeout, so the call returns at
     /// most about one op timeout after `opts.wait`.
@@ -833,7 +868,9 @@ impl DistributedLock for ZkLock {
                 Err(Stop::TimedOut) => {
                     if let Some(mut p) = pending.take() {
                         // Leave the queue now rather than from the background.
-                        if let (Some(session), Some(name)) = (p.session.upgrade(), p.node.clone()) {
+                        if let (Some(session), Some(name)) =
+                            (p.session.upgrade(), p.node.as_ref().map(|n| n.name.clone()))
+                        {
                             if let Ok(client) = session.client() {
                                 let path = format!("{}/{name}", p.dir);
                                 if matches!(

@@ -969,3 +969,149 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
     assert_eq!(history.holds().len(), 2, "one grant each");
     assert_safe(&history);
 }
+
+/// A waiter whose request fails once while it waits (its connection is reset, its session
+/// lives on) retries in the same session: it must keep its node — its place in the queue
+/// — not queue a second node behind the waiters that came after it.
+///
+/// Queue: holder H, a stray node X, waiter A (through two chained proxies: `tap` counts
+/// what A sends, `cut` holds it back and then resets the link), waiter B. Deleting X wakes
+/// A, whose `sync` is held by `cut` and lost when `cut` resets the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_keeps_its_place_after_a_failed_request() {
+    let _serial = SERIAL.lock().await;
+    let zk = start(1).await;
+    let cut = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let tap = FaultProxy::start(cut.addr()).await.unwrap();
+    let history = History::new();
+    // Requests bounded by half a session: A's request fails because of the reset, not
+    // because it ran out of time (its retry would then be held back too).
+    let ((zk_a, a), (zk_holder, holder)) =
+        proxied_and_direct(&zk, &tap, SESSION / 2, &history).await;
+    let b = recorded(
+        &history,
+        2,
+        &connect(&zk.connect_string(), SESSION, OP).await,
+    );
+    let session = zk_a.session_id();
+    let k = key("keep-place");
+    let dir = zk_holder.lock_dir(&k);
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let other = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let options = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let (_, sequence) = other
+        .create(
+            &format!("{dir}/lock-{}-", tenure_api::OwnerId::random()),
+            &[],
+            &options,
+        )
+        .await
+        .unwrap();
+    let stray = format!("{dir}/{}", queue(&zk_holder, &k).await[1].name);
+    assert!(stray.ends_with(&sequence.to_string()), "X queued second");
+
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |index: usize, lock: Arc<dyn DistributedLock>| {
+        let (k, order) = (k.clone(), order.clone());
+        tokio::spawn(async move {
+            let lease = lock
+                .acquire(&k, &AcquireOptions::new(TTL).wait(WAIT))
+                .await?;
+            order
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((index, lease.clone()));
+            Ok::<_, LockError>((lock, lease))
+        })
+    };
+    let waiting_a = spawn(0, a.clone());
+    let queued_a = poll("A to queue", Duration::from_secs(10), || async {
+        queue(&zk_holder, &k).await.get(2).cloned()
+    })
+    .await;
+    let waiting_b = spawn(1, b.clone());
+    let queued_b = poll("B to queue", Duration::from_secs(10), || async {
+        queue(&zk_holder, &k).await.get(3).cloned()
+    })
+    .await;
+    let a_path = format!("{dir}/{}", queued_a.name);
+    let czxid_a = other
+        .check_stat(&a_path)
+        .await
+        .unwrap()
+        .expect("A's node")
+        .czxid;
+
+    // Hold back what A sends; wake A by deleting its predecessor X; wait until A has sent
+    // its `sync` (more than pings), then reset A's link.
+    cut.set_mode(ProxyMode::Delay {
+        up: HELD,
+        down: Duration::ZERO,
+    });
+    let sent_before = tap.stats().bytes_up;
+    let reached_before = cut.stats().bytes_up;
+    let resets_before = cut.stats().resets;
+    other.delete(&stray, None).await.unwrap();
+    let sync_len = (16 + dir.len()) as u64;
+    poll("A to send its sync", Duration::from_secs(10), || async {
+        (tap.stats().bytes_up >= sent_before + sync_len).then_some(())
+    })
+    .await;
+    cut.set_mode(ProxyMode::Reset);
+    poll("the link to be reset", Duration::from_secs(5), || async {
+        (cut.stats().resets > resets_before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        cut.stats().bytes_up,
+        reached_before,
+        "the fault fired: nothing A sent after X's deletion reached the server"
+    );
+    cut.set_mode(ProxyMode::Pass);
+
+    // A retries in the same session; then H releases.
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let first = poll("the first grant", WAIT / 2, || async {
+        let order = order.lock().unwrap_or_else(PoisonError::into_inner);
+        order
+            .first()
+            .map(|(i, lease)| (*i, lease.handle().path.clone()))
+    })
+    .await;
+    assert_eq!(
+        first.0, 0,
+        "A (queued before B) is served first; got B on {}, A's node was {}",
+        first.1, queued_a.name
+    );
+    let (a, lease_a) = waiting_a.await.unwrap().expect("A granted");
+    assert_eq!(zk_a.session_id(), session, "A kept its session");
+    assert_eq!(
+        node_name(&lease_a.handle().path),
+        queued_a.name,
+        "A granted on its original node"
+    );
+    assert_eq!(
+        lease_a.token(),
+        FencingToken(u64::try_from(czxid_a).unwrap()),
+        "A's token is its original node's czxid"
+    );
+    assert_eq!(
+        queue(&zk_holder, &k).await,
+        [queued_a.clone(), queued_b.clone()],
+        "A holds on its node and B waits behind it: no second node of A's"
+    );
+    assert_eq!(a.release(lease_a).await.unwrap(), ReleaseOutcome::Released);
+    let (b, lease_b) = waiting_b.await.unwrap().expect("B granted");
+    assert_eq!(node_name(&lease_b.handle().path), queued_b.name);
+    assert_eq!(b.release(lease_b).await.unwrap(), ReleaseOutcome::Released);
+    nothing_queued(&zk_holder, &k, "nothing left behind").await;
+    assert_eq!(history.holds().len(), 3, "H, then A, then B");
+    assert_safe(&history);
+}
