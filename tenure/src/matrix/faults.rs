@@ -983,11 +983,14 @@ impl ClientTrial<'_> {
         // request made while its reply is still on the way; acquires of several steps
         // (ZooKeeper's sync, etcd's lease grant) get their earlier replies, later. The
         // lease is long enough for its server not to end it while replies lag
-        // (Postgres's idle-in-transaction timer is the TTL).
+        // (Postgres's idle-in-transaction timer is the TTL). The orphan exists only
+        // between the granting step and the reply to the last step: a delay of 400 ms
+        // leaves a loaded machine's `inspect` time to see it (at 100 ms, 1 Postgres trial
+        // in 20 read "the reply got through").
         let ttl = self.target.ttl * 4;
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
-            down: (self.target.ttl / 5).min(Duration::from_millis(200)),
+            down: (self.target.ttl / 2).min(Duration::from_millis(400)),
         });
         let lock = self.record.client(HOLDER, self.lock.clone());
         let attempt = tokio::spawn({
