@@ -195,7 +195,7 @@ async fn killing_the_lock_server_stops_the_command() {
     let marker = dir.path().join("finished");
     let script = format!("sleep 20; touch {}", marker.display());
     let child = tenure(&[
-        "--url", &url, "run", "--key", "k", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c",
+        "--url", &url, "run", "--key", "k", "--ttl", "1s", "--grace", "300ms", "--", "sh", "-c",
         &script,
     ])
     .spawn()

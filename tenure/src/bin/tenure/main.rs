@@ -4,24 +4,22 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use tenure::{
-    AcquireOptions, Config, DistributedLock, ExpiryKind, FencingToken, Lease, LeaseHandle,
-    LockError, LockExt, LockKey, OwnerId, ReleaseOutcome,
+    AcquireOptions, Config, ExpiryKind, FencingToken, Lease, LeaseHandle, LockError, LockKey,
+    OwnerId, ReleaseOutcome,
 };
 
 mod bench;
 mod matrix;
+mod run;
+
+use run::EXIT_LOST;
 
 /// Exit code: the lock is held by someone else (after waiting).
 const EXIT_BUSY: u8 = 75;
-/// Exit code: the lease was lost while the command ran; the command was stopped.
-const EXIT_LOST: u8 = 76;
 /// Exit code: bad configuration or input.
 const EXIT_CONFIG: u8 = 78;
 /// Exit code: the backend failed.
@@ -56,16 +54,32 @@ enum Command {
     /// matrix.md, matrix.json and matrix.html. Exits 1 when a cell is outside the
     /// verdicts its protocol allows (⚠), unless --allow-mismatch.
     Matrix(matrix::MatrixArgs),
-    /// Run CMD while holding the lock; renews it, passes TENURE_FENCE and TENURE_KEY, stops
-    /// CMD (SIGTERM, then SIGKILL) if the lease is lost. Exits with CMD's status, 75 when
-    /// the lock stayed busy, 76 when the lease was lost.
+    /// Run CMD while holding the lock; renews it and passes TENURE_FENCE and TENURE_KEY.
+    /// CMD runs in its own process group, which is stopped (SIGTERM, then SIGKILL after
+    /// --grace) before the lease could expire if renewals fail, and when tenure gets
+    /// SIGTERM, SIGINT or SIGHUP. Exits with CMD's status (128+N if signal N killed it),
+    /// 75 when the lock stayed busy, 76 when the lease was lost, 128+N when tenure was
+    /// stopped by signal N.
     Run {
         #[command(flatten)]
         lock: LockArgs,
-        /// Time between SIGTERM and SIGKILL when the lease is lost.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-        grace: Duration,
+        /// Time between SIGTERM and SIGKILL when the command must stop (default 5s, at
+        /// most a quarter of the TTL); must fit, with a margin, in half the TTL.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        grace: Option<Duration>,
+        /// Keep the lock at least this long after it was granted, even if the command
+        /// finishes sooner (a job scheduled on several hosts runs once per period).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        hold_at_least: Duration,
         /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+    /// Internal: the process that runs CMD for `tenure run` (see run.rs).
+    #[command(name = "__keeper", hide = true)]
+    Keeper {
+        /// The pid of the `tenure run` that started it.
+        parent: i32,
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
@@ -132,10 +146,20 @@ fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    if let Command::Keeper { parent, cmd } = &cli.command {
+        return run::keeper(*parent, cmd);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tenure: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_BACKEND);
+        }
+    };
+    // `run` runs on this (the main) thread: `tenure run` forks its keeper from here.
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("tenure: {}", tenure::redact_url(&error.to_string()));
@@ -176,14 +200,21 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
     let config = config(&cli)?;
     let lock = config.connect().await?;
     match cli.command {
-        Command::Bench(_) | Command::Matrix(_) => unreachable!("handled above"),
+        Command::Bench(_) | Command::Matrix(_) | Command::Keeper { .. } => {
+            unreachable!("handled above")
+        }
         Command::Run {
             lock: args,
             grace,
+            hold_at_least,
             cmd,
         } => {
             let (key, opts) = args.options(&config)?;
-            run_under_lock(lock, key, opts, grace, cmd).await
+            let options = run::RunOptions {
+                grace,
+                hold_at_least,
+            };
+            run::run_under_lock(lock, key, opts, options, cmd).await
         }
         Command::Acquire { lock: args } => {
             let (key, opts) = args.options(&config)?;
@@ -307,40 +338,4 @@ fn read_lease() -> Result<Lease, LockError> {
         id: json.id,
         revision: json.revision,
     }))
-}
-
-async fn run_under_lock(
-    lock: Arc<dyn DistributedLock>,
-    key: LockKey,
-    opts: AcquireOptions,
-    grace: Duration,
-    cmd: Vec<String>,
-) -> Result<ExitCode, LockError> {
-    let guard = lock.lock(&key, &opts).await?;
-    let mut child = tokio::process::Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .env("TENURE_FENCE", guard.fencing_token().to_string())
-        .env("TENURE_KEY", key.as_str())
-        .spawn()
-        .map_err(|e| LockError::InvalidInput(format!("cannot start {:?}: {e}", cmd[0])))?;
-    tokio::select! {
-        status = child.wait() => {
-            let status = status.map_err(|e| LockError::backend(format!("waiting for the command: {e}")))?;
-            guard.release().await?;
-            Ok(ExitCode::from(status.code().map_or(128 + 9, |c| c.clamp(0, 255)) as u8))
-        }
-        _ = guard.lost() => {
-            eprintln!(
-                "tenure: lease on `{key}` lost ({}); stopping the command",
-                guard.lost_signal().reason().unwrap_or_default()
-            );
-            if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
-            if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                let _ = child.kill().await;
-            }
-            Ok(ExitCode::from(EXIT_LOST))
-        }
-    }
 }

@@ -1,0 +1,435 @@
+//! `tenure run`: a command under a lock, stopped before the lease can expire.
+//!
+//! Three processes take part:
+//!
+//! - **tenure** holds the lock (a renewing [`LockGuard`]), is a child subreaper on Linux so
+//!   that orphaned members of the command's process group are reaped by it, and decides
+//!   when the command must stop.
+//! - **the keeper** (`tenure __keeper`, this same binary) is spawned by tenure as the
+//!   leader of a new process group, starts the command in that group and exits with its
+//!   status. It exists for the one case tenure cannot handle: tenure dying without
+//!   warning (SIGKILL, the OOM killer). On Linux the kernel then sends the keeper SIGTERM
+//!   (`PR_SET_PDEATHSIG`), and the keeper SIGKILLs the whole group.
+//! - **the command** and everything it starts, in the keeper's process group.
+//!
+//! Every stop (lease lost or about to expire, SIGTERM/SIGINT/SIGHUP to tenure, leftovers
+//! of a finished command) is one sequence: the signal to the group, then SIGKILL once the
+//! grace has run out, and a wait until no process of the group is left. The grace is
+//! budgeted inside the lease: tenure starts stopping the command `grace + margin` before
+//! the lease's local deadline, so the group is gone before the lease can expire.
+
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{getpgrp, getppid, Pid};
+use tenure::{AcquireOptions, DistributedLock, LockError, LockExt, LockGuard, LockKey};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Exit code: the lease was lost while the command ran; the command was stopped.
+pub(crate) const EXIT_LOST: u8 = 76;
+/// Exit code of the keeper when the command cannot be found (as `env` and shells).
+const EXIT_NOT_FOUND: u8 = 127;
+/// Exit code of the keeper when the command cannot be started for another reason.
+const EXIT_CANNOT_RUN: u8 = 126;
+/// The grace when `--grace` is not given, at most a quarter of the TTL.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// How long tenure waits for the group to vanish after SIGKILL before it gives up.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// How `tenure run` behaves around the command.
+#[derive(Debug, Clone)]
+pub(crate) struct RunOptions {
+    /// SIGTERM-to-SIGKILL time; `None` for the default.
+    pub grace: Option<Duration>,
+    /// Keep the lock at least this long after it was granted.
+    pub hold_at_least: Duration,
+}
+
+/// When to start stopping the command, so that it is gone before the lease deadline.
+#[derive(Debug, Clone, Copy)]
+struct StopPlan {
+    grace: Duration,
+    /// Time left after SIGKILL for the group to die and be reaped.
+    margin: Duration,
+}
+
+impl StopPlan {
+    /// The plan for a lease of `ttl`. A stop takes at most `grace + margin`, and it must
+    /// fit in half the TTL: the renewal that keeps the lease alive starts when a third of
+    /// the lease has passed, and needs the rest of the first half for its round trip.
+    fn new(ttl: Duration, grace: Option<Duration>) -> Result<Self, LockError> {
+        let margin = (ttl / 10).min(Duration::from_secs(1));
+        let fits = (ttl / 2).saturating_sub(margin);
+        let grace = match grace {
+            None => DEFAULT_GRACE.min(ttl / 4),
+            Some(grace) if grace <= fits => grace,
+            Some(grace) => {
+                return Err(LockError::Config(format!(
+                    "--grace {} does not fit in --ttl {}: tenure stops the command (SIGTERM, \
+                     then SIGKILL after the grace) so that it is gone before the lease could \
+                     expire, and that stop must fit in half the TTL with {} to spare, leaving \
+                     the rest to renewals; use --grace {} or less, or a longer --ttl",
+                    humantime::format_duration(grace),
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(margin),
+                    humantime::format_duration(fits),
+                )))
+            }
+        };
+        Ok(Self { grace, margin })
+    }
+
+    /// How long before the lease deadline the stop starts.
+    fn budget(&self) -> Duration {
+        self.grace + self.margin
+    }
+
+    /// When a stop that starts now must turn to SIGKILL, given the lease `deadline`.
+    fn kill_at(&self, deadline: Instant) -> Instant {
+        let latest = deadline.checked_sub(self.margin).unwrap_or(deadline);
+        (Instant::now() + self.grace).min(latest)
+    }
+}
+
+/// How the command's run ended, before the stop and the release.
+enum End {
+    /// The keeper exited with this code (the command's, or 128+signal).
+    Exited(u8),
+    /// tenure received this signal.
+    Signal(Signal),
+    /// The lease was lost, or no renewal came before the stop had to start.
+    Lost(String),
+}
+
+/// Runs `cmd` under `key`: see the module docs.
+pub(crate) async fn run_under_lock(
+    lock: Arc<dyn DistributedLock>,
+    key: LockKey,
+    opts: AcquireOptions,
+    run: RunOptions,
+    cmd: Vec<String>,
+) -> Result<ExitCode, LockError> {
+    let plan = StopPlan::new(opts.ttl, run.grace)?;
+    let mut signals = StopSignals::new()?;
+    let mut group = Group::new()?;
+    let guard = tokio::select! {
+        guard = lock.lock(&key, &opts) => guard?,
+        signal = signals.recv() => return Ok(signalled(signal)),
+    };
+    let granted = Instant::now();
+    group.spawn(&cmd, &guard)?;
+    let end = watch(&guard, plan, &mut signals, &mut group).await;
+    let code = match end {
+        End::Exited(code) => {
+            if !group.is_gone() {
+                eprintln!(
+                    "tenure: the command exited and left processes in its group; stopping them"
+                );
+                group
+                    .stop(Signal::SIGTERM, plan.kill_at(guard.deadline()))
+                    .await;
+            }
+            let until = granted + run.hold_at_least;
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = guard.lost() => eprintln!(
+                    "tenure: the command finished, but the lease on `{key}` was lost before \
+                     --hold-at-least ran out ({})",
+                    guard.lost_signal().reason().unwrap_or_default()
+                ),
+                signal = signals.recv() => {
+                    release(guard).await;
+                    return Ok(signalled(signal));
+                }
+            }
+            ExitCode::from(code)
+        }
+        End::Signal(signal) => {
+            eprintln!("tenure: received {signal}; stopping the command");
+            group.stop(signal, plan.kill_at(guard.deadline())).await;
+            signalled(signal)
+        }
+        End::Lost(reason) => {
+            eprintln!("tenure: lease on `{key}` lost ({reason}); stopping the command");
+            group
+                .stop(Signal::SIGTERM, plan.kill_at(guard.deadline()))
+                .await;
+            ExitCode::from(EXIT_LOST)
+        }
+    };
+    release(guard).await;
+    Ok(code)
+}
+
+/// Releases the lock at the end of a run. A failure is reported, not returned: the exit
+/// status says how the command ended, and the lease expires on its own.
+async fn release(guard: LockGuard) {
+    let key = guard.key().clone();
+    match guard.release().await {
+        Ok(_) => {}
+        Err(error) => eprintln!(
+            "tenure: releasing `{key}` failed ({}); it is freed when its lease expires",
+            tenure::redact_url(&error.to_string())
+        ),
+    }
+}
+
+/// Waits until the command exits, tenure is signalled, or the lease is lost — or is
+/// about to expire without a renewal, `plan.budget()` before its deadline.
+async fn watch(
+    guard: &LockGuard,
+    plan: StopPlan,
+    signals: &mut StopSignals,
+    group: &mut Group,
+) -> End {
+    loop {
+        group.reap();
+        if let Some(code) = group.exit {
+            return End::Exited(code);
+        }
+        let deadline = guard.deadline();
+        let stop_at = deadline.checked_sub(plan.budget()).unwrap_or(deadline);
+        tokio::select! {
+            _ = group.children.recv() => {}
+            signal = signals.recv() => return End::Signal(signal),
+            _ = guard.lost() => {
+                return End::Lost(guard.lost_signal().reason().unwrap_or_default());
+            }
+            _ = tokio::time::sleep_until(stop_at.into()) => {
+                if guard.deadline() <= Instant::now() + plan.budget() {
+                    return End::Lost(format!(
+                        "no renewal succeeded and the lease expires in less than the {} its \
+                         stop needs",
+                        humantime::format_duration(plan.budget())
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// tenure's exit for a received signal: 128 + its number, as shells report it.
+fn signalled(signal: Signal) -> ExitCode {
+    ExitCode::from(128 + signal as u8)
+}
+
+/// SIGTERM, SIGINT and SIGHUP, the signals that stop `tenure run` and its command.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<Self, LockError> {
+        let listen = |kind| {
+            signal(kind).map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))
+        };
+        Ok(Self {
+            term: listen(SignalKind::terminate())?,
+            int: listen(SignalKind::interrupt())?,
+            hup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next stop signal.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a signal not yet returned stays pending.
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// The command's process group, led by the keeper.
+struct Group {
+    leader: Pid,
+    /// The keeper's exit code, once reaped.
+    exit: Option<u8>,
+    /// SIGCHLD: a child of tenure (the keeper, or an orphan of the group) changed state.
+    children: tokio::signal::unix::Signal,
+}
+
+impl Group {
+    /// Listens for SIGCHLD (before any child exists, so that no exit is missed) and makes
+    /// tenure the reaper of the group's orphans.
+    fn new() -> Result<Self, LockError> {
+        #[cfg(target_os = "linux")]
+        nix::sys::prctl::set_child_subreaper(true)
+            .map_err(|e| LockError::backend(format!("cannot become a child subreaper: {e}")))?;
+        let children = signal(SignalKind::child())
+            .map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))?;
+        Ok(Self {
+            leader: Pid::from_raw(0),
+            exit: None,
+            children,
+        })
+    }
+
+    /// Starts the keeper, which starts `cmd`, in a new process group.
+    ///
+    /// Called on tenure's main thread: the kernel sends the parent-death signal when the
+    /// *thread* that forked the keeper ends, and the keeper ignores one while tenure lives.
+    fn spawn(&mut self, cmd: &[String], guard: &LockGuard) -> Result<(), LockError> {
+        let keeper = std::process::Command::new(own_executable())
+            .arg0("tenure")
+            .arg("__keeper")
+            .arg(std::process::id().to_string())
+            .arg("--")
+            .args(cmd)
+            .env("TENURE_FENCE", guard.fencing_token().to_string())
+            .env("TENURE_KEY", guard.key().as_str())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| LockError::backend(format!("cannot start the keeper process: {e}")))?;
+        self.leader = Pid::from_raw(keeper.id() as i32);
+        Ok(())
+    }
+
+    /// Reaps every exited child of tenure; records the keeper's exit.
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == self.leader => {
+                    self.exit = Some(u8::try_from(code).unwrap_or(u8::MAX));
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == self.leader => {
+                    self.exit = Some(128 + signal as u8);
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => {} // an orphan of the group
+            }
+        }
+    }
+
+    /// True when no process of the group is left (exited processes reaped).
+    fn is_gone(&mut self) -> bool {
+        self.reap();
+        killpg(self.leader, None) == Err(Errno::ESRCH)
+    }
+
+    /// Waits until the group is gone or `until`; true if it is gone.
+    async fn wait_gone(&mut self, until: Instant) -> bool {
+        loop {
+            if self.is_gone() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            // SIGCHLD wakes us for the group's members tenure reaps; the poll covers
+            // members reaped by a parent of their own.
+            let poll = Instant::now() + Duration::from_millis(20);
+            tokio::select! {
+                _ = self.children.recv() => {}
+                _ = tokio::time::sleep_until(poll.min(until).into()) => {}
+            }
+        }
+    }
+
+    /// Sends `signal` to the group, SIGKILL at `kill_at` if any of it is left, and waits
+    /// until the group is gone.
+    async fn stop(&mut self, signal: Signal, kill_at: Instant) {
+        let _ = killpg(self.leader, signal);
+        if self.wait_gone(kill_at).await {
+            return;
+        }
+        let _ = killpg(self.leader, Signal::SIGKILL);
+        if !self.wait_gone(Instant::now() + KILL_WAIT).await {
+            eprintln!(
+                "tenure: processes of the command's group are still there {} after SIGKILL",
+                humantime::format_duration(KILL_WAIT)
+            );
+        }
+    }
+}
+
+/// This executable, for the keeper; on Linux `/proc/self/exe` still works after a deploy
+/// replaced the file.
+fn own_executable() -> std::path::PathBuf {
+    if cfg!(target_os = "linux") {
+        "/proc/self/exe".into()
+    } else {
+        std::env::current_exe().unwrap_or_else(|_| "tenure".into())
+    }
+}
+
+/// The keeper (`tenure __keeper PARENT -- CMD…`): runs `cmd` in its own process group and
+/// exits with its status (128+signal if it was killed). A stop signal while `parent` lives
+/// was sent to the whole group by tenure, which does the stopping; one after `parent`
+/// died (the parent-death signal, or the check every second elsewhere) makes the keeper
+/// SIGKILL the group, itself included: without tenure, nobody renews the lease.
+pub(crate) fn keeper(parent: i32, cmd: &[String]) -> ExitCode {
+    let parent = Pid::from_raw(parent);
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
+    if getppid() != parent {
+        return ExitCode::from(EXIT_LOST); // tenure died before the command started
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("tenure: cannot start the keeper: {e}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    runtime.block_on(keep(parent, cmd))
+}
+
+async fn keep(parent: Pid, cmd: &[String]) -> ExitCode {
+    let orphaned = || {
+        if getppid() != parent {
+            let _ = killpg(getpgrp(), Signal::SIGKILL);
+        }
+    };
+    let mut signals = match StopSignals::new() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("tenure: {e}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let Some((program, args)) = cmd.split_first() else {
+        return ExitCode::from(EXIT_CANNOT_RUN);
+    };
+    let mut child = match tokio::process::Command::new(program).args(args).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("tenure: cannot run {program:?}: {e}");
+            return ExitCode::from(match e.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_CANNOT_RUN,
+            });
+        }
+    };
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                use std::os::unix::process::ExitStatusExt;
+                return ExitCode::from(match status {
+                    Ok(status) => match (status.code(), status.signal()) {
+                        (Some(code), _) => u8::try_from(code).unwrap_or(u8::MAX),
+                        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
+                        (None, None) => EXIT_CANNOT_RUN,
+                    },
+                    Err(_) => EXIT_CANNOT_RUN,
+                });
+            }
+            _ = signals.recv() => orphaned(),
+            _ = check.tick() => orphaned(),
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! `tenure run` as systemd, cron and an operator treat it: real `tenure` processes on a
+//! live Redis and ZooKeeper, signalled and killed, with a command that has a child of its
+//! own (a grandchild of tenure).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+
+fn tenure(url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command
+        .arg("--url")
+        .arg(url)
+        .args(args)
+        .env_remove("TENURE_URL")
+        .env_remove("TENURE_TTL")
+        .env_remove("TENURE_WAIT");
+    command
+}
+
+fn output(url: &str, args: &[&str]) -> Output {
+    tenure(url, args).output().expect("tenure runs")
+}
+
+/// A `tenure` process, SIGKILLed on drop if still running (a failed test leaks nothing:
+/// the keeper then kills the command's group).
+struct Tenure(Option<Child>);
+
+impl Tenure {
+    fn spawn(command: &mut Command) -> Tenure {
+        Tenure(Some(command.spawn().expect("tenure starts")))
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.0.as_ref().map_or(0, |c| c.id() as i32))
+    }
+
+    fn wait(mut self) -> Output {
+        self.0.take().unwrap().wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A `tenure run` whose command starts a grandchild and writes both pids to files.
+struct Held {
+    tenure: Tenure,
+    dir: tempfile::TempDir,
+}
+
+/// The command: `sleep 300` in the background (the grandchild), then wait for it. With
+/// `ignore_term`, both ignore SIGTERM, so only SIGKILL stops them.
+fn command(dir: &Path, ignore_term: bool) -> String {
+    format!(
+        "{trap} sleep 300 & echo $! > {dir}/grandchild; echo $$ > {dir}/command; wait",
+        trap = if ignore_term { "trap '' TERM;" } else { "" },
+        dir = dir.display()
+    )
+}
+
+impl Held {
+    /// Starts `tenure run ARGS -- sh -c COMMAND` and waits until the command and its
+    /// child run.
+    fn start(url: &str, args: &[&str], ignore_term: bool) -> Held {
+        let dir = tempfile::tempdir().unwrap();
+        let script = command(dir.path(), ignore_term);
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--", "sh", "-c", &script]);
+        let tenure = Tenure::spawn(tenure(url, &all).stderr(Stdio::piped()));
+        let held = Held { tenure, dir };
+        let since = Instant::now();
+        while held.pids().len() < 2 {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "the command never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        held
+    }
+
+    /// The command's and the grandchild's pids, once written.
+    fn pids(&self) -> Vec<i32> {
+        ["command", "grandchild"]
+            .iter()
+            .filter_map(|name| read_pid(&self.dir.path().join(name)))
+            .collect()
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill(self.tenure.pid(), signal).unwrap();
+    }
+
+    /// Waits for tenure to exit; its output.
+    fn finish(self) -> (Output, Vec<i32>) {
+        let pids = self.pids();
+        (self.tenure.wait(), pids)
+    }
+}
+
+fn read_pid(path: &PathBuf) -> Option<i32> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().parse().ok()
+}
+
+/// True while `pid` runs (a zombie has finished running).
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to `limit` for all of `pids` to stop running; the ones still running.
+fn wait_stopped(pids: &[i32], limit: Duration) -> Vec<i32> {
+    let since = Instant::now();
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|p| running(*p)).collect();
+        if left.is_empty() || since.elapsed() > limit {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// True once process `pid` has a handler for `signal` (it is ready to be stopped by it).
+fn catches(pid: Pid, signal: Signal) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as u32 - 1)) != 0)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// The lock is free: another run takes it without waiting.
+fn assert_free(url: &str, key: &str) {
+    let out = output(url, &["run", "--key", key, "--wait", "0s", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "lock still held: {}",
+        stderr(&out)
+    );
+}
+
+/// SIGTERM, SIGINT or SIGHUP to tenure: the command and its child are gone, the lock is
+/// free at once, and tenure exits 128+signal.
+fn a_stop_signal_stops_the_group_and_frees_the_lock(url: &str, signal: Signal) {
+    let key = format!("signalled-{}", signal as i32);
+    let held = Held::start(url, &["--key", &key], false);
+    held.signal(signal);
+    let (out, pids) = held.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + signal as i32),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(pids.len(), 2);
+    assert_eq!(wait_stopped(&pids, Duration::ZERO), Vec::<i32>::new());
+    assert!(stderr(&out).contains(&format!("received {signal}")));
+    assert_free(url, &key);
+}
+
+/// SIGKILL to tenure: nobody renews the lease any more, so the command and its child
+/// must not run on.
+fn sigkill_to_tenure_stops_the_group(url: &str) {
+    let held = Held::start(url, &["--key", "killed"], false);
+    held.signal(Signal::SIGKILL);
+    let (out, pids) = held.finish();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9)
+    );
+    assert_eq!(pids.len(), 2);
+    assert_eq!(
+        wait_stopped(&pids, Duration::from_secs(10)),
+        Vec::<i32>::new(),
+        "the command or its child outlived tenure"
+    );
+}
+
+/// `--hold-at-least`: a command that finishes at once keeps the lock for the period.
+fn hold_at_least_keeps_the_lock(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let started = Instant::now();
+    let first = Tenure::spawn(&mut tenure(
+        url,
+        &[
+            "run",
+            "--key",
+            "period",
+            "--hold-at-least",
+            "4s",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ));
+    while !marker.exists() {
+        assert!(started.elapsed() < Duration::from_secs(30), "never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The command has finished; the lock stays held.
+    let second = output(
+        url,
+        &["run", "--key", "period", "--wait", "0s", "--", "true"],
+    );
+    assert_eq!(second.status.code(), Some(75), "{}", stderr(&second));
+    assert_eq!(first.wait().status.code(), Some(0));
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "released after {:?}",
+        started.elapsed()
+    );
+    assert_free(url, "period");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_signals_sigkill_and_hold_at_least() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    tokio::task::spawn_blocking(move || {
+        for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+            a_stop_signal_stops_the_group_and_frees_the_lock(&url, signal);
+        }
+        sigkill_to_tenure_stops_the_group(&url);
+        hold_at_least_keeps_the_lock(&url);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_signals_sigkill_and_hold_at_least() {
+    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let url = format!("zk://{}", ensemble.connect_string());
+    tokio::task::spawn_blocking(move || {
+        a_stop_signal_stops_the_group_and_frees_the_lock(&url, Signal::SIGTERM);
+        sigkill_to_tenure_stops_the_group(&url);
+        hold_at_least_keeps_the_lock(&url);
+    })
+    .await
+    .unwrap();
+}
+
+/// Renewals stop getting through (a black-holed connection, not an error): tenure must
+/// stop the whole group — here deaf to SIGTERM, so SIGKILL after the grace — before the
+/// lease can expire on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let direct = cluster.urls()[0].clone();
+    let proxy = FaultProxy::start(cluster.nodes()[0].addr()).await.unwrap();
+    let url = format!("redis://{}?command_timeout_ms=30000", proxy.addr());
+    let held = Held::start(
+        &url,
+        &["--key", "deaf", "--ttl", "10s", "--grace", "1s"],
+        true,
+    );
+    let pids = held.pids();
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let before = SystemTime::now();
+    let shown = output(&direct, &["inspect", "deaf"]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let remaining = shown["remaining_ms"].as_u64().expect("held, with a TTL");
+    // The server frees the lock no earlier than this.
+    let expires = before + Duration::from_millis(remaining);
+
+    assert_eq!(
+        wait_stopped(&pids, Duration::from_secs(20)),
+        Vec::<i32>::new()
+    );
+    let stopped = SystemTime::now();
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "a renewal was sent into the black hole"
+    );
+    assert!(
+        stopped < expires,
+        "the group ran until {:?} after the lease expired",
+        stopped.duration_since(expires).unwrap_or_default()
+    );
+    proxy.set_mode(ProxyMode::Reset);
+    let (out, _) = held.finish();
+    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stopping the command"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A signal while tenure waits for the lock: it exits 128+signal at once, and the
+/// command never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_waiting_exits_without_running_the_command() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    tokio::task::spawn_blocking(move || {
+        let holder = Held::start(&url, &["--key", "busy"], false);
+        let marker = holder.dir.path().join("ran");
+        let touch = format!("touch {}", marker.display());
+        let waiter = Tenure::spawn(&mut tenure(
+            &url,
+            &[
+                "run", "--key", "busy", "--wait", "60s", "--", "sh", "-c", &touch,
+            ],
+        ));
+        let since = Instant::now();
+        while !catches(waiter.pid(), Signal::SIGTERM) {
+            assert!(since.elapsed() < Duration::from_secs(30), "never waited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        kill(waiter.pid(), Signal::SIGTERM).unwrap();
+        let out = waiter.wait();
+        assert_eq!(out.status.code(), Some(143));
+        assert!(!marker.exists(), "the command ran without the lock");
+        holder.signal(Signal::SIGTERM);
+        assert_eq!(holder.finish().0.status.code(), Some(143));
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn a_command_killed_by_a_signal_exits_128_plus_it() {
+    let out = output(
+        "memory://",
+        &["run", "--key", "k", "--", "sh", "-c", "kill -USR1 $$"],
+    );
+    assert_eq!(out.status.code(), Some(128 + Signal::SIGUSR1 as i32));
+}
+
+#[test]
+fn a_grace_that_does_not_fit_in_the_ttl_is_refused() {
+    let out = output(
+        "memory://",
+        &[
+            "run", "--key", "k", "--ttl", "2s", "--grace", "5s", "--", "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    let err = stderr(&out);
+    assert!(err.contains("--grace 5s does not fit in --ttl 2s"), "{err}");
+    assert!(err.contains("use --grace 800ms or less"), "{err}");
+}
+
+#[test]
+fn a_missing_command_exits_127() {
+    let out = output(
+        "memory://",
+        &["run", "--key", "k", "--", "/nonexistent/cmd"],
+    );
+    assert_eq!(out.status.code(), Some(127));
+}
