@@ -316,6 +316,48 @@ async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
     );
 }
 
+/// tenure itself stopped (SIGSTOP, a debugger, a starved process) while its command runs:
+/// nobody renews the lease, so the command must not run past it. The keeper stops the
+/// group (deaf to SIGTERM: SIGKILL) on tenure's schedule; tenure, resumed, reports 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_tenure_does_not_leave_its_command_running_past_the_lease() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    tokio::task::spawn_blocking(move || {
+        let held = Held::start(
+            &url,
+            &["--key", "frozen", "--ttl", "6s", "--grace", "1s"],
+            true,
+        );
+        let pids = held.pids();
+        held.signal(Signal::SIGSTOP);
+        let before = SystemTime::now();
+        let shown = output(&url, &["inspect", "frozen"]);
+        let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+        let remaining = shown["remaining_ms"].as_u64().expect("held, with a TTL");
+        let expires = before + Duration::from_millis(remaining);
+
+        let left = wait_stopped(&pids, Duration::from_secs(20));
+        let stopped = SystemTime::now();
+        assert_eq!(left, Vec::<i32>::new(), "the command outlived the lease");
+        assert!(
+            stopped < expires,
+            "the group ran until {:?} after the lease expired",
+            stopped.duration_since(expires).unwrap_or_default()
+        );
+        held.signal(Signal::SIGCONT);
+        let (out, _) = held.finish();
+        assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("has not renewed it"),
+            "{}",
+            stderr(&out)
+        );
+    })
+    .await
+    .unwrap();
+}
+
 /// A signal while tenure waits for the lock: it exits 128+signal at once, and the
 /// command never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

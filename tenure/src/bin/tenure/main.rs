@@ -80,6 +80,15 @@ enum Command {
     Keeper {
         /// The pid of the `tenure run` that started it.
         parent: i32,
+        /// The abstract socket on which tenure tells the lease deadlines.
+        #[arg(long)]
+        switch: Option<String>,
+        /// The stop plan: SIGTERM-to-SIGKILL time, ms.
+        #[arg(long, default_value_t = 0)]
+        grace_ms: u64,
+        /// The stop plan: time kept after SIGKILL, ms.
+        #[arg(long, default_value_t = 0)]
+        margin_ms: u64,
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
@@ -148,8 +157,16 @@ fn is_zero(n: &i64) -> bool {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Keeper { parent, cmd } = &cli.command {
-        return run::keeper(*parent, cmd);
+    if let Command::Keeper {
+        parent,
+        switch,
+        grace_ms,
+        margin_ms,
+        cmd,
+    } = &cli.command
+    {
+        let plan = run::StopPlan::from_millis(*grace_ms, *margin_ms);
+        return run::keeper(*parent, switch.as_deref(), plan, cmd);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -7,9 +7,13 @@
 //!   when the command must stop.
 //! - **the keeper** (`tenure __keeper`, this same binary) is spawned by tenure as the
 //!   leader of a new process group, starts the command in that group and exits with its
-//!   status. It exists for the one case tenure cannot handle: tenure dying without
-//!   warning (SIGKILL, the OOM killer). On Linux the kernel then sends the keeper SIGTERM
-//!   (`PR_SET_PDEATHSIG`), and the keeper SIGKILLs the whole group.
+//!   status. It exists for the cases tenure cannot handle itself:
+//!   - tenure dying without warning (SIGKILL, the OOM killer): the kernel sends the
+//!     keeper SIGTERM (`PR_SET_PDEATHSIG`), and the keeper SIGKILLs the whole group;
+//!   - tenure stopped or starved (SIGSTOP, a debugger, swapping) while the lease runs
+//!     out: tenure tells the keeper each new lease deadline over a socket (the *switch*),
+//!     and the keeper stops the group on the same schedule tenure would have, if no newer
+//!     deadline came. The switch closing also means tenure is gone.
 //! - **the command** and everything it starts, in the keeper's process group.
 //!
 //! Every stop (lease lost or about to expire, SIGTERM/SIGINT/SIGHUP to tenure, leftovers
@@ -26,8 +30,11 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{getpgrp, getppid, Pid};
 use tenure::{AcquireOptions, DistributedLock, LockError, LockExt, LockGuard, LockKey};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Exit code: the lease was lost while the command ran; the command was stopped.
@@ -40,6 +47,11 @@ const EXIT_CANNOT_RUN: u8 = 126;
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// How long tenure waits for the group to vanish after SIGKILL before it gives up.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// Bounds of how often tenure tells the keeper the lease deadline (a twentieth of the TTL).
+const MIN_TELL: Duration = Duration::from_millis(10);
+const MAX_TELL: Duration = Duration::from_millis(250);
+/// How long tenure waits for its keeper to connect to the switch.
+const SWITCH_WAIT: Duration = Duration::from_secs(10);
 
 /// How `tenure run` behaves around the command.
 #[derive(Debug, Clone)]
@@ -52,7 +64,7 @@ pub(crate) struct RunOptions {
 
 /// When to start stopping the command, so that it is gone before the lease deadline.
 #[derive(Debug, Clone, Copy)]
-struct StopPlan {
+pub(crate) struct StopPlan {
     grace: Duration,
     /// Time left after SIGKILL for the group to die and be reaped.
     margin: Duration,
@@ -84,9 +96,22 @@ impl StopPlan {
         Ok(Self { grace, margin })
     }
 
+    /// The plan tenure passed to its keeper.
+    pub(crate) fn from_millis(grace_ms: u64, margin_ms: u64) -> Self {
+        Self {
+            grace: Duration::from_millis(grace_ms),
+            margin: Duration::from_millis(margin_ms),
+        }
+    }
+
     /// How long before the lease deadline the stop starts.
     fn budget(&self) -> Duration {
         self.grace + self.margin
+    }
+
+    /// When the stop must start for a lease that ends at `deadline`.
+    fn stop_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.budget()).unwrap_or(deadline)
     }
 
     /// When a stop that starts now must turn to SIGKILL, given the lease `deadline`.
@@ -122,9 +147,20 @@ pub(crate) async fn run_under_lock(
         signal = signals.recv() => return Ok(signalled(signal)),
     };
     let granted = Instant::now();
-    group.spawn(&cmd, &guard)?;
+    group.spawn(&cmd, &guard, plan).await?;
     let end = watch(&guard, plan, &mut signals, &mut group).await;
     let code = match end {
+        End::Exited(code) if guard.is_lost() || group.keeper_stopped() => {
+            let reason = match guard.lost_signal().reason() {
+                Some(reason) => format!("lost ({reason})"),
+                None => "not renewed in time: tenure was not running".into(),
+            };
+            eprintln!("tenure: lease on `{key}` {reason}; the command was stopped (exit {code})");
+            if !group.is_gone() {
+                group.stop(Signal::SIGKILL, Instant::now()).await;
+            }
+            ExitCode::from(EXIT_LOST)
+        }
         End::Exited(code) => {
             if !group.is_gone() {
                 eprintln!(
@@ -187,15 +223,21 @@ async fn watch(
     signals: &mut StopSignals,
     group: &mut Group,
 ) -> End {
+    // Often enough that the keeper hears of a renewal long before the old deadline's stop.
+    let ttl = guard
+        .lease()
+        .await
+        .map_or(Duration::from_secs(1), |l| l.ttl());
+    let mut tell = tokio::time::interval((ttl / 20).clamp(MIN_TELL, MAX_TELL));
     loop {
         group.reap();
         if let Some(code) = group.exit {
             return End::Exited(code);
         }
-        let deadline = guard.deadline();
-        let stop_at = deadline.checked_sub(plan.budget()).unwrap_or(deadline);
+        let stop_at = plan.stop_at(guard.deadline());
         tokio::select! {
             _ = group.children.recv() => {}
+            _ = tell.tick() => group.tell(guard.deadline()).await,
             signal = signals.recv() => return End::Signal(signal),
             _ = guard.lost() => {
                 return End::Lost(guard.lost_signal().reason().unwrap_or_default());
@@ -257,6 +299,8 @@ struct Group {
     exit: Option<u8>,
     /// SIGCHLD: a child of tenure (the keeper, or an orphan of the group) changed state.
     children: tokio::signal::unix::Signal,
+    /// tenure's end of the switch, and the deadline last told.
+    switch: Option<(UnixStream, Option<Instant>)>,
 }
 
 impl Group {
@@ -272,18 +316,30 @@ impl Group {
             leader: Pid::from_raw(0),
             exit: None,
             children,
+            switch: None,
         })
     }
 
-    /// Starts the keeper, which starts `cmd`, in a new process group.
+    /// Starts the keeper, which starts `cmd`, in a new process group, and connects the
+    /// switch to it.
     ///
     /// Called on tenure's main thread: the kernel sends the parent-death signal when the
     /// *thread* that forked the keeper ends, and the keeper ignores one while tenure lives.
-    fn spawn(&mut self, cmd: &[String], guard: &LockGuard) -> Result<(), LockError> {
+    async fn spawn(
+        &mut self,
+        cmd: &[String],
+        guard: &LockGuard,
+        plan: StopPlan,
+    ) -> Result<(), LockError> {
+        let (listener, name) = switch::listen()
+            .map_err(|e| LockError::backend(format!("cannot open the keeper's switch: {e}")))?;
         let keeper = std::process::Command::new(own_executable())
             .arg0("tenure")
             .arg("__keeper")
             .arg(std::process::id().to_string())
+            .arg(format!("--switch={name}"))
+            .arg(format!("--grace-ms={}", plan.grace.as_millis()))
+            .arg(format!("--margin-ms={}", plan.margin.as_millis()))
             .arg("--")
             .args(cmd)
             .env("TENURE_FENCE", guard.fencing_token().to_string())
@@ -292,7 +348,58 @@ impl Group {
             .spawn()
             .map_err(|e| LockError::backend(format!("cannot start the keeper process: {e}")))?;
         self.leader = Pid::from_raw(keeper.id() as i32);
+        let accepted = tokio::time::timeout(SWITCH_WAIT, async {
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) if switch::peer_is(&stream, self.leader) => {
+                            return Some(stream);
+                        }
+                        Ok(_) => {} // not our keeper
+                        Err(_) => return None,
+                    },
+                    _ = self.children.recv() => {
+                        self.reap();
+                        if self.exit.is_some() {
+                            return None; // the keeper ended before connecting
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        if let Ok(Some(stream)) = accepted {
+            self.switch = Some((stream, None));
+            self.tell(guard.deadline()).await;
+        } else if self.exit.is_none() {
+            self.stop(Signal::SIGKILL, Instant::now()).await;
+            return Err(LockError::backend(
+                "the keeper process did not connect to tenure; the command was stopped",
+            ));
+        }
         Ok(())
+    }
+
+    /// True if the keeper said it stopped the group on its own (tenure did not renew).
+    fn keeper_stopped(&mut self) -> bool {
+        let Some((stream, _)) = &mut self.switch else {
+            return false;
+        };
+        let mut said = [0u8; 64];
+        matches!(stream.try_read(&mut said), Ok(n) if said[..n].starts_with(switch::STOPPED))
+    }
+
+    /// Tells the keeper the lease's current `deadline`, if it changed. A keeper that is
+    /// gone is not an error here: its exit is reaped and handled by the caller.
+    async fn tell(&mut self, deadline: Instant) {
+        if let Some((stream, told)) = &mut self.switch {
+            if *told != Some(deadline) {
+                let line = format!("{}\n", switch::monotonic(deadline).as_nanos());
+                if stream.write_all(line.as_bytes()).await.is_ok() {
+                    *told = Some(deadline);
+                }
+            }
+        }
     }
 
     /// Reaps every exited child of tenure; records the keeper's exit.
@@ -363,12 +470,19 @@ fn own_executable() -> std::path::PathBuf {
     }
 }
 
-/// The keeper (`tenure __keeper PARENT -- CMD…`): runs `cmd` in its own process group and
-/// exits with its status (128+signal if it was killed). A stop signal while `parent` lives
-/// was sent to the whole group by tenure, which does the stopping; one after `parent`
-/// died (the parent-death signal, or the check every second elsewhere) makes the keeper
-/// SIGKILL the group, itself included: without tenure, nobody renews the lease.
-pub(crate) fn keeper(parent: i32, cmd: &[String]) -> ExitCode {
+/// The keeper (`tenure __keeper PARENT --switch NAME … -- CMD…`): runs `cmd` in its own
+/// process group and exits with its status (128+signal if it was killed). A stop signal
+/// while `parent` lives was sent to the whole group by tenure, which does the stopping.
+/// The keeper stops the group itself only when tenure cannot: tenure died (the
+/// parent-death signal, the switch closing, or the check every second) — SIGKILL at once,
+/// since nobody renews the lease any more — or the last deadline tenure told it comes
+/// within the stop plan without a newer one — SIGTERM, then SIGKILL, as tenure would.
+pub(crate) fn keeper(
+    parent: i32,
+    switch: Option<&str>,
+    plan: StopPlan,
+    cmd: &[String],
+) -> ExitCode {
     let parent = Pid::from_raw(parent);
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
@@ -385,19 +499,28 @@ pub(crate) fn keeper(parent: i32, cmd: &[String]) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
-    runtime.block_on(keep(parent, cmd))
+    runtime.block_on(keep(parent, switch, plan, cmd))
 }
 
-async fn keep(parent: Pid, cmd: &[String]) -> ExitCode {
+async fn keep(parent: Pid, switch: Option<&str>, plan: StopPlan, cmd: &[String]) -> ExitCode {
+    let group = getpgrp();
     let orphaned = || {
         if getppid() != parent {
-            let _ = killpg(getpgrp(), Signal::SIGKILL);
+            let _ = killpg(group, Signal::SIGKILL);
         }
     };
     let mut signals = match StopSignals::new() {
         Ok(signals) => signals,
         Err(e) => {
             eprintln!("tenure: {e}");
+            return ExitCode::from(EXIT_CANNOT_RUN);
+        }
+    };
+    let (mut deadlines, mut answer) = match switch.map(switch::connect).transpose() {
+        Ok(Some((deadlines, answer))) => (Some(deadlines), Some(answer)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("tenure: the keeper cannot reach tenure: {e}");
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
@@ -415,7 +538,11 @@ async fn keep(parent: Pid, cmd: &[String]) -> ExitCode {
         }
     };
     let mut check = tokio::time::interval(Duration::from_secs(1));
+    // The stop plan on the last deadline heard: the next step and when.
+    let mut deadline: Option<Instant> = None;
+    let mut kill_at: Option<Instant> = None;
     loop {
+        let next = kill_at.or(deadline.map(|d| plan.stop_at(d)));
         tokio::select! {
             status = child.wait() => {
                 use std::os::unix::process::ExitStatusExt;
@@ -430,6 +557,128 @@ async fn keep(parent: Pid, cmd: &[String]) -> ExitCode {
             }
             _ = signals.recv() => orphaned(),
             _ = check.tick() => orphaned(),
+            told = switch::next(&mut deadlines) => match told {
+                Some(told) => deadline = Some(told),
+                None => {
+                    // tenure is gone: nobody renews the lease.
+                    let _ = killpg(group, Signal::SIGKILL);
+                }
+            },
+            _ = sleep_until(next) => {
+                if kill_at.is_some() {
+                    let _ = killpg(group, Signal::SIGKILL);
+                } else if let Some(deadline) = deadline {
+                    eprintln!(
+                        "tenure: the lease is about to expire and tenure has not renewed it \
+                         (is it stopped?); stopping the command"
+                    );
+                    if let Some(answer) = &mut answer {
+                        let _ = answer.write_all(switch::STOPPED).await;
+                    }
+                    kill_at = Some(plan.kill_at(deadline));
+                    let _ = killpg(group, Signal::SIGTERM);
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`, forever if `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The switch: an abstract Unix socket (Linux; no file to clean up) on which tenure
+/// writes each lease deadline, as nanoseconds of `CLOCK_MONOTONIC` — one clock for both
+/// processes — one per line.
+mod switch {
+    use super::*;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::SocketAddr;
+    use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+    /// Listens on a fresh abstract name; the listener and the name.
+    pub(super) fn listen() -> std::io::Result<(tokio::net::UnixListener, String)> {
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let name = format!("tenure-keeper-{}-{nonce:x}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+        let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+        listener.set_nonblocking(true)?;
+        Ok((tokio::net::UnixListener::from_std(listener)?, name))
+    }
+
+    /// True if `stream`'s other end is process `pid`.
+    pub(super) fn peer_is(stream: &UnixStream, pid: Pid) -> bool {
+        stream
+            .peer_cred()
+            .is_ok_and(|cred| cred.pid() == Some(pid.as_raw()))
+    }
+
+    /// What the keeper says when it stopped the group on its own.
+    pub(super) const STOPPED: &[u8] = b"stopped\n";
+
+    /// The deadlines tenure tells, and the keeper's way to answer.
+    pub(super) type Deadlines = Lines<BufReader<OwnedReadHalf>>;
+
+    /// The keeper's end: the deadlines tenure tells, and the half to answer on.
+    pub(super) fn connect(name: &str) -> std::io::Result<(Deadlines, OwnedWriteHalf)> {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+        let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+        stream.set_nonblocking(true)?;
+        let (read, write) = UnixStream::from_std(stream)?.into_split();
+        Ok((BufReader::new(read).lines(), write))
+    }
+
+    /// The next deadline told; `None` once tenure closed the switch (or it failed).
+    /// Pending forever without a switch.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe (`Lines::next_line` is).
+    pub(super) async fn next(deadlines: &mut Option<Deadlines>) -> Option<Instant> {
+        let Some(lines) = deadlines else {
+            return std::future::pending().await;
+        };
+        loop {
+            match lines.next_line().await {
+                Ok(Some(line)) => {
+                    if let Ok(nanos) = line.trim().parse::<u64>() {
+                        return Some(instant(Duration::from_nanos(nanos)));
+                    }
+                }
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    fn monotonic_now() -> Duration {
+        clock_gettime(ClockId::CLOCK_MONOTONIC)
+            .map(|t| Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32))
+            .unwrap_or_default()
+    }
+
+    /// `at` on `CLOCK_MONOTONIC` (read first, so the result errs early).
+    pub(super) fn monotonic(at: Instant) -> Duration {
+        let mono = monotonic_now();
+        let now = Instant::now();
+        match at.checked_duration_since(now) {
+            Some(ahead) => mono + ahead,
+            None => mono.saturating_sub(now - at),
+        }
+    }
+
+    /// The instant of `mono` on `CLOCK_MONOTONIC` (the clock read last, so it errs early).
+    fn instant(mono: Duration) -> Instant {
+        let now = Instant::now();
+        let current = monotonic_now();
+        match mono.checked_sub(current) {
+            Some(ahead) => now + ahead,
+            None => now.checked_sub(current - mono).unwrap_or(now),
         }
     }
 }
