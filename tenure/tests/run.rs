@@ -149,6 +149,28 @@ fn catches(pid: Pid, signal: Signal) -> bool {
         .is_some_and(|mask| mask & (1 << (signal as u32 - 1)) != 0)
 }
 
+/// When the server frees `key` at the earliest, read from `url` after the holder
+/// stopped renewing.
+fn server_expiry(url: &str, key: &str) -> SystemTime {
+    let before = SystemTime::now();
+    let shown = output(url, &["inspect", key]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let remaining = shown["remaining_ms"].as_u64().expect("held, with a TTL");
+    before + Duration::from_millis(remaining)
+}
+
+/// Waits for `pids` to stop, and asserts that happened before `expires`.
+fn assert_stopped_before(pids: &[i32], expires: SystemTime) {
+    let left = wait_stopped(pids, Duration::from_secs(20));
+    let stopped = SystemTime::now();
+    assert_eq!(left, Vec::<i32>::new(), "the command outlived the lease");
+    assert!(
+        stopped < expires,
+        "the group ran until {:?} after the lease expired",
+        stopped.duration_since(expires).unwrap_or_default()
+    );
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
 }
@@ -277,43 +299,32 @@ async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
     let direct = cluster.urls()[0].clone();
     let proxy = FaultProxy::start(cluster.nodes()[0].addr()).await.unwrap();
     let url = format!("redis://{}?command_timeout_ms=30000", proxy.addr());
-    let held = Held::start(
-        &url,
-        &["--key", "deaf", "--ttl", "10s", "--grace", "1s"],
-        true,
-    );
-    let pids = held.pids();
+    tokio::task::spawn_blocking(move || {
+        let held = Held::start(
+            &url,
+            &["--key", "deaf", "--ttl", "10s", "--grace", "1s"],
+            true,
+        );
+        let pids = held.pids();
 
-    proxy.set_mode(ProxyMode::Blackhole);
-    let before = SystemTime::now();
-    let shown = output(&direct, &["inspect", "deaf"]);
-    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
-    let remaining = shown["remaining_ms"].as_u64().expect("held, with a TTL");
-    // The server frees the lock no earlier than this.
-    let expires = before + Duration::from_millis(remaining);
-
-    assert_eq!(
-        wait_stopped(&pids, Duration::from_secs(20)),
-        Vec::<i32>::new()
-    );
-    let stopped = SystemTime::now();
-    assert!(
-        proxy.stats().bytes_blackholed > 0,
-        "a renewal was sent into the black hole"
-    );
-    assert!(
-        stopped < expires,
-        "the group ran until {:?} after the lease expired",
-        stopped.duration_since(expires).unwrap_or_default()
-    );
-    proxy.set_mode(ProxyMode::Reset);
-    let (out, _) = held.finish();
-    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("stopping the command"),
-        "{}",
-        stderr(&out)
-    );
+        proxy.set_mode(ProxyMode::Blackhole);
+        let expires = server_expiry(&direct, "deaf");
+        assert_stopped_before(&pids, expires);
+        assert!(
+            proxy.stats().bytes_blackholed > 0,
+            "a renewal was sent into the black hole"
+        );
+        proxy.set_mode(ProxyMode::Reset);
+        let (out, _) = held.finish();
+        assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("stopping the command"),
+            "{}",
+            stderr(&out)
+        );
+    })
+    .await
+    .unwrap();
 }
 
 /// tenure itself stopped (SIGSTOP, a debugger, a starved process) while its command runs:
@@ -331,20 +342,7 @@ async fn a_stopped_tenure_does_not_leave_its_command_running_past_the_lease() {
         );
         let pids = held.pids();
         held.signal(Signal::SIGSTOP);
-        let before = SystemTime::now();
-        let shown = output(&url, &["inspect", "frozen"]);
-        let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
-        let remaining = shown["remaining_ms"].as_u64().expect("held, with a TTL");
-        let expires = before + Duration::from_millis(remaining);
-
-        let left = wait_stopped(&pids, Duration::from_secs(20));
-        let stopped = SystemTime::now();
-        assert_eq!(left, Vec::<i32>::new(), "the command outlived the lease");
-        assert!(
-            stopped < expires,
-            "the group ran until {:?} after the lease expired",
-            stopped.duration_since(expires).unwrap_or_default()
-        );
+        assert_stopped_before(&pids, server_expiry(&url, "frozen"));
         held.signal(Signal::SIGCONT);
         let (out, _) = held.finish();
         assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
