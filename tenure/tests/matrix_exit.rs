@@ -64,3 +64,77 @@ async fn a_mismatch_fails_the_run_unless_allowed() {
         "{stderr}"
     );
 }
+
+/// The pids of `parent`'s children named `name`.
+fn children_named(parent: u32, name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let Some((comm, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+        else {
+            continue;
+        };
+        let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if comm == name && ppid == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// True while `pid` runs (not a zombie, not gone).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(") ")
+                .map(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM to `tenure matrix` stops the servers it started — they run
+/// in process groups of their own, so the terminal's signal does not reach them — and
+/// it exits 128+signal.
+#[test]
+fn an_interrupted_matrix_stops_its_servers() {
+    use nix::sys::signal::{kill, Signal};
+    let dir = tempfile::tempdir().unwrap();
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let mut tenure = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["matrix", "--quick", "--backends", "redis", "--out"])
+            .arg(dir.path())
+            .env_remove("TENURE_URL")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let servers = loop {
+            let servers = children_named(tenure.id(), "redis-server");
+            if !servers.is_empty() {
+                break servers;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(120),
+                "no server started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        kill(nix::unistd::Pid::from_raw(tenure.id() as i32), signal).unwrap();
+        let status = tenure.wait().unwrap();
+        let left: Vec<i32> = servers.iter().copied().filter(|p| running(*p)).collect();
+        for pid in &left {
+            let _ = kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        assert_eq!(
+            left,
+            Vec::<i32>::new(),
+            "servers left running after {signal}"
+        );
+        assert_eq!(status.code(), Some(128 + signal as i32));
+    }
+}

@@ -210,8 +210,8 @@ impl LockArgs {
 
 async fn run(cli: Cli) -> Result<ExitCode, LockError> {
     match &cli.command {
-        Command::Bench(args) => return bench::run(cli.url.as_deref(), args).await,
-        Command::Matrix(args) => return matrix::run(args).await,
+        Command::Bench(args) => return until_stopped(bench::run(cli.url.as_deref(), args)).await,
+        Command::Matrix(args) => return until_stopped(matrix::run(args)).await,
         _ => {}
     }
     let config = config(&cli)?;
@@ -317,6 +317,22 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             } else {
                 ExitCode::from(EXIT_FINDINGS)
             })
+        }
+    }
+}
+
+/// Runs `work` until it ends or tenure gets SIGTERM, SIGINT or SIGHUP. On a signal the
+/// work is dropped, which stops the servers it started (they run in process groups of
+/// their own, out of reach of a terminal's Ctrl-C), and tenure exits 128+signal.
+async fn until_stopped(
+    work: impl std::future::Future<Output = Result<ExitCode, LockError>>,
+) -> Result<ExitCode, LockError> {
+    let mut signals = run::StopSignals::new()?;
+    tokio::select! {
+        result = work => result,
+        signal = signals.recv() => {
+            eprintln!("tenure: received {signal}; stopping");
+            Ok(run::signalled(signal))
         }
     }
 }

@@ -256,19 +256,19 @@ async fn watch(
 }
 
 /// tenure's exit for a received signal: 128 + its number, as shells report it.
-fn signalled(signal: Signal) -> ExitCode {
+pub(crate) fn signalled(signal: Signal) -> ExitCode {
     ExitCode::from(128 + signal as u8)
 }
 
 /// SIGTERM, SIGINT and SIGHUP, the signals that stop `tenure run` and its command.
-struct StopSignals {
+pub(crate) struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
-    fn new() -> Result<Self, LockError> {
+    pub(crate) fn new() -> Result<Self, LockError> {
         let listen = |kind| {
             signal(kind).map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))
         };
@@ -283,7 +283,7 @@ impl StopSignals {
     ///
     /// # Cancel safety
     /// Cancel-safe: a signal not yet returned stays pending.
-    async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.int.recv() => Signal::SIGINT,
