@@ -358,6 +358,30 @@ mod tests {
         );
     }
 
+    /// Issue 18 item 7: a misspelt key of a backend table became an unknown URL option,
+    /// which Redis and Redlock ignored and the others rejected without naming the known
+    /// ones.
+    #[tokio::test]
+    async fn misspelt_backend_table_keys_are_config_errors() {
+        for (url, table) in [
+            ("redis://127.0.0.1:1", "redis"),
+            ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "redlock"),
+            ("etcd://127.0.0.1:1", "etcd"),
+            ("zk://127.0.0.1:1", "zk"),
+            ("postgres://127.0.0.1:1/db", "postgres"),
+        ] {
+            let text = format!("url = \"{url}\"\n[{table}]\nsesion_timeout_ms = 5\n");
+            let config = Config::from_toml(&text).unwrap();
+            match config.connect().await {
+                Err(LockError::Config(msg)) => assert!(
+                    msg.contains("\"sesion_timeout_ms\"") && msg.contains("prefix"),
+                    "{table}: {msg}"
+                ),
+                other => panic!("{table}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn env_vars() {
         let vars = |name: &str| match name {

@@ -60,6 +60,51 @@ fn config_errors_are_clear_and_redacted() {
     assert_eq!(out.status.code(), Some(78), "empty key is invalid input");
 }
 
+/// Issue 18 item 7: an unknown URL option (or a misspelt key of the config file's backend
+/// table) is exit 78 with a message naming it and the known options; Redis ignored it.
+#[test]
+fn unknown_url_options_exit_78_naming_them() {
+    let out = output(&[
+        "--url",
+        "redis://u:hunter2@127.0.0.1:1/?bogus=1",
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("\"bogus\"") && err.contains("command_timeout_ms"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.toml");
+    std::fs::write(
+        &path,
+        "url = \"redis://127.0.0.1:1\"\n[redis]\ncomand_timeout_ms = 300\n",
+    )
+    .unwrap();
+    let out = output(&[
+        "--config",
+        path.to_str().unwrap(),
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("\"comand_timeout_ms\"") && err.contains("command_timeout_ms"),
+        "{err}"
+    );
+}
+
 #[test]
 fn config_file_and_env_choose_the_backend() {
     let dir = tempfile::tempdir().unwrap();
