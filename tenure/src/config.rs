@@ -90,6 +90,23 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
+/// The duration in the environment variable `name`, if it is set; a malformed one is
+/// [`LockError::Config`] naming the variable.
+fn env_duration(
+    var: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<Duration>, LockError> {
+    var(name)
+        .map(|text| {
+            humantime::parse_duration(&text).map_err(|e| {
+                LockError::Config(format!(
+                    "{name}={text:?} is not a duration like 30s or 500ms: {e}"
+                ))
+            })
+        })
+        .transpose()
+}
+
 /// A table of strings, integers and booleans, kept as text (URL query values).
 fn scalars<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     #[derive(Deserialize)]
@@ -159,21 +176,8 @@ impl Config {
         let url =
             var("TENURE_URL").ok_or_else(|| LockError::Config("TENURE_URL is not set".into()))?;
         let mut config = Self::new(url);
-        let duration = |name: &str| -> Result<Option<Duration>, LockError> {
-            var(name)
-                .map(|text| {
-                    humantime::parse_duration(&text)
-                        .map_err(|e| LockError::Config(format!("{name}={text:?}: {e}")))
-                })
-                .transpose()
-        };
-        if let Some(ttl) = duration("TENURE_TTL")? {
-            config.ttl = ttl;
-        }
-        if let Some(wait) = duration("TENURE_WAIT")? {
-            config.wait = wait;
-        }
-        config.drift = duration("TENURE_DRIFT")?;
+        config.override_durations(&var)?;
+        config.drift = env_duration(&var, "TENURE_DRIFT")?;
         let flag = |name: &str| -> Result<bool, LockError> {
             match var(name).as_deref() {
                 None | Some("false" | "0") => Ok(false),
@@ -188,6 +192,31 @@ impl Config {
         config.prefix = var("TENURE_PREFIX");
         config.validate()?;
         Ok(config)
+    }
+
+    /// Overrides the TTL and the wait with `TENURE_TTL` and `TENURE_WAIT` where they are
+    /// set, keeping what this configuration has (from a file, or the defaults) otherwise.
+    /// The `tenure` CLI applies it between the file and its flags: flag > environment >
+    /// file > default. A malformed value (not a duration, a TTL outside
+    /// [`tenure_api::validate_ttl`]'s range) is [`LockError::Config`] naming the variable.
+    pub fn override_from_env(&mut self) -> Result<(), LockError> {
+        self.override_durations(&|name: &str| {
+            std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+        })
+    }
+
+    fn override_durations(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), LockError> {
+        if let Some(ttl) = env_duration(var, "TENURE_TTL")? {
+            self.ttl = tenure_api::validate_ttl(ttl)
+                .map_err(|e| LockError::Config(format!("TENURE_TTL: {e}")))?;
+        }
+        if let Some(wait) = env_duration(var, "TENURE_WAIT")? {
+            self.wait = wait;
+        }
+        Ok(())
     }
 
     /// Checks the TTL and the drift allowance.
