@@ -24,7 +24,7 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed) |
-/// | `session_timeout_ms` | 10000 | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
+/// | `session_timeout_ms` | 10000 (`tenure run`: the TTL) | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
 /// | `op_timeout_ms` | 2000 | bound on one request's reply |
 /// | `tick_ms` | 2000 | the servers' `tickTime` (ZooKeeper's default is 2000): the margin kept between a lease's deadline and the earliest moment the leader may expire the session |

@@ -256,13 +256,9 @@ impl Config {
         if let Some(prefix) = &self.prefix {
             options.push(("prefix", prefix));
         }
-        let existing = self.url.split_once('?').map_or("", |(_, q)| q);
         let mut url = self.url.clone();
         for (name, value) in options {
-            let clash = existing
-                .split('&')
-                .any(|pair| pair.split_once('=').map_or(pair, |(n, _)| n) == name);
-            if clash {
+            if self.url_has_option(name) {
                 return Err(LockError::Config(format!(
                     "option {name} is set both in the URL {} and in the configuration",
                     redact_url(&self.url)
@@ -274,6 +270,34 @@ impl Config {
             url.extend(url::form_urlencoded::byte_serialize(value.as_bytes()));
         }
         Ok(url)
+    }
+
+    /// Whether the URL's query sets option `name`.
+    fn url_has_option(&self, name: &str) -> bool {
+        let query = self.url.split_once('?').map_or("", |(_, q)| q);
+        query
+            .split('&')
+            .any(|pair| pair.split_once('=').map_or(pair, |(n, _)| n) == name)
+    }
+
+    /// Makes the TTL the session timeout of a session backend: for a `zk://` URL that sets
+    /// `session_timeout_ms` neither in its query nor in the `[zk]` table, asks for a
+    /// session as long as [`ttl`](Self::ttl), so that a holder killed or paused loses the
+    /// lock about a TTL later rather than after the default 10 s session. The server
+    /// clamps the request to 2–20 × its `tickTime` (4–40 s with the default 2 s), and
+    /// leases keep to the negotiated timeout. `tenure run` and `tenure acquire` call it;
+    /// other backends are unchanged.
+    pub fn session_timeout_from_ttl(&mut self) {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        let name = "session_timeout_ms";
+        if crate::backend_of_scheme(scheme) != Some("zk")
+            || self.zk.contains_key(name)
+            || self.url_has_option(name)
+        {
+            return;
+        }
+        let millis = self.ttl.as_millis().clamp(1, 3_600_000);
+        self.zk.insert(name.into(), millis.to_string());
     }
 
     /// Connects to the configured backend, wrapped in the layers the configuration asks
@@ -409,6 +433,36 @@ mod tests {
                 other => panic!("{table}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_ttl_becomes_the_zookeeper_session_timeout_unless_set() {
+        let resolved = |url: &str, table: Option<&str>| {
+            let mut config = Config::new(url);
+            config.ttl = Duration::from_millis(2500);
+            if let Some(ms) = table {
+                config.zk.insert("session_timeout_ms".into(), ms.into());
+            }
+            config.session_timeout_from_ttl();
+            config.resolved_url().unwrap()
+        };
+        assert_eq!(
+            resolved("zk://h/app", None),
+            "zk://h/app?session_timeout_ms=2500"
+        );
+        assert_eq!(
+            resolved("zk://h?session_timeout_ms=9000", None),
+            "zk://h?session_timeout_ms=9000"
+        );
+        assert_eq!(
+            resolved("zk://h", Some("9000")),
+            "zk://h?session_timeout_ms=9000"
+        );
+        assert_eq!(resolved("redis://h", None), "redis://h");
+        let mut long = Config::new("zk://h");
+        long.ttl = Duration::from_secs(86_400);
+        long.session_timeout_from_ttl();
+        assert_eq!(long.zk["session_timeout_ms"], "3600000");
     }
 
     #[test]

@@ -165,6 +165,7 @@ fn config(cli: &Cli) -> Result<Config, LockError> {
     config.override_from_env()?;
     if let Command::Run { lock, .. } | Command::Acquire { lock } = &cli.command {
         lock.apply(&mut config);
+        config.session_timeout_from_ttl();
     }
     Ok(config)
 }
