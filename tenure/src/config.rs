@@ -423,6 +423,9 @@ mod tests {
             ("zk://127.0.0.1:1", "zk"),
             ("postgres://127.0.0.1:1/db", "postgres"),
         ] {
+            if !crate::BACKENDS.contains(&table) {
+                continue; // a build without this backend's feature cannot parse its URL
+            }
             let text = format!("url = \"{url}\"\n[{table}]\nsesion_timeout_ms = 5\n");
             let config = Config::from_toml(&text).unwrap();
             match config.connect().await {
