@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tenure_api::urls::check_option;
 use tenure_api::LockError;
 
 /// The default client port.
@@ -22,7 +23,8 @@ pub const DEFAULT_PORT: u16 = 2379;
 ///
 /// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
 /// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
-/// `tls_domain` (the name to verify the server certificate against).
+/// `tls_domain` (the name to verify the server certificate against). Any other option
+/// is [`LockError::Config`] ([`OPTIONS`](Self::OPTIONS)).
 /// Passwords never appear in `Debug`, `Display` or errors.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
@@ -46,6 +48,15 @@ pub struct EtcdConfig {
 }
 
 impl EtcdConfig {
+    /// The query options.
+    pub const OPTIONS: &[&str] = &[
+        "prefix",
+        "connect_timeout_ms",
+        "request_timeout_ms",
+        "ca_file",
+        "tls_domain",
+    ];
+
     /// Parses a URL; a bad URL or option is [`LockError::Config`], never a panic.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let bad =
@@ -149,7 +160,7 @@ impl EtcdConfig {
                 "ca_file" | "tls_domain" => {
                     return Err(bad(format!("option {name} needs etcds:// and a value")))
                 }
-                other => return Err(bad(format!("unknown option {other:?}"))),
+                other => check_option("etcd", other, &[Self::OPTIONS])?,
             }
         }
         Ok(config)
@@ -325,6 +336,24 @@ mod tests {
         );
         assert_eq!(c.tls_domain.as_deref(), Some("etcd.local"));
         assert_eq!(c.to_string(), "etcds://h:2379/tenure");
+    }
+
+    /// Issue 18 item 7: an unknown option was an error that did not say which options
+    /// exist.
+    #[test]
+    fn options_are_strict() {
+        tenure_conformance::url_options::assert_strict_options(
+            EtcdConfig::from_url,
+            "etcds://u:pw@h1,h2/app",
+            &[EtcdConfig::OPTIONS],
+            &[
+                ("prefix", "other"),
+                ("connect_timeout_ms", "250"),
+                ("request_timeout_ms", "250"),
+                ("ca_file", "/etc/ca.pem"),
+                ("tls_domain", "etcd.local"),
+            ],
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
+use tenure_api::urls::check_option;
 use tenure_api::LockError;
 
 /// Connection parameters understood by the Postgres client (sqlx); anything else in the
@@ -100,6 +101,23 @@ pub struct PgConfig {
 }
 
 impl PgConfig {
+    /// tenure's query options (the client's, [`CLIENT_OPTIONS`](Self::CLIENT_OPTIONS), are
+    /// handed on to it).
+    pub const OPTIONS: &[&str] = &[
+        "schema",
+        "table",
+        "prefix",
+        "max_held",
+        "max_waiting",
+        "pool_size",
+        "idle_connections",
+        "connect_timeout_ms",
+        "command_timeout_ms",
+        "migrate",
+    ];
+    /// The connection parameters of the Postgres client (sqlx) handed on to it.
+    pub const CLIENT_OPTIONS: &[&str] = CLIENT_PARAMS;
+
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let mut url = url::Url::parse(text).map_err(|e| {
@@ -173,15 +191,10 @@ impl PgConfig {
                         }
                     }
                 }
-                client if CLIENT_PARAMS.contains(&client) => {
+                client => {
+                    check_option("postgres", client, &[Self::OPTIONS, Self::CLIENT_OPTIONS])?;
                     has_host_param |= client == "host" || client == "hostaddr";
                     kept.push((name.to_string(), value.to_string()));
-                }
-                other => {
-                    return Err(LockError::Config(format!(
-                        "unknown option `{other}` in {}",
-                        redact(&url)
-                    )))
                 }
             }
         }
@@ -375,6 +388,49 @@ mod tests {
         assert_eq!(c.lock_table(), "\"locks\".\"leases\"");
         assert_eq!(c.holder_table(), "\"locks\".\"leases_holders\"");
         assert_eq!(c.fence_sequence(), "\"locks\".\"leases_fence\"");
+    }
+
+    /// Issue 18 item 7: an unknown option was an error that did not say which options
+    /// exist.
+    #[test]
+    fn options_are_strict() {
+        tenure_conformance::url_options::assert_strict_options(
+            PgConfig::from_url,
+            "postgres://u:pw@h/db",
+            &[PgConfig::OPTIONS, PgConfig::CLIENT_OPTIONS],
+            &[
+                ("schema", "locks"),
+                ("table", "leases"),
+                ("prefix", "svc/"),
+                ("max_held", "8"),
+                ("max_waiting", "8"),
+                ("pool_size", "2"),
+                ("idle_connections", "0"),
+                ("connect_timeout_ms", "250"),
+                ("command_timeout_ms", "250"),
+                ("migrate", "false"),
+                ("sslmode", "disable"),
+                ("ssl-mode", "disable"),
+                ("sslrootcert", "/ca.pem"),
+                ("ssl-root-cert", "/ca.pem"),
+                ("ssl-ca", "/ca.pem"),
+                ("sslcert", "/c.pem"),
+                ("ssl-cert", "/c.pem"),
+                ("sslkey", "/k.pem"),
+                ("ssl-key", "/k.pem"),
+                ("statement-cache-capacity", "10"),
+                ("host", "h2"),
+                ("hostaddr", "127.0.0.1"),
+                ("port", "6000"),
+                ("dbname", "app"),
+                ("user", "bob"),
+                ("password", "pw2"),
+                ("application_name", "x"),
+                ("options", "-c%20search_path%3Dx"),
+            ],
+        );
+        let err = PgConfig::from_url("postgres://u:hunter2@h/db?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{parse_millis, redact_url};
+use tenure_api::urls::{check_option, parse_millis, redact_url};
 use tenure_api::LockError;
 
 /// How to reach one Redis server and how to name locks there.
@@ -12,7 +12,10 @@ use tenure_api::LockError;
 /// (TLS). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `command_timeout_ms` (default 1000), `fence` (`clock`, the default, or `counter`: see
-/// [`FenceMode`]). Passwords never appear in `Debug`, `Display` or errors.
+/// [`FenceMode`]). The Redis client's own `protocol` (`resp2`, `resp3`) is handed on; any
+/// other option is [`LockError::Config`] ([`OPTIONS`](Self::OPTIONS),
+/// [`CLIENT_OPTIONS`](Self::CLIENT_OPTIONS)). Passwords never appear in `Debug`,
+/// `Display` or errors.
 ///
 /// A wrong or missing password (`WRONGPASS`, `NOAUTH`) or an ACL refusal (`NOPERM`) is
 /// [`LockError::Config`], never retried; a server that is loading, read-only (a replica),
@@ -70,6 +73,17 @@ impl FenceMode {
 }
 
 impl RedisConfig {
+    /// tenure's query options.
+    pub const OPTIONS: &[&str] = &[
+        "prefix",
+        "connect_timeout_ms",
+        "command_timeout_ms",
+        "fence",
+    ];
+    /// The query options the Redis client itself reads from a `redis://` URL (its
+    /// `url_to_tcp_connection_info`), handed on to it.
+    pub const CLIENT_OPTIONS: &[&str] = &["protocol"];
+
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let mut url = url::Url::parse(text)
@@ -112,7 +126,10 @@ impl RedisConfig {
                         }
                     }
                 }
-                _ => kept.push((name.to_string(), value.to_string())),
+                other => {
+                    check_option("redis", other, &[Self::OPTIONS, Self::CLIENT_OPTIONS])?;
+                    kept.push((name.to_string(), value.to_string()));
+                }
             }
         }
         if kept.is_empty() {
@@ -212,6 +229,26 @@ mod tests {
         assert_eq!(c.command_timeout, Duration::from_millis(250));
         assert_eq!(c.client_url(), "redis://u:s3cret@h:7000/2?protocol=resp3");
         assert_eq!(c.endpoint(), "h:7000");
+    }
+
+    /// Issue 18 item 7: an unknown option (`?bogus=1`, a misspelt `comand_timeout_ms`)
+    /// was handed on to the Redis client, which ignored it.
+    #[test]
+    fn options_are_strict() {
+        tenure_conformance::url_options::assert_strict_options(
+            RedisConfig::from_url,
+            "redis://u:pw@h:7000/2",
+            &[RedisConfig::OPTIONS, RedisConfig::CLIENT_OPTIONS],
+            &[
+                ("prefix", "app:"),
+                ("connect_timeout_ms", "250"),
+                ("command_timeout_ms", "250"),
+                ("fence", "counter"),
+                ("protocol", "resp3"),
+            ],
+        );
+        let err = RedisConfig::from_url("redis://u:hunter2@h/0?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]

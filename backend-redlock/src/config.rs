@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{parse_host_list, parse_millis, redact_url};
+use tenure_api::urls::{check_option, parse_host_list, parse_millis, redact_url};
 use tenure_api::LockError;
 use tenure_redis::RedisConfig;
 
@@ -14,8 +14,9 @@ use tenure_redis::RedisConfig;
 /// (per node, passed to each node's client); `node_timeout_ms` (the per-node bound on one
 /// request; default ttl/100, at least 50 ms); `fencing=false` (one round trip per acquire,
 /// no fencing token guarantee); `fence=counter` (each node's counter is a plain `INCR`
-/// instead of clock-floored, see [`tenure_redis::FenceMode`]); any other option is passed
-/// to every node's [`RedisConfig`].
+/// instead of clock-floored, see [`tenure_redis::FenceMode`]); the other options of
+/// [`RedisConfig`] ([`RedisConfig::OPTIONS`], [`RedisConfig::CLIENT_OPTIONS`]) are passed
+/// to every node. Any other option is [`LockError::Config`].
 /// Passwords never appear in `Debug`, `Display` or errors.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedlockConfig {
@@ -38,6 +39,9 @@ pub const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 pub const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl RedlockConfig {
+    /// Redlock's own query options (the nodes' come on top).
+    pub const OPTIONS: &[&str] = &["node_timeout_ms", "fencing"];
+
     /// Builds a configuration from node configurations: at least one, each a different
     /// server (see [`validate`](Self::validate)).
     pub fn new(nodes: Vec<RedisConfig>) -> Result<Self, LockError> {
@@ -131,7 +135,18 @@ impl RedlockConfig {
                         _ => return Err(bad("fencing must be true or false")),
                     }
                 }
-                _ => node_query.push(pair),
+                other => {
+                    check_option(
+                        "redlock",
+                        other,
+                        &[
+                            Self::OPTIONS,
+                            RedisConfig::OPTIONS,
+                            RedisConfig::CLIENT_OPTIONS,
+                        ],
+                    )?;
+                    node_query.push(pair);
+                }
             }
         }
         let query = if node_query.is_empty() {
@@ -215,6 +230,32 @@ mod tests {
         assert_eq!(c.nodes[1].endpoint(), "b:7001");
         assert_eq!(c.nodes[0].prefix, "x:");
         assert!(!format!("{c} {c:?}").contains("pw"));
+    }
+
+    /// Issue 18 item 7: an unknown option was handed on to every node's Redis client,
+    /// which ignored it.
+    #[test]
+    fn options_are_strict() {
+        tenure_conformance::url_options::assert_strict_options(
+            RedlockConfig::from_url,
+            "redlock://u:pw@a:1,b:2,c:3/1",
+            &[
+                RedlockConfig::OPTIONS,
+                RedisConfig::OPTIONS,
+                RedisConfig::CLIENT_OPTIONS,
+            ],
+            &[
+                ("node_timeout_ms", "20"),
+                ("fencing", "false"),
+                ("prefix", "app:"),
+                ("connect_timeout_ms", "250"),
+                ("command_timeout_ms", "250"),
+                ("fence", "counter"),
+                ("protocol", "resp3"),
+            ],
+        );
+        let err = RedlockConfig::from_url("redlock://:hunter2@a,b,c?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]

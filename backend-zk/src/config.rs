@@ -4,6 +4,7 @@
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
+use tenure_api::urls::check_option;
 use tenure_api::LockError;
 
 use crate::names::validate_znode_path;
@@ -23,7 +24,7 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed) |
-/// | `session_timeout_ms` | 10000 | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
+/// | `session_timeout_ms` | 10000 (`tenure run`: the TTL) | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
 /// | `op_timeout_ms` | 2000 | bound on one request's reply |
 /// | `tick_ms` | 2000 | the servers' `tickTime` (ZooKeeper's default is 2000): the margin kept between a lease's deadline and the earliest moment the leader may expire the session |
@@ -77,6 +78,15 @@ struct Credentials {
 }
 
 impl ZkConfig {
+    /// The query options.
+    pub const OPTIONS: &[&str] = &[
+        "prefix",
+        "session_timeout_ms",
+        "connect_timeout_ms",
+        "op_timeout_ms",
+        "tick_ms",
+    ];
+
     /// Parses a `zk://` URL; anything malformed is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let bad = |why: String| {
@@ -141,12 +151,7 @@ impl ZkConfig {
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "op_timeout_ms" => config.op_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
-                other => {
-                    return Err(bad(format!(
-                        "unknown option {other:?} (known: prefix, session_timeout_ms, \
-                         connect_timeout_ms, op_timeout_ms, tick_ms)"
-                    )))
-                }
+                other => check_option("zk", other, &[Self::OPTIONS])?,
             }
         }
         config.prefix = normalise_prefix(&config.prefix).map_err(bad)?;
@@ -395,6 +400,23 @@ mod tests {
         assert_eq!(c.op_timeout, Duration::from_millis(250));
         assert_eq!(c.server_tick, Duration::from_millis(150));
         assert_eq!(c.user(), None);
+    }
+
+    /// Issue 18 item 7: every query option is a known one, and the error says which.
+    #[test]
+    fn options_are_strict() {
+        tenure_conformance::url_options::assert_strict_options(
+            ZkConfig::from_url,
+            "zk://u:pw@h1,h2/app",
+            &[ZkConfig::OPTIONS],
+            &[
+                ("prefix", "other"),
+                ("session_timeout_ms", "4000"),
+                ("connect_timeout_ms", "250"),
+                ("op_timeout_ms", "250"),
+                ("tick_ms", "500"),
+            ],
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod runner;
 pub mod servers;
 pub mod suite;
+pub mod url_options;
 
 pub use harness::{
     retrying, ConnectFn, CuttableClient, Harness, Link, Links, MemoryHarness, UrlHarness,

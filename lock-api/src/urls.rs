@@ -1,5 +1,5 @@
 //! Helpers every backend's URL parser shares: secret redaction, host lists (which
-//! `url::Url` rejects), and numeric options.
+//! `url::Url` rejects), numeric options, and the check that an option is a known one.
 
 use std::time::Duration;
 
@@ -112,6 +112,28 @@ pub fn parse_host_list(list: &str, default_port: u16) -> Result<Vec<HostPort>, L
         .collect()
 }
 
+/// Checks that the query option `name` of a `scheme://` URL is one of `known` (tenure's
+/// options and those handed on to the client library, in one or more lists). Anything
+/// else is [`LockError::Config`] naming it and listing the known ones, so a misspelt
+/// option is an error rather than a silently ignored setting. Values are never shown.
+///
+/// ```
+/// use tenure_api::urls::check_option;
+/// assert!(check_option("redis", "prefix", &[&["prefix"], &["protocol"]]).is_ok());
+/// let err = check_option("redis", "bogus", &[&["prefix"], &["protocol"]]).unwrap_err();
+/// assert!(err.to_string().contains("\"bogus\"") && err.to_string().contains("prefix, protocol"));
+/// ```
+pub fn check_option(scheme: &str, name: &str, known: &[&[&str]]) -> Result<(), LockError> {
+    if known.iter().any(|list| list.contains(&name)) {
+        return Ok(());
+    }
+    let listed: Vec<&str> = known.iter().flat_map(|list| list.iter().copied()).collect();
+    Err(LockError::Config(format!(
+        "unknown option {name:?} in a {scheme}:// URL; the known options are: {}",
+        listed.join(", ")
+    )))
+}
+
 /// Parses a `…_ms` option within `range` (milliseconds) into a duration.
 pub fn parse_millis(
     name: &str,
@@ -166,6 +188,24 @@ mod tests {
         }
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact_url("redis://user@h"), "redis://user@h");
+    }
+
+    #[test]
+    fn unknown_options_are_named_with_the_known_ones() {
+        let known: &[&[&str]] = &[&["prefix", "fence"], &["protocol"]];
+        for name in ["prefix", "fence", "protocol"] {
+            assert!(check_option("redis", name, known).is_ok(), "{name}");
+        }
+        for name in ["bogus", "", "Prefix", "prefix "] {
+            match check_option("redis", name, known) {
+                Err(LockError::Config(msg)) => {
+                    assert!(msg.contains(&format!("{name:?}")), "{msg}");
+                    assert!(msg.contains("prefix, fence, protocol"), "{msg}");
+                    assert!(msg.contains("redis://"), "{msg}");
+                }
+                other => panic!("{name:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -90,6 +90,23 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
+/// The duration in the environment variable `name`, if it is set; a malformed one is
+/// [`LockError::Config`] naming the variable.
+fn env_duration(
+    var: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<Duration>, LockError> {
+    var(name)
+        .map(|text| {
+            humantime::parse_duration(&text).map_err(|e| {
+                LockError::Config(format!(
+                    "{name}={text:?} is not a duration like 30s or 500ms: {e}"
+                ))
+            })
+        })
+        .transpose()
+}
+
 /// A table of strings, integers and booleans, kept as text (URL query values).
 fn scalars<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     #[derive(Deserialize)]
@@ -159,21 +176,8 @@ impl Config {
         let url =
             var("TENURE_URL").ok_or_else(|| LockError::Config("TENURE_URL is not set".into()))?;
         let mut config = Self::new(url);
-        let duration = |name: &str| -> Result<Option<Duration>, LockError> {
-            var(name)
-                .map(|text| {
-                    humantime::parse_duration(&text)
-                        .map_err(|e| LockError::Config(format!("{name}={text:?}: {e}")))
-                })
-                .transpose()
-        };
-        if let Some(ttl) = duration("TENURE_TTL")? {
-            config.ttl = ttl;
-        }
-        if let Some(wait) = duration("TENURE_WAIT")? {
-            config.wait = wait;
-        }
-        config.drift = duration("TENURE_DRIFT")?;
+        config.override_durations(&var)?;
+        config.drift = env_duration(&var, "TENURE_DRIFT")?;
         let flag = |name: &str| -> Result<bool, LockError> {
             match var(name).as_deref() {
                 None | Some("false" | "0") => Ok(false),
@@ -188,6 +192,31 @@ impl Config {
         config.prefix = var("TENURE_PREFIX");
         config.validate()?;
         Ok(config)
+    }
+
+    /// Overrides the TTL and the wait with `TENURE_TTL` and `TENURE_WAIT` where they are
+    /// set, keeping what this configuration has (from a file, or the defaults) otherwise.
+    /// The `tenure` CLI applies it between the file and its flags: flag > environment >
+    /// file > default. A malformed value (not a duration, a TTL outside
+    /// [`tenure_api::validate_ttl`]'s range) is [`LockError::Config`] naming the variable.
+    pub fn override_from_env(&mut self) -> Result<(), LockError> {
+        self.override_durations(&|name: &str| {
+            std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+        })
+    }
+
+    fn override_durations(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), LockError> {
+        if let Some(ttl) = env_duration(var, "TENURE_TTL")? {
+            self.ttl = tenure_api::validate_ttl(ttl)
+                .map_err(|e| LockError::Config(format!("TENURE_TTL: {e}")))?;
+        }
+        if let Some(wait) = env_duration(var, "TENURE_WAIT")? {
+            self.wait = wait;
+        }
+        Ok(())
     }
 
     /// Checks the TTL and the drift allowance.
@@ -227,13 +256,9 @@ impl Config {
         if let Some(prefix) = &self.prefix {
             options.push(("prefix", prefix));
         }
-        let existing = self.url.split_once('?').map_or("", |(_, q)| q);
         let mut url = self.url.clone();
         for (name, value) in options {
-            let clash = existing
-                .split('&')
-                .any(|pair| pair.split_once('=').map_or(pair, |(n, _)| n) == name);
-            if clash {
+            if self.url_has_option(name) {
                 return Err(LockError::Config(format!(
                     "option {name} is set both in the URL {} and in the configuration",
                     redact_url(&self.url)
@@ -245,6 +270,34 @@ impl Config {
             url.extend(url::form_urlencoded::byte_serialize(value.as_bytes()));
         }
         Ok(url)
+    }
+
+    /// Whether the URL's query sets option `name`.
+    fn url_has_option(&self, name: &str) -> bool {
+        let query = self.url.split_once('?').map_or("", |(_, q)| q);
+        query
+            .split('&')
+            .any(|pair| pair.split_once('=').map_or(pair, |(n, _)| n) == name)
+    }
+
+    /// Makes the TTL the session timeout of a session backend: for a `zk://` URL that sets
+    /// `session_timeout_ms` neither in its query nor in the `[zk]` table, asks for a
+    /// session as long as [`ttl`](Self::ttl), so that a holder killed or paused loses the
+    /// lock about a TTL later rather than after the default 10 s session. The server
+    /// clamps the request to 2–20 × its `tickTime` (4–40 s with the default 2 s), and
+    /// leases keep to the negotiated timeout. `tenure run` and `tenure acquire` call it;
+    /// other backends are unchanged.
+    pub fn session_timeout_from_ttl(&mut self) {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        let name = "session_timeout_ms";
+        if crate::backend_of_scheme(scheme) != Some("zk")
+            || self.zk.contains_key(name)
+            || self.url_has_option(name)
+        {
+            return;
+        }
+        let millis = self.ttl.as_millis().clamp(1, 3_600_000);
+        self.zk.insert(name.into(), millis.to_string());
     }
 
     /// Connects to the configured backend, wrapped in the layers the configuration asks
@@ -356,6 +409,63 @@ mod tests {
             Config::new("memory://").resolved_url().unwrap(),
             "memory://"
         );
+    }
+
+    /// Issue 18 item 7: a misspelt key of a backend table became an unknown URL option,
+    /// which Redis and Redlock ignored and the others rejected without naming the known
+    /// ones.
+    #[tokio::test]
+    async fn misspelt_backend_table_keys_are_config_errors() {
+        for (url, table) in [
+            ("redis://127.0.0.1:1", "redis"),
+            ("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "redlock"),
+            ("etcd://127.0.0.1:1", "etcd"),
+            ("zk://127.0.0.1:1", "zk"),
+            ("postgres://127.0.0.1:1/db", "postgres"),
+        ] {
+            if !crate::BACKENDS.contains(&table) {
+                continue; // a build without this backend's feature cannot parse its URL
+            }
+            let text = format!("url = \"{url}\"\n[{table}]\nsesion_timeout_ms = 5\n");
+            let config = Config::from_toml(&text).unwrap();
+            match config.connect().await {
+                Err(LockError::Config(msg)) => assert!(
+                    msg.contains("\"sesion_timeout_ms\"") && msg.contains("prefix"),
+                    "{table}: {msg}"
+                ),
+                other => panic!("{table}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_ttl_becomes_the_zookeeper_session_timeout_unless_set() {
+        let resolved = |url: &str, table: Option<&str>| {
+            let mut config = Config::new(url);
+            config.ttl = Duration::from_millis(2500);
+            if let Some(ms) = table {
+                config.zk.insert("session_timeout_ms".into(), ms.into());
+            }
+            config.session_timeout_from_ttl();
+            config.resolved_url().unwrap()
+        };
+        assert_eq!(
+            resolved("zk://h/app", None),
+            "zk://h/app?session_timeout_ms=2500"
+        );
+        assert_eq!(
+            resolved("zk://h?session_timeout_ms=9000", None),
+            "zk://h?session_timeout_ms=9000"
+        );
+        assert_eq!(
+            resolved("zk://h", Some("9000")),
+            "zk://h?session_timeout_ms=9000"
+        );
+        assert_eq!(resolved("redis://h", None), "redis://h");
+        let mut long = Config::new("zk://h");
+        long.ttl = Duration::from_secs(86_400);
+        long.session_timeout_from_ttl();
+        assert_eq!(long.zk["session_timeout_ms"], "3600000");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The `tenure` CLI end to end: against `memory://` and a live redis-server.
+//! The `tenure` CLI end to end: against `memory://` and live servers (Redis, etcd,
+//! ZooKeeper, Postgres).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -6,10 +7,15 @@ use std::time::{Duration, Instant};
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 
 fn tenure(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
-    command.args(args).env_remove("TENURE_URL");
+    command
+        .args(args)
+        .env_remove("TENURE_URL")
+        .env_remove("TENURE_TTL")
+        .env_remove("TENURE_WAIT");
     command
 }
 
@@ -58,6 +64,143 @@ fn config_errors_are_clear_and_redacted() {
 
     let out = output(&["--url", "memory://", "run", "--key", "", "--", "true"]);
     assert_eq!(out.status.code(), Some(78), "empty key is invalid input");
+}
+
+/// Issue 18 item 7: an unknown URL option (or a misspelt key of the config file's backend
+/// table) is exit 78 with a message naming it and the known options; Redis ignored it.
+#[test]
+fn unknown_url_options_exit_78_naming_them() {
+    let out = output(&[
+        "--url",
+        "redis://u:hunter2@127.0.0.1:1/?bogus=1",
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("\"bogus\"") && err.contains("command_timeout_ms"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.toml");
+    std::fs::write(
+        &path,
+        "url = \"redis://127.0.0.1:1\"\n[redis]\ncomand_timeout_ms = 300\n",
+    )
+    .unwrap();
+    let out = output(&[
+        "--config",
+        path.to_str().unwrap(),
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("\"comand_timeout_ms\"") && err.contains("command_timeout_ms"),
+        "{err}"
+    );
+}
+
+/// The `ttl_ms` of the lease `tenure acquire` prints (memory://, or the config file's URL).
+fn acquired_ttl_ms(config: Option<&std::path::Path>, env: &[(&str, &str)], flags: &[&str]) -> u64 {
+    let mut args: Vec<&str> = match config {
+        Some(path) => vec!["--config", path.to_str().unwrap()],
+        None => vec!["--url", "memory://"],
+    };
+    args.extend(["acquire", "--key", "k"]);
+    args.extend(flags);
+    let out = tenure(&args).envs(env.iter().copied()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{args:?} {env:?}: {out:?}");
+    let lease: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    lease["ttl_ms"].as_u64().unwrap()
+}
+
+/// Issue 18 item 7: the TTL comes from `--ttl`, else `TENURE_TTL`, else the config file's
+/// `ttl`, else 30 s. `TENURE_TTL` was ignored.
+#[test]
+fn ttl_precedence_flag_env_file_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenure.toml");
+    std::fs::write(&file, "url = \"memory://\"\nttl = \"5s\"\n").unwrap();
+    let file = Some(file.as_path());
+    let env = [("TENURE_TTL", "7s")];
+    assert_eq!(acquired_ttl_ms(None, &[], &[]), 30_000, "default");
+    assert_eq!(acquired_ttl_ms(file, &[], &[]), 5_000, "file over default");
+    assert_eq!(acquired_ttl_ms(None, &env, &[]), 7_000, "env over default");
+    assert_eq!(acquired_ttl_ms(file, &env, &[]), 7_000, "env over file");
+    assert_eq!(
+        acquired_ttl_ms(file, &env, &["--ttl", "9s"]),
+        9_000,
+        "flag over env and file"
+    );
+}
+
+/// Issue 18 item 7: a malformed `TENURE_TTL` / `TENURE_WAIT` (or a zero TTL from any
+/// source) is exit 78 naming it, never ignored; `TENURE_TTL=abc` was ignored (exit 0).
+#[test]
+fn malformed_ttl_and_wait_exit_78_naming_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = dir.path().join("zero.toml");
+    std::fs::write(&zero, "url = \"memory://\"\nttl = \"0s\"\n").unwrap();
+    let zero = zero.to_str().unwrap();
+    let run = ["run", "--key", "k", "--", "true"];
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 7] = [
+        (
+            &["--url", "memory://"],
+            &[("TENURE_TTL", "abc")],
+            "TENURE_TTL",
+        ),
+        (
+            &["--url", "memory://"],
+            &[("TENURE_TTL", "0s")],
+            "TENURE_TTL",
+        ),
+        (&["--url", "memory://"], &[("TENURE_TTL", "")], "TENURE_TTL"),
+        (
+            &["--url", "memory://"],
+            &[("TENURE_WAIT", "-1")],
+            "TENURE_WAIT",
+        ),
+        (
+            &["--url", "memory://"],
+            &[("TENURE_WAIT", "soon")],
+            "TENURE_WAIT",
+        ),
+        (&["--config", zero], &[], "ttl"),
+        (&["--config", zero], &[("TENURE_TTL", "5s")], "ttl"),
+    ];
+    for (global, env, named) in cases {
+        for command in [&run[..], &["acquire", "--key", "k"]] {
+            let args = [global, command].concat();
+            let out = tenure(&args).envs(env.iter().copied()).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(78), "{args:?} {env:?}: {err}");
+            assert!(err.contains(named), "{args:?} {env:?}: {err}");
+        }
+    }
+    let out = output(&[
+        "--url",
+        "memory://",
+        "run",
+        "--key",
+        "k",
+        "--ttl",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
 }
 
 #[test]
@@ -122,6 +265,65 @@ async fn against_redis_second_run_is_busy_and_acquire_release_work() {
     );
 
     scripted_acquire_extend_release(&url);
+    wait_precedence_flag_env_file(&url);
+}
+
+/// How long a `tenure run` on a held key waited before it exited 75 ("timed out after …").
+fn waited_when_busy(url_or_config: [&str; 2], env: &[(&str, &str)], flags: &[&str]) -> Duration {
+    let mut args = url_or_config.to_vec();
+    args.extend(["run", "--key", "held"]);
+    args.extend(flags);
+    args.extend(["--", "true"]);
+    let out = tenure(&args).envs(env.iter().copied()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{args:?} {env:?}: {err}");
+    let waited = err
+        .split("timed out after ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{err}"));
+    // `Duration`'s Debug: `2.0031s`, `412.5ms`, `80µs`, `5ns`.
+    let split = waited
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(waited.len());
+    let (number, unit) = waited.split_at(split);
+    let number: f64 = number.parse().unwrap_or_else(|e| panic!("{waited}: {e}"));
+    let scale = match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "µs" => 1e-6,
+        "ns" => 1e-9,
+        other => panic!("{waited}: unit {other:?}"),
+    };
+    Duration::from_secs_f64(number * scale)
+}
+
+/// Issue 18 item 7: the wait comes from `--wait`, else `TENURE_WAIT`, else the config
+/// file's `wait` (else 10 s). `TENURE_WAIT` was ignored. Each step's value is far from
+/// the next one's, so a loaded machine cannot blur them.
+fn wait_precedence_flag_env_file(url: &str) {
+    let held = output(&["--url", url, "acquire", "--key", "held", "--ttl", "5m"]);
+    assert_eq!(held.status.code(), Some(0), "{held:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenure.toml");
+    std::fs::write(&file, format!("url = \"{url}\"\nwait = \"2s\"\n")).unwrap();
+    let file = ["--config", file.to_str().unwrap()];
+    let env = [("TENURE_WAIT", "0s")];
+
+    let waited = waited_when_busy(file, &[], &[]);
+    assert!(
+        (Duration::from_secs(2)..Duration::from_secs(10)).contains(&waited),
+        "file: {waited:?}"
+    );
+    let waited = waited_when_busy(file, &env, &[]);
+    assert!(waited < Duration::from_secs(2), "env over file: {waited:?}");
+    let waited = waited_when_busy(["--url", url], &env, &[]);
+    assert!(
+        waited < Duration::from_secs(2),
+        "env over default: {waited:?}"
+    );
+    let waited = waited_when_busy(file, &[("TENURE_WAIT", "30s")], &["--wait", "0s"]);
+    assert!(waited < Duration::from_secs(2), "flag over env: {waited:?}");
 }
 
 /// `acquire` prints a lease; `inspect` sees it; `extend` and `release` take it on stdin;
@@ -210,4 +412,71 @@ async fn killing_the_lock_server_stops_the_command() {
         "stopped promptly"
     );
     assert!(!marker.exists(), "the command did not run to completion");
+}
+
+/// Issue 18 item 6 (ZooKeeper): with no `session_timeout_ms` in the URL, `tenure run`
+/// asks for a session as long as `--ttl`, so a SIGKILLed holder's lock is free about a
+/// TTL later. Before, the session was the default 10 s whatever `--ttl` said.
+///
+/// The ensemble's `tickTime` is 500 ms, so sessions may be 1–10 s: the default 10 s is
+/// granted as asked, and `--ttl 3s` gets 3 s. The killed holder renewed (touching its
+/// session) every second, so the server expires a 10 s session at least 9 s after the
+/// kill, and a 3 s one at most 3.5 s after it; the bound of 8 s sits between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_session_follows_the_ttl_so_a_killed_holder_frees_the_lock_soon() {
+    let ensemble = ZkEnsemble::start(ZkOptions::default().tick_time_ms(500))
+        .await
+        .unwrap();
+    let url = format!("zk://{}/cli?tick_ms=500", ensemble.connect_string());
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("command.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut holder = tenure(&[
+        "--url", &url, "run", "--key", "job", "--ttl", "3s", "--", "sh", "-c", &script,
+    ])
+    .spawn()
+    .unwrap();
+    let started = Instant::now();
+    let command_pid = loop {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.parse::<i32>().ok()) {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the holder never ran its command"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+
+    holder.kill().unwrap();
+    let killed = Instant::now();
+    let status = holder.wait().unwrap();
+    // The orphaned command is ours to stop (it may already be gone).
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(command_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "SIGKILLed while holding: {status:?}"
+    );
+
+    let second = output(&[
+        "--url", &url, "run", "--key", "job", "--wait", "60s", "--", "true",
+    ]);
+    let took = killed.elapsed();
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    eprintln!("the next holder got the lock {took:?} after the kill");
+    assert!(
+        took < Duration::from_secs(8),
+        "the killed holder's session outlived its 3 s TTL: the lock was free after {took:?}"
+    );
 }

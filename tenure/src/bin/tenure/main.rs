@@ -127,10 +127,11 @@ struct LockArgs {
     /// The lock key.
     #[arg(long)]
     key: String,
-    /// Lease TTL (default from config, else 30s).
+    /// Lease TTL (default: TENURE_TTL, else the config file's ttl, else 30s).
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Option<Duration>,
-    /// How long to wait for a held lock (default from config, else 10s).
+    /// How long to wait for a held lock (default: TENURE_WAIT, else the config file's
+    /// wait, else 10s).
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
 }
@@ -190,21 +191,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// The configuration: the file or the URL, then `TENURE_TTL` / `TENURE_WAIT`, then the
+/// lock flags (flag > environment > file > default).
 fn config(cli: &Cli) -> Result<Config, LockError> {
-    match (&cli.config, &cli.url) {
-        (Some(path), _) => Config::from_file(path),
-        (None, Some(url)) => Ok(Config::new(url.clone())),
-        (None, None) => Err(LockError::Config(
-            "no backend: pass --url, --config, or set TENURE_URL".into(),
-        )),
+    let mut config = match (&cli.config, &cli.url) {
+        (Some(path), _) => Config::from_file(path)?,
+        (None, Some(url)) => Config::new(url.clone()),
+        (None, None) => {
+            return Err(LockError::Config(
+                "no backend: pass --url, --config, or set TENURE_URL".into(),
+            ))
+        }
+    };
+    config.override_from_env()?;
+    if let Command::Run { lock, .. } | Command::Acquire { lock } = &cli.command {
+        lock.apply(&mut config);
+        config.session_timeout_from_ttl();
     }
+    Ok(config)
 }
 
 impl LockArgs {
+    /// Puts `--ttl` and `--wait`, where given, over the configuration's.
+    fn apply(&self, config: &mut Config) {
+        config.ttl = self.ttl.unwrap_or(config.ttl);
+        config.wait = self.wait.unwrap_or(config.wait);
+    }
+
+    /// The key, and the TTL and wait of `config` (which [`config`] gave the flags).
     fn options(&self, config: &Config) -> Result<(LockKey, AcquireOptions), LockError> {
-        let opts = AcquireOptions::new(self.ttl.unwrap_or(config.ttl))
-            .wait(self.wait.unwrap_or(config.wait));
-        Ok((LockKey::new(self.key.clone())?, opts))
+        Ok((LockKey::new(self.key.clone())?, config.acquire_options()))
     }
 }
 
