@@ -104,7 +104,11 @@ fn an_interrupted_matrix_stops_its_servers() {
     use nix::sys::signal::{kill, Signal};
     let dir = tempfile::tempdir().unwrap();
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
-        let mut tenure = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        // Default dispositions, whatever this process inherited (a background job of a
+        // script ignores SIGINT, and tenure keeps ignored signals ignored).
+        let mut tenure = Command::new("env")
+            .arg("--default-signal=INT,HUP,TERM")
+            .arg(env!("CARGO_BIN_EXE_tenure"))
             .args(["matrix", "--quick", "--backends", "redis", "--out"])
             .arg(dir.path())
             .env_remove("TENURE_URL")

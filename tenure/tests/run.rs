@@ -12,9 +12,14 @@ use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 
+/// `tenure --url URL ARGS…`, started with the stop signals' default dispositions (as
+/// from a terminal or a service manager, whatever this test process inherited: a
+/// background job of a script ignores SIGINT, and tenure keeps ignored signals ignored).
 fn tenure(url: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));
+    let mut command = Command::new("env");
     command
+        .arg("--default-signal=INT,HUP,TERM")
+        .arg(env!("CARGO_BIN_EXE_tenure"))
         .arg("--url")
         .arg(url)
         .args(args)
@@ -61,12 +66,31 @@ struct Held {
     dir: tempfile::TempDir,
 }
 
-/// The command: `sleep 300` in the background (the grandchild), then wait for it. With
-/// `ignore_term`, both ignore SIGTERM, so only SIGKILL stops them.
-fn command(dir: &Path, ignore_term: bool) -> String {
+/// Which of the command's processes ignore SIGTERM, so that only SIGKILL stops them.
+#[derive(Clone, Copy, PartialEq)]
+enum Deaf {
+    None,
+    /// The command (`sh`) and its child.
+    Both,
+    /// Only the child: the command dies of SIGTERM and leaves it behind.
+    Child,
+}
+
+/// The command: `sleep 300` in the background (the grandchild), then wait for it; both
+/// pids written to `dir`.
+fn command_script(dir: &Path, deaf: Deaf) -> String {
     format!(
-        "{trap} sleep 300 & echo $! > {dir}/grandchild; echo $$ > {dir}/command; wait",
-        trap = if ignore_term { "trap '' TERM;" } else { "" },
+        "{trap} {child} & echo $! > {dir}/grandchild; echo $$ > {dir}/command; wait",
+        trap = if deaf == Deaf::Both {
+            "trap '' TERM;"
+        } else {
+            ""
+        },
+        child = if deaf == Deaf::Child {
+            "(trap '' TERM; exec sleep 300)"
+        } else {
+            "sleep 300"
+        },
         dir = dir.display()
     )
 }
@@ -74,13 +98,17 @@ fn command(dir: &Path, ignore_term: bool) -> String {
 impl Held {
     /// Starts `tenure run ARGS -- sh -c COMMAND` and waits until the command and its
     /// child run.
-    fn start(url: &str, args: &[&str], ignore_term: bool) -> Held {
+    fn start(url: &str, args: &[&str], deaf: Deaf) -> Held {
         let dir = tempfile::tempdir().unwrap();
-        let script = command(dir.path(), ignore_term);
+        let script = command_script(dir.path(), deaf);
         let mut all = vec!["run"];
         all.extend_from_slice(args);
         all.extend_from_slice(&["--", "sh", "-c", &script]);
-        let tenure = Tenure::spawn(tenure(url, &all).stderr(Stdio::piped()));
+        Held::spawned(Tenure::spawn(tenure(url, &all).stderr(Stdio::piped())), dir)
+    }
+
+    /// Waits until the command of `tenure` (writing its pids to `dir`) and its child run.
+    fn spawned(tenure: Tenure, dir: tempfile::TempDir) -> Held {
         let held = Held { tenure, dir };
         let since = Instant::now();
         while held.pids().len() < 2 {
@@ -105,10 +133,30 @@ impl Held {
         kill(self.tenure.pid(), signal).unwrap();
     }
 
-    /// Waits for tenure to exit; its output.
-    fn finish(self) -> (Output, Vec<i32>) {
-        let pids = self.pids();
-        (self.tenure.wait(), pids)
+    /// Waits for tenure to exit, then up to `within` for the command and its child to
+    /// stop; tenure's status and stderr, and the pids still running (SIGKILLed then, so
+    /// that reading stderr, a pipe they share, cannot hang).
+    fn finish(mut self, within: Duration) -> (Output, Vec<i32>) {
+        use std::io::Read;
+        let mut child = self.tenure.0.take().unwrap();
+        let status = child.wait().unwrap();
+        let left = wait_stopped(&self.pids(), within);
+        for pid in &left {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        let mut stderr = Vec::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = pipe.read_to_end(&mut stderr);
+        }
+        let stdout = Vec::new();
+        (
+            Output {
+                status,
+                stdout,
+                stderr,
+            },
+            left,
+        )
     }
 }
 
@@ -190,17 +238,17 @@ fn assert_free(url: &str, key: &str) {
 /// free at once, and tenure exits 128+signal.
 fn a_stop_signal_stops_the_group_and_frees_the_lock(url: &str, signal: Signal) {
     let key = format!("signalled-{}", signal as i32);
-    let held = Held::start(url, &["--key", &key], false);
+    let held = Held::start(url, &["--key", &key], Deaf::None);
+    assert_eq!(held.pids().len(), 2);
     held.signal(signal);
-    let (out, pids) = held.finish();
+    let (out, left) = held.finish(Duration::ZERO);
     assert_eq!(
         out.status.code(),
         Some(128 + signal as i32),
         "{}",
         stderr(&out)
     );
-    assert_eq!(pids.len(), 2);
-    assert_eq!(wait_stopped(&pids, Duration::ZERO), Vec::<i32>::new());
+    assert_eq!(left, Vec::<i32>::new(), "running after tenure exited");
     assert!(stderr(&out).contains(&format!("received {signal}")));
     assert_free(url, &key);
 }
@@ -208,16 +256,16 @@ fn a_stop_signal_stops_the_group_and_frees_the_lock(url: &str, signal: Signal) {
 /// SIGKILL to tenure: nobody renews the lease any more, so the command and its child
 /// must not run on.
 fn sigkill_to_tenure_stops_the_group(url: &str) {
-    let held = Held::start(url, &["--key", "killed"], false);
+    let held = Held::start(url, &["--key", "killed"], Deaf::None);
+    assert_eq!(held.pids().len(), 2);
     held.signal(Signal::SIGKILL);
-    let (out, pids) = held.finish();
+    let (out, left) = held.finish(Duration::from_secs(10));
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&out.status),
         Some(9)
     );
-    assert_eq!(pids.len(), 2);
     assert_eq!(
-        wait_stopped(&pids, Duration::from_secs(10)),
+        left,
         Vec::<i32>::new(),
         "the command or its child outlived tenure"
     );
@@ -303,7 +351,7 @@ async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
         let held = Held::start(
             &url,
             &["--key", "deaf", "--ttl", "10s", "--grace", "1s"],
-            true,
+            Deaf::Both,
         );
         let pids = held.pids();
 
@@ -315,7 +363,7 @@ async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
             "a renewal was sent into the black hole"
         );
         proxy.set_mode(ProxyMode::Reset);
-        let (out, _) = held.finish();
+        let (out, _) = held.finish(Duration::ZERO);
         assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
         assert!(
             stderr(&out).contains("stopping the command"),
@@ -329,28 +377,78 @@ async fn unanswered_renewals_stop_the_group_before_the_lease_expires() {
 
 /// tenure itself stopped (SIGSTOP, a debugger, a starved process) while its command runs:
 /// nobody renews the lease, so the command must not run past it. The keeper stops the
-/// group (deaf to SIGTERM: SIGKILL) on tenure's schedule; tenure, resumed, reports 76.
+/// group on tenure's schedule — the command dies of SIGTERM, its child only of SIGKILL —
+/// before a contender's command starts; tenure, resumed, reports 76.
+fn a_stopped_tenure_does_not_leave_its_command_running(url: &str) {
+    let held = Held::start(
+        url,
+        &["--key", "frozen", "--ttl", "6s", "--grace", "1s"],
+        Deaf::Child,
+    );
+    let pids = held.pids();
+    held.signal(Signal::SIGSTOP);
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let stamp = format!("date +%s%N > {}", marker.display());
+    let contender = Tenure::spawn(&mut tenure(
+        url,
+        &[
+            "run", "--key", "frozen", "--wait", "60s", "--", "sh", "-c", &stamp,
+        ],
+    ));
+    let left = wait_stopped(&pids, Duration::from_secs(30));
+    let stopped = SystemTime::now();
+    assert_eq!(left, Vec::<i32>::new(), "the command outlived the lease");
+    assert_eq!(contender.wait().status.code(), Some(0));
+    let started: u64 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let started = SystemTime::UNIX_EPOCH + Duration::from_nanos(started);
+    assert!(
+        stopped < started,
+        "the contender's command started {:?} before the first group was gone",
+        stopped.duration_since(started).unwrap_or_default()
+    );
+    held.signal(Signal::SIGCONT);
+    let (out, _) = held.finish(Duration::ZERO);
+    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("has not renewed it"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A healthy command that runs for several TTLs is not stopped.
+fn a_long_command_runs_past_its_ttl(url: &str) {
+    let out = output(
+        url,
+        &["run", "--key", "long", "--ttl", "2s", "--", "sleep", "5"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_tenure_does_not_leave_its_command_running_past_the_lease() {
+async fn on_redis_a_stopped_tenure_and_a_long_command() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = cluster.urls()[0].clone();
     tokio::task::spawn_blocking(move || {
-        let held = Held::start(
-            &url,
-            &["--key", "frozen", "--ttl", "6s", "--grace", "1s"],
-            true,
-        );
-        let pids = held.pids();
-        held.signal(Signal::SIGSTOP);
-        assert_stopped_before(&pids, server_expiry(&url, "frozen"));
-        held.signal(Signal::SIGCONT);
-        let (out, _) = held.finish();
-        assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains("has not renewed it"),
-            "{}",
-            stderr(&out)
-        );
+        a_long_command_runs_past_its_ttl(&url);
+        a_stopped_tenure_does_not_leave_its_command_running(&url);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_a_stopped_tenure_and_a_long_command() {
+    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let url = format!("zk://{}", ensemble.connect_string());
+    tokio::task::spawn_blocking(move || {
+        a_long_command_runs_past_its_ttl(&url);
+        a_stopped_tenure_does_not_leave_its_command_running(&url);
     })
     .await
     .unwrap();
@@ -363,7 +461,7 @@ async fn a_signal_while_waiting_exits_without_running_the_command() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = cluster.urls()[0].clone();
     tokio::task::spawn_blocking(move || {
-        let holder = Held::start(&url, &["--key", "busy"], false);
+        let holder = Held::start(&url, &["--key", "busy"], Deaf::None);
         let marker = holder.dir.path().join("ran");
         let touch = format!("touch {}", marker.display());
         let waiter = Tenure::spawn(&mut tenure(
@@ -382,10 +480,47 @@ async fn a_signal_while_waiting_exits_without_running_the_command() {
         assert_eq!(out.status.code(), Some(143));
         assert!(!marker.exists(), "the command ran without the lock");
         holder.signal(Signal::SIGTERM);
-        assert_eq!(holder.finish().0.status.code(), Some(143));
+        assert_eq!(holder.finish(Duration::ZERO).0.status.code(), Some(143));
     })
     .await
     .unwrap();
+}
+
+/// `nohup tenure run …`: a SIGHUP ignored at start stays ignored (the command runs on);
+/// SIGTERM still stops it.
+#[test]
+fn an_ignored_sighup_stays_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = command_script(dir.path(), Deaf::None);
+    let mut nohup = Command::new("env");
+    nohup
+        .args(["--default-signal=INT,TERM", "--ignore-signal=HUP"])
+        .arg(env!("CARGO_BIN_EXE_tenure"))
+        .args([
+            "--url",
+            "memory://",
+            "run",
+            "--key",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env_remove("TENURE_URL")
+        .stderr(Stdio::piped());
+    let held = Held::spawned(Tenure::spawn(&mut nohup), dir);
+    held.signal(Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        wait_stopped(&held.pids(), Duration::ZERO).len(),
+        2,
+        "SIGHUP stopped the command"
+    );
+    held.signal(Signal::SIGTERM);
+    let (out, left) = held.finish(Duration::ZERO);
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert_eq!(left, Vec::<i32>::new());
 }
 
 #[test]

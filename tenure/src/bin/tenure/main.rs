@@ -83,6 +83,9 @@ enum Command {
         /// The abstract socket on which tenure tells the lease deadlines.
         #[arg(long)]
         switch: Option<String>,
+        /// The lease's deadline when the command starts, ns of CLOCK_MONOTONIC.
+        #[arg(long)]
+        deadline_ns: Option<u64>,
         /// The stop plan: SIGTERM-to-SIGKILL time, ms.
         #[arg(long, default_value_t = 0)]
         grace_ms: u64,
@@ -161,13 +164,14 @@ fn main() -> ExitCode {
     if let Command::Keeper {
         parent,
         switch,
+        deadline_ns,
         grace_ms,
         margin_ms,
         cmd,
     } = &cli.command
     {
         let plan = run::StopPlan::from_millis(*grace_ms, *margin_ms);
-        return run::keeper(*parent, switch.as_deref(), plan, cmd);
+        return run::keeper(*parent, switch.as_deref(), *deadline_ns, plan, cmd);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

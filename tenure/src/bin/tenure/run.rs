@@ -28,14 +28,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::time::{clock_gettime, ClockId};
-use nix::unistd::{getpgrp, getppid, Pid};
+use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use tenure::{AcquireOptions, DistributedLock, LockError, LockExt, LockGuard, LockKey};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal as signal_stream, SignalKind};
 
 /// Exit code: the lease was lost while the command ran; the command was stopped.
 pub(crate) const EXIT_LOST: u8 = 76;
@@ -50,6 +50,8 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// Bounds of how often tenure tells the keeper the lease deadline (a twentieth of the TTL).
 const MIN_TELL: Duration = Duration::from_millis(10);
 const MAX_TELL: Duration = Duration::from_millis(250);
+/// How often the keeper looks for leftovers of a finished command in its group.
+const POLL: Duration = Duration::from_millis(20);
 /// How long tenure waits for its keeper to connect to the switch.
 const SWITCH_WAIT: Duration = Duration::from_secs(10);
 
@@ -147,10 +149,13 @@ pub(crate) async fn run_under_lock(
         signal = signals.recv() => return Ok(signalled(signal)),
     };
     let granted = Instant::now();
-    group.spawn(&cmd, &guard, plan).await?;
+    if let Err(error) = group.spawn(&cmd, &guard, plan).await {
+        release(guard).await;
+        return Err(error);
+    }
     let end = watch(&guard, plan, &mut signals, &mut group).await;
     let code = match end {
-        End::Exited(code) if guard.is_lost() || group.keeper_stopped() => {
+        End::Exited(code) if guard.is_lost() || group.keeper_stopped().await => {
             let reason = match guard.lost_signal().reason() {
                 Some(reason) => format!("lost ({reason})"),
                 None => "not renewed in time: tenure was not running".into(),
@@ -260,23 +265,28 @@ pub(crate) fn signalled(signal: Signal) -> ExitCode {
     ExitCode::from(128 + signal as u8)
 }
 
-/// SIGTERM, SIGINT and SIGHUP, the signals that stop `tenure run` and its command.
+/// SIGTERM, SIGINT and SIGHUP, the signals that stop `tenure run` and its command — those
+/// of them not ignored when tenure started (`nohup tenure run …` keeps ignoring SIGHUP).
 pub(crate) struct StopSignals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl StopSignals {
     pub(crate) fn new() -> Result<Self, LockError> {
-        let listen = |kind| {
-            signal(kind).map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))
-        };
-        Ok(Self {
-            term: listen(SignalKind::terminate())?,
-            int: listen(SignalKind::interrupt())?,
-            hup: listen(SignalKind::hangup())?,
-        })
+        let ignored = ignored_signals();
+        let mut streams = Vec::new();
+        for (signal, kind) in [
+            (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGHUP, SignalKind::hangup()),
+        ] {
+            if ignored & (1 << (signal as u64 - 1)) == 0 {
+                let stream = signal_stream(kind)
+                    .map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))?;
+                streams.push((signal, stream));
+            }
+        }
+        Ok(Self { streams })
     }
 
     /// The next stop signal.
@@ -284,12 +294,28 @@ impl StopSignals {
     /// # Cancel safety
     /// Cancel-safe: a signal not yet returned stays pending.
     pub(crate) async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.term.recv() => Signal::SIGTERM,
-            _ = self.int.recv() => Signal::SIGINT,
-            _ = self.hup.recv() => Signal::SIGHUP,
+        if self.streams.is_empty() {
+            return std::future::pending().await; // all three ignored
         }
+        let next = self.streams.iter_mut().map(|(signal, stream)| {
+            Box::pin(async move {
+                stream.recv().await;
+                *signal
+            })
+        });
+        futures::future::select_all(next).await.0
     }
+}
+
+/// The signals this process ignores (the `SigIgn` mask of `/proc/self/status`; none
+/// where it cannot be read).
+fn ignored_signals() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or(0)
 }
 
 /// The command's process group, led by the keeper.
@@ -310,7 +336,7 @@ impl Group {
         #[cfg(target_os = "linux")]
         nix::sys::prctl::set_child_subreaper(true)
             .map_err(|e| LockError::backend(format!("cannot become a child subreaper: {e}")))?;
-        let children = signal(SignalKind::child())
+        let children = signal_stream(SignalKind::child())
             .map_err(|e| LockError::backend(format!("cannot handle signals: {e}")))?;
         Ok(Self {
             leader: Pid::from_raw(0),
@@ -338,6 +364,10 @@ impl Group {
             .arg("__keeper")
             .arg(std::process::id().to_string())
             .arg(format!("--switch={name}"))
+            .arg(format!(
+                "--deadline-ns={}",
+                switch::monotonic(guard.deadline()).as_nanos()
+            ))
             .arg(format!("--grace-ms={}", plan.grace.as_millis()))
             .arg(format!("--margin-ms={}", plan.margin.as_millis()))
             .arg("--")
@@ -381,12 +411,14 @@ impl Group {
     }
 
     /// True if the keeper said it stopped the group on its own (tenure did not renew).
-    fn keeper_stopped(&mut self) -> bool {
+    /// Called once the keeper has exited, so its end is closed: the read ends at once.
+    async fn keeper_stopped(&mut self) -> bool {
         let Some((stream, _)) = &mut self.switch else {
             return false;
         };
-        let mut said = [0u8; 64];
-        matches!(stream.try_read(&mut said), Ok(n) if said[..n].starts_with(switch::STOPPED))
+        let mut said = Vec::new();
+        let read = tokio::time::timeout(SWITCH_WAIT, stream.read_to_end(&mut said)).await;
+        read.is_ok() && said.starts_with(switch::STOPPED)
     }
 
     /// Tells the keeper the lease's current `deadline`, if it changed. A keeper that is
@@ -480,10 +512,12 @@ fn own_executable() -> std::path::PathBuf {
 pub(crate) fn keeper(
     parent: i32,
     switch: Option<&str>,
+    deadline_ns: Option<u64>,
     plan: StopPlan,
     cmd: &[String],
 ) -> ExitCode {
     let parent = Pid::from_raw(parent);
+    let first = deadline_ns.map(|ns| switch::instant(Duration::from_nanos(ns)));
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
     if getppid() != parent {
@@ -499,11 +533,17 @@ pub(crate) fn keeper(
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
-    runtime.block_on(keep(parent, switch, plan, cmd))
+    runtime.block_on(keep(parent, switch, first, plan, cmd))
 }
 
-async fn keep(parent: Pid, switch: Option<&str>, plan: StopPlan, cmd: &[String]) -> ExitCode {
-    let group = getpgrp();
+async fn keep(
+    parent: Pid,
+    switch: Option<&str>,
+    first: Option<Instant>,
+    plan: StopPlan,
+    cmd: &[String],
+) -> ExitCode {
+    let (me, group) = (getpid(), getpgrp());
     let orphaned = || {
         if getppid() != parent {
             let _ = killpg(group, Signal::SIGKILL);
@@ -527,6 +567,9 @@ async fn keep(parent: Pid, switch: Option<&str>, plan: StopPlan, cmd: &[String])
     let Some((program, args)) = cmd.split_first() else {
         return ExitCode::from(EXIT_CANNOT_RUN);
     };
+    if let Some(signal) = futures::FutureExt::now_or_never(signals.recv()) {
+        return signalled(signal); // tenure is already stopping: never start the command
+    }
     let mut child = match tokio::process::Command::new(program).args(args).spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -538,25 +581,37 @@ async fn keep(parent: Pid, switch: Option<&str>, plan: StopPlan, cmd: &[String])
         }
     };
     let mut check = tokio::time::interval(Duration::from_secs(1));
-    // The stop plan on the last deadline heard: the next step and when.
-    let mut deadline: Option<Instant> = None;
+    // The last deadline heard (the first one came with the arguments, so that the
+    // command never runs without a schedule), the command's exit once it came, and
+    // when SIGKILL is due once the keeper is stopping the group.
+    let mut deadline = first;
+    let mut exit: Option<u8> = None;
     let mut kill_at: Option<Instant> = None;
     loop {
+        if let Some(code) = exit {
+            // The command is done; the keeper stays until the rest of its group is.
+            let others = group_members(group, me);
+            if others.is_empty() {
+                return ExitCode::from(code);
+            }
+            if kill_at.is_none() {
+                let _ = killpg(group, Signal::SIGTERM);
+                kill_at = Some(match deadline {
+                    Some(deadline) => plan.kill_at(deadline),
+                    None => Instant::now() + plan.grace,
+                });
+                eprintln!(
+                    "tenure: the command exited and left processes in its group; stopping them"
+                );
+            }
+        }
         let next = kill_at.or(deadline.map(|d| plan.stop_at(d)));
         tokio::select! {
-            status = child.wait() => {
-                use std::os::unix::process::ExitStatusExt;
-                return ExitCode::from(match status {
-                    Ok(status) => match (status.code(), status.signal()) {
-                        (Some(code), _) => u8::try_from(code).unwrap_or(u8::MAX),
-                        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
-                        (None, None) => EXIT_CANNOT_RUN,
-                    },
-                    Err(_) => EXIT_CANNOT_RUN,
-                });
-            }
+            status = child.wait(), if exit.is_none() => exit = Some(exit_code(status)),
             _ = signals.recv() => orphaned(),
             _ = check.tick() => orphaned(),
+            // Leftovers of the command are not the keeper's children: poll for them.
+            _ = tokio::time::sleep(POLL), if exit.is_some() => {}
             told = switch::next(&mut deadlines) => match told {
                 Some(told) => deadline = Some(told),
                 None => {
@@ -564,23 +619,67 @@ async fn keep(parent: Pid, switch: Option<&str>, plan: StopPlan, cmd: &[String])
                     let _ = killpg(group, Signal::SIGKILL);
                 }
             },
-            _ = sleep_until(next) => {
-                if kill_at.is_some() {
+            _ = sleep_until(next) => match (kill_at, exit) {
+                (Some(_), None) => {
                     let _ = killpg(group, Signal::SIGKILL);
-                } else if let Some(deadline) = deadline {
+                }
+                (Some(_), Some(_)) => {
+                    for pid in group_members(group, me) {
+                        let _ = kill(pid, Signal::SIGKILL);
+                    }
+                }
+                (None, _) => {
+                    let _ = killpg(group, Signal::SIGTERM);
+                    kill_at = deadline.map(|d| plan.kill_at(d));
+                    if let Some(answer) = &mut answer {
+                        let _ = answer.write_all(switch::STOPPED).await;
+                    }
                     eprintln!(
                         "tenure: the lease is about to expire and tenure has not renewed it \
                          (is it stopped?); stopping the command"
                     );
-                    if let Some(answer) = &mut answer {
-                        let _ = answer.write_all(switch::STOPPED).await;
-                    }
-                    kill_at = Some(plan.kill_at(deadline));
-                    let _ = killpg(group, Signal::SIGTERM);
                 }
-            }
+            },
         }
     }
+}
+
+/// The keeper's exit code for the command's `status`: its code, or 128+signal.
+fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => u8::try_from(code).unwrap_or(u8::MAX),
+            (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
+            (None, None) => EXIT_CANNOT_RUN,
+        },
+        Err(_) => EXIT_CANNOT_RUN,
+    }
+}
+
+/// The running (not zombie) processes of process group `group` other than `me`, from
+/// `/proc`.
+fn group_members(group: Pid, me: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut members = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+        let mut fields = stat
+            .rsplit_once(") ")
+            .map_or("", |(_, rest)| rest)
+            .split(' ');
+        let (state, pgrp) = (fields.next(), fields.nth(1));
+        if pgrp == Some(&group.as_raw().to_string()) && state != Some("Z") && pid != me.as_raw() {
+            members.push(Pid::from_raw(pid));
+        }
+    }
+    members
 }
 
 /// Sleeps until `at`, forever if `None`.
@@ -673,7 +772,7 @@ mod switch {
     }
 
     /// The instant of `mono` on `CLOCK_MONOTONIC` (the clock read last, so it errs early).
-    fn instant(mono: Duration) -> Instant {
+    pub(super) fn instant(mono: Duration) -> Instant {
         let now = Instant::now();
         let current = monotonic_now();
         match mono.checked_sub(current) {
