@@ -310,32 +310,45 @@ fn hold_at_least_keeps_the_lock(url: &str) {
     assert_free(url, "period");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_redis_signals_sigkill_and_hold_at_least() {
+/// Runs the blocking `body` with the URL of a fresh Redis server (off the async workers,
+/// which the harness needs).
+async fn on_redis(body: impl FnOnce(String) + Send + 'static) {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = cluster.urls()[0].clone();
-    tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || body(url))
+        .await
+        .unwrap();
+}
+
+/// As [`on_redis`], on a fresh ZooKeeper server.
+async fn on_zookeeper(body: impl FnOnce(String) + Send + 'static) {
+    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let url = format!("zk://{}", ensemble.connect_string());
+    tokio::task::spawn_blocking(move || body(url))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_signals_sigkill_and_hold_at_least() {
+    on_redis(|url| {
         for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
             a_stop_signal_stops_the_group_and_frees_the_lock(&url, signal);
         }
         sigkill_to_tenure_stops_the_group(&url);
         hold_at_least_keeps_the_lock(&url);
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_zookeeper_signals_sigkill_and_hold_at_least() {
-    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
-    let url = format!("zk://{}", ensemble.connect_string());
-    tokio::task::spawn_blocking(move || {
+    on_zookeeper(|url| {
         a_stop_signal_stops_the_group_and_frees_the_lock(&url, Signal::SIGTERM);
         sigkill_to_tenure_stops_the_group(&url);
         hold_at_least_keeps_the_lock(&url);
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 /// Renewals stop getting through (a black-holed connection, not an error): tenure must
@@ -432,35 +445,27 @@ fn a_long_command_runs_past_its_ttl(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_a_stopped_tenure_and_a_long_command() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    tokio::task::spawn_blocking(move || {
+    on_redis(|url| {
         a_long_command_runs_past_its_ttl(&url);
         a_stopped_tenure_does_not_leave_its_command_running(&url);
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_zookeeper_a_stopped_tenure_and_a_long_command() {
-    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
-    let url = format!("zk://{}", ensemble.connect_string());
-    tokio::task::spawn_blocking(move || {
+    on_zookeeper(|url| {
         a_long_command_runs_past_its_ttl(&url);
         a_stopped_tenure_does_not_leave_its_command_running(&url);
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 /// A signal while tenure waits for the lock: it exits 128+signal at once, and the
 /// command never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_while_waiting_exits_without_running_the_command() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    tokio::task::spawn_blocking(move || {
+    on_redis(|url| {
         let holder = Held::start(&url, &["--key", "busy"], Deaf::None);
         let marker = holder.dir.path().join("ran");
         let touch = format!("touch {}", marker.display());
@@ -482,8 +487,7 @@ async fn a_signal_while_waiting_exits_without_running_the_command() {
         holder.signal(Signal::SIGTERM);
         assert_eq!(holder.finish(Duration::ZERO).0.status.code(), Some(143));
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 /// `nohup tenure run …`: a SIGHUP ignored at start stays ignored (the command runs on);
