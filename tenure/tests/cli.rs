@@ -480,3 +480,41 @@ async fn zookeeper_session_follows_the_ttl_so_a_killed_holder_frees_the_lock_soo
         "the killed holder's session outlived its 3 s TTL: the lock was free after {took:?}"
     );
 }
+
+#[test]
+fn bench_repeat_reports_medians_and_contended_fairness() {
+    let out = output(&[
+        "--url",
+        "memory://",
+        "bench",
+        "--mode",
+        "seq,contended",
+        "--secs",
+        "0.2",
+        "--repeat",
+        "3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "one line per mode, not per round: {lines:?}"
+    );
+    for line in &lines {
+        assert_eq!(line["rounds"], 3, "{line}");
+        assert!(line["cycles"].as_u64().unwrap() > 0, "{line}");
+    }
+    assert!(lines[0].get("fairness").is_none(), "seq has no fairness");
+    let fairness = lines[1]["fairness"]
+        .as_f64()
+        .expect("contended reports fairness");
+    assert!((0.0..=1.0).contains(&fairness), "{fairness}");
+    // Out of range: refused by the parser, nothing run.
+    let out = output(&["--url", "memory://", "bench", "--repeat", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

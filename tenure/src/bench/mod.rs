@@ -116,10 +116,74 @@ pub struct BenchLine {
     /// grant (a client re-taking the lock it just released is not a hand-off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoffs_per_s: Option<f64>,
+    /// `contended` only: the fewest grants any one client got divided by the most (1.0 =
+    /// every client got the lock equally often; 0 = a client starved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<f64>,
     /// Library throughput divided by the floor's (cycles/s; hand-offs/s in `contended`),
     /// on library lines run with a floor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// Rounds this line summarises: with more than one (`--repeat`), every rate, latency,
+    /// fairness and ratio is the median over the rounds (each ratio taken within its
+    /// round), and `cycles`, `errors` and `secs` are totals.
+    pub rounds: u32,
+}
+
+/// One line per (backend, mode, implementation) over several rounds of [`run`]: medians
+/// of the rates, latencies, fairness and ratios (a ratio is taken within its round, where
+/// library and floor ran interleaved), totals of cycles, errors and seconds. Lines keep
+/// the order in which they first appear.
+pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
+    let mut groups: Vec<Vec<&BenchLine>> = Vec::new();
+    for line in rounds {
+        let same = |g: &&mut Vec<&BenchLine>| {
+            let first = g[0];
+            (first.backend.as_str(), first.mode, first.implementation)
+                == (line.backend.as_str(), line.mode, line.implementation)
+        };
+        match groups.iter_mut().find(same) {
+            Some(group) => group.push(line),
+            None => groups.push(vec![line]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|group| {
+            let all = |value: &dyn Fn(&BenchLine) -> f64| median(group.iter().map(|l| value(l)));
+            let known = |value: &dyn Fn(&BenchLine) -> Option<f64>| {
+                let values: Vec<f64> = group.iter().filter_map(|l| value(l)).collect();
+                (!values.is_empty()).then(|| median(values))
+            };
+            BenchLine {
+                backend: group[0].backend.clone(),
+                mode: group[0].mode,
+                implementation: group[0].implementation,
+                secs: group.iter().map(|l| l.secs).sum(),
+                cycles: group.iter().map(|l| l.cycles).sum(),
+                cycles_per_s: all(&|l| l.cycles_per_s),
+                p50_us: all(&|l| l.p50_us as f64) as u64,
+                p99_us: all(&|l| l.p99_us as f64) as u64,
+                errors: group.iter().map(|l| l.errors).sum(),
+                handoffs_per_s: known(&|l| l.handoffs_per_s),
+                fairness: known(&|l| l.fairness),
+                ratio: known(&|l| l.ratio),
+                rounds: group.iter().map(|l| l.rounds).sum(),
+            }
+        })
+        .collect()
+}
+
+/// The median of a non-empty set (the mean of the middle two for an even count).
+fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.into_iter().collect();
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[mid],
+        _ => (values[mid - 1] + values[mid]) / 2.0,
+    }
 }
 
 /// Takes and releases a lock once.
@@ -186,6 +250,8 @@ struct Stats {
     cycles: u64,
     /// Grants to another task than the previous grant's (contended mode).
     handoffs: u64,
+    /// Grants per task (task i holds client i in contended mode).
+    per_task: Vec<u64>,
     errors: u64,
     elapsed: Duration,
     first_error: Option<String>,
@@ -197,6 +263,7 @@ impl Stats {
             histogram: Histogram::new(3).expect("3 significant figures is valid"),
             cycles: 0,
             handoffs: 0,
+            per_task: Vec::new(),
             errors: 0,
             elapsed: Duration::ZERO,
             first_error: None,
@@ -220,10 +287,23 @@ impl Stats {
             cycles: self.cycles,
             cycles_per_s: per_s(self.cycles),
             handoffs_per_s: (mode == Mode::Contended).then(|| per_s(self.handoffs)),
+            fairness: (mode == Mode::Contended).then(|| self.fairness()),
             p50_us: self.histogram.value_at_quantile(0.5),
             p99_us: self.histogram.value_at_quantile(0.99),
             errors: self.errors,
             ratio: None,
+            rounds: 1,
+        }
+    }
+
+    /// The fewest grants a task got over the most, rounded to 2 places (0 without grants).
+    fn fairness(&self) -> f64 {
+        let most = self.per_task.iter().copied().max().unwrap_or(0);
+        let fewest = self.per_task.iter().copied().min().unwrap_or(0);
+        if most == 0 {
+            0.0
+        } else {
+            (fewest as f64 / most as f64 * 100.0).round() / 100.0
         }
     }
 }
@@ -282,8 +362,10 @@ async fn drive(
             })
         })
         .collect();
-    for task in tasks {
+    stats.per_task.resize(tasks.len(), 0);
+    for (i, task) in tasks.into_iter().enumerate() {
         if let Ok(local) = task.await {
+            stats.per_task[i] += local.cycles;
             let _ = stats.histogram.add(&local.histogram);
             stats.cycles += local.cycles;
             stats.handoffs += local.handoffs;
@@ -468,4 +550,65 @@ pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, L
         acquire_secs: (acquire_secs * 1000.0).round() / 1000.0,
         lost,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(implementation: &'static str, cycles_per_s: f64, ratio: Option<f64>) -> BenchLine {
+        BenchLine {
+            backend: "redis".into(),
+            mode: Mode::Seq,
+            implementation,
+            secs: 1.0,
+            cycles: cycles_per_s as u64,
+            cycles_per_s,
+            p50_us: cycles_per_s as u64 / 10,
+            p99_us: 0,
+            errors: 1,
+            handoffs_per_s: None,
+            fairness: None,
+            ratio,
+            rounds: 1,
+        }
+    }
+
+    #[test]
+    fn medians_group_by_implementation_and_take_ratios_within_rounds() {
+        let rounds = [
+            line("tenure", 100.0, Some(0.5)),
+            line("floor", 200.0, None),
+            line("tenure", 300.0, Some(0.9)),
+            line("floor", 330.0, None),
+            line("tenure", 50.0, Some(0.2)),
+            line("floor", 250.0, None),
+        ];
+        let lines = medians(&rounds);
+        assert_eq!(lines.len(), 2);
+        let (ours, floor) = (&lines[0], &lines[1]);
+        assert_eq!(ours.implementation, "tenure");
+        assert_eq!(ours.cycles_per_s, 100.0);
+        assert_eq!(ours.p50_us, 10);
+        // The median of the per-round ratios, not median(ours) / median(floor) (0.4).
+        assert_eq!(ours.ratio, Some(0.5));
+        assert_eq!((ours.rounds, ours.cycles, ours.errors), (3, 450, 3));
+        assert_eq!(floor.cycles_per_s, 250.0);
+        assert_eq!(floor.ratio, None);
+    }
+
+    #[test]
+    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median([4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median([7.0]), 7.0);
+    }
+
+    #[test]
+    fn fairness_is_fewest_over_most_grants() {
+        let mut stats = Stats::new();
+        stats.per_task = vec![10, 40, 20];
+        assert_eq!(stats.fairness(), 0.25);
+        stats.per_task = vec![0, 0];
+        assert_eq!(stats.fairness(), 0.0);
+    }
 }

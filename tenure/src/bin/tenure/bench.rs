@@ -22,6 +22,10 @@ pub(crate) struct BenchArgs {
     /// Also run the raw protocol floor, interleaved, and print library/floor ratios.
     #[arg(long)]
     floor: bool,
+    /// Rounds (1..=100): every backend and mode is run this many times, round-robin, and
+    /// each line reports the medians over its rounds (ratios taken within each round).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
     /// Start local servers for every backend of this build and bench them all (plus
     /// memory://); ignores --url.
     #[arg(long)]
@@ -53,6 +57,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         floor: args.floor,
     };
     let mut rows = Vec::new();
+    let mut cycles = Vec::new();
     if args.all_local {
         let mut targets = vec![("memory".to_owned(), "memory://".to_owned(), None)];
         for name in local::backends() {
@@ -62,47 +67,60 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
                 .map_err(|e| LockError::backend(format!("starting local {name}: {e}")))?;
             targets.push((name.to_owned(), backend.harness.url(), Some(backend)));
         }
+        for round in 1..=args.repeat {
+            for (name, url, _servers) in &targets {
+                let floor = options.floor && name != "memory";
+                let options = BenchOptions { floor, ..options };
+                bench_url(url, &modes, options, round, &mut cycles).await?;
+            }
+        }
+        rows.extend(bench::medians(&cycles).into_iter().map(Row::Cycles));
         for (name, url, _servers) in &targets {
-            let floor = options.floor && name != "memory";
-            let options = BenchOptions { floor, ..options };
-            bench_url(url, &modes, options, args.json, &mut rows).await?;
             if let (Some(leases), "memory" | "redis") = (args.held, name.as_str()) {
-                held(url, leases, args.ttl, args.json, &mut rows).await?;
+                held(url, leases, args.ttl, &mut rows).await?;
             }
         }
     } else {
         let url = url.ok_or_else(|| {
             LockError::Config("no backend: pass --url, set TENURE_URL, or use --all-local".into())
         })?;
-        bench_url(url, &modes, options, args.json, &mut rows).await?;
+        for round in 1..=args.repeat {
+            bench_url(url, &modes, options, round, &mut cycles).await?;
+        }
+        rows.extend(bench::medians(&cycles).into_iter().map(Row::Cycles));
         if let Some(leases) = args.held {
-            held(url, leases, args.ttl, args.json, &mut rows).await?;
+            held(url, leases, args.ttl, &mut rows).await?;
         }
     }
-    if !args.json {
+    if args.json {
+        for row in &rows {
+            let line = match row {
+                Row::Cycles(line) => serde_json::to_string(line),
+                Row::Held(line) => serde_json::to_string(line),
+            };
+            println!("{}", line.unwrap_or_default());
+        }
+    } else {
         print_table(&rows);
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// One round of every mode against `url`; progress on stderr.
 async fn bench_url(
     url: &str,
     modes: &[Mode],
     options: BenchOptions,
-    json: bool,
-    rows: &mut Vec<Row>,
+    round: u32,
+    lines: &mut Vec<BenchLine>,
 ) -> Result<(), LockError> {
     for &mode in modes {
         for line in bench::run(url, mode, options).await? {
-            if json {
-                println!("{}", serde_json::to_string(&line).unwrap_or_default());
-            } else {
-                eprintln!(
-                    "tenure bench: {} {} {}: {:.0} cycles/s",
-                    line.backend, line.mode, line.implementation, line.cycles_per_s
-                );
-            }
-            rows.push(Row::Cycles(line));
+            eprintln!(
+                "tenure bench: round {round}: {} {} {}: {:.0} cycles/s",
+                line.backend, line.mode, line.implementation, line.cycles_per_s
+            );
+            lines.push(line);
         }
     }
     Ok(())
@@ -112,30 +130,26 @@ async fn held(
     url: &str,
     leases: usize,
     ttl: Duration,
-    json: bool,
     rows: &mut Vec<Row>,
 ) -> Result<(), LockError> {
-    let line = bench::held(url, leases, ttl).await?;
-    if json {
-        println!("{}", serde_json::to_string(&line).unwrap_or_default());
-    }
-    rows.push(Row::Held(line));
+    rows.push(Row::Held(bench::held(url, leases, ttl).await?));
     Ok(())
 }
 
 fn print_table(rows: &[Row]) {
     println!(
-        "| backend | mode | impl | cycles/s | hand-offs/s | p50 µs | p99 µs | errors | tenure/floor |"
+        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | tenure/floor |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         if let Row::Cycles(l) = row {
             let ratio = l.ratio.map_or(String::new(), |r| format!("{r:.2}×"));
             let handoffs = l
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
+            let fairness = l.fairness.map_or(String::new(), |f| format!("{f:.2}"));
             println!(
-                "| {} | {} | {} | {:.0} | {handoffs} | {} | {} | {} | {ratio} |",
+                "| {} | {} | {} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |",
                 l.backend, l.mode, l.implementation, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
             );
         }
