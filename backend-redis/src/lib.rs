@@ -242,7 +242,7 @@ impl RedisLock {
         invocation
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
-            .arg(owner.to_string())
+            .arg(&owner.hex()[..])
             .arg(millis(ttl))
             .arg(self.config.fence.as_str());
         let (granted, value): (i64, i64) = self.call_within("acquire", invocation, limit).await?;
@@ -270,7 +270,7 @@ impl RedisLock {
         invocation
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
-            .arg(owner.to_string())
+            .arg(&owner.hex()[..])
             .arg(millis(ttl));
         Ok(self.call::<i64>("extend", invocation).await? == 1)
     }
@@ -284,7 +284,7 @@ impl RedisLock {
         let mut invocation = SCRIPTS.release.prepare_invoke();
         invocation
             .key(&lock_key)
-            .arg(owner.to_string())
+            .arg(&owner.hex()[..])
             .arg(Self::channel(&lock_key));
         Ok(self.call::<i64>("release", invocation).await? == 1)
     }
@@ -309,7 +309,7 @@ impl RedisLock {
         invocation
             .key(&lock_key)
             .key(Self::fence_key(&lock_key))
-            .arg(owner.to_string())
+            .arg(&owner.hex()[..])
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
         Ok(self.call::<i64>("raise fence", invocation).await? == 1)

@@ -175,6 +175,14 @@ enum Phase {
     Failed,
 }
 
+/// Spawns `task` boxed. The node tasks embed the whole Redis call chain and are several
+/// KB; tokio moves an unboxed future into its task cell and overwrites it with the output
+/// on completion, copying all of it each time. Boxed, the cell holds a pointer: issue 19
+/// measured 27 % less client CPU per Redlock cycle (16 spawns per acquire + release).
+fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+    tokio::spawn(Box::pin(task));
+}
+
 impl Inner {
     /// Runs `op` on node `index`, connecting first if needed, all within `limit`.
     async fn on_node<'a, T, F, Fut>(
@@ -227,7 +235,7 @@ impl Inner {
         let (answers, received) = mpsc::unbounded_channel();
         for i in 0..self.nodes.len() {
             let (inner, answers, op) = (self.clone(), answers.clone(), op.clone());
-            tokio::spawn(async move {
+            spawn(async move {
                 let answer = inner.on_node(i, limit, move |node| op(node.clone())).await;
                 let _ = answers.send(answer);
             });
@@ -257,7 +265,7 @@ impl Inner {
             let queued = ticket.is_queued();
             busy += usize::from(queued);
             let (inner, key, answers) = (self.clone(), key.clone(), answers.clone());
-            tokio::spawn(async move {
+            spawn(async move {
                 ticket.wait_turn().await;
                 let released = inner
                     .on_node(i, limit, |node| node.release_owner(&key, owner))
@@ -293,7 +301,7 @@ impl Inner {
             let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
             let (inner, key) = (self.clone(), key.clone());
             let (replies, mut decision) = (replies.clone(), decision.clone());
-            tokio::spawn(async move {
+            spawn(async move {
                 ticket.wait_turn().await;
                 let reply = inner
                     .on_node(i, limit, |node| node.grant(&key, owner, ttl))
@@ -621,7 +629,7 @@ impl Redlock {
     ) -> Result<Option<Lease>, LockError> {
         let (inner, key) = (self.inner.clone(), key.clone());
         let (reply, answer) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
+        spawn(async move {
             let result = inner.round(&key, owner, ttl).await;
             if let Err(Ok(Some(orphan))) = reply.send(result) {
                 let limit = inner.config.node_timeout_for(ttl);

@@ -47,6 +47,17 @@ impl OwnerId {
         Self(bytes)
     }
 
+    /// The 32-character lowercase hex form (as `Display` writes it), without allocating.
+    pub fn hex(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, byte) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(byte >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
+        }
+        out
+    }
+
     /// Parses the 32-character lowercase hex form produced by `Display`.
     pub fn parse(text: &str) -> Result<Self, LockError> {
         let bad = || LockError::backend(format!("malformed owner id {text:?}"));
@@ -63,10 +74,8 @@ impl OwnerId {
 
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        let hex = self.hex();
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 

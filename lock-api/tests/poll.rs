@@ -34,7 +34,10 @@ impl Clock for Recording {
 
     fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
         let mut now = self.now.lock().unwrap();
-        self.pauses.lock().unwrap().push(deadline.saturating_duration_since(*now));
+        self.pauses
+            .lock()
+            .unwrap()
+            .push(deadline.saturating_duration_since(*now));
         *now = (*now).max(deadline);
         Box::pin(async {})
     }
@@ -63,7 +66,10 @@ async fn a_held_lock_is_polled_at_the_first_delay_however_long_the_wait() {
     // A waiter that polled slower and slower (up to 200 ms) lost the lock to every
     // newcomer; it polls as often at the end of its wait as at the start.
     let slowest = pauses[..pauses.len() - 1].iter().max().unwrap();
-    assert!(*slowest <= initial, "a refusal grew the pause to {slowest:?}");
+    assert!(
+        *slowest <= initial,
+        "a refusal grew the pause to {slowest:?}"
+    );
     assert!(
         pauses.len() > 1_000,
         "10 s of polls at ≤ 5 ms: {} polls",
@@ -97,8 +103,19 @@ async fn errors_back_off_exponentially_and_a_refusal_resets_the_growth() {
     );
     let pauses = clock.pauses();
     let backoff = Backoff::default();
-    assert!(pauses[9] > backoff.initial * 8, "grown after ten errors: {pauses:?}");
+    assert!(
+        pauses[9] > backoff.initial * 8,
+        "grown after ten errors: {pauses:?}"
+    );
     assert!(pauses[9] <= backoff.max);
-    assert!(pauses[10] <= backoff.initial, "after the refusal: {:?}", pauses[10]);
-    assert!(pauses[11] <= backoff.initial, "the growth restarts: {:?}", pauses[11]);
+    assert!(
+        pauses[10] <= backoff.initial,
+        "after the refusal: {:?}",
+        pauses[10]
+    );
+    assert!(
+        pauses[11] <= backoff.initial,
+        "the growth restarts: {:?}",
+        pauses[11]
+    );
 }

@@ -24,6 +24,10 @@ proptest! {
     fn owner_id_round_trips(bytes in any::<[u8; 16]>()) {
         let id = OwnerId(bytes);
         prop_assert_eq!(OwnerId::parse(&id.to_string()).unwrap(), id);
+        // The allocation-free form is the same text, lowercase hex as ever.
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        prop_assert_eq!(id.to_string(), expected.clone());
+        prop_assert_eq!(&id.hex()[..], expected.as_bytes());
     }
 
     #[test]
