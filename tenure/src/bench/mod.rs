@@ -356,6 +356,11 @@ async fn drive(
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
+                    // A cycle that never waits (memory://) would otherwise keep its
+                    // worker thread for the whole slice and starve the other tasks.
+                    if mode != Mode::Seq {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 local.handoffs = handoffs.load(Ordering::Relaxed);
                 local
@@ -398,9 +403,18 @@ async fn library_lockers(
     } else {
         1
     };
+    // A `memory://` lock table lives in its client: in-process clients share one (16
+    // separate tables would never contend).
+    let shared = match backend_name(url).as_str() {
+        "memory" => Some(crate::connect(url).await?),
+        _ => None,
+    };
     let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let lock = crate::connect(url).await?;
+        let lock = match &shared {
+            Some(lock) => lock.clone(),
+            None => crate::connect(url).await?,
+        };
         lockers.push(Arc::new(Library { lock, ttl, wait }));
     }
     Ok(lockers)
