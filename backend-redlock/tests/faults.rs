@@ -53,11 +53,17 @@ fn recorded(history: &History, client: usize, lock: Redlock) -> Arc<dyn Distribu
     history.recorded(client, Arc::new(lock))
 }
 
-async fn churn(lock: &dyn DistributedLock, key: &LockKey, n: usize) {
-    for _ in 0..n {
-        let lease = lock.try_acquire(key, TTL).await.unwrap().unwrap();
-        lock.release(lease).await.unwrap();
-    }
+/// Setup: one acquire + release on a key of its own, which brings connections up and
+/// loads the scripts without touching the key under test (a release still on its way to
+/// a slow node — Redlock returns once a majority answered — could otherwise meet the
+/// test's first grant there). It waits out failed rounds rather than failing: a fresh
+/// server's first script call costs three round trips (EVALSHA answered NOSCRIPT, SCRIPT
+/// LOAD, EVALSHA), which on a loaded 2-core machine can miss the 100 ms per-node bound on
+/// every node; for the same reason a failed release is left to expire.
+async fn warm_up(lock: &dyn DistributedLock) {
+    let patient = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
+    let lease = lock.acquire(&key("warm-up"), &patient).await.unwrap();
+    let _ = lock.release(lease).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,10 +114,7 @@ async fn paused_node_does_not_stall_acquire() {
     let lock = direct(&cluster).await;
     let k = key("paused-node");
     let paused = &cluster.nodes()[4];
-    // Connections up and scripts loaded, on another key: requests of this churn that
-    // are still on their way to the paused node (a majority answered, the rest is not
-    // waited for) must not meet the grant below.
-    churn(&lock, &key("paused-node-warm-up"), 1).await;
+    warm_up(&lock).await;
     log_every_command(paused).await;
     paused.pause().unwrap();
     let started = Instant::now();
@@ -243,11 +246,11 @@ async fn replies_delayed_past_the_ttl_are_refused() {
 async fn restart_without_persistence(options: &str) -> (Lease, Lease, Report) {
     let cluster = five(RedisOptions::default()).await;
     let k = key("amnesia");
-    // Connections up and scripts loaded, on another key: this key's fence counter starts
-    // absent (0) on every node. (A warm-up on this key could leave one node a count
-    // ahead: a grant of one cycle that lands after the next cycle's release, as the
-    // client retries it after loading the script, increments that node alone.)
-    churn(&direct(&cluster).await, &key("amnesia-warm-up"), 1).await;
+    // This key's fence counter starts absent (0) on every node. (A warm-up on this key
+    // could leave one node a count ahead: a grant of one cycle that lands after the next
+    // cycle's release, as the client retries it after loading the script, increments that
+    // node alone.)
+    warm_up(&direct(&cluster).await).await;
     let history = History::new();
     let (one, _p1) = partitioned(&cluster, &[3, 4], options).await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], options).await;
@@ -337,7 +340,7 @@ async fn restart_delayed_past_the_max_ttl_grants_once() {
     let k = key("delayed-restart");
     // Scripts loaded on every node, and a per-node bound that a loaded 2-core machine
     // meets (the default for this TTL is 50 ms, and this test is not about that bound).
-    churn(&direct(&cluster).await, &key("delayed-restart-warm-up"), 1).await;
+    warm_up(&direct(&cluster).await).await;
     let options = "?node_timeout_ms=400";
     let (one, _p1) = partitioned(&cluster, &[3, 4], options).await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], options).await;
@@ -372,7 +375,7 @@ async fn clock_jump_with_partition_grants_twice_and_fencing_contains_it() {
     let cluster = five(RedisOptions::default().clock_shim(true)).await;
     let k = key("clock-partition");
     let history = History::new();
-    churn(&*recorded(&history, 2, direct(&cluster).await), &k, 3).await;
+    warm_up(&direct(&cluster).await).await;
     let (one, _p1) = partitioned(&cluster, &[3, 4], "").await;
     let (two, _p2) = partitioned(&cluster, &[0, 1], "").await;
     let (one, two) = (recorded(&history, 0, one), recorded(&history, 1, two));
