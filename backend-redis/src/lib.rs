@@ -483,8 +483,8 @@ impl DistributedLock for RedisLock {
     /// by the command timeout (like [`try_acquire`](DistributedLock::try_acquire)), so a
     /// wait shorter than a round trip to the server ends in `Unavailable`.
     ///
-    /// A failed subscription falls back to polling (every `opts.backoff.initial`,
-    /// jittered, never slower than the holder's PTTL). The result when the wait runs out tells what was last
+    /// A failed subscription falls back to polling (with `opts.backoff`, never slower
+    /// than the holder's PTTL). The result when the wait runs out tells what was last
     /// seen: [`LockError::Timeout`] if the last attempt found the lock held by another,
     /// otherwise the error of the last step — [`LockError::Unavailable`] when the server
     /// did not answer in time, be it to the subscription or to an attempt. Non-retryable
@@ -513,6 +513,7 @@ impl DistributedLock for RedisLock {
         // A subscription refused for good (e.g. an ACL without SUBSCRIBE): poll instead.
         let mut subscribe_refused = false;
         let mut failures = 0u32;
+        let mut polls = 0u32;
         // An attempt for `owner` failed in flight: the server may hold the lock for it.
         let mut maybe_ours = false;
         // Why the lock is not ours yet, if not "held by another".
@@ -544,13 +545,12 @@ impl DistributedLock for RedisLock {
                             }
                         }
                     }
-                    // Without a subscription, poll at the first backoff delay: a delay
-                    // that grew with each refusal would starve the longest waiter.
                     let pttl = pttl.max(Duration::from_millis(1));
                     if pubsub.is_some() {
                         pttl
                     } else {
-                        pttl.min(opts.backoff.delay(0))
+                        polls += 1;
+                        pttl.min(opts.backoff.delay(polls))
                     }
                 }
                 Ok(Attempt::Late { error, settled }) => {

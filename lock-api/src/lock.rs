@@ -99,15 +99,8 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
 }
 
 /// The bounded retry loop for backends without a push signal (and for waiting out
-/// transient errors): calls `attempt` until it yields a lease, sleeping in between, for
-/// at most `opts.wait`.
-///
-/// While the lock is held by someone else the loop polls at the backoff's *first* delay
-/// (`opts.backoff.initial`, jittered) every time: being refused is not a failure, and a
-/// delay that grew with every refusal would make the longest waiter the slowest poller —
-/// starved by clients that arrive later (or by the releaser re-taking the lock at once).
-/// Only consecutive errors grow the delay exponentially (`opts.backoff`); a refusal
-/// resets that growth.
+/// transient errors): calls `attempt` until it yields a lease, sleeping per
+/// `opts.backoff` in between, for at most `opts.wait`.
 ///
 /// Retryable errors ([`LockError::is_retryable`]) are retried within the bound; if the
 /// last attempt failed with one, that error is returned instead of
@@ -128,18 +121,12 @@ where
     opts.validate()?;
     let started = clock.now();
     let deadline = opts.wait_deadline(started);
-    let mut errors_in_a_row = 0u32;
+    let mut tries = 0u32;
     loop {
         let last_error = match attempt().await {
             Ok(Some(lease)) => return Ok(lease),
-            Ok(None) => {
-                errors_in_a_row = 0;
-                None
-            }
-            Err(e) if e.is_retryable() => {
-                errors_in_a_row = errors_in_a_row.saturating_add(1);
-                Some(e)
-            }
+            Ok(None) => None,
+            Err(e) if e.is_retryable() => Some(e),
             Err(e) => return Err(e),
         };
         let now = clock.now();
@@ -148,10 +135,8 @@ where
                 waited: now - started,
             }));
         }
-        let pause = opts
-            .backoff
-            .delay(errors_in_a_row.saturating_sub(1))
-            .min(deadline - now);
+        let pause = opts.backoff.delay(tries).min(deadline - now);
+        tries = tries.saturating_add(1);
         clock.sleep_until(now + pause).await;
     }
 }

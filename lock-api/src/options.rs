@@ -36,8 +36,7 @@ pub struct AcquireOptions {
     /// `Duration::ZERO` makes one attempt; `Duration::MAX` (or any wait too long to be
     /// represented as an instant) waits without bound.
     pub wait: Duration,
-    /// Retry pacing: a held lock is re-polled every `initial` (jittered), on backends that
-    /// poll; consecutive transient errors back off exponentially up to `max`.
+    /// Retry pacing for backends that poll (and for retries after transient errors).
     pub backoff: Backoff,
 }
 
@@ -90,8 +89,7 @@ impl Default for AcquireOptions {
 
 /// Exponential backoff with jitter: attempt `n` waits a random time in
 /// `[d·(1−jitter), d]` where `d = min(initial·2ⁿ, max)`. Random delays keep competing
-/// clients from retrying in lock-step. [`poll_acquire`](crate::poll_acquire) grows `n`
-/// with consecutive errors only; a lock found held is polled again after `delay(0)`.
+/// clients from retrying in lock-step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Backoff {
     /// Delay before the first retry.
