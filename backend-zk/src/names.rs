@@ -12,13 +12,15 @@ use tenure_api::OwnerId;
 /// Name prefix of every lock node.
 pub(crate) const LOCK_PREFIX: &str = "lock-";
 
-/// Whether ZooKeeper refuses `c` in a path (`PathUtils.validatePath`; its surrogate range
-/// U+D800–U+DFFF cannot occur in a Rust string).
+/// Whether ZooKeeper refuses `c` in a path (`PathUtils.validatePath`, which checks UTF-16
+/// code units: it refuses U+D800–U+F8FF, so every character beyond U+FFFF, sent as a
+/// surrogate pair, is refused too).
 fn forbidden(c: char) -> bool {
     c == '\0'
         || c.is_control()
         || ('\u{e000}'..='\u{f8ff}').contains(&c)
         || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        || u32::from(c) > 0xffff
 }
 
 /// Checks `path` is an absolute ZooKeeper path other than `/`: no empty, `.` or `..`
@@ -154,6 +156,7 @@ mod tests {
             "ünïcödé/ключ",
             "\u{e000}private",
             "\u{fff0}",
+            "emoji 😀",
             "lock-x",
         ];
         let mut seen = std::collections::HashSet::new();
@@ -166,6 +169,7 @@ mod tests {
         }
         assert_eq!(encode_key("jobs/nightly"), "jobs%2Fnightly");
         assert_eq!(encode_key(".."), "%2E%2E");
+        assert_eq!(encode_key("😀"), "%F0%9F%98%80");
     }
 
     #[test]
@@ -184,6 +188,7 @@ mod tests {
             "/a/..",
             "/a\u{7f}",
             "/\u{e000}",
+            "/😀",
         ] {
             assert!(validate_znode_path(bad).is_err(), "{bad:?}");
         }

@@ -172,6 +172,7 @@ scenarios![
     acquire_release_reacquire,
     try_while_held_is_none,
     keys_are_independent,
+    keys_that_look_like_syntax_are_plain_names,
     inspect_reports_the_holder,
     invalid_ttl_is_rejected,
     acquire_times_out_while_held,
@@ -265,6 +266,52 @@ pub async fn keys_are_independent(ctx: &Ctx<'_>) -> Outcome {
     let two = must_acquire(&b, &ctx.key("two"), LONG_TTL).await?;
     a.release(one).await?;
     b.release(two).await?;
+    Ok(())
+}
+
+/// Keys with quotes, backslashes, dollar signs, glob and regex characters, braces and
+/// non-ASCII text are plain names: all held at once, each by its own lease, none
+/// mistaken for another (a backend that builds query text or patterns from keys must
+/// quote them).
+pub async fn keys_that_look_like_syntax_are_plain_names(ctx: &Ctx<'_>) -> Outcome {
+    const NAMES: [&str; 10] = [
+        "it's",
+        r"back\slash\",
+        "$k$",
+        "ends in $k",
+        "E'x'",
+        "x');--",
+        "a*b?[c]%_",
+        "{tag}",
+        "\"quoted\"",
+        "ünï 😀",
+    ];
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let mut held = Vec::new();
+    for name in NAMES {
+        let key = ctx.key(name);
+        held.push(must_acquire(&a, &key, LONG_TTL).await?);
+        ensure!(
+            b.try_acquire(&key, LONG_TTL).await?.is_none(),
+            "`{key}` was granted twice"
+        );
+    }
+    for lease in &held {
+        let owner = holder(&b, lease.key()).await?;
+        ensure!(
+            owner == Some(lease.owner()),
+            "`{}` shows holder {owner:?}, not {}",
+            lease.key(),
+            lease.owner()
+        );
+    }
+    for lease in held {
+        a.release(lease).await?;
+    }
+    for name in NAMES {
+        let lease = must_acquire(&b, &ctx.key(name), LONG_TTL).await?;
+        b.release(lease).await?;
+    }
     Ok(())
 }
 
