@@ -56,7 +56,8 @@ const FENCE_SUFFIX: &str = "_fence";
 /// | `max_held` | `64` | locks this client may hold at once (one dedicated connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
 /// | `max_waiting` | `64` | blocking acquires this client may have queued in the server at once (one dedicated connection each); past it a blocking acquire fails at once |
 /// | `pool_size` | `4` | autocommit connections (row insert, fence, inspect) |
-/// | `idle_connections` | `4` | clean dedicated connections kept for reuse after a release |
+/// | `idle_connections` | `64` | clean dedicated connections kept for reuse after a release (as many as were recently held at once, up to this) |
+/// | `idle_timeout_ms` | `30000` | a cached dedicated connection unused this long is closed |
 /// | `connect_timeout_ms` | `5000` | bound on opening a connection |
 /// | `command_timeout_ms` | `5000` | bound on one statement's reply (a blocking acquire adds its wait) |
 /// | `migrate` | `true` | create the table, holder table and sequence on connect if missing |
@@ -90,6 +91,8 @@ pub struct PgConfig {
     pub pool_size: u32,
     /// Clean dedicated connections kept for reuse.
     pub idle_connections: usize,
+    /// How long a cached dedicated connection may go unused before it is closed.
+    pub idle_timeout: Duration,
     /// Bound on opening a connection.
     pub connect_timeout: Duration,
     /// Bound on one statement's reply.
@@ -111,6 +114,7 @@ impl PgConfig {
         "max_waiting",
         "pool_size",
         "idle_connections",
+        "idle_timeout_ms",
         "connect_timeout_ms",
         "command_timeout_ms",
         "migrate",
@@ -138,7 +142,8 @@ impl PgConfig {
             max_held: 64,
             max_waiting: 64,
             pool_size: 4,
-            idle_connections: 4,
+            idle_connections: 64,
+            idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(5000),
             command_timeout: Duration::from_millis(5000),
             migrate: true,
@@ -178,6 +183,7 @@ impl PgConfig {
                 "idle_connections" => {
                     config.idle_connections = if value == "0" { 0 } else { count(1_000)? }
                 }
+                "idle_timeout_ms" => config.idle_timeout = millis()?,
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "command_timeout_ms" => config.command_timeout = millis()?,
                 "migrate" => {
@@ -293,6 +299,7 @@ impl fmt::Debug for PgConfig {
             .field("max_waiting", &self.max_waiting)
             .field("pool_size", &self.pool_size)
             .field("idle_connections", &self.idle_connections)
+            .field("idle_timeout", &self.idle_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("migrate", &self.migrate)
@@ -406,6 +413,7 @@ mod tests {
                 ("max_waiting", "8"),
                 ("pool_size", "2"),
                 ("idle_connections", "0"),
+                ("idle_timeout_ms", "500"),
                 ("connect_timeout_ms", "250"),
                 ("command_timeout_ms", "250"),
                 ("migrate", "false"),

@@ -6,16 +6,19 @@
 //!
 //! ## Protocol
 //!
-//! * **Acquire (try).** On a dedicated connection: `BEGIN; SET LOCAL
-//!   idle_in_transaction_session_timeout = <ttl>`, then
-//!   `SELECT … FROM <table> WHERE key = $1 FOR UPDATE NOWAIT`. SQLSTATE `55P03` means
-//!   another transaction holds the row: `Ok(None)`. If the key has no row yet, it is
-//!   inserted in **autocommit** on another connection (`INSERT … ON CONFLICT DO NOTHING`,
-//!   so concurrent first acquirers never block on each other's uncommitted insert) and the
-//!   `SELECT` runs again in the same transaction (READ COMMITTED sees the new row).
-//! * **Acquire (wait).** The same with `SET LOCAL lock_timeout = <remaining wait>` and a
-//!   blocking `FOR UPDATE`: the server queues the waiters and wakes the next one when the
-//!   holder's transaction ends — FIFO, no polling. A lock timeout is
+//! * **Acquire (try).** One simple query on a dedicated connection: the key's row is
+//!   inserted and committed in a transaction of its own (`BEGIN; INSERT … ON CONFLICT DO
+//!   NOTHING; COMMIT`, so concurrent first acquirers never block on each other's
+//!   uncommitted insert), then `BEGIN; SET LOCAL idle_in_transaction_session_timeout =
+//!   <ttl>` and `SELECT … FROM <table> WHERE key = <key> FOR UPDATE NOWAIT`. SQLSTATE
+//!   `55P03` means another transaction holds the row: `Ok(None)`. A grant then takes the
+//!   fence (below), so a try-acquire costs three round trips with its release: this
+//!   query, the fence, the `COMMIT`. (A simple query has no parameters: the key goes in
+//!   as an escape-string literal, `E'…'`, whatever characters it holds.)
+//! * **Acquire (wait).** The same query ends with `SET LOCAL lock_timeout = <remaining
+//!   wait>` instead, and a blocking `FOR UPDATE` follows as a statement of its own: the
+//!   server queues the waiters and wakes the next one when the holder's transaction
+//!   ends — FIFO, no polling. A lock timeout is
 //!   [`LockError::Timeout`]. A grant whose transaction ends before the lease is handed
 //!   out is a failed attempt ([`LockError::Unavailable`], retried within the wait), never
 //!   [`LockError::LeaseLost`].
@@ -27,8 +30,11 @@
 //!   column updated *inside* the lock transaction would be unsafe: when a holder crashes
 //!   or is cut off, its transaction rolls back, the counter reverts, and the next holder
 //!   is handed the very token the crashed holder may already have written with — two
-//!   holders, one token, and the fenced resource cannot tell them apart.
-//!   The fence is only as durable as the primary that committed it: with asynchronous
+//!   holders, one token, and the fenced resource cannot tell them apart. A pool
+//!   connection is pinged before use only once it has sat idle for a second (sqlx pings
+//!   each as it goes back to the pool), so the fence costs one round trip; one that died
+//!   in between fails the attempt with [`LockError::Unavailable`] (retried by `acquire`
+//!   within its wait) and never hands out a lease. The fence is only as durable as the primary that committed it: with asynchronous
 //!   replication, a standby promoted after the primary crashed may lack the last values
 //!   handed out and hand them out again (use synchronous replication, or fail over only
 //!   to a standby known to be caught up, if fenced writes must survive a failover).
@@ -119,10 +125,10 @@ mod admin;
 mod config;
 mod fenced;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -151,8 +157,43 @@ fn client_check_rejected(code: Option<&str>, message: &str) -> bool {
 /// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
 /// of connection slots.
 const TOO_MANY_CONNECTIONS: &str = "53300";
-/// How long a clean dedicated connection may sit in the reuse cache.
-const IDLE_REUSE_LIMIT: Duration = Duration::from_secs(30);
+/// A pool connection idle for longer is pinged before use. sqlx pings every connection as
+/// it goes back to the pool, so one used moments ago needs no second round trip.
+const POOL_PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+/// For how long after a pool connection failed every pool connection is pinged before use.
+const POOL_PING_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+/// When something last failed, readable from the pool's `before_acquire` hook.
+#[derive(Debug)]
+struct RecentFailure {
+    epoch: Instant,
+    /// Milliseconds after `epoch` plus one; 0 = never.
+    at: AtomicU64,
+}
+
+impl RecentFailure {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            at: AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.at.store(now + 1, Ordering::Relaxed);
+    }
+
+    fn is_recent(&self) -> bool {
+        match self.at.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let since = Duration::from_millis(at - 1);
+                self.epoch.elapsed().saturating_sub(since) < POOL_PING_AFTER_FAILURE
+            }
+        }
+    }
+}
 /// Largest value Postgres accepts for a millisecond timeout setting.
 const MAX_TIMEOUT_MS: u128 = i32::MAX as u128;
 
@@ -169,6 +210,8 @@ struct Inner {
     sql: Statements,
     /// Autocommit connections: row insert, fence + holder record, inspect, migration.
     pool: PgPool,
+    /// When a pool connection last failed (its siblings are then pinged before use).
+    pool_failed: Arc<RecentFailure>,
     /// Options for dedicated connections (keepalives, client check interval).
     dedicated: PgConnectOptions,
     /// The same without `client_connection_check_interval`, for servers that refuse it.
@@ -182,7 +225,7 @@ struct Inner {
     /// One permit per blocking acquire queued in the server (`max_waiting`).
     waiting: Arc<Semaphore>,
     /// Clean dedicated connections (not in a transaction) for reuse.
-    idle: Mutex<Vec<(Dedicated, Instant)>>,
+    idle: Mutex<VecDeque<(Dedicated, Instant)>>,
 }
 
 /// A dedicated connection. A [`PgListener`] (on a one-connection pool of its own) rather
@@ -216,6 +259,8 @@ enum Request {
 /// SQL text built once from the validated, quoted names.
 #[derive(Debug)]
 struct Statements {
+    /// The lock table's quoted name.
+    table: String,
     lock_nowait: String,
     lock_wait: String,
     ensure_row: String,
@@ -236,12 +281,12 @@ impl Statements {
             "SELECT pg_current_xact_id()::text, pg_backend_pid() FROM {table} \
              WHERE key = $1 FOR UPDATE"
         );
+        let ensure_row =
+            format!("INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING");
         Self {
             lock_nowait: format!("{lock} NOWAIT"),
             lock_wait: lock,
-            ensure_row: format!(
-                "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
-            ),
+            ensure_row,
             // Only the live holder of the row lock records itself, and never over a holder
             // whose transaction is still running (a late record from a dead holder loses).
             record: format!(
@@ -273,6 +318,7 @@ impl Statements {
                  ttl_ms bigint NOT NULL, granted_at timestamptz NOT NULL); \
                  CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint MINVALUE 1 NO CYCLE"
             ),
+            table,
         }
     }
 }
@@ -309,6 +355,11 @@ impl PgLock {
     /// # Cancel safety
     /// Cancel-safe, as [`connect`](Self::connect).
     pub async fn with_config(config: PgConfig) -> Result<Self, LockError> {
+        if config.prefix.contains('\0') {
+            return Err(LockError::Config(
+                "option prefix must not contain a NUL character".into(),
+            ));
+        }
         let base = config.connect_options().clone();
         let named = |o: PgConnectOptions| {
             if o.get_application_name().is_some() {
@@ -329,12 +380,25 @@ impl PgLock {
             "client_connection_check_interval",
             config.client_check.as_str(),
         )]);
+        let pool_failed = Arc::new(RecentFailure::new());
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size)
             .min_connections(0)
             .acquire_timeout(config.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
-            .test_before_acquire(true)
+            .test_before_acquire(false)
+            .before_acquire({
+                let failed = pool_failed.clone();
+                move |conn, meta| {
+                    let ping = meta.idle_for >= POOL_PING_AFTER_IDLE || failed.is_recent();
+                    Box::pin(async move {
+                        if ping {
+                            conn.ping().await?;
+                        }
+                        Ok(true)
+                    })
+                }
+            })
             .connect_lazy_with(pool_options);
         let lock = Self {
             inner: Arc::new(Inner {
@@ -343,13 +407,15 @@ impl PgLock {
                 waiting: Arc::new(Semaphore::new(config.max_waiting)),
                 config,
                 pool,
+                pool_failed,
                 dedicated,
                 unchecked,
                 client_check: AtomicBool::new(true),
                 held: Mutex::new(HashMap::new()),
-                idle: Mutex::new(Vec::new()),
+                idle: Mutex::new(VecDeque::new()),
             }),
         };
+        tokio::spawn(close_unused(Arc::downgrade(&lock.inner)));
         if lock.inner.config.migrate {
             lock.migrate().await?;
         } else {
@@ -426,16 +492,7 @@ impl PgLock {
             .drain()
             .collect();
         drop(held);
-        let idle: Vec<_> = self
-            .inner
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-            .collect();
-        for (conn, _) in idle {
-            discard(conn);
-        }
+        self.inner.close_idle(|_| true);
         self.inner.pool.close().await;
     }
 
@@ -459,53 +516,72 @@ impl PgLock {
         .await
     }
 
-    /// A dedicated connection with an open transaction whose idle timeout is `ttl` and,
-    /// when `lock_timeout` is given, whose lock waits are bounded by it. Nothing else the
-    /// server could use to end the transaction earlier stays armed (see [`begin_batch`]).
+    /// A dedicated connection with an open lock transaction whose idle timeout is `ttl`
+    /// and, when `lock_timeout` is given, whose lock waits are bounded by it; nothing else
+    /// the server could use to end the transaction earlier stays armed. Without
+    /// `lock_timeout` the `NOWAIT` lock has been tried too, and its outcome is returned
+    /// (`None`: the row was gone again, see [`lock_row`](Self::lock_row)); with it, the
+    /// caller locks. See [`begin_batch`].
     async fn begin(
         &self,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-    ) -> Result<Dedicated, LockError> {
-        let batch = begin_batch(ttl, lock_timeout);
+        row_key: &str,
+    ) -> Result<(Dedicated, Option<Locked>), LockError> {
+        let batch = begin_batch(&self.inner.sql, ttl, lock_timeout, row_key);
         let config = &self.inner.config;
-        if let Some(mut conn) = self.pop_idle() {
-            let started = bounded_for(
-                config,
+        let mut cached = self.pop_idle();
+        loop {
+            let fresh = cached.is_none();
+            let mut conn = match cached.take() {
+                Some(conn) => conn,
+                None => self.open().await?,
+            };
+            let started = tokio::time::timeout(
                 config.command_timeout,
-                "begin",
-                (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch.clone()))),
+                // To the end of the reply (see `lock_row`).
+                sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut conn),
             )
             .await;
-            if started.is_ok() {
-                return Ok(conn);
-            }
+            let error = match started {
+                Ok(Ok(_)) if lock_timeout.is_some() => return Ok((conn, None)),
+                Ok(Ok(rows)) => {
+                    let Some(row) = rows.last().filter(|r| r.try_column(LOCKED_XID).is_ok()) else {
+                        return Ok((conn, None));
+                    };
+                    match (row.try_get(0), row.try_get(1)) {
+                        (Ok(xid), Ok(pid)) => {
+                            return Ok((conn, Some(Locked::Granted { xid, pid })))
+                        }
+                        (Err(e), _) | (_, Err(e)) => {
+                            discard(conn);
+                            return Err(map_err(config, "lock", e));
+                        }
+                    }
+                }
+                Ok(Err(e))
+                    if lock_timeout.is_none()
+                        && sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) =>
+                {
+                    return Ok((conn, Some(Locked::Busy)))
+                }
+                Ok(Err(e)) => map_err(config, "begin", e),
+                Err(_) => LockError::Unavailable {
+                    message: format!(
+                        "begin on {}: no reply within {:?}",
+                        config.endpoint(),
+                        config.command_timeout
+                    ),
+                    source: None,
+                },
+            };
             discard(conn);
-            // A stale cached connection (e.g. the server restarted): the others are no
-            // better, so drop them all and open a fresh one.
-            let stale: Vec<_> = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .drain(..)
-                .collect();
-            stale.into_iter().for_each(|(conn, _)| discard(conn));
-        }
-        let mut conn = self.open().await?;
-        let started = bounded_for(
-            config,
-            config.command_timeout,
-            "begin",
-            (&mut conn).execute(sqlx::raw_sql(AssertSqlSafe(batch))),
-        )
-        .await;
-        match started {
-            Ok(_) => Ok(conn),
-            Err(e) => {
-                discard(conn);
-                Err(e)
+            if fresh {
+                return Err(error);
             }
+            // A stale cached connection (e.g. the server restarted): the others are no
+            // better, so drop them all and try once more on a fresh one.
+            self.inner.close_idle(|_| true);
         }
     }
 
@@ -597,18 +673,21 @@ impl PgLock {
         self.inner.client_check.load(Ordering::Relaxed)
     }
 
+    /// The most recently used cached connection, if it was used recently enough.
     fn pop_idle(&self) -> Option<Dedicated> {
         let mut idle = self
             .inner
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < IDLE_REUSE_LIMIT {
-                return Some(conn);
-            }
-            discard(conn);
+        let (conn, since) = idle.pop_back()?;
+        if since.elapsed() < self.inner.config.idle_timeout {
+            return Some(conn);
         }
+        // The newest is too old, so all are.
+        idle.push_back((conn, since));
+        drop(idle);
+        self.inner.close_idle(|_| true);
         None
     }
 
@@ -617,7 +696,7 @@ impl PgLock {
     fn recycle(inner: &Inner, conn: Dedicated) {
         let mut idle = inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() < inner.config.idle_connections {
-            idle.push((conn, Instant::now()));
+            idle.push_back((conn, Instant::now()));
         } else {
             drop(idle);
             discard(conn);
@@ -630,7 +709,8 @@ impl PgLock {
         rollback_and_recycle(&self.inner, conn).await;
     }
 
-    /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing.
+    /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing
+    /// (the begin batch inserted it, but it may have been deleted since).
     async fn lock_row(
         &self,
         conn: &mut Dedicated,
@@ -745,7 +825,7 @@ impl PgLock {
         let row_key = self.row_key(key);
         let started = Instant::now();
         let deadline = started + wait.unwrap_or_default();
-        let mut conn = self.begin(ttl, wait).await?;
+        let (mut conn, tried) = self.begin(ttl, wait, &row_key).await?;
         // The server's idle timer starts after the locking statement completes, so a
         // deadline counted from its sending is conservative. A single attempt counts from
         // the call's start, before the connection was taken and the transaction opened:
@@ -754,7 +834,11 @@ impl PgLock {
             Some(_) => Instant::now(),
             None => started,
         };
-        let (xid, pid) = match self.lock_row(&mut conn, &row_key, wait, deadline).await {
+        let locked = match tried {
+            Some(locked) => Ok(locked),
+            None => self.lock_row(&mut conn, &row_key, wait, deadline).await,
+        };
+        let (xid, pid) = match locked {
             Ok(Locked::Granted { xid, pid }) => (xid, pid),
             Ok(Locked::Busy) => {
                 self.abandon(conn).await;
@@ -777,8 +861,8 @@ impl PgLock {
             },
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let token: Result<Option<i64>, LockError> = self
-            .bounded(
+        let record = || {
+            self.bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
                     .bind(&row_key)
@@ -788,7 +872,16 @@ impl PgLock {
                     .bind(ttl_ms)
                     .fetch_optional(&self.inner.pool),
             )
-            .await;
+        };
+        let mut token: Result<Option<i64>, LockError> = record().await;
+        if token.as_ref().is_err_and(LockError::is_retryable) {
+            // Most likely a pool connection that died since its last use (they are not
+            // pinged before every use): once more, with the pool's connections pinged
+            // first. Safe whether or not the first statement took effect: a record this
+            // transaction already made leaves the second nothing to match (`Ok(None)`).
+            self.inner.pool_failed.mark();
+            token = record().await;
+        }
         let token = match token {
             Ok(Some(token)) => token,
             Ok(None) => {
@@ -1115,10 +1208,36 @@ fn discard(conn: Dedicated) {
     }
 }
 
+impl Inner {
+    /// Closes the cached connections for which `close` says so, oldest first; stops at
+    /// the first one it keeps.
+    fn close_idle(&self, close: impl Fn(Instant) -> bool) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut closing = Vec::new();
+        while idle.front().is_some_and(|(_, since)| close(*since)) {
+            closing.extend(idle.pop_front().map(|(conn, _)| conn));
+        }
+        drop(idle);
+        closing.into_iter().for_each(discard);
+    }
+}
+
+/// Closes cached connections unused for `idle_timeout`, so that a burst of concurrent
+/// locks does not keep its connections open for long; ends with the client.
+async fn close_unused(inner: Weak<Inner>) {
+    loop {
+        let Some(limit) = inner.upgrade().map(|inner| inner.config.idle_timeout) else {
+            return;
+        };
+        tokio::time::sleep(limit / 4).await;
+        let Some(inner) = inner.upgrade() else { return };
+        inner.close_idle(|since| since.elapsed() >= limit);
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
-        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));
-        idle.into_iter().for_each(|(conn, _)| discard(conn));
+        self.close_idle(|_| true);
     }
 }
 
@@ -1131,18 +1250,37 @@ async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
     }
 }
 
-/// The statements that open a lock transaction: the lease as the idle timeout; server
-/// TCP keepalives that cannot give up on a silent client before the lease's TTL has run
-/// (a keepalive failure ends the session, which frees the lock); no statement or
-/// transaction timeout (role or database defaults) that could end it sooner; and the
-/// lock wait bound, if any. `transaction_timeout` exists from Postgres 17 on; it is
-/// looked up with `current_setting(…, missing_ok)`, not in `pg_settings` (which builds
-/// every setting's row: 0.7–1.2 ms of server time per lock, more than the rest of a
-/// cycle's statements together).
-fn begin_batch(ttl: Duration, lock_timeout: Option<Duration>) -> String {
+/// The one simple query that starts an attempt on a dedicated connection, in one round
+/// trip:
+///
+/// 1. the key's row, inserted and committed in a transaction of its own (an explicit
+///    `BEGIN … COMMIT`, so the server logs no "no transaction in progress" warning), so
+///    that concurrent first acquirers never wait on each other's uncommitted insert and
+///    the lock below always finds the row;
+/// 2. the lock transaction: the lease as the idle timeout; server TCP keepalives that
+///    cannot give up on a silent client before the lease's TTL has run (a keepalive
+///    failure ends the session, which frees the lock); no statement or transaction
+///    timeout (role or database defaults) that could end it sooner; and the lock wait
+///    bound, if any. `transaction_timeout` exists from Postgres 17 on; it is looked up with
+///    `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
+///    row: 0.7–1.2 ms of server time per lock, more than the rest of a cycle together);
+/// 3. for a single attempt (`lock_timeout` is `None`), the `NOWAIT` lock itself, so a
+///    try-acquire takes three round trips in all: this one, the fence, the `COMMIT`.
+///
+/// The session `SET`s before `BEGIN` join the lock transaction (a simple query folds
+/// them in), so a rollback undoes them too. The key goes in as an escape-string literal
+/// (see [`literal`]): a simple query has no parameters.
+fn begin_batch(
+    sql: &Statements,
+    ttl: Duration,
+    lock_timeout: Option<Duration>,
+    row_key: &str,
+) -> String {
     let (idle, interval, count) = keepalives(ttl);
+    let (table, key) = (&sql.table, literal(row_key));
     let mut batch = format!(
-        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+        "BEGIN; INSERT INTO {table} (key) VALUES ({key}) ON CONFLICT (key) DO NOTHING; COMMIT; \
+         SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
          SET tcp_keepalives_count = {count}; \
          BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
          SET LOCAL statement_timeout = 0; \
@@ -1150,10 +1288,32 @@ fn begin_batch(ttl: Duration, lock_timeout: Option<Duration>) -> String {
          WHERE current_setting('transaction_timeout', true) IS NOT NULL",
         timeout_ms(ttl)
     );
-    if let Some(wait) = lock_timeout {
-        batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)));
+    match lock_timeout {
+        Some(wait) => batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait))),
+        None => batch.push_str(&format!(
+            "; SELECT pg_current_xact_id()::text AS {LOCKED_XID}, pg_backend_pid() \
+             FROM {table} WHERE key = {key} FOR UPDATE NOWAIT"
+        )),
     }
     batch
+}
+
+/// The column naming the lock `SELECT`'s row in a [`begin_batch`] reply.
+const LOCKED_XID: &str = "tenure_locked_xid";
+
+/// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
+/// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
+fn literal(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 4);
+    quoted.push_str("E'");
+    for c in text.chars() {
+        if c == '\'' || c == '\\' {
+            quoted.push(c);
+        }
+        quoted.push(c);
+    }
+    quoted.push('\'');
+    quoted
 }
 
 /// Server keepalive settings (idle, interval, count; seconds) for a lease of `ttl`: the
@@ -1469,10 +1629,35 @@ mod tests {
                 "{ttl:?}: {idle}+{interval}x{count}"
             );
         }
-        let batch = begin_batch(Duration::from_secs(30), None);
+        let config = PgConfig::from_url("postgres://u@h/db").unwrap();
+        let batch = begin_batch(
+            &Statements::new(&config),
+            Duration::from_secs(30),
+            None,
+            "k",
+        );
         assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
         assert!(batch.contains("statement_timeout = 0"), "{batch}");
         assert!(batch.contains("transaction_timeout"), "{batch}");
+    }
+
+    #[test]
+    fn keys_are_quoted_whatever_they_contain() {
+        assert_eq!(literal("plain/key"), "E'plain/key'");
+        assert_eq!(literal(r"it's a \ key"), r"E'it''s a \\ key'");
+        assert_eq!(literal("$k$ ends in $"), "E'$k$ ends in $'");
+        let config = PgConfig::from_url("postgres://u@h/db").unwrap();
+        let batch = begin_batch(
+            &Statements::new(&config),
+            Duration::from_secs(1),
+            None,
+            "x');--",
+        );
+        assert!(batch.contains("VALUES (E'x'');--')"), "{batch}");
+        assert!(
+            batch.ends_with("WHERE key = E'x'');--' FOR UPDATE NOWAIT"),
+            "{batch}"
+        );
     }
 
     #[test]

@@ -884,3 +884,86 @@ async fn a_slow_try_acquire_counts_its_lease_from_the_call() {
     assert_safe(&history);
     assert_eq!(a.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// A pool connection used moments ago is not pinged again before the fence (sqlx pinged it
+/// as it went back to the pool). When the server has ended it in between, the fence is
+/// taken again on a connection pinged first: the caller sees nothing but its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_connection_ended_between_uses_costs_no_failed_acquire() {
+    let server = Postgres::start().await.unwrap();
+    let a = connect(&server).await;
+    let k = key("ended-pool-connection");
+    for round in 0..3 {
+        let lease = a.try_acquire(&k, TTL).await.unwrap().expect("free key");
+        a.release(lease).await.unwrap();
+        let killed = server
+            .psql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = 'tenure' AND state = 'idle'",
+            )
+            .await
+            .unwrap();
+        assert_ne!(
+            killed, "0",
+            "the fault fired: a's idle connections were ended"
+        );
+        let lease = a
+            .try_acquire(&k, TTL)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"))
+            .expect("nobody else holds it");
+        assert!(a.inspect(&k).await.unwrap().is_some());
+        a.release(lease).await.unwrap();
+    }
+}
+
+/// Locks held at once, released, and taken again reuse the same connections (no new
+/// session per lock, which is what makes 64 concurrent locks cost as much as 64 pooled
+/// queries); once unused for `idle_timeout_ms` those connections are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_locks_reuses_its_connections_then_closes_them_when_unused() {
+    const BURST: usize = 12;
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?pool_size=2&idle_timeout_ms=3000", server.url());
+    let a = PgLock::connect(&url).await.unwrap();
+    let burst = |round: usize| {
+        let a = &a;
+        async move {
+            let leases = futures::future::join_all((0..BURST).map(|i| async move {
+                let k = key(&format!("burst-{round}-{i}"));
+                a.try_acquire(&k, TTL).await.unwrap().expect("free key")
+            }))
+            .await;
+            let pids: std::collections::BTreeSet<i64> =
+                leases.iter().map(|l| l.handle().id).collect();
+            for lease in leases {
+                a.release(lease).await.unwrap();
+            }
+            pids
+        }
+    };
+    let first = burst(0).await;
+    let second = burst(1).await;
+    assert_eq!(first.len(), BURST, "one connection per held lock");
+    assert_eq!(
+        second, first,
+        "the second burst reused the first one's connections"
+    );
+    let list = first
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let query = format!("SELECT count(*) FROM pg_stat_activity WHERE pid IN ({list})");
+    let open = || server.psql(&query);
+    assert_eq!(
+        open().await.unwrap(),
+        BURST.to_string(),
+        "cached, not closed"
+    );
+    let by = Instant::now() + Duration::from_secs(30);
+    while open().await.unwrap() != "0" {
+        assert!(Instant::now() < by, "unused connections were never closed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
