@@ -42,6 +42,24 @@ const MAX_IDENT: usize = 63;
 const HOLDERS_SUFFIX: &str = "_holders";
 const FENCE_SUFFIX: &str = "_fence";
 
+/// What a lock transaction locks. Both modes keep the holder table and the fence
+/// sequence; every grant is recorded there, so clients of one table that disagree on the
+/// mode still never both hold a key (the second to record fails its attempt) — but they
+/// contend without FIFO order, so give every client of a table the same mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Locking {
+    /// `SELECT … FOR UPDATE` on the key's row in the lock table (inserted on first use).
+    #[default]
+    Row,
+    /// `pg_try_advisory_xact_lock` / `pg_advisory_xact_lock` on
+    /// `hashtextextended('<schema>.<table>:' || key, 0)`: no row to insert, one statement
+    /// less per lock; held and freed exactly like the row lock (with the transaction).
+    /// Two keys whose 64-bit hashes collide exclude each other (never the reverse).
+    /// Advisory lock ids are shared with any other advisory locks in the database.
+    Advisory,
+}
+
 /// How to reach one Postgres server and where the lock table lives.
 ///
 /// Parsed from `postgres://[user[:password]@]host[:port][/database][?options]`
@@ -53,6 +71,7 @@ const FENCE_SUFFIX: &str = "_fence";
 /// | `schema` | `public` | schema of the lock table, holder table and fence sequence |
 /// | `table` | `tenure_locks` | lock table; the holder table is `<table>_holders`, the fence sequence `<table>_fence` |
 /// | `prefix` | (empty) | prepended to every lock key |
+/// | `locking` | `row` | `row`: a row lock in the lock table; `advisory`: a transaction-level advisory lock on a 64-bit hash of table and key, with no lock table row (see [`Locking`]) |
 /// | `max_held` | `64` | locks this client may hold at once (one dedicated connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
 /// | `max_waiting` | `64` | blocking acquires this client may have queued in the server at once (one dedicated connection each); past it a blocking acquire fails at once |
 /// | `pool_size` | `4` | autocommit connections (row insert, fence, inspect) |
@@ -81,6 +100,8 @@ pub struct PgConfig {
     table: String,
     /// Prepended to every lock key.
     pub prefix: String,
+    /// What the lock transaction locks.
+    pub locking: Locking,
     /// Locks this client may hold at once. Reaching it is an error ("too many held
     /// locks"), not a wait; a lease dropped without release gives its slot back at once.
     pub max_held: usize,
@@ -110,6 +131,7 @@ impl PgConfig {
         "schema",
         "table",
         "prefix",
+        "locking",
         "max_held",
         "max_waiting",
         "pool_size",
@@ -139,6 +161,7 @@ impl PgConfig {
             schema: "public".into(),
             table: "tenure_locks".into(),
             prefix: String::new(),
+            locking: Locking::Row,
             max_held: 64,
             max_waiting: 64,
             pool_size: 4,
@@ -177,6 +200,17 @@ impl PgConfig {
                 "schema" => config.schema = value.to_string(),
                 "table" => config.table = value.to_string(),
                 "prefix" => config.prefix = value.to_string(),
+                "locking" => {
+                    config.locking = match value.as_ref() {
+                        "row" => Locking::Row,
+                        "advisory" => Locking::Advisory,
+                        _ => {
+                            return Err(LockError::Config(format!(
+                                "option locking={value} must be row or advisory"
+                            )))
+                        }
+                    }
+                }
                 "max_held" => config.max_held = count(10_000)?,
                 "max_waiting" => config.max_waiting = count(10_000)?,
                 "pool_size" => config.pool_size = count(1_000)? as u32,
@@ -295,6 +329,7 @@ impl fmt::Debug for PgConfig {
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("prefix", &self.prefix)
+            .field("locking", &self.locking)
             .field("max_held", &self.max_held)
             .field("max_waiting", &self.max_waiting)
             .field("pool_size", &self.pool_size)
@@ -409,6 +444,7 @@ mod tests {
                 ("schema", "locks"),
                 ("table", "leases"),
                 ("prefix", "svc/"),
+                ("locking", "advisory"),
                 ("max_held", "8"),
                 ("max_waiting", "8"),
                 ("pool_size", "2"),

@@ -142,7 +142,7 @@ use tenure_api::{
 };
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-pub use config::{redact, validate_ident, PgConfig};
+pub use config::{redact, validate_ident, Locking, PgConfig};
 pub use fenced::{FencedTable, FencedWrite};
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked, or `lock_timeout` ran out.
@@ -259,9 +259,12 @@ enum Request {
 /// SQL text built once from the validated, quoted names.
 #[derive(Debug)]
 struct Statements {
+    locking: Locking,
     /// The lock table's quoted name.
     table: String,
+    /// The `NOWAIT` lock; `$1` is the row key. No row: busy (advisory) or no lock row yet.
     lock_nowait: String,
+    /// The blocking lock, under `lock_timeout`.
     lock_wait: String,
     ensure_row: String,
     record: String,
@@ -277,16 +280,32 @@ impl Statements {
             config.holder_table(),
             config.fence_sequence(),
         );
-        let lock = format!(
-            "SELECT pg_current_xact_id()::text, pg_backend_pid() FROM {table} \
-             WHERE key = $1 FOR UPDATE"
-        );
-        let ensure_row =
-            format!("INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING");
+        // What a granted lock statement returns: the transaction id and backend pid.
+        let granted =
+            format!("SELECT pg_current_xact_id()::text AS {LOCKED_XID}, pg_backend_pid()");
+        let (lock_nowait, lock_wait) = match config.locking {
+            Locking::Row => {
+                let lock = format!("{granted} FROM {table} WHERE key = $1 FOR UPDATE");
+                (format!("{lock} NOWAIT"), lock)
+            }
+            Locking::Advisory => {
+                let id = format!(
+                    "hashtextextended({} || $1, 0)",
+                    literal(&format!("{table}:"))
+                );
+                (
+                    format!("{granted} WHERE pg_try_advisory_xact_lock({id})"),
+                    format!("{granted} FROM pg_advisory_xact_lock({id})"),
+                )
+            }
+        };
         Self {
-            lock_nowait: format!("{lock} NOWAIT"),
-            lock_wait: lock,
-            ensure_row,
+            locking: config.locking,
+            lock_nowait,
+            lock_wait,
+            ensure_row: format!(
+                "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
+            ),
             // Only the live holder of the row lock records itself, and never over a holder
             // whose transaction is still running (a late record from a dead holder loses).
             record: format!(
@@ -547,7 +566,11 @@ impl PgLock {
                 Ok(Ok(_)) if lock_timeout.is_some() => return Ok((conn, None)),
                 Ok(Ok(rows)) => {
                     let Some(row) = rows.last().filter(|r| r.try_column(LOCKED_XID).is_ok()) else {
-                        return Ok((conn, None));
+                        let tried = match self.inner.sql.locking {
+                            Locking::Row => None,
+                            Locking::Advisory => Some(Locked::Busy),
+                        };
+                        return Ok((conn, tried));
                     };
                     match (row.try_get(0), row.try_get(1)) {
                         (Ok(xid), Ok(pid)) => {
@@ -753,6 +776,9 @@ impl PgLock {
                     let pid: i32 = row.try_get(1).map_err(|e| map_err(config, "lock", e))?;
                     return Ok(Locked::Granted { xid, pid });
                 }
+                Ok(Ok(None)) if self.inner.sql.locking == Locking::Advisory => {
+                    return Ok(Locked::Busy)
+                }
                 Ok(Ok(None)) if attempt == 0 => {
                     // First use of this key: create its row in autocommit, outside our
                     // transaction, then look again (a new statement sees the new row).
@@ -886,11 +912,14 @@ impl PgLock {
             Ok(Some(token)) => token,
             Ok(None) => {
                 // Our transaction ended between the lock and the record (e.g. its backend
-                // was terminated): closing `conn` makes sure nothing of it remains.
+                // was terminated), or a live transaction is recorded as the holder (a
+                // client of this table in the other `locking` mode): closing `conn` makes
+                // sure nothing of ours remains.
                 discard(conn);
                 return Err(LockError::Unavailable {
                     message: format!(
-                        "the lock connection to {} ended while the grant was being recorded",
+                        "the grant on {} could not be recorded: the lock connection ended, \
+                         or another client holds the key under the other locking mode",
                         config.endpoint()
                     ),
                     source: None,
@@ -1278,22 +1307,26 @@ fn begin_batch(
 ) -> String {
     let (idle, interval, count) = keepalives(ttl);
     let (table, key) = (&sql.table, literal(row_key));
-    let mut batch = format!(
-        "BEGIN; INSERT INTO {table} (key) VALUES ({key}) ON CONFLICT (key) DO NOTHING; COMMIT; \
-         SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+    let mut batch = match sql.locking {
+        Locking::Row => format!(
+            "BEGIN; INSERT INTO {table} (key) VALUES ({key}) ON CONFLICT (key) DO NOTHING; \
+             COMMIT; "
+        ),
+        Locking::Advisory => String::new(),
+    };
+    batch.push_str(&format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
          SET tcp_keepalives_count = {count}; \
          BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
          SET LOCAL statement_timeout = 0; \
          SELECT set_config('transaction_timeout', '0', true) \
          WHERE current_setting('transaction_timeout', true) IS NOT NULL",
         timeout_ms(ttl)
-    );
+    ));
     match lock_timeout {
         Some(wait) => batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait))),
-        None => batch.push_str(&format!(
-            "; SELECT pg_current_xact_id()::text AS {LOCKED_XID}, pg_backend_pid() \
-             FROM {table} WHERE key = {key} FOR UPDATE NOWAIT"
-        )),
+        // A single pass over the template: `$1` inside the key is not replaced again.
+        None => batch.push_str(&format!("; {}", sql.lock_nowait.replace("$1", &key))),
     }
     batch
 }

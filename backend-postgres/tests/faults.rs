@@ -967,3 +967,52 @@ async fn a_burst_of_locks_reuses_its_connections_then_closes_them_when_unused() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `locking=advisory` holds a transaction-level advisory lock and inserts no lock row. A
+/// row-mode client of the same table is never granted the key while it is held: it
+/// takes the row lock, but the grant cannot be recorded over the live holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_locking_takes_no_row_and_excludes_every_other_client() {
+    let server = Postgres::start().await.unwrap();
+    let advisory_url = format!("{}?pool_size=2&locking=advisory", server.url());
+    let advisory = PgLock::connect(&advisory_url).await.unwrap();
+    let other = PgLock::connect(&advisory_url).await.unwrap();
+    let row = connect(&server).await;
+    let k = key("advisory");
+    let lease = advisory
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free key");
+    let pid = lease.handle().id;
+    let locks = server
+        .psql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = {pid}"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(locks, "1", "the holder's session holds one advisory lock");
+    let rows = server
+        .psql("SELECT count(*) FROM tenure_locks WHERE key = 'faults/advisory'")
+        .await
+        .unwrap();
+    assert_eq!(rows, "0", "no lock row in advisory mode");
+    assert!(other.try_acquire(&k, TTL).await.unwrap().is_none());
+    match row.try_acquire(&k, TTL).await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("a row-mode client was granted a key held in advisory mode"),
+        Err(e) => assert!(e.to_string().contains("other locking mode"), "{e}"),
+    }
+    let holder = row.inspect(&k).await.unwrap().expect("the advisory holder");
+    assert_eq!(holder.owner, lease.owner());
+    assert_eq!(
+        advisory.release(lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = other
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free again");
+    other.release(lease).await.unwrap();
+}

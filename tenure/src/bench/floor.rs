@@ -9,6 +9,7 @@
 //! | etcd | txn put `k` on a lease granted once, guarded by `create_revision == 0`; delete |
 //! | zk | create an ephemeral sequential node under one parent; delete it |
 //! | postgres | `INSERT … ON CONFLICT DO NOTHING` (the fresh key's row); `BEGIN; SELECT … FOR UPDATE NOWAIT; COMMIT` |
+//! | postgres, `locking=advisory` | `BEGIN; SELECT pg_try_advisory_xact_lock(hashtextextended(k, 0)); COMMIT` |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -272,14 +273,17 @@ mod pg_floor {
 
     const TABLE: &str = "tenure_bench_floor";
 
-    /// Row insert, then `BEGIN; SELECT … FOR UPDATE NOWAIT; COMMIT`.
+    /// Row insert, then `BEGIN; SELECT … FOR UPDATE NOWAIT; COMMIT`; or, for
+    /// `locking=advisory`, `BEGIN; SELECT pg_try_advisory_xact_lock(…); COMMIT`.
     pub(crate) struct PgFloor {
         pool: PgPool,
+        advisory: bool,
     }
 
     impl PgFloor {
         pub(crate) async fn connect(url: &str, tasks: usize) -> Result<Self, LockError> {
             let config = tenure_postgres::PgConfig::from_url(url)?;
+            let advisory = config.locking == tenure_postgres::Locking::Advisory;
             let pool = PgPoolOptions::new()
                 .max_connections(u32::try_from(tasks).unwrap_or(64).max(1))
                 .connect_with(config.connect_options().clone())
@@ -291,13 +295,27 @@ mod pg_floor {
             .execute(&pool)
             .await
             .map_err(|e| LockError::unavailable("floor table", e))?;
-            Ok(Self { pool })
+            Ok(Self { pool, advisory })
         }
     }
 
     #[async_trait]
     impl Locker for PgFloor {
         async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+            if self.advisory {
+                let mut tx = self.pool.begin().await.map_err(|e| failed("begin", e))?;
+                let locked: bool =
+                    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
+                        .bind(key)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(|e| failed("pg_try_advisory_xact_lock", e))?;
+                if !locked {
+                    return Err(format!("advisory lock on {key:?} is held"));
+                }
+                held();
+                return tx.commit().await.map_err(|e| failed("commit", e));
+            }
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {TABLE} (key) VALUES ($1) ON CONFLICT DO NOTHING"
             )))
