@@ -525,3 +525,26 @@ fn bench_repeat_reports_medians_and_contended_fairness() {
     let out = output(&["--url", "memory://", "bench", "--repeat", "0"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// `bench --held` reports how many leases a backend allowed and its error past the limit
+/// (Postgres: one connection per held lock, up to `max_held`), instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_held_reports_the_limit_and_the_error_past_it() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?max_held=3", server.url());
+    let out = output(&[
+        "--url", &url, "bench", "--mode", "seq", "--secs", "0.2", "--ttl", "3s", "--held", "5",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let held: serde_json::Value = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .find(|l| l["mode"] == "held")
+        .expect("a held line");
+    assert_eq!(held["leases"], 5, "{held}");
+    assert_eq!(held["held"], 3, "{held}");
+    assert_eq!(held["lost"], 0, "{held}");
+    let refused = held["refused"].as_str().expect("the refusal");
+    assert!(refused.contains("max_held=3"), "{refused}");
+}

@@ -500,8 +500,14 @@ pub struct HeldLine {
     pub backend: String,
     /// Always `held`.
     pub mode: &'static str,
-    /// Leases held at once, each with a renewing guard.
+    /// Leases asked for.
     pub leases: usize,
+    /// Leases held at once, each with a renewing guard (fewer than `leases` when the
+    /// backend refused more: see `refused`).
+    pub held: usize,
+    /// Why the backend refused the next lease (e.g. Postgres past `max_held`), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Resident set size of this process before acquiring, MiB.
     pub rss_before_mb: f64,
     /// Resident set size while all leases were held (after a renewal round), MiB.
@@ -527,6 +533,8 @@ fn rss_mb() -> f64 {
 
 /// Holds `leases` locks at once on one client, each with a [`tenure_api::LockGuard`]
 /// renewing it, for one and a half renewal rounds; reports the RSS, then releases all.
+/// A backend that refuses more (its limit on held locks) is reported with how many it
+/// held and its error.
 ///
 /// # Cancel safety
 /// Dropping it drops the guards, which release in the background.
@@ -538,7 +546,9 @@ pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, L
     let started = Instant::now();
     let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
     let mut guards = Vec::with_capacity(leases);
-    // Acquire in waves of 256 so a remote backend sees bounded concurrency.
+    let mut refused = None;
+    // Acquire in waves of 256 so a remote backend sees bounded concurrency; stop at the
+    // first refusal (a backend's limit on held locks) and report it.
     for wave in (0..leases).collect::<Vec<_>>().chunks(256) {
         let acquired = futures::future::join_all(wave.iter().map(|i| {
             let (lock, opts) = (lock.clone(), opts.clone());
@@ -547,18 +557,29 @@ pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, L
         }))
         .await;
         for guard in acquired {
-            guards.push(guard?);
+            match guard {
+                Ok(guard) => guards.push(guard),
+                Err(e) => {
+                    refused.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+        if refused.is_some() {
+            break;
         }
     }
     let acquire_secs = started.elapsed().as_secs_f64();
     tokio::time::sleep(tenure_api::renewal_interval(ttl).mul_f64(1.5)).await;
     let held_rss = rss_mb();
     let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let guards_held = guards.len();
     futures::future::join_all(guards.into_iter().map(|g| g.release())).await;
     Ok(HeldLine {
         backend: backend_name(url),
         mode: "held",
         leases,
+        held: guards_held,
+        refused,
         rss_before_mb: before,
         rss_held_mb: held_rss,
         acquire_secs: (acquire_secs * 1000.0).round() / 1000.0,

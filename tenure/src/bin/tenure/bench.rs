@@ -30,8 +30,8 @@ pub(crate) struct BenchArgs {
     /// memory://); ignores --url.
     #[arg(long)]
     all_local: bool,
-    /// Also hold this many leases at once with renewing guards and report the RSS
-    /// (memory:// and redis with --all-local, else the --url backend).
+    /// Also hold this many leases at once with renewing guards and report the RSS and how
+    /// many the backend allowed (every backend with --all-local, else the --url backend).
     #[arg(long)]
     held: Option<usize>,
     /// Print JSON lines (DESIGN.md §6) instead of a Markdown table.
@@ -76,7 +76,8 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         }
         rows.extend(bench::medians(&cycles).into_iter().map(Row::Cycles));
         for (name, url, _servers) in &targets {
-            if let (Some(leases), "memory" | "redis") = (args.held, name.as_str()) {
+            if let Some(leases) = args.held {
+                eprintln!("tenure bench: holding {leases} leases on {name}");
                 held(url, leases, args.ttl, &mut rows).await?;
             }
         }
@@ -163,12 +164,13 @@ fn print_table(rows: &[Row]) {
         .collect();
     if !held.is_empty() {
         println!();
-        println!("| backend | leases held with guards | RSS before MiB | RSS held MiB | acquire s | lost |");
-        println!("|---|---:|---:|---:|---:|---:|");
+        println!("| backend | leases held with guards | RSS before MiB | RSS held MiB | acquire s | lost | refused |");
+        println!("|---|---:|---:|---:|---:|---:|---|");
         for h in held {
+            let refused = h.refused.as_deref().unwrap_or("");
             println!(
-                "| {} | {} | {} | {} | {} | {} |",
-                h.backend, h.leases, h.rss_before_mb, h.rss_held_mb, h.acquire_secs, h.lost
+                "| {} | {} of {} | {} | {} | {} | {} | {refused} |",
+                h.backend, h.held, h.leases, h.rss_before_mb, h.rss_held_mb, h.acquire_secs, h.lost
             );
         }
     }
