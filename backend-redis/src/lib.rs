@@ -275,17 +275,38 @@ impl RedisLock {
         Ok(self.call::<i64>("extend", invocation).await? == 1)
     }
 
-    /// Deletes `owner`'s lock and announces it; `false` if it is not `owner`'s.
+    /// Deletes `owner`'s lock and announces it on the key's release channel (waking the
+    /// waiters); `false` if it is not `owner`'s.
     ///
     /// # Cancel safety
     /// The server may or may not have released the lock.
     pub async fn release_owner(&self, key: &LockKey, owner: OwnerId) -> Result<bool, LockError> {
+        self.delete_owner(key, owner, true).await
+    }
+
+    /// Deletes `owner`'s lock without announcing it: for a grant nobody was told about
+    /// (Redlock's failed round), whose removal is no release worth waking waiters for.
+    ///
+    /// # Cancel safety
+    /// As [`release_owner`](Self::release_owner).
+    pub async fn withdraw_owner(&self, key: &LockKey, owner: OwnerId) -> Result<bool, LockError> {
+        self.delete_owner(key, owner, false).await
+    }
+
+    async fn delete_owner(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        announce: bool,
+    ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
+        let channel = if announce {
+            Self::channel(&lock_key)
+        } else {
+            String::new()
+        };
         let mut invocation = SCRIPTS.release.prepare_invoke();
-        invocation
-            .key(&lock_key)
-            .arg(&owner.hex()[..])
-            .arg(Self::channel(&lock_key));
+        invocation.key(&lock_key).arg(&owner.hex()[..]).arg(channel);
         Ok(self.call::<i64>("release", invocation).await? == 1)
     }
 
@@ -388,8 +409,14 @@ impl RedisLock {
     }
 
     /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
-    /// `SUBSCRIBE`, each also bounded by its own timeout).
-    async fn subscribe(
+    /// `SUBSCRIBE`, each also bounded by its own timeout): a message arrives each time a
+    /// holder of `key` releases it on this server ([`release_owner`](Self::release_owner)).
+    /// A refused subscription (e.g. an ACL without `SUBSCRIBE`) is an error, not a silent
+    /// connection that never hears anything.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the connection is dropped with the future.
+    pub async fn subscribe_releases(
         &self,
         key: &LockKey,
         limit: Duration,
@@ -534,7 +561,7 @@ impl DistributedLock for RedisLock {
                     // subscription is kept as the reason should the wait run out on it,
                     // and the wait goes on by polling.
                     if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
-                        match self.subscribe(key, left()).await {
+                        match self.subscribe_releases(key, left()).await {
                             Ok(sub) => {
                                 pubsub = Some(sub);
                                 continue;

@@ -112,7 +112,9 @@ pub const RELEASE: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  if ARGV[2] ~= '' then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
   return 1
 end
 return 0

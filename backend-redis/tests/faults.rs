@@ -433,3 +433,35 @@ async fn blackholed_holder_reports_loss_before_the_server_frees_the_key() {
         "loss was reported while the server still held the key for us"
     );
 }
+
+/// A release is announced on the key's channel (what waiters, and Redlock's, wake on); a
+/// withdrawal of a grant nobody was told about is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_announced_and_a_withdrawal_is_not() {
+    use futures::StreamExt;
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let lock = connect(&cluster.urls()[0]).await;
+    let k = key("announced");
+    let subscription = lock
+        .subscribe_releases(&k, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut messages = subscription.into_on_message();
+    let lease = acquire_eventually(&lock, &k, Duration::from_secs(10))
+        .await
+        .expect("free key");
+    assert!(lock.withdraw_owner(&k, lease.owner()).await.unwrap());
+    let lease = lock
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("withdrawn: free");
+    assert!(lock.release_owner(&k, lease.owner()).await.unwrap());
+    let first = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
+    assert!(matches!(first, Ok(Some(_))), "the release was announced");
+    let second = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
+    assert!(
+        second.is_err(),
+        "one message: the withdrawal was not announced"
+    );
+}

@@ -67,15 +67,16 @@ mod quorum;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use futures::StreamExt;
 use tenure_api::{
-    deadline, default_drift, poll_acquire, validate_ttl, AcquireOptions, Capabilities,
-    DistributedLock, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError,
-    LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
+    deadline, default_drift, poll_acquire_woken, validate_ttl, AcquireOptions, Backoff,
+    Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo,
+    Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
 };
 use tenure_redis::{Grant, RedisLock};
 use tokio::sync::{mpsc, watch, OnceCell};
@@ -313,8 +314,10 @@ impl Inner {
                     Err(_) => true, // the round is gone without a decision
                 };
                 if failed && maybe_ours {
+                    // Nobody was told of this grant: withdrawn without waking waiters,
+                    // which would only race again for a lock nobody released.
                     let _ = inner
-                        .on_node(i, limit, |node| node.release_owner(&key, owner))
+                        .on_node(i, limit, |node| node.withdraw_owner(&key, owner))
                         .await;
                 }
                 drop(ticket);
@@ -418,8 +421,16 @@ impl DistributedLock for Redlock {
     }
 
     /// Retries rounds after random delays (jittered backoff) until `opts.wait` has passed.
-    /// Every round of one call uses the same owner id. Redlock has no push signal, so
-    /// waiting polls. A non-retryable node error on more nodes than a majority can spare
+    /// Every round of one call uses the same owner id. Redlock has no queue, so waiting
+    /// polls; but a waiter still waiting after three pauses subscribes to the key's
+    /// release channel on every node that allows it, and from then on a release
+    /// (`PUBLISH` by the releasing node) cuts its pause short — after a random delay of
+    /// up to a tenth of the node timeout, so that woken waiters do not all split the
+    /// nodes' votes at once. The backoff keeps growing as without the subscription, so
+    /// it still bounds the request rate; what the subscription buys is that a long
+    /// waiter is no longer the one that polls least often (it starved). Short waits skip
+    /// the subscription (a connection per node). Rounds that fail withdraw their partial
+    /// grants without a message, so only real releases wake waiters. A non-retryable node error on more nodes than a majority can spare
     /// ends the wait at once (see the crate docs).
     ///
     /// # Cancel safety
@@ -427,9 +438,30 @@ impl DistributedLock for Redlock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
-        poll_acquire(&SystemClock, opts, || {
-            self.detached_round(key, owner, opts.ttl)
-        })
+        let limit = self.inner.config.node_timeout_for(opts.ttl);
+        let watch = Arc::new(OnceCell::new());
+        let mut pauses = 0u32;
+        poll_acquire_woken(
+            &SystemClock,
+            opts,
+            || self.detached_round(key, owner, opts.ttl),
+            || {
+                pauses += 1;
+                let subscribe = pauses > POLLS_BEFORE_SUBSCRIBING;
+                let (inner, key, watch) = (self.inner.clone(), key.clone(), watch.clone());
+                async move {
+                    match watch.get() {
+                        Some(watch) => ReleaseWatch::next(watch, limit / 10).await,
+                        // Subscribes, then retries at once: a release before the
+                        // subscriptions took effect would go unheard.
+                        None if subscribe => {
+                            watch.get_or_init(|| inner.watch(&key, limit)).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                }
+            },
+        )
         .await
     }
 
@@ -613,6 +645,86 @@ impl DistributedLock for Redlock {
             fairness: Fairness::None,
             failures_tolerated: (nodes - 1) / 2,
             clock_dependent: true,
+        }
+    }
+}
+
+/// Pauses of a waiting `acquire` before it subscribes to the key's releases (see
+/// [`Redlock::acquire`](DistributedLock::acquire)).
+const POLLS_BEFORE_SUBSCRIBING: u32 = 3;
+
+/// Release messages for one waiting `acquire`: a task per node subscribed to the key's
+/// release channel, counting messages into one `watch` channel. A release that lands
+/// during a round is kept for the next wait. The tasks end with the watch.
+struct ReleaseWatch {
+    /// The count of release messages; closed once every subscription has ended.
+    releases: Mutex<watch::Receiver<u64>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ReleaseWatch {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
+impl ReleaseWatch {
+    /// Resolves at the next release message not seen yet (never once no subscription is
+    /// left), plus a random delay of up to `jitter`; the messages of that delay count as
+    /// seen (one release publishes on every node).
+    async fn next(&self, jitter: Duration) {
+        let mut releases = self
+            .releases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if releases.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let spread = Backoff {
+            initial: jitter,
+            max: jitter,
+            jitter: 1.0,
+        };
+        tokio::time::sleep(spread.delay(0)).await;
+        self.releases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .borrow_and_update();
+    }
+}
+
+impl Inner {
+    /// Subscribes to `key`'s releases on every node concurrently; returns once each has
+    /// subscribed or failed, within `limit`. A node that refuses is only polled.
+    async fn watch(self: &Arc<Self>, key: &LockKey, limit: Duration) -> ReleaseWatch {
+        let (count, releases) = watch::channel(0u64);
+        let count = Arc::new(count);
+        let (ready, mut subscribed) = mpsc::channel(self.nodes.len());
+        let tasks = (0..self.nodes.len())
+            .map(|i| {
+                let (inner, key, count, ready) =
+                    (self.clone(), key.clone(), count.clone(), ready.clone());
+                tokio::spawn(async move {
+                    let pubsub = inner
+                        .on_node(i, limit, |node| node.subscribe_releases(&key, limit))
+                        .await;
+                    let _ = ready.send(()).await;
+                    drop(ready);
+                    let Ok(pubsub) = pubsub else { return };
+                    let mut messages = pubsub.into_on_message();
+                    while messages.next().await.is_some() {
+                        count.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        drop((count, ready));
+        let all = async { while subscribed.recv().await.is_some() {} };
+        drop(tokio::time::timeout(limit, all).await);
+        ReleaseWatch {
+            releases: Mutex::new(releases),
+            tasks,
         }
     }
 }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::pid_alive;
-use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions, RespConnection};
+use tenure_conformance::servers::redis::{
+    RedisCluster, RedisNode, RedisOptions, Resp, RespConnection,
+};
 
 mod common;
 use common::{direct, proxied};
@@ -387,4 +389,56 @@ async fn release_outcomes_need_a_majority_of_answers() {
             "released everywhere"
         );
     }
+}
+
+/// A waiter that has waited a while subscribes to the key's release channel on every
+/// node and retries when the holder releases, instead of sleeping out its backoff: here
+/// its pause at the release is 10 s long (20 ms doubling, no jitter, the 10th pause).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_long_waiter_before_its_backoff_runs_out() {
+    let cluster = five().await;
+    let (holder, waiter) = (direct(&cluster).await, direct(&cluster).await);
+    let k = key("woken");
+    let patient = AcquireOptions::new(TTL).wait(Duration::from_secs(120));
+    let held = holder.acquire(&k, &patient).await.unwrap();
+    let slow = patient.clone().backoff(tenure_api::Backoff {
+        initial: Duration::from_millis(20),
+        max: Duration::from_secs(60),
+        jitter: 0.0,
+    });
+    let waiting = {
+        let k = k.clone();
+        tokio::spawn(async move { waiter.acquire(&k, &slow).await })
+    };
+    let channel = format!("{}:released", lock_key(&k));
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    for node in cluster.nodes() {
+        let reply = node.command(&["PUBSUB", "NUMSUB", &channel]).await.unwrap();
+        let subscribers = match reply {
+            Resp::Array(Some(items)) => items.get(1).and_then(Resp::as_int),
+            _ => None,
+        };
+        assert_eq!(
+            subscribers,
+            Some(1),
+            "the waiter subscribed on {}",
+            node.addr()
+        );
+    }
+    assert!(
+        !waiting.is_finished(),
+        "the waiter waits while the lock is held"
+    );
+    let released = Instant::now();
+    assert_eq!(
+        holder.release(held).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(4), waiting)
+        .await
+        .expect("woken by the release, not by its next poll 8 s later")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(4));
+    drop(lease);
 }

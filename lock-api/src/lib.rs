@@ -51,6 +51,6 @@ pub use lease::{
     deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
     LossNotice, OwnerId, ReleaseOutcome,
 };
-pub use lock::{poll_acquire, DistributedLock};
+pub use lock::{poll_acquire, poll_acquire_woken, DistributedLock};
 pub use memory::MemoryLock;
 pub use options::{validate_ttl, AcquireOptions, Backoff, MAX_TTL, MIN_TTL};

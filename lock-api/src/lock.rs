@@ -112,11 +112,33 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
 pub async fn poll_acquire<F, Fut>(
     clock: &dyn Clock,
     opts: &AcquireOptions,
-    mut attempt: F,
+    attempt: F,
 ) -> Result<Lease, LockError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<Lease>, LockError>>,
+{
+    poll_acquire_woken(clock, opts, attempt, std::future::pending).await
+}
+
+/// [`poll_acquire`] for backends that can hear of a release but cannot queue waiters:
+/// after each failed attempt, the backoff pause is cut short when the future `released()`
+/// returns resolves. A signal that never comes leaves plain polling, so the backoff bounds
+/// the request rate whatever the signal does.
+///
+/// # Cancel safety
+/// As cancel-safe as one `attempt` and one `released()` future.
+pub async fn poll_acquire_woken<F, Fut, W, WFut>(
+    clock: &dyn Clock,
+    opts: &AcquireOptions,
+    mut attempt: F,
+    mut released: W,
+) -> Result<Lease, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<Lease>, LockError>>,
+    W: FnMut() -> WFut,
+    WFut: Future<Output = ()>,
 {
     opts.validate()?;
     let started = clock.now();
@@ -137,6 +159,8 @@ where
         }
         let pause = opts.backoff.delay(tries).min(deadline - now);
         tries = tries.saturating_add(1);
-        clock.sleep_until(now + pause).await;
+        let (sleep, woken) = (clock.sleep_until(now + pause), released());
+        futures::pin_mut!(sleep, woken);
+        futures::future::select(sleep, woken).await;
     }
 }

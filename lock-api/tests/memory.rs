@@ -391,3 +391,52 @@ async fn a_wait_of_duration_max_waits_without_bound() {
     });
     attempt.await.expect("poll_acquire with an unbounded wait");
 }
+
+/// `poll_acquire_woken` retries as soon as the release signal fires, instead of sleeping
+/// out its backoff; without a signal it keeps to the backoff.
+#[tokio::test(start_paused = true)]
+async fn a_release_signal_cuts_the_backoff_pause_short() {
+    let lock = MemoryLock::new();
+    let k = key("woken");
+    let slow = AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(600))
+        .backoff(tenure_api::Backoff {
+            initial: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+            jitter: 0.0,
+        });
+    for signalled in [true, false] {
+        let held = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let released = std::sync::Mutex::new(Some(released));
+        let started = tokio::time::Instant::now();
+        let waiter = tenure_api::poll_acquire_woken(
+            &tenure_api::SystemClock,
+            &slow,
+            || lock.try_acquire(&k, TTL),
+            || {
+                let signal = released.lock().unwrap().take();
+                async move {
+                    match signal {
+                        Some(signal) if signalled => drop(signal.await),
+                        _ => std::future::pending().await,
+                    }
+                }
+            },
+        );
+        let holder = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            lock.release(held).await.unwrap();
+            let _ = release.send(());
+        };
+        let (lease, ()) = tokio::join!(waiter, holder);
+        let lease = lease.expect("granted once released");
+        let waited = started.elapsed();
+        if signalled {
+            assert!(waited < Duration::from_secs(2), "woken: {waited:?}");
+        } else {
+            assert!(waited >= Duration::from_secs(30), "polled: {waited:?}");
+        }
+        lock.release(lease).await.unwrap();
+    }
+}
