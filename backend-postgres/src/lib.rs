@@ -1662,16 +1662,33 @@ mod tests {
                 "{ttl:?}: {idle}+{interval}x{count}"
             );
         }
-        let config = PgConfig::from_url("postgres://u@h/db").unwrap();
-        let batch = begin_batch(
-            &Statements::new(&config),
-            Duration::from_secs(30),
-            None,
-            "k",
-        );
+        let batch = try_batch("postgres://u@h/db", Duration::from_secs(30), "k");
         assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
         assert!(batch.contains("statement_timeout = 0"), "{batch}");
         assert!(batch.contains("transaction_timeout"), "{batch}");
+    }
+
+    /// The begin batch of a try-acquire of `key` by a client of `url`.
+    fn try_batch(url: &str, ttl: Duration, key: &str) -> String {
+        let config = PgConfig::from_url(url).unwrap();
+        begin_batch(&Statements::new(&config), ttl, None, key)
+    }
+
+    #[test]
+    fn advisory_locking_locks_a_hash_of_table_and_key_and_inserts_no_row() {
+        let batch = try_batch(
+            "postgres://u@h/db?locking=advisory",
+            Duration::from_secs(1),
+            "k",
+        );
+        assert!(!batch.contains("INSERT"), "{batch}");
+        assert!(
+            batch.ends_with(
+                "WHERE pg_try_advisory_xact_lock(hashtextextended(\
+                 E'\"public\".\"tenure_locks\":' || E'k', 0))"
+            ),
+            "{batch}"
+        );
     }
 
     #[test]
@@ -1679,13 +1696,7 @@ mod tests {
         assert_eq!(literal("plain/key"), "E'plain/key'");
         assert_eq!(literal(r"it's a \ key"), r"E'it''s a \\ key'");
         assert_eq!(literal("$k$ ends in $"), "E'$k$ ends in $'");
-        let config = PgConfig::from_url("postgres://u@h/db").unwrap();
-        let batch = begin_batch(
-            &Statements::new(&config),
-            Duration::from_secs(1),
-            None,
-            "x');--",
-        );
+        let batch = try_batch("postgres://u@h/db", Duration::from_secs(1), "x');--");
         assert!(batch.contains("VALUES (E'x'');--')"), "{batch}");
         assert!(
             batch.ends_with("WHERE key = E'x'');--' FOR UPDATE NOWAIT"),

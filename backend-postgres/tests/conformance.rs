@@ -1,22 +1,7 @@
-//! The shared suite against a live PostgreSQL server started by the harness.
+//! The shared suite against a live PostgreSQL server started by the harness (row locks).
 
-use tenure_conformance::servers::postgres::Postgres;
-use tenure_conformance::{runner, UrlHarness};
-use tenure_postgres::PgLock;
+mod harness;
 
 fn main() {
-    runner::run_suite(|| async {
-        let server = Postgres::start().await?;
-        let template = "postgres://postgres@{hosts}/postgres";
-        Ok(UrlHarness::new(
-            "postgres",
-            template,
-            vec![server.addr()],
-            |url| async move { PgLock::connect(&url).await },
-        )
-        .query("pool_size=2")
-        .cut_query("pool_size=2&command_timeout_ms=300")
-        .owning(server))
-    })
-    .exit();
+    harness::run_suite("")
 }
