@@ -374,6 +374,11 @@ impl PgLock {
     /// # Cancel safety
     /// Cancel-safe, as [`connect`](Self::connect).
     pub async fn with_config(config: PgConfig) -> Result<Self, LockError> {
+        if config.idle_timeout.is_zero() {
+            return Err(LockError::Config(
+                "option idle_timeout_ms must be positive".into(),
+            ));
+        }
         if config.prefix.contains('\0') {
             return Err(LockError::Config(
                 "option prefix must not contain a NUL character".into(),
@@ -1689,6 +1694,19 @@ mod tests {
             ),
             "{batch}"
         );
+    }
+
+    #[tokio::test]
+    async fn settings_set_in_code_are_checked_before_connecting() {
+        let mut config = PgConfig::from_url("postgres://u@127.0.0.1:1/db").unwrap();
+        config.idle_timeout = Duration::ZERO;
+        let err = PgLock::with_config(config.clone()).await.unwrap_err();
+        assert!(matches!(err, LockError::Config(_)), "{err:?}");
+        assert!(err.to_string().contains("idle_timeout_ms"), "{err}");
+        config.idle_timeout = Duration::from_secs(1);
+        config.prefix = "a\0b".into();
+        let err = PgLock::with_config(config).await.unwrap_err();
+        assert!(err.to_string().contains("NUL"), "{err}");
     }
 
     #[test]

@@ -174,6 +174,10 @@ enum Phase {
     Held,
     /// The round failed: every grant, also one that lands late, must be released.
     Failed,
+    /// A majority granted, but the round gave the lock up (its validity ran out, or the
+    /// fence round failed): released as [`Failed`](Phase::Failed), and announced, since
+    /// waiters saw the lock held.
+    Abandoned,
 }
 
 /// Spawns `task` boxed. The node tasks embed the whole Redis call chain and are several
@@ -309,16 +313,26 @@ impl Inner {
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
                 let _ = replies.send(reply);
-                let failed = match decision.wait_for(|phase| *phase != Phase::Pending).await {
-                    Ok(phase) => *phase == Phase::Failed,
-                    Err(_) => true, // the round is gone without a decision
+                let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
+                    Ok(phase) => *phase,
+                    Err(_) => Phase::Failed, // the round is gone without a decision
                 };
-                if failed && maybe_ours {
-                    // Nobody was told of this grant: withdrawn without waking waiters,
-                    // which would only race again for a lock nobody released.
-                    let _ = inner
-                        .on_node(i, limit, |node| node.withdraw_owner(&key, owner))
-                        .await;
+                if maybe_ours {
+                    let _ = match phase {
+                        // Nobody was told of this grant: withdrawn without waking
+                        // waiters, which would only race again for a lock nobody released.
+                        Phase::Failed => {
+                            inner
+                                .on_node(i, limit, |node| node.withdraw_owner(&key, owner))
+                                .await
+                        }
+                        Phase::Abandoned => {
+                            inner
+                                .on_node(i, limit, |node| node.release_owner(&key, owner))
+                                .await
+                        }
+                        Phase::Pending | Phase::Held => Ok(false),
+                    };
                 }
                 drop(ticket);
             });
@@ -365,8 +379,9 @@ impl Inner {
                 needed: quorum,
             }),
         };
-        decide.send_replace(match outcome {
-            Ok(Some(_)) => Phase::Held,
+        decide.send_replace(match (&outcome, tally.verdict()) {
+            (Ok(Some(_)), _) => Phase::Held,
+            (_, Some(Verdict::Majority)) => Phase::Abandoned,
             _ => Phase::Failed,
         });
         outcome.map(|token| {
@@ -426,11 +441,13 @@ impl DistributedLock for Redlock {
     /// release channel on every node that allows it, and from then on a release
     /// (`PUBLISH` by the releasing node) cuts its pause short — after a random delay of
     /// up to a tenth of the node timeout, so that woken waiters do not all split the
-    /// nodes' votes at once. The backoff keeps growing as without the subscription, so
-    /// it still bounds the request rate; what the subscription buys is that a long
-    /// waiter is no longer the one that polls least often (it starved). Short waits skip
-    /// the subscription (a connection per node). Rounds that fail withdraw their partial
-    /// grants without a message, so only real releases wake waiters. A non-retryable node error on more nodes than a majority can spare
+    /// nodes' votes at once. The backoff keeps growing as without the subscription; a
+    /// wake-up adds at most one round per release message (one per node per release),
+    /// so releases, not the subscription, bound the extra rounds. What it buys is that a
+    /// long waiter is no longer the one that polls least often (it starved). Short waits
+    /// skip the subscription (a connection per node). Rounds that fail before a majority
+    /// granted withdraw their partial grants without a message, so only locks that were
+    /// really held wake waiters. A non-retryable node error on more nodes than a majority can spare
     /// ends the wait at once (see the crate docs).
     ///
     /// # Cancel safety
@@ -439,7 +456,7 @@ impl DistributedLock for Redlock {
         opts.validate()?;
         let owner = OwnerId::random();
         let limit = self.inner.config.node_timeout_for(opts.ttl);
-        let watch = Arc::new(OnceCell::new());
+        let watch = Arc::new(std::sync::OnceLock::new());
         let mut pauses = 0u32;
         poll_acquire_woken(
             &SystemClock,
@@ -454,8 +471,13 @@ impl DistributedLock for Redlock {
                         Some(watch) => ReleaseWatch::next(watch, limit / 10).await,
                         // Subscribes, then retries at once: a release before the
                         // subscriptions took effect would go unheard.
+                        // The subscriptions are set up in tasks owned by the watch, so
+                        // a pause that ends first cancels only this wait for them.
                         None if subscribe => {
-                            watch.get_or_init(|| inner.watch(&key, limit)).await;
+                            watch
+                                .get_or_init(|| inner.watch(&key, limit))
+                                .subscribed(limit)
+                                .await;
                         }
                         None => std::future::pending().await,
                     }
@@ -659,6 +681,8 @@ const POLLS_BEFORE_SUBSCRIBING: u32 = 3;
 struct ReleaseWatch {
     /// The count of release messages; closed once every subscription has ended.
     releases: Mutex<watch::Receiver<u64>>,
+    /// How many nodes have subscribed or failed to.
+    settled: watch::Receiver<usize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -669,9 +693,23 @@ impl Drop for ReleaseWatch {
 }
 
 impl ReleaseWatch {
+    /// Resolves once every node has subscribed or failed to, or after `limit`.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the subscriptions go on in the watch's tasks.
+    async fn subscribed(&self, limit: Duration) {
+        let nodes = self.tasks.len();
+        let mut settled = self.settled.clone();
+        let all = settled.wait_for(|n| *n >= nodes);
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
     /// Resolves at the next release message not seen yet (never once no subscription is
     /// left), plus a random delay of up to `jitter`; the messages of that delay count as
     /// seen (one release publishes on every node).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a release not yet marked seen wakes the next call.
     async fn next(&self, jitter: Duration) {
         let mut releases = self
             .releases
@@ -695,22 +733,23 @@ impl ReleaseWatch {
 }
 
 impl Inner {
-    /// Subscribes to `key`'s releases on every node concurrently; returns once each has
-    /// subscribed or failed, within `limit`. A node that refuses is only polled.
-    async fn watch(self: &Arc<Self>, key: &LockKey, limit: Duration) -> ReleaseWatch {
+    /// Starts subscribing to `key`'s releases on every node, each in a task the returned
+    /// watch owns (and aborts when dropped), each within `limit`. A node that refuses is
+    /// only polled.
+    fn watch(self: &Arc<Self>, key: &LockKey, limit: Duration) -> ReleaseWatch {
         let (count, releases) = watch::channel(0u64);
-        let count = Arc::new(count);
-        let (ready, mut subscribed) = mpsc::channel(self.nodes.len());
+        let (settle, settled) = watch::channel(0usize);
+        let (count, settle) = (Arc::new(count), Arc::new(settle));
         let tasks = (0..self.nodes.len())
             .map(|i| {
-                let (inner, key, count, ready) =
-                    (self.clone(), key.clone(), count.clone(), ready.clone());
+                let (inner, key) = (self.clone(), key.clone());
+                let (count, settle) = (count.clone(), settle.clone());
                 tokio::spawn(async move {
                     let pubsub = inner
                         .on_node(i, limit, |node| node.subscribe_releases(&key, limit))
                         .await;
-                    let _ = ready.send(()).await;
-                    drop(ready);
+                    settle.send_modify(|n| *n += 1);
+                    drop(settle);
                     let Ok(pubsub) = pubsub else { return };
                     let mut messages = pubsub.into_on_message();
                     while messages.next().await.is_some() {
@@ -719,11 +758,9 @@ impl Inner {
                 })
             })
             .collect();
-        drop((count, ready));
-        let all = async { while subscribed.recv().await.is_some() {} };
-        drop(tokio::time::timeout(limit, all).await);
         ReleaseWatch {
             releases: Mutex::new(releases),
+            settled,
             tasks,
         }
     }

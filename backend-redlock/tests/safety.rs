@@ -4,6 +4,7 @@
 //! fired. Time bounds are generous: they separate "decided early" from "waited for the
 //! slowest node" (seconds apart), not fast from slow.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
@@ -441,4 +442,55 @@ async fn a_release_wakes_a_long_waiter_before_its_backoff_runs_out() {
         .unwrap();
     assert!(released.elapsed() < Duration::from_secs(4));
     drop(lease);
+}
+
+/// The waiter's subscriptions belong to its `acquire`: one per node however many pauses
+/// end before a slow node answers its subscription (here a black-holed one), and none
+/// left once the acquire has returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_subscribes_once_per_node_and_unsubscribes_when_done() {
+    let cluster = five().await;
+    let holder = direct(&cluster).await;
+    let (waiter, proxies) = proxied(&cluster, "").await;
+    let k = key("subscriptions");
+    let patient = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+    let held = holder.acquire(&k, &patient).await.unwrap();
+    proxies[4].set_mode(ProxyMode::Blackhole);
+    let channel = format!("{}:released", lock_key(&k));
+    let subscribers = |node: Arc<RedisNode>| {
+        let channel = channel.clone();
+        async move {
+            let reply = node.command(&["PUBSUB", "NUMSUB", &channel]).await.unwrap();
+            match reply {
+                Resp::Array(Some(items)) => items.get(1).and_then(Resp::as_int),
+                _ => None,
+            }
+        }
+    };
+    // Pauses of 40..200 ms, each shorter than the 300 ms bound on the black-holed node's
+    // subscription.
+    let waited = tokio::spawn(async move {
+        let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(4));
+        let result = waiter.acquire(&k, &opts).await;
+        (waiter, result)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(proxies[4].stats().bytes_blackholed > 0, "the fault fired");
+    for node in &cluster.nodes()[..4] {
+        let count = subscribers(node.clone()).await;
+        assert_eq!(count, Some(1), "one subscription on {}", node.addr());
+    }
+    let (_waiter, result) = waited.await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    let by = Instant::now() + Duration::from_secs(10);
+    for node in &cluster.nodes()[..4] {
+        while subscribers(node.clone()).await != Some(0) {
+            assert!(Instant::now() < by, "a subscription outlived its acquire");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    holder.release(held).await.unwrap();
 }

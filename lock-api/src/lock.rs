@@ -123,8 +123,9 @@ where
 
 /// [`poll_acquire`] for backends that can hear of a release but cannot queue waiters:
 /// after each failed attempt, the backoff pause is cut short when the future `released()`
-/// returns resolves. A signal that never comes leaves plain polling, so the backoff bounds
-/// the request rate whatever the signal does.
+/// returns resolves. The backoff grows as in plain polling; each wake-up adds one attempt,
+/// so the signal's rate bounds the extra attempts, and a signal that never comes leaves
+/// plain polling.
 ///
 /// # Cancel safety
 /// As cancel-safe as one `attempt` and one `released()` future.
