@@ -16,7 +16,8 @@ use tenure_api::{
     FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, OwnerId, Problem,
 };
 
-use crate::{is_lease_gone, EtcdLock};
+use crate::rpc::is_lease_gone;
+use crate::EtcdLock;
 
 /// Keys read per range request.
 const PAGE: i64 = 500;
@@ -33,7 +34,7 @@ impl EtcdLock {
     /// queue of a key beginning with `text`.
     pub(crate) fn escaped_prefix(&self, text: &str) -> String {
         let escaped = text.replace('%', "%25").replace('/', "%2F");
-        format!("{}/{escaped}", self.config.prefix)
+        format!("{}/{escaped}", self.rpc.config.prefix)
     }
 
     /// The lease's remaining seconds as the leader sees them; 0 when it is gone.
@@ -41,7 +42,7 @@ impl EtcdLock {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     pub(crate) async fn lease_left(&self, lease_id: i64) -> Result<i64, LockError> {
-        match self.time_to_live(lease_id).await {
+        match self.rpc.time_to_live(lease_id).await {
             Err(e) if is_lease_gone(&e) => Ok(0),
             other => other,
         }
@@ -55,7 +56,7 @@ impl EtcdLock {
         if let Some(last) = end.last_mut() {
             *last += 1;
         }
-        let namespace = format!("{}/", self.config.prefix);
+        let namespace = format!("{}/", self.rpc.config.prefix);
         let (mut from, mut revision) = (start, 0);
         let mut queues: BTreeMap<String, Queue> = BTreeMap::new();
         loop {
@@ -64,7 +65,7 @@ impl EtcdLock {
                 .with_sort(SortTarget::Key, SortOrder::Ascend)
                 .with_limit(PAGE)
                 .with_revision(revision);
-            let reply = self.get("admin range", &from, options).await?;
+            let reply = self.rpc.get("admin range", &from, options).await?;
             if revision == 0 {
                 revision = reply.header().map_or(0, |h| h.revision());
             }

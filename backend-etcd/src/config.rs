@@ -23,7 +23,9 @@ pub const DEFAULT_PORT: u16 = 2379;
 ///
 /// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
 /// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
-/// `tls_domain` (the name to verify the server certificate against). Any other option
+/// `tls_domain` (the name to verify the server certificate against), `lease` (`session`,
+/// the default: one etcd lease per client and TTL, shared by its locks; or `per-lock`:
+/// a lease granted and revoked for each lock — see [`LeaseMode`]). Any other option
 /// is [`LockError::Config`] ([`OPTIONS`](Self::OPTIONS)).
 /// Passwords never appear in `Debug`, `Display` or errors.
 #[derive(Clone, PartialEq, Eq)]
@@ -45,6 +47,24 @@ pub struct EtcdConfig {
     pub ca_file: Option<PathBuf>,
     /// The server name TLS verifies, if not the host's.
     pub tls_domain: Option<String>,
+    /// Which etcd leases lock keys live on.
+    pub lease: LeaseMode,
+}
+
+/// Which etcd leases a client's lock keys live on. Either way, a lock not renewed ends
+/// on the server one TTL after its last renewal (or its grant), and no later than one
+/// lease TTL after its client stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// One lease per client and TTL in whole seconds, kept alive in the background and
+    /// shared by the client's keys (etcd's `concurrency.Session`): a cycle is one
+    /// transaction to acquire and one to release. The client deletes a key its holder
+    /// stopped renewing once its TTL has passed.
+    #[default]
+    Session,
+    /// A lease granted for each lock and revoked at its release: two more Raft writes
+    /// per cycle, and no background task.
+    PerLock,
 }
 
 impl EtcdConfig {
@@ -55,6 +75,7 @@ impl EtcdConfig {
         "request_timeout_ms",
         "ca_file",
         "tls_domain",
+        "lease",
     ];
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`], never a panic.
@@ -128,6 +149,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_millis(2000),
             ca_file: None,
             tls_domain: None,
+            lease: LeaseMode::Session,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -157,6 +179,17 @@ impl EtcdConfig {
                 "request_timeout_ms" => config.request_timeout = millis()?,
                 "ca_file" if tls && !value.is_empty() => config.ca_file = Some(value.into()),
                 "tls_domain" if tls && !value.is_empty() => config.tls_domain = Some(value),
+                "lease" => {
+                    config.lease = match value.as_str() {
+                        "session" => LeaseMode::Session,
+                        "per-lock" => LeaseMode::PerLock,
+                        _ => {
+                            return Err(bad(format!(
+                                "option lease={value} must be session or per-lock"
+                            )))
+                        }
+                    }
+                }
                 "ca_file" | "tls_domain" => {
                     return Err(bad(format!("option {name} needs etcds:// and a value")))
                 }
@@ -296,6 +329,7 @@ impl fmt::Debug for EtcdConfig {
             .field("request_timeout", &self.request_timeout)
             .field("ca_file", &self.ca_file)
             .field("tls_domain", &self.tls_domain)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -352,8 +386,28 @@ mod tests {
                 ("request_timeout_ms", "250"),
                 ("ca_file", "/etc/ca.pem"),
                 ("tls_domain", "etcd.local"),
+                ("lease", "per-lock"),
             ],
         );
+    }
+
+    #[test]
+    fn the_lease_mode_is_session_unless_asked() {
+        let lease = |url: &str| EtcdConfig::from_url(url).map(|c| c.lease);
+        assert_eq!(lease("etcd://h").unwrap(), LeaseMode::Session);
+        assert_eq!(lease("etcd://h?lease=session").unwrap(), LeaseMode::Session);
+        assert_eq!(
+            lease("etcd://h?lease=per-lock").unwrap(),
+            LeaseMode::PerLock
+        );
+        for bad in [
+            "etcd://h?lease=",
+            "etcd://h?lease=Session",
+            "etcd://h?lease=none",
+        ] {
+            let error = lease(bad).unwrap_err();
+            assert!(error.to_string().contains("session or per-lock"), "{error}");
+        }
     }
 
     #[test]

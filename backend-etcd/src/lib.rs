@@ -2,30 +2,38 @@
 //!
 //! A [`DistributedLock`] on an etcd v3 cluster: a queue of keys ordered by the Raft log.
 //!
-//! **Acquire.** Each acquisition grants its own etcd lease (TTL rounded *up* to whole
-//! seconds, the unit etcd leases are kept in) and puts `prefix/<key>/<owner>-<lease-hex>`
-//! attached to it, in a transaction guarded by `create_revision == 0`, holding the owner id as its
-//! value. The key with the smallest `create_revision` under `prefix/<key>/` holds the
-//! lock. A waiter watches only its predecessor — the next older key — for deletion
-//! (FIFO, no thundering herd), and keeps its lease alive while it waits. Before a grant
-//! is reported, the lease is confirmed alive on the leader (Jepsen found locks granted
-//! on expired leases, etcd#11456). `try_acquire` removes its key (revokes its lease) when
-//! it is not first.
+//! **Acquire.** An acquisition puts `prefix/<key>/<owner>-<lease-hex>` (the owner id is
+//! random per acquisition) attached to an etcd lease, in a transaction guarded by
+//! `create_revision == 0`, holding the owner id as its value. The key with the smallest
+//! `create_revision` under `prefix/<key>/` holds the lock. A waiter watches only its
+//! predecessor — the next older key — for deletion (FIFO, no thundering herd), and keeps
+//! its key alive while it waits. Before a grant is reported, the lease is confirmed
+//! alive on the leader within the last fifth of its TTL (Jepsen found locks granted on
+//! expired leases, etcd#11456). `try_acquire` removes its key when it is not first.
+//!
+//! **Leases** ([`LeaseMode`], `?lease=`). By default a client's keys share a *session*
+//! lease per TTL (rounded *up* to whole seconds, the unit etcd leases are kept in),
+//! kept alive by a background task every tenth of its TTL — etcd's own
+//! `concurrency.Session` — so an acquire/release cycle is one transaction each way, the
+//! protocol floor. Per-call TTLs stay honest: the client deletes a key whose holder
+//! stopped renewing it once its own TTL has passed (moving that deadline on *before* an
+//! `extend` reads the key, so a key is never deleted under a renewal), and if the client
+//! stops, the server ends the session lease one TTL after its last keep-alive. So a lock
+//! ends one TTL after its last renewal either way, as with a lease of its own; what a
+//! session shares is its fate: if its lease expires (keep-alives cut off for a TTL),
+//! every key on it is lost at once, and each holder's next renewal reports it. With
+//! `?lease=per-lock` each acquisition grants a lease of its own and revokes it at
+//! release: two more Raft writes per cycle, and no background task.
 //!
 //! **Fencing token:** the lock key's `create_revision` — the cluster-wide revision of
 //! the write that queued it, so tokens of one key strictly increase across release,
 //! expiry and crashes, and survive any minority failure.
 //!
-//! **Extend** checks the key is still ours (owner, revision, lease) and sends a lease
-//! keep-alive; `LeaseLost` if the key or the lease is gone. **Release** deletes the key
-//! in a transaction guarded by its `create_revision`, owner and lease (so a stale
-//! release never deletes a newer lock, etcd#22082), then revokes the lease (in the background).
-//!
-//! **Why one lease per acquisition** rather than one per client: the trait takes a TTL
-//! per call, and a per-acquisition lease gives each lock its own TTL, its own
-//! extension and its own fate (an expired lease loses one lock, not all of the
-//! client's), needs no background task, and makes the key name unique per grant. The
-//! cost is a lease grant and a revoke (two Raft writes) per acquire/release cycle.
+//! **Extend** checks the key is still ours (owner, revision, lease) and renews it (its
+//! session deadline, or a keep-alive of a lease of its own); `LeaseLost` if the key or
+//! the lease is gone. **Release** deletes the key in a transaction guarded by its
+//! `create_revision`, owner and lease (so a stale release never deletes a newer lock,
+//! etcd#22082); a lease of its own is then revoked in the background.
 //!
 //! **Guarantees** ([`EtcdLock::capabilities`]): consensus-replicated (Raft), tolerating
 //! ⌊(members−1)/2⌋ member failures; every request carries `require_leader`, so a member
@@ -50,9 +58,11 @@
 
 mod admin;
 mod config;
+mod rpc;
+mod session;
 
 use std::fmt;
-use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -67,32 +77,38 @@ use tenure_api::{
     OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
-pub use config::{EtcdConfig, DEFAULT_PORT};
+pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
+use rpc::{bounded, convert, is_lease_gone, lease_seconds, Rpc};
+use session::{Session, Sessions};
 
 /// A lock service on one etcd cluster. Cheap to clone and share; all calls multiplex
 /// over the client's gRPC channels (balanced over the configured endpoints).
 #[derive(Clone)]
 pub struct EtcdLock {
-    config: EtcdConfig,
-    client: Client,
+    rpc: Rpc,
     members: usize,
+    /// Session leases ([`LeaseMode::Session`]), shared by clones.
+    sessions: Arc<Sessions>,
 }
 
 impl fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLock")
-            .field("config", &self.config)
+            .field("config", &self.rpc.config)
             .field("members", &self.members)
             .finish_non_exhaustive()
     }
 }
 
-/// A queued lock key and the lease it lives on. Until disarmed, dropping it revokes the
-/// lease in the background, which deletes the key: a cancelled acquire leaves no ghost.
+/// A queued lock key and the lease it lives on. Until disarmed, dropping it deletes the
+/// key in the background (revoking a lease of its own, or through its session): a
+/// cancelled acquire leaves no ghost.
 struct Ticket {
     leases: LeaseClient,
     timeout: Duration,
     lease_id: i64,
+    /// The session whose lease the key is on; `None` for a lease of its own.
+    session: Option<Arc<Session>>,
     /// The requested TTL (the granted one is at least this).
     ttl: Duration,
     /// The etcd key.
@@ -115,6 +131,10 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.armed {
+            return;
+        }
+        if let Some(session) = &self.session {
+            session.reap_now(&self.key);
             return;
         }
         // Never block in Drop: revoke in the background if there is a runtime; otherwise
@@ -183,16 +203,17 @@ impl EtcdLock {
         let mut cluster = client.cluster_client();
         let list = bounded(&config, limit, "member list", cluster.member_list()).await?;
         let members = list.members().iter().filter(|m| !m.is_learner()).count();
+        let rpc = Rpc { config, client };
         Ok(Self {
             members: members.max(1),
-            config,
-            client,
+            sessions: Arc::new(Sessions::new(rpc.clone())),
+            rpc,
         })
     }
 
     /// The configuration (its `Display` hides the password).
     pub fn config(&self) -> &EtcdConfig {
-        &self.config
+        &self.rpc.config
     }
 
     /// Voting members of the cluster, as listed when connecting.
@@ -208,11 +229,11 @@ impl EtcdLock {
     /// Cancel-safe: a lease whose revoke was dropped expires after its TTL.
     pub async fn granted_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
         let request = || {
-            let mut leases = self.client.lease_client();
+            let mut leases = self.rpc.client.lease_client();
             async move { leases.grant(lease_seconds(ttl), None).await }
         };
-        let reply = self.call("lease grant", request).await?;
-        let _ = self.revoke(reply.id()).await;
+        let reply = self.rpc.call("lease grant", request).await?;
+        let _ = self.rpc.revoke(reply.id()).await;
         u64::try_from(reply.ttl())
             .ok()
             .filter(|&secs| secs > 0)
@@ -226,110 +247,90 @@ impl EtcdLock {
         format!("{}/", self.escaped_prefix(key.as_str()))
     }
 
-    /// Runs one request for at most the request timeout. A request that never left the
-    /// client (its connection to one endpoint was refused, e.g. a dead member the
-    /// balancer still tries) is sent again, with a short pause, within the same bound:
-    /// that is safe for every request.
-    async fn call<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T, LockError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let retried = async {
-            let mut pause = Duration::from_millis(5);
-            loop {
-                match request().await {
-                    Err(e) if never_sent(&e) => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(100));
-                    }
-                    other => return other,
-                }
-            }
-        };
-        bounded(&self.config, self.config.request_timeout, what, retried).await
-    }
-
-    async fn txn(&self, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse, LockError> {
-        let request = || {
-            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
-            async move { kv.txn(txn).await }
-        };
-        self.call(what, request).await
-    }
-
-    async fn get(
-        &self,
-        what: &str,
-        key: &str,
-        options: GetOptions,
-    ) -> Result<etcd_client::GetResponse, LockError> {
-        let request = || {
-            let (mut kv, options) = (self.client.kv_client(), options.clone());
-            let key = key.to_owned();
-            async move { kv.get(key, Some(options)).await }
-        };
-        self.call(what, request).await
-    }
-
-    /// Grants a lease of `ttl` rounded up to whole seconds. Returns its id and the TTL to
-    /// believe: the requested one, or the granted one if the server granted less.
-    async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Duration), LockError> {
-        let request = || {
-            let mut leases = self.client.lease_client();
-            async move { leases.grant(lease_seconds(ttl), None).await }
-        };
-        let reply = self.call("lease grant", request).await?;
-        Ok((reply.id(), believed_ttl(ttl, reply.ttl())?))
-    }
-
-    async fn revoke(&self, lease_id: i64) -> Result<(), LockError> {
-        let request = || {
-            let mut leases = self.client.lease_client();
-            async move { leases.revoke(lease_id).await }
-        };
-        self.call("lease revoke", request).await.map(|_| ())
-    }
-
-    /// The lease's remaining whole seconds as the leader sees them, truncated (a live
-    /// lease with less than a second left reads 0; a lease that is gone reads −1).
-    async fn time_to_live(&self, lease_id: i64) -> Result<i64, LockError> {
-        let request = || {
-            let mut leases = self.client.lease_client();
-            async move { leases.time_to_live(lease_id, None).await }
-        };
-        Ok(self.call("lease time-to-live", request).await?.ttl())
-    }
-
-    /// Sends one lease keep-alive. `LeaseLost` if the lease no longer exists.
-    async fn keep_alive(&self, lease_id: i64) -> Result<(), LockError> {
-        let keep_alive = || {
-            let mut leases = self.client.lease_client();
-            async move { leases.keep_alive(lease_id).await }
-        };
-        match self.call("lease keep-alive", keep_alive).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_lease_gone(&e) => Err(LockError::lost(format!(
-                "etcd lease {lease_id:x} has expired or was revoked"
-            ))),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Keeps a queued ticket's lease alive, recording when the keep-alive was sent.
+    /// Keeps a queued ticket's key alive for another TTL, recording when its lease was
+    /// last confirmed alive: a keep-alive of a lease of its own, or its session's
+    /// deadline moved on (and the session's keep-alive, if that is late).
     async fn refresh(&self, ticket: &mut Ticket) -> Result<(), LockError> {
         let sent = Instant::now();
-        self.keep_alive(ticket.lease_id).await?;
-        ticket.refreshed_at = sent;
+        match &ticket.session {
+            None => {
+                self.rpc.keep_alive(ticket.lease_id).await?;
+                ticket.refreshed_at = sent;
+            }
+            Some(session) => {
+                session.renew(&ticket.key, sent + ticket.ttl)?;
+                ticket.refreshed_at = self.sessions.confirmed(session).await?;
+            }
+        }
         Ok(())
     }
 
-    /// Revokes a ticket's lease (deleting its key). If that fails, the ticket stays armed
-    /// and its drop tries once more in the background; the TTL is the last resort.
+    /// Deletes a ticket's key: revokes its own lease, or deletes it from its session's.
+    /// If that fails, the ticket stays armed and its drop tries once more in the
+    /// background; the TTL is the last resort.
     async fn abandon(&self, mut ticket: Ticket) {
-        if self.revoke(ticket.lease_id).await.is_ok() {
+        let done = match &ticket.session {
+            None => self.rpc.revoke(ticket.lease_id).await.is_ok(),
+            Some(session) => {
+                let txn = Txn::new()
+                    .when([Compare::lease(
+                        ticket.key.as_str(),
+                        CompareOp::Equal,
+                        ticket.lease_id,
+                    )])
+                    .and_then([TxnOp::delete(ticket.key.as_str(), None)]);
+                let deleted = self.rpc.txn("queue key delete", txn).await.is_ok();
+                if deleted {
+                    session.forget(&ticket.key);
+                }
+                deleted
+            }
+        };
+        if done {
             ticket.armed = false;
         }
+    }
+
+    /// An etcd lease for a key named `key_of(lease id)`, and the ticket for that key (not
+    /// yet written): a lease of its own, or this client's session lease for `ttl`, on
+    /// which the key is registered before it is sent.
+    async fn ticket(
+        &self,
+        ttl: Duration,
+        key_of: &(dyn Fn(i64) -> String + Sync),
+    ) -> Result<Ticket, LockError> {
+        let sent = Instant::now();
+        let (lease_id, believed, refreshed_at, session) = match self.rpc.config.lease {
+            LeaseMode::PerLock => {
+                let (lease_id, ttl) = self.rpc.grant_lease(ttl).await?;
+                (lease_id, ttl, sent, None)
+            }
+            LeaseMode::Session => {
+                let session = self.sessions.enter(ttl, key_of, sent + ttl).await?;
+                let believed = ttl.min(session.granted);
+                let confirmed = self.sessions.confirmed(&session).await;
+                let refreshed_at = match confirmed {
+                    Ok(at) => at,
+                    Err(e) => {
+                        session.forget(&key_of(session.lease_id));
+                        return Err(e);
+                    }
+                };
+                (session.lease_id, believed, refreshed_at, Some(session))
+            }
+        };
+        Ok(Ticket {
+            leases: self.rpc.client.lease_client(),
+            timeout: self.rpc.config.request_timeout,
+            lease_id,
+            session,
+            ttl: believed,
+            key: key_of(lease_id),
+            revision: 0,
+            first: false,
+            refreshed_at,
+            armed: true,
+        })
     }
 
     /// Grants a lease and queues a key on it. The ticket says whether it is first.
@@ -340,19 +341,11 @@ impl EtcdLock {
         ttl: Duration,
     ) -> Result<Ticket, LockError> {
         let queue = self.queue_prefix(key);
-        let sent = Instant::now();
-        let (lease_id, ttl) = self.grant_lease(ttl).await?;
-        let mut ticket = Ticket {
-            leases: self.client.lease_client(),
-            timeout: self.config.request_timeout,
-            lease_id,
-            ttl,
-            key: format!("{}{:016x}", own_prefix(&queue, owner), lease_id as u64),
-            revision: 0,
-            first: false,
-            refreshed_at: sent,
-            armed: true,
-        };
+        // Key names are unique: the owner id is random per acquisition.
+        let unique = own_prefix(&queue, owner);
+        let key_of = |id: i64| format!("{unique}{:016x}", id as u64);
+        let mut ticket = self.ticket(ttl, &key_of).await?;
+        let lease_id = ticket.lease_id;
         // Put our key if it does not exist; read the queue's head in the same revision.
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -376,8 +369,19 @@ impl EtcdLock {
                     ),
                 ),
             ]);
-        let reply = match self.txn("enqueue txn", txn).await {
+        let reply = match self.rpc.txn("enqueue txn", txn).await {
             Ok(reply) => reply,
+            Err(e) if is_lease_gone(&e) => {
+                // The put was refused: nothing was written on a lease that is gone.
+                ticket.armed = false;
+                if let Some(session) = &ticket.session {
+                    session.forget(&ticket.key);
+                    session.close();
+                }
+                return Err(LockError::lost(format!(
+                    "etcd lease {lease_id:x} ended before the key was queued"
+                )));
+            }
             Err(e) => {
                 self.abandon(ticket).await;
                 return Err(e);
@@ -414,19 +418,36 @@ impl EtcdLock {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let reply = self
+            .rpc
             .get("orphan get", &own_prefix(queue, owner), options)
             .await?;
-        let mut orphans = reply.kvs().iter().map(|kv| Ticket {
-            leases: self.client.lease_client(),
-            timeout: self.config.request_timeout,
-            lease_id: kv.lease(),
-            ttl,
-            key: String::from_utf8_lossy(kv.key()).into_owned(),
-            revision: kv.create_revision(),
-            first: false,
-            refreshed_at: Instant::now(),
-            armed: true,
-        });
+        let mut orphans = Vec::new();
+        for kv in reply.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let now = Instant::now();
+            // A key on a session lease is registered there (again) until a TTL from now.
+            let session = match self.rpc.config.lease {
+                LeaseMode::PerLock => None,
+                LeaseMode::Session => self
+                    .sessions
+                    .find(kv.lease())
+                    .await
+                    .filter(|session| session.register(&key, now + ttl)),
+            };
+            orphans.push(Ticket {
+                leases: self.rpc.client.lease_client(),
+                timeout: self.rpc.config.request_timeout,
+                lease_id: kv.lease(),
+                ttl: session.as_ref().map_or(ttl, |s| ttl.min(s.granted)),
+                session,
+                key,
+                revision: kv.create_revision(),
+                first: false,
+                refreshed_at: now,
+                armed: true,
+            });
+        }
+        let mut orphans = orphans.into_iter();
         let Some(mut oldest) = orphans.next() else {
             return Ok(None);
         };
@@ -456,7 +477,7 @@ impl EtcdLock {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1)
             .with_keys_only();
-        let reply = self.get("predecessor get", queue, options).await?;
+        let reply = self.rpc.get("predecessor get", queue, options).await?;
         let revision = reply.header().map_or(0, |h| h.revision());
         Ok((reply.kvs().first().map(|kv| kv.key().to_vec()), revision))
     }
@@ -489,22 +510,22 @@ impl EtcdLock {
                 .with_start_revision(revision + 1)
                 .with_filters([WatchFilterType::NoPut]);
             let watch = || {
-                let (mut watches, before) = (self.client.watch_client(), before.clone());
+                let (mut watches, before) = (self.rpc.client.watch_client(), before.clone());
                 let options = options.clone();
                 async move { watches.watch(before, Some(options)).await }
             };
-            let mut watch = self.call("watch", watch).await?;
+            let mut watch = self.rpc.call("watch", watch).await?;
             loop {
                 tokio::select! {
                     message = watch.message() => {
                         let message = message
-                            .map_err(|e| convert(&self.config, "watch", e))?
-                            .ok_or_else(|| self.unavailable("watch: the stream ended"))?;
+                            .map_err(|e| convert(&self.rpc.config, "watch", e))?
+                            .ok_or_else(|| self.rpc.unavailable("watch: the stream ended"))?;
                         if message.canceled() {
                             if message.compact_revision() > 0 {
                                 break; // compacted past our start: just look again
                             }
-                            return Err(self.unavailable(&format!(
+                            return Err(self.rpc.unavailable(&format!(
                                 "watch cancelled: {}",
                                 message.cancel_reason()
                             )));
@@ -528,17 +549,18 @@ impl EtcdLock {
 
     /// Confirms the first-in-queue ticket's lease is alive on the leader (etcd#11456),
     /// refreshing it if it was last refreshed more than a tenth of the TTL ago, and turns
-    /// it into a lease. `LeaseLost` if the lease expired.
+    /// it into a lease. `LeaseLost` if the lease expired. A session's lease is confirmed
+    /// by its task every tenth of its TTL; a keep-alive is sent here only if that is late.
     async fn grant(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ticket: &mut Ticket,
     ) -> Result<Lease, LockError> {
-        if ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
+        if ticket.session.is_some() || ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
             self.refresh(ticket).await?;
         } else {
-            if self.time_to_live(ticket.lease_id).await? < 0 {
+            if self.rpc.time_to_live(ticket.lease_id).await? < 0 {
                 return Err(LockError::lost(format!(
                     "etcd lease {:x} expired before the grant was confirmed",
                     ticket.lease_id
@@ -570,7 +592,7 @@ impl EtcdLock {
         if handle.path.is_empty() || handle.id == 0 {
             return Err(LockError::lost("the lease carries no etcd key"));
         }
-        let reply = self.get("get", &handle.path, GetOptions::new()).await?;
+        let reply = self.rpc.get("get", &handle.path, GetOptions::new()).await?;
         let current = reply.kvs().first().cloned();
         match current {
             Some(current) if is_ours(&current, lease) => Ok(current),
@@ -590,6 +612,7 @@ impl EtcdLock {
     /// lease, `LeaseLost` if it is gone or another owner's.
     async fn check_owned_on(&self, lease: &Lease, moved_to: i64) -> Result<bool, LockError> {
         let reply = self
+            .rpc
             .get("get", &lease.handle().path, GetOptions::new())
             .await?;
         match reply.kvs().first() {
@@ -611,34 +634,32 @@ impl EtcdLock {
             Compare::lease(path, CompareOp::Equal, lease.handle().id),
         ]
     }
-
-    fn unavailable(&self, what: &str) -> LockError {
-        LockError::Unavailable {
-            message: format!("{what} on {}", self.config.hosts.join(",")),
-            source: None,
-        }
-    }
 }
 
 #[async_trait]
 impl DistributedLock for EtcdLock {
-    /// One lease grant and one transaction; if not first, the lease is revoked (removing
-    /// the key) and the answer is `None`.
+    /// One transaction (and, with `?lease=per-lock`, a lease grant first); if not first,
+    /// the key is removed and the answer is `None`.
     ///
     /// # Cancel safety
-    /// If dropped after the lease was granted, the lease is revoked in the background
-    /// (removing any key put on it); without a runtime, its TTL removes it.
+    /// If dropped once the key may have been sent, the key is removed in the background
+    /// (a lease of its own is revoked; a session deletes it); failing that, or without a
+    /// runtime, the TTL removes it.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let owner = OwnerId::random();
-        let mut ticket = self.enqueue(key, owner, ttl).await?;
+        let mut ticket = match self.enqueue(key, owner, ttl).await {
+            // The session's lease ended unnoticed: once more, on a new session.
+            Err(LockError::LeaseLost { .. }) => self.enqueue(key, owner, ttl).await?,
+            other => other?,
+        };
         if !ticket.first {
             self.abandon(ticket).await;
             return Ok(None);
         }
         match self.grant(key, owner, &mut ticket).await {
             Ok(lease) => Ok(Some(lease)),
-            Err(LockError::LeaseLost { reason }) => Err(self.unavailable(&reason)),
+            Err(LockError::LeaseLost { reason }) => Err(self.rpc.unavailable(&reason)),
             Err(e) => Err(e),
         }
     }
@@ -650,8 +671,9 @@ impl DistributedLock for EtcdLock {
     /// the same owner id.
     ///
     /// # Cancel safety
-    /// If dropped, the waiting key's lease is revoked in the background: no ghost
-    /// waiter or lock is left behind (without a runtime, the TTL removes it).
+    /// If dropped, the waiting key is removed in the background (its own lease revoked,
+    /// or deleted by its session): no ghost waiter or lock is left behind (without a
+    /// runtime, the TTL removes it).
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
@@ -711,7 +733,7 @@ impl DistributedLock for EtcdLock {
                             self.abandon(queued).await;
                         }
                         return Err(if lease_gone {
-                            self.unavailable("the waiting lease kept expiring")
+                            self.rpc.unavailable("the waiting lease kept expiring")
                         } else {
                             e
                         });
@@ -723,9 +745,11 @@ impl DistributedLock for EtcdLock {
         }
     }
 
-    /// Checks the key is still ours, then sends a lease keep-alive. A TTL needing more
-    /// whole seconds than the lease was granted with moves the key to a new lease (its
-    /// create revision, hence the token, is kept) and revokes the old one.
+    /// Checks the key is still ours and keeps it for another `ttl`: a keep-alive of its
+    /// own lease, or (on a session lease) its deadline moved on before the check, so the
+    /// session never deletes it under a renewal. A TTL longer than the lease holds moves
+    /// the key to a longer lease (its create revision, hence the token, is kept); an old
+    /// lease of its own is then revoked.
     ///
     /// If the move's reply is lost, the key is read back and the call keeps whichever
     /// lease it lives on; a move never revokes the lease the key may be attached to.
@@ -733,42 +757,54 @@ impl DistributedLock for EtcdLock {
     /// # Cancel safety
     /// `lease` is unchanged if dropped. A keep-alive may have been applied. A move dropped
     /// in flight may have re-attached the key to the new lease: the lock then stays held
-    /// until that lease's TTL runs out (never freed early), and this `lease`'s next
-    /// `extend` reports `LeaseLost`. The old lease is left to its TTL.
+    /// until that lease's TTL (or its session deadline) runs out, never freed early, and
+    /// this `lease`'s next `extend` reports `LeaseLost`. The old lease is left to its TTL.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
         let sent = Instant::now();
-        self.check_owned(lease).await?;
-        let old_id = lease.handle().id;
-        if lease_seconds(ttl) <= lease_seconds(lease.ttl()) {
-            self.keep_alive(old_id).await?;
-            lease.renewed(sent, ttl, default_drift(ttl));
+        let (old_id, path) = (lease.handle().id, lease.handle().path.clone());
+        // A lease taken by another client (e.g. another `tenure` process) is extended as
+        // a lease of its own: keep-alives on its etcd lease.
+        let session = match self.rpc.config.lease {
+            LeaseMode::PerLock => None,
+            LeaseMode::Session => self.sessions.find(old_id).await,
+        };
+        let fits = match &session {
+            Some(session) => ttl <= session.granted,
+            None => lease_seconds(ttl) <= lease_seconds(lease.ttl()),
+        };
+        if fits {
+            if let Some(session) = &session {
+                session.renew(&path, sent + ttl)?;
+            }
+            self.check_owned(lease).await?;
+            let at = match &session {
+                Some(session) => self.sessions.confirmed(session).await?.min(sent),
+                None => {
+                    self.rpc.keep_alive(old_id).await?;
+                    sent
+                }
+            };
+            lease.renewed(at, ttl, default_drift(ttl));
             return Ok(());
         }
-        // A longer TTL than the lease holds: re-attach the key to a longer lease.
-        let (new_id, ttl) = self.grant_lease(ttl).await?;
-        // Once the move is sent the key may live on the new lease, so it is never revoked
-        // on drop, only once the key is known not to be on it (a dropped call leaves it
-        // to its TTL).
-        let mut fresh = Ticket {
-            leases: self.client.lease_client(),
-            timeout: self.config.request_timeout,
-            lease_id: new_id,
-            ttl,
-            key: lease.handle().path.clone(),
-            revision: lease.handle().revision,
-            first: true,
-            refreshed_at: sent,
-            armed: false,
-        };
+        self.check_owned(lease).await?;
+        // A longer TTL than the lease holds: re-attach the key to a longer lease. Once the
+        // move is sent the key may live on it, so the new lease is never revoked on drop,
+        // only once the key is known not to be on it (a dropped call leaves it to its TTL,
+        // or to its session deadline).
+        let mut fresh = self.ticket(ttl, &|_| path.clone()).await?;
+        fresh.armed = false;
+        fresh.revision = lease.handle().revision;
+        let new_id = fresh.lease_id;
         let txn = Txn::new()
             .when(Self::ownership(lease))
             .and_then([TxnOp::put(
-                lease.handle().path.as_str(),
+                path.as_str(),
                 lease.owner().to_string(),
                 Some(PutOptions::new().with_lease(new_id)),
             )]);
-        let moved = match self.txn("extend txn", txn).await {
+        let moved = match self.rpc.txn("extend txn", txn).await {
             Ok(reply) if reply.succeeded() => Ok(()),
             Ok(_) => Err(LockError::lost(format!(
                 "`{}` is no longer held by {}",
@@ -780,7 +816,7 @@ impl DistributedLock for EtcdLock {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(e),
                 Err(lost @ LockError::LeaseLost { .. }) => Err(lost),
-                // Still unknown: the new lease runs out its TTL on its own.
+                // Still unknown: the new lease (or session deadline) ends it on its own.
                 Err(_) => return Err(e),
             },
         };
@@ -790,19 +826,32 @@ impl DistributedLock for EtcdLock {
             self.abandon(fresh).await;
             return Err(e);
         }
-        let _ = self.revoke(old_id).await;
+        match &session {
+            Some(old) => old.forget(&path),
+            None if self.rpc.config.lease == LeaseMode::PerLock => {
+                let _ = self.rpc.revoke(old_id).await;
+            }
+            // Another client's lease, possibly shared by its other keys: left alone.
+            None => {}
+        }
         let mut handle = lease.handle().clone();
         handle.id = new_id;
         *lease = lease.clone().with_handle(handle);
-        lease.renewed(sent, ttl, default_drift(ttl));
+        lease.renewed(
+            fresh.refreshed_at.min(sent),
+            fresh.ttl,
+            default_drift(fresh.ttl),
+        );
         Ok(())
     }
 
     /// Deletes the key only if it is still this grant's (create revision, owner and
-    /// lease compared in one transaction), then revokes the lease in the background.
+    /// lease compared in one transaction). A lease of its own is then revoked in the
+    /// background; a session's lease stays, for its other keys.
     ///
     /// # Cancel safety
-    /// If dropped, the lock may stay held until its lease's TTL runs out.
+    /// If dropped, the lock may stay held until its lease's TTL (or, on a session lease,
+    /// its deadline) runs out.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
         if lease.handle().path.is_empty() {
             return Ok(ReleaseOutcome::NotHeld);
@@ -810,22 +859,35 @@ impl DistributedLock for EtcdLock {
         let txn = Txn::new()
             .when(Self::ownership(&lease))
             .and_then([TxnOp::delete(lease.handle().path.as_str(), None)]);
-        if !self.txn("release txn", txn).await?.succeeded() {
-            // Not ours (expired, or a forged lease): the lease id may not be ours either.
+        if !self.rpc.txn("release txn", txn).await?.succeeded() {
+            // Not ours (expired, or a forged lease): the lease id may not be ours either,
+            // and a session keeps deleting the key at its deadline.
             return Ok(ReleaseOutcome::NotHeld);
         }
-        // The key is gone and the lock free. Revoking the now empty lease is housekeeping:
-        // it runs in the background, off the caller's latency (a failed or dropped revoke
-        // only lets the lease run out its TTL).
-        let (lock, id) = (self.clone(), lease.handle().id);
-        tokio::spawn(async move {
-            let _ = lock.revoke(id).await;
-        });
+        let id = lease.handle().id;
+        match self.rpc.config.lease {
+            LeaseMode::Session => {
+                if let Some(session) = self.sessions.find(id).await {
+                    session.forget(&lease.handle().path);
+                }
+            }
+            LeaseMode::PerLock => {
+                // The key is gone and the lock free. Revoking the now empty lease is
+                // housekeeping, off the caller's latency (a failed or dropped revoke only
+                // lets the lease run out its TTL).
+                let rpc = self.rpc.clone();
+                tokio::spawn(async move {
+                    let _ = rpc.revoke(id).await;
+                });
+            }
+        }
         Ok(ReleaseOutcome::Released)
     }
 
     /// Reads the queue's head (owner from its value, token from its create revision) and
-    /// its lease's remaining TTL (whole seconds, rounded down by etcd).
+    /// its lease's remaining TTL (whole seconds, rounded down by etcd). On a session
+    /// lease that is how long the lock outlives its client if that stops now; while the
+    /// client runs, the lock also ends once its holder stops renewing it.
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.
@@ -835,6 +897,7 @@ impl DistributedLock for EtcdLock {
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let reply = self
+            .rpc
             .get("inspect get", &self.queue_prefix(key), options)
             .await?;
         let Some(head) = reply.kvs().first() else {
@@ -882,179 +945,4 @@ fn is_ours_on(current: &KeyValue, lease: &Lease, lease_id: i64) -> bool {
     current.create_revision() == lease.token().get() as i64
         && current.lease() == lease_id
         && current.value() == lease.owner().to_string().as_bytes()
-}
-
-/// etcd leases count whole seconds: a TTL rounded up (at least 1 s; the server may raise
-/// it to its minimum, about 1.5 election timeouts).
-fn lease_seconds(ttl: Duration) -> i64 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
-}
-
-/// The TTL a lease granted `granted_secs` for `requested` may be believed for: never more
-/// than the server granted (etcd raises short TTLs to its minimum, never lowers them, but
-/// the reply is what counts). A non-positive grant is a malformed reply.
-fn believed_ttl(requested: Duration, granted_secs: i64) -> Result<Duration, LockError> {
-    let granted = u64::try_from(granted_secs)
-        .ok()
-        .filter(|&secs| secs > 0)
-        .ok_or_else(|| LockError::backend(format!("etcd granted a lease of {granted_secs} s")))?;
-    Ok(requested.min(Duration::from_secs(granted)))
-}
-
-/// Runs `request` for at most `limit`; running out is `Unavailable`.
-async fn bounded<T>(
-    config: &EtcdConfig,
-    limit: Duration,
-    what: &str,
-    request: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(limit, request).await {
-        Ok(result) => result.map_err(|e| convert(config, what, e)),
-        Err(_) => Err(LockError::Unavailable {
-            message: format!(
-                "{what} on {}: no reply within {limit:?}",
-                config.hosts.join(",")
-            ),
-            source: None,
-        }),
-    }
-}
-
-/// gRPC status codes (see `tonic::Code`).
-mod code {
-    pub(super) const CANCELLED: i32 = 1;
-    pub(super) const UNKNOWN: i32 = 2;
-    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
-    pub(super) const NOT_FOUND: i32 = 5;
-    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
-    pub(super) const ABORTED: i32 = 10;
-    pub(super) const UNAVAILABLE: i32 = 14;
-}
-
-/// Unreachable, no leader, timed out or cut off is `Unavailable`; anything else is
-/// `Backend`. The client error is kept as the source; no secret is in the message.
-fn convert(config: &EtcdConfig, what: &str, error: etcd_client::Error) -> LockError {
-    use etcd_client::Error as E;
-    let message = format!("{what} on {}: {error}", config.hosts.join(","));
-    let transient = match &error {
-        E::GRpcStatus(status) => matches!(
-            i32::from(status.code()),
-            code::CANCELLED
-                | code::UNKNOWN
-                | code::DEADLINE_EXCEEDED
-                | code::RESOURCE_EXHAUSTED
-                | code::ABORTED
-                | code::UNAVAILABLE
-        ),
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
-        E::LeaseKeepAliveError(_) => !error.to_string().contains("not found"),
-        _ => false,
-    };
-    if is_not_found(&error) {
-        return LockError::Backend {
-            message,
-            source: Some(Box::new(error)),
-        };
-    }
-    if transient {
-        LockError::Unavailable {
-            message,
-            source: Some(Box::new(error)),
-        }
-    } else {
-        LockError::Backend {
-            message,
-            source: Some(Box::new(error)),
-        }
-    }
-}
-
-/// Whether a request failed before it left the client: its connection was refused.
-fn never_sent(error: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    let mut source: Option<&(dyn std::error::Error + 'static)> = match error {
-        E::GRpcStatus(status) => Some(status),
-        E::TransportError(e) => Some(e),
-        E::IoError(e) => Some(e),
-        _ => None,
-    };
-    while let Some(e) = source {
-        if e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        source = e.source();
-    }
-    false
-}
-
-fn is_not_found(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => i32::from(status.code()) == code::NOT_FOUND,
-        etcd_client::Error::LeaseKeepAliveError(e) => e.contains("not found"),
-        _ => false,
-    }
-}
-
-/// Whether a converted error says the lease does not exist (expired or revoked).
-fn is_lease_gone(error: &LockError) -> bool {
-    match error {
-        LockError::Backend {
-            source: Some(source),
-            ..
-        } => source
-            .downcast_ref::<etcd_client::Error>()
-            .is_some_and(is_not_found),
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(lease_seconds(Duration::from_millis(10)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(1000)), 1);
-        assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
-        assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
-    }
-
-    #[test]
-    fn a_lease_is_believed_for_no_longer_than_granted() {
-        let asked = Duration::from_millis(2500);
-        assert_eq!(believed_ttl(asked, 3).unwrap(), asked);
-        assert_eq!(believed_ttl(asked, 60).unwrap(), asked);
-        assert_eq!(believed_ttl(asked, 2).unwrap(), Duration::from_secs(2));
-        for bad in [0, -1, i64::MIN] {
-            let error = believed_ttl(asked, bad).unwrap_err();
-            assert!(matches!(error, LockError::Backend { .. }), "{error}");
-        }
-    }
-
-    #[test]
-    fn lease_gone_is_recognised_only_for_not_found() {
-        let config = EtcdConfig::from_url("etcd://h").unwrap();
-        let gone = convert(
-            &config,
-            "x",
-            etcd_client::Error::LeaseKeepAliveError("lease not found".into()),
-        );
-        assert!(is_lease_gone(&gone), "{gone}");
-        let down = convert(&config, "x", etcd_client::Error::WatchError("eof".into()));
-        assert!(matches!(down, LockError::Unavailable { .. }), "{down}");
-        assert!(!is_lease_gone(&down));
-    }
-
-    #[test]
-    fn only_refused_connections_count_as_never_sent() {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert!(never_sent(&etcd_client::Error::IoError(refused)));
-        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(!never_sent(&etcd_client::Error::IoError(reset)));
-        assert!(!never_sent(&etcd_client::Error::WatchError("x".into())));
-    }
 }

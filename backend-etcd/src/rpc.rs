@@ -1,0 +1,294 @@
+//! Bounded requests to the cluster, and how their errors map onto [`LockError`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, Txn};
+use tenure_api::LockError;
+
+use crate::EtcdConfig;
+
+/// The client and its configuration: every request of the backend goes through here.
+#[derive(Clone)]
+pub(crate) struct Rpc {
+    pub(crate) config: EtcdConfig,
+    pub(crate) client: Client,
+}
+
+impl Rpc {
+    /// Runs one request for at most the request timeout. A request that never left the
+    /// client (its connection to one endpoint was refused, e.g. a dead member the
+    /// balancer still tries) is sent again, with a short pause, within the same bound:
+    /// that is safe for every request.
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let retried = async {
+            let mut pause = Duration::from_millis(5);
+            loop {
+                match request().await {
+                    Err(e) if never_sent(&e) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(100));
+                    }
+                    other => return other,
+                }
+            }
+        };
+        bounded(&self.config, self.config.request_timeout, what, retried).await
+    }
+
+    pub(crate) async fn txn(
+        &self,
+        what: &str,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, LockError> {
+        let request = || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        };
+        self.call(what, request).await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: &str,
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse, LockError> {
+        let request = || {
+            let (mut kv, options) = (self.client.kv_client(), options.clone());
+            let key = key.to_owned();
+            async move { kv.get(key, Some(options)).await }
+        };
+        self.call(what, request).await
+    }
+
+    /// Grants a lease of `ttl` rounded up to whole seconds. Returns its id and the TTL to
+    /// believe: the requested one, or the granted one if the server granted less.
+    pub(crate) async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Duration), LockError> {
+        let request = || {
+            let mut leases = self.client.lease_client();
+            async move { leases.grant(lease_seconds(ttl), None).await }
+        };
+        let reply = self.call("lease grant", request).await?;
+        Ok((reply.id(), believed_ttl(ttl, reply.ttl())?))
+    }
+
+    pub(crate) async fn revoke(&self, lease_id: i64) -> Result<(), LockError> {
+        let request = || {
+            let mut leases = self.client.lease_client();
+            async move { leases.revoke(lease_id).await }
+        };
+        self.call("lease revoke", request).await.map(|_| ())
+    }
+
+    /// The lease's remaining whole seconds as the leader sees them, truncated (a live
+    /// lease with less than a second left reads 0; a lease that is gone reads −1).
+    pub(crate) async fn time_to_live(&self, lease_id: i64) -> Result<i64, LockError> {
+        let request = || {
+            let mut leases = self.client.lease_client();
+            async move { leases.time_to_live(lease_id, None).await }
+        };
+        Ok(self.call("lease time-to-live", request).await?.ttl())
+    }
+
+    /// Sends one lease keep-alive. `LeaseLost` if the lease no longer exists.
+    pub(crate) async fn keep_alive(&self, lease_id: i64) -> Result<(), LockError> {
+        let keep_alive = || {
+            let mut leases = self.client.lease_client();
+            async move { leases.keep_alive(lease_id).await }
+        };
+        match self.call("lease keep-alive", keep_alive).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_lease_gone(&e) => Err(LockError::lost(format!(
+                "etcd lease {lease_id:x} has expired or was revoked"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn unavailable(&self, what: &str) -> LockError {
+        LockError::Unavailable {
+            message: format!("{what} on {}", self.config.hosts.join(",")),
+            source: None,
+        }
+    }
+}
+
+/// etcd leases count whole seconds: a TTL rounded up (at least 1 s; the server may raise
+/// it to its minimum, about 1.5 election timeouts).
+pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The TTL a lease granted `granted_secs` for `requested` may be believed for: never more
+/// than the server granted (etcd raises short TTLs to its minimum, never lowers them, but
+/// the reply is what counts). A non-positive grant is a malformed reply.
+pub(crate) fn believed_ttl(requested: Duration, granted_secs: i64) -> Result<Duration, LockError> {
+    let granted = u64::try_from(granted_secs)
+        .ok()
+        .filter(|&secs| secs > 0)
+        .ok_or_else(|| LockError::backend(format!("etcd granted a lease of {granted_secs} s")))?;
+    Ok(requested.min(Duration::from_secs(granted)))
+}
+
+/// Runs `request` for at most `limit`; running out is `Unavailable`.
+pub(crate) async fn bounded<T>(
+    config: &EtcdConfig,
+    limit: Duration,
+    what: &str,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result.map_err(|e| convert(config, what, e)),
+        Err(_) => Err(LockError::Unavailable {
+            message: format!(
+                "{what} on {}: no reply within {limit:?}",
+                config.hosts.join(",")
+            ),
+            source: None,
+        }),
+    }
+}
+
+/// gRPC status codes (see `tonic::Code`).
+mod code {
+    pub(super) const CANCELLED: i32 = 1;
+    pub(super) const UNKNOWN: i32 = 2;
+    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const NOT_FOUND: i32 = 5;
+    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(super) const ABORTED: i32 = 10;
+    pub(super) const UNAVAILABLE: i32 = 14;
+}
+
+/// Unreachable, no leader, timed out or cut off is `Unavailable`; anything else is
+/// `Backend`. The client error is kept as the source; no secret is in the message.
+pub(crate) fn convert(config: &EtcdConfig, what: &str, error: etcd_client::Error) -> LockError {
+    use etcd_client::Error as E;
+    let message = format!("{what} on {}: {error}", config.hosts.join(","));
+    let transient = match &error {
+        E::GRpcStatus(status) => matches!(
+            i32::from(status.code()),
+            code::CANCELLED
+                | code::UNKNOWN
+                | code::DEADLINE_EXCEEDED
+                | code::RESOURCE_EXHAUSTED
+                | code::ABORTED
+                | code::UNAVAILABLE
+        ),
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
+        E::LeaseKeepAliveError(_) => !error.to_string().contains("not found"),
+        _ => false,
+    };
+    if is_not_found(&error) {
+        return LockError::Backend {
+            message,
+            source: Some(Box::new(error)),
+        };
+    }
+    if transient {
+        LockError::Unavailable {
+            message,
+            source: Some(Box::new(error)),
+        }
+    } else {
+        LockError::Backend {
+            message,
+            source: Some(Box::new(error)),
+        }
+    }
+}
+
+/// Whether a request failed before it left the client: its connection was refused.
+pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match error {
+        E::GRpcStatus(status) => Some(status),
+        E::TransportError(e) => Some(e),
+        E::IoError(e) => Some(e),
+        _ => None,
+    };
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+pub(crate) fn is_not_found(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => i32::from(status.code()) == code::NOT_FOUND,
+        etcd_client::Error::LeaseKeepAliveError(e) => e.contains("not found"),
+        _ => false,
+    }
+}
+
+/// Whether a converted error says the lease does not exist (expired or revoked).
+pub(crate) fn is_lease_gone(error: &LockError) -> bool {
+    match error {
+        LockError::Backend {
+            source: Some(source),
+            ..
+        } => source
+            .downcast_ref::<etcd_client::Error>()
+            .is_some_and(is_not_found),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(lease_seconds(Duration::from_millis(10)), 1);
+        assert_eq!(lease_seconds(Duration::from_millis(1000)), 1);
+        assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn a_lease_is_believed_for_no_longer_than_granted() {
+        let asked = Duration::from_millis(2500);
+        assert_eq!(believed_ttl(asked, 3).unwrap(), asked);
+        assert_eq!(believed_ttl(asked, 60).unwrap(), asked);
+        assert_eq!(believed_ttl(asked, 2).unwrap(), Duration::from_secs(2));
+        for bad in [0, -1, i64::MIN] {
+            let error = believed_ttl(asked, bad).unwrap_err();
+            assert!(matches!(error, LockError::Backend { .. }), "{error}");
+        }
+    }
+
+    #[test]
+    fn lease_gone_is_recognised_only_for_not_found() {
+        let config = EtcdConfig::from_url("etcd://h").unwrap();
+        let gone = convert(
+            &config,
+            "x",
+            etcd_client::Error::LeaseKeepAliveError("lease not found".into()),
+        );
+        assert!(is_lease_gone(&gone), "{gone}");
+        let down = convert(&config, "x", etcd_client::Error::WatchError("eof".into()));
+        assert!(matches!(down, LockError::Unavailable { .. }), "{down}");
+        assert!(!is_lease_gone(&down));
+    }
+
+    #[test]
+    fn only_refused_connections_count_as_never_sent() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(never_sent(&etcd_client::Error::IoError(refused)));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!never_sent(&etcd_client::Error::IoError(reset)));
+        assert!(!never_sent(&etcd_client::Error::WatchError("x".into())));
+    }
+}

@@ -1,0 +1,263 @@
+//! Session leases: one etcd lease per client and TTL (in whole seconds), shared by the
+//! client's lock keys and kept alive by one background task — etcd's own
+//! `concurrency.Session` shape, which saves a lease grant and a revoke per lock.
+//!
+//! A shared lease would keep every key on it alive as long as the client runs, so the
+//! session also keeps each key's own deadline: a key not renewed (by `extend`, or by its
+//! waiter) by `reap_at` is deleted by the session's task, in a transaction that only
+//! matches the key on this lease. `reap_at` is always at least the holder's believed
+//! deadline, and an `extend` moves it forward *before* it reads the key, so the task
+//! never deletes a key its holder may still believe held: a key the task has taken for
+//! deletion is no longer registered, and `extend` then reports `LeaseLost`.
+//!
+//! If the client stops (crash, pause, last handle dropped), keep-alives stop and the
+//! server ends the lease, and every key on it, one lease TTL after the last keep-alive:
+//! the same bound as a lease of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use tenure_api::LockError;
+use tokio::sync::Notify;
+
+use crate::rpc::{lease_seconds, Rpc};
+
+/// The sessions of one client (shared by its clones), one per lease TTL in whole seconds.
+pub(crate) struct Sessions {
+    rpc: Rpc,
+    by_secs: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
+}
+
+/// One shared etcd lease and the keys on it.
+pub(crate) struct Session {
+    pub(crate) lease_id: i64,
+    /// The TTL the lease may be believed for after a keep-alive.
+    pub(crate) granted: Duration,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+struct State {
+    /// When the grant or the last successful keep-alive was sent.
+    confirmed_at: Instant,
+    /// The lease is known to be gone, or is being closed: no new keys.
+    closed: bool,
+    /// The keys on this lease and when to delete each unless renewed by then.
+    keys: HashMap<String, Instant>,
+}
+
+impl Sessions {
+    pub(crate) fn new(rpc: Rpc) -> Self {
+        Self {
+            rpc,
+            by_secs: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The session for `ttl`, granting its lease if there is none, with the key named
+    /// `key_of(lease id)` registered on it until `reap_at` (so the key cannot outlive that
+    /// unless renewed, even if the caller is dropped once the key is sent).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a lease granted for a dropped call is kept as the session's.
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        ttl: Duration,
+        key_of: &(dyn Fn(i64) -> String + Sync),
+        reap_at: Instant,
+    ) -> Result<Arc<Session>, LockError> {
+        let secs = lease_seconds(ttl);
+        let mut by_secs = self.by_secs.lock().await;
+        if let Some(session) = by_secs.get(&secs) {
+            if session.register(&key_of(session.lease_id), reap_at) {
+                return Ok(session.clone());
+            }
+        }
+        let sent = Instant::now();
+        let (lease_id, granted) = self
+            .rpc
+            .grant_lease(Duration::from_secs(secs.unsigned_abs()))
+            .await?;
+        let session = Arc::new(Session {
+            lease_id,
+            granted,
+            state: Mutex::new(State {
+                confirmed_at: sent,
+                closed: false,
+                keys: HashMap::new(),
+            }),
+            wake: Notify::new(),
+        });
+        session.register(&key_of(lease_id), reap_at);
+        by_secs.insert(secs, session.clone());
+        tokio::spawn(keep(
+            session.clone(),
+            Arc::downgrade(self),
+            self.rpc.clone(),
+        ));
+        Ok(session)
+    }
+
+    /// The live session whose lease is `lease_id`, if it is one of this client's.
+    pub(crate) async fn find(&self, lease_id: i64) -> Option<Arc<Session>> {
+        let by_secs = self.by_secs.lock().await;
+        by_secs
+            .values()
+            .find(|s| s.lease_id == lease_id && !s.state().closed)
+            .cloned()
+    }
+
+    /// When `session`'s lease was last confirmed alive, sending a keep-alive first if
+    /// that was more than a fifth of its TTL ago (the task sends one every tenth).
+    /// `LeaseLost` if the lease is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub(crate) async fn confirmed(&self, session: &Session) -> Result<Instant, LockError> {
+        let confirmed_at = session.state().confirmed_at;
+        if session.state().closed {
+            return Err(session.gone());
+        }
+        if confirmed_at.elapsed() <= session.granted / 5 {
+            return Ok(confirmed_at);
+        }
+        let sent = Instant::now();
+        match self.rpc.keep_alive(session.lease_id).await {
+            Ok(()) => Ok(session.confirm(sent)),
+            Err(e @ LockError::LeaseLost { .. }) => {
+                session.close();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Session {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn gone(&self) -> LockError {
+        LockError::lost(format!(
+            "etcd session lease {:x} has expired or was revoked",
+            self.lease_id
+        ))
+    }
+
+    /// Registers `key` until `reap_at` (or later, if it already was). False if the
+    /// session takes no new keys.
+    pub(crate) fn register(&self, key: &str, reap_at: Instant) -> bool {
+        let mut state = self.state();
+        if state.closed {
+            return false;
+        }
+        let at = state.keys.entry(key.to_owned()).or_insert(reap_at);
+        *at = (*at).max(reap_at);
+        true
+    }
+
+    /// Moves a registered key's deadline to at least `reap_at`. `LeaseLost` if the key
+    /// is no longer registered (deleted, or taken for deletion) or the lease is gone.
+    pub(crate) fn renew(&self, key: &str, reap_at: Instant) -> Result<(), LockError> {
+        let mut state = self.state();
+        if state.closed {
+            drop(state);
+            return Err(self.gone());
+        }
+        match state.keys.get_mut(key) {
+            Some(at) => {
+                *at = (*at).max(reap_at);
+                Ok(())
+            }
+            None => Err(LockError::lost(format!(
+                "the key {key} was deleted at its deadline"
+            ))),
+        }
+    }
+
+    /// Forgets a key that was deleted (or never written).
+    pub(crate) fn forget(&self, key: &str) {
+        self.state().keys.remove(key);
+    }
+
+    /// Asks the task to delete `key` now. Never blocks: usable from `Drop`.
+    pub(crate) fn reap_now(&self, key: &str) {
+        if let Some(at) = self.state().keys.get_mut(key) {
+            *at = Instant::now();
+        }
+        self.wake.notify_one();
+    }
+
+    /// Records a keep-alive sent at `sent` as answered; returns the confirmation time.
+    fn confirm(&self, sent: Instant) -> Instant {
+        let mut state = self.state();
+        state.confirmed_at = state.confirmed_at.max(sent);
+        state.confirmed_at
+    }
+
+    /// Takes no new keys: the lease is gone.
+    pub(crate) fn close(&self) {
+        self.state().closed = true;
+    }
+
+    /// Takes the keys due for deletion at `now` out of the registry.
+    fn due(&self, now: Instant) -> Vec<String> {
+        let mut state = self.state();
+        let due: Vec<String> = state
+            .keys
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &due {
+            state.keys.remove(key);
+        }
+        due
+    }
+}
+
+/// The session's task: a keep-alive every tenth of the TTL, and deletion of keys past
+/// their deadline. It ends when the lease is gone or when the client is dropped (leaving
+/// the lease to run out its TTL: a lock taken by a client that exits stays held for that
+/// long, as with a lease of its own). Like etcd's `concurrency.Session`, a session lives
+/// as long as its client: one per distinct TTL (in whole seconds) the client has used.
+async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
+    let period = session.granted / 10;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = session.wake.notified() => {}
+        }
+        if client.strong_count() == 0 {
+            return;
+        }
+        if session.state().confirmed_at.elapsed() >= period {
+            let sent = Instant::now();
+            match rpc.keep_alive(session.lease_id).await {
+                Ok(()) => {
+                    session.confirm(sent);
+                }
+                Err(LockError::LeaseLost { .. }) => {
+                    session.close();
+                    return;
+                }
+                Err(_) => {} // again next period; holders see the confirmation age
+            }
+        }
+        for key in session.due(Instant::now()) {
+            let txn = Txn::new()
+                .when([Compare::lease(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    session.lease_id,
+                )])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            if rpc.txn("expired key delete", txn).await.is_err() {
+                session.register(&key, Instant::now() + period);
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Session leases (`lease=session`, the default): what a cycle costs the server, and what
+//! happens when a session's lease ends or its client goes away.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tenure_api::{AcquireOptions, DistributedLock, LockError, LockExt, LockKey};
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_etcd::EtcdLock;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("sessions/{name}")).unwrap()
+}
+
+async fn connect(cluster: &EtcdCluster, options: &str) -> EtcdLock {
+    let addr = cluster.members()[0].addr();
+    EtcdLock::connect(&format!("etcd://{addr}/sessions?{options}"))
+        .await
+        .unwrap()
+}
+
+/// A plain etcd client on the member.
+async fn plain(cluster: &EtcdCluster) -> etcd_client::Client {
+    etcd_client::Client::connect([cluster.members()[0].endpoint()], None)
+        .await
+        .unwrap()
+}
+
+/// Successful unary requests the member has served, by gRPC method, from its `/metrics`.
+async fn served(cluster: &EtcdCluster, method: &str) -> u64 {
+    let mut stream = tokio::net::TcpStream::connect(cluster.members()[0].addr())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let series = format!("grpc_server_handled_total{{grpc_code=\"OK\",grpc_method=\"{method}\",");
+    text.lines()
+        .filter(|line| line.starts_with(&series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|count| count as u64)
+        .sum()
+}
+
+/// With a lease per lock, a cycle was a lease grant, a transaction, a time-to-live read,
+/// a transaction and a revoke: five requests, four of them Raft writes. On a session
+/// lease it is the protocol floor: one transaction to acquire, one to release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_on_a_session_lease_is_one_transaction_each_way() {
+    const CYCLES: u64 = 20;
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let lock = connect(&cluster, "").await;
+    let ttl = Duration::from_secs(10);
+    // The first acquisition grants the session's lease.
+    let warm = lock.try_acquire(&key("warm"), ttl).await.unwrap().unwrap();
+    lock.release(warm).await.unwrap();
+    let methods = [
+        "LeaseGrant",
+        "LeaseRevoke",
+        "LeaseTimeToLive",
+        "Txn",
+        "Range",
+    ];
+    let mut before = Vec::new();
+    for method in methods {
+        before.push(served(&cluster, method).await);
+    }
+    for i in 0..CYCLES {
+        let lease = lock
+            .try_acquire(&key(&format!("cycle-{i}")), ttl)
+            .await
+            .unwrap()
+            .expect("free");
+        lock.release(lease).await.unwrap();
+    }
+    let mut spent = Vec::new();
+    for (method, before) in methods.iter().zip(before) {
+        spent.push((*method, served(&cluster, method).await - before));
+    }
+    assert_eq!(
+        spent,
+        [
+            ("LeaseGrant", 0),
+            ("LeaseRevoke", 0),
+            ("LeaseTimeToLive", 0),
+            ("Txn", 2 * CYCLES),
+            ("Range", 0),
+        ],
+        "requests served for {CYCLES} acquire/release cycles"
+    );
+}
+
+/// A session's lease that ends (here revoked from outside, as an expiry would) takes
+/// every lock on it: the guard reports the loss, an `extend` says `LeaseLost`, the locks
+/// are free for others, and the client's next acquisition opens a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_loses_every_lock_on_it_and_the_client_carries_on() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let lock = Arc::new(connect(&cluster, "").await);
+    let other = connect(&cluster, "").await;
+    let ttl = Duration::from_secs(5);
+    let guard = lock
+        .lock(&key("guarded"), &AcquireOptions::new(ttl))
+        .await
+        .unwrap();
+    let mut held = lock.try_acquire(&key("held"), ttl).await.unwrap().unwrap();
+    let session = held.handle().id;
+    assert_eq!(
+        guard.lease().await.unwrap().handle().id,
+        session,
+        "both locks share the session's lease"
+    );
+
+    plain(&cluster).await.lease_revoke(session).await.unwrap();
+    // At once, before the session's task can notice: a new acquisition must not fail on
+    // the dead lease.
+    let fresh = lock
+        .try_acquire(&key("fresh"), ttl)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_ne!(fresh.handle().id, session, "a new session");
+
+    tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("the guard reports the loss");
+    match lock.extend(&mut held, ttl).await {
+        Err(LockError::LeaseLost { .. }) => {}
+        other => panic!("extend on a lost session: {other:?}"),
+    }
+    for name in ["guarded", "held"] {
+        let taken = other.try_acquire(&key(name), ttl).await.unwrap();
+        assert!(taken.is_some(), "{name} is free once its session ended");
+    }
+    lock.release(fresh).await.unwrap();
+}
+
+/// Dropping the client (every clone) stops its session's keep-alives: the server ends
+/// the lease one TTL later, as it would a lease of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_client_stops_keeping_its_session_alive() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let mut client = plain(&cluster).await;
+    let lock = connect(&cluster, "").await;
+    let ttl = Duration::from_secs(2);
+    let lease = lock
+        .try_acquire(&key("dropped"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let session = lease.handle().id;
+    // While the client lives, its task keeps the lease alive past its TTL.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    let alive = client.lease_time_to_live(session, None).await.unwrap();
+    assert!(alive.ttl() > 0, "kept alive: {}", alive.ttl());
+
+    drop(lock);
+    let dropped = Instant::now();
+    loop {
+        let left = client.lease_time_to_live(session, None).await.unwrap();
+        if left.ttl() < 0 {
+            break;
+        }
+        assert!(
+            dropped.elapsed() < ttl * 3,
+            "the session's lease is still kept alive {:?} after its client was dropped",
+            dropped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
