@@ -259,7 +259,7 @@ impl EtcdLock {
             }
             Some(session) => {
                 session.renew(&ticket.key, sent + ticket.ttl)?;
-                ticket.refreshed_at = self.sessions.confirmed(session).await?;
+                ticket.refreshed_at = self.sessions.confirmed(session, sent).await?;
             }
         }
         Ok(())
@@ -308,7 +308,7 @@ impl EtcdLock {
             LeaseMode::Session => {
                 let session = self.sessions.enter(ttl, key_of, sent + ttl).await?;
                 let believed = ttl.min(session.granted);
-                let confirmed = self.sessions.confirmed(&session).await;
+                let confirmed = self.sessions.confirmed(&session, sent).await;
                 let refreshed_at = match confirmed {
                     Ok(at) => at,
                     Err(e) => {
@@ -341,9 +341,11 @@ impl EtcdLock {
         ttl: Duration,
     ) -> Result<Ticket, LockError> {
         let queue = self.queue_prefix(key);
-        // Key names are unique: the owner id is random per acquisition.
+        // Key names are never reused: the owner id is random per acquisition, and each
+        // attempt of one acquisition is numbered.
         let unique = own_prefix(&queue, owner);
-        let key_of = |id: i64| format!("{unique}{:016x}", id as u64);
+        let attempt = self.sessions.fresh_name();
+        let key_of = |id: i64| format!("{unique}{:016x}-{attempt:x}", id as u64);
         let mut ticket = self.ticket(ttl, &key_of).await?;
         let lease_id = ticket.lease_id;
         // Put our key if it does not exist; read the queue's head in the same revision.
@@ -408,6 +410,8 @@ impl EtcdLock {
 
     /// Finds this owner's oldest key left in `queue` by an enqueue whose reply was lost,
     /// and takes it over if its lease is still alive. Younger keys of ours are removed.
+    /// Only for leases of their own: on a session lease such a key is deleted by the
+    /// session (its ticket asked for that when dropped), never taken over.
     async fn adopt_orphan(
         &self,
         queue: &str,
@@ -424,26 +428,16 @@ impl EtcdLock {
         let mut orphans = Vec::new();
         for kv in reply.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let now = Instant::now();
-            // A key on a session lease is registered there (again) until a TTL from now.
-            let session = match self.rpc.config.lease {
-                LeaseMode::PerLock => None,
-                LeaseMode::Session => self
-                    .sessions
-                    .find(kv.lease())
-                    .await
-                    .filter(|session| session.register(&key, now + ttl)),
-            };
             orphans.push(Ticket {
                 leases: self.rpc.client.lease_client(),
                 timeout: self.rpc.config.request_timeout,
                 lease_id: kv.lease(),
-                ttl: session.as_ref().map_or(ttl, |s| ttl.min(s.granted)),
-                session,
+                ttl,
+                session: None,
                 key,
                 revision: kv.create_revision(),
                 first: false,
-                refreshed_at: now,
+                refreshed_at: Instant::now(),
                 armed: true,
             });
         }
@@ -686,9 +680,12 @@ impl DistributedLock for EtcdLock {
             let result = match ticket.as_mut() {
                 None => {
                     // After a failure, a key of ours may be queued already (an enqueue
-                    // whose reply was lost): wait on it rather than behind it.
-                    let queued = match failures {
-                        0 => self.enqueue(key, owner, opts.ttl).await,
+                    // whose reply was lost): on a lease of its own, wait on it rather than
+                    // behind it (a session deletes it instead).
+                    let queued = match (failures, self.rpc.config.lease) {
+                        (0, _) | (_, LeaseMode::Session) => {
+                            self.enqueue(key, owner, opts.ttl).await
+                        }
                         _ => match self.adopt_orphan(&queue, owner, opts.ttl).await {
                             Ok(Some(orphan)) => Ok(orphan),
                             Ok(None) => self.enqueue(key, owner, opts.ttl).await,
@@ -779,7 +776,7 @@ impl DistributedLock for EtcdLock {
             }
             self.check_owned(lease).await?;
             let at = match &session {
-                Some(session) => self.sessions.confirmed(session).await?.min(sent),
+                Some(session) => self.sessions.confirmed(session, sent).await?,
                 None => {
                     self.rpc.keep_alive(old_id).await?;
                     sent

@@ -10,15 +10,22 @@
 //! never deletes a key its holder may still believe held: a key the task has taken for
 //! deletion is no longer registered, and `extend` then reports `LeaseLost`.
 //!
+//! A key is registered before it is sent, under a name never used before, and once
+//! taken out of the registry it is never renewed again. So a key on the lease that is
+//! not registered is one nobody may believe held — a write that landed after its caller
+//! gave up (a cancelled or timed-out enqueue or move) — and the task deletes such keys
+//! once per TTL (it lists the lease's keys), so none is kept alive for the client's life.
+//!
 //! If the client stops (crash, pause, last handle dropped), keep-alives stop and the
 //! server ends the lease, and every key on it, one lease TTL after the last keep-alive:
 //! the same bound as a lease of its own.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, LeaseTimeToLiveOptions, Txn, TxnOp};
 use tenure_api::LockError;
 use tokio::sync::Notify;
 
@@ -28,6 +35,8 @@ use crate::rpc::{lease_seconds, Rpc};
 pub(crate) struct Sessions {
     rpc: Rpc,
     by_secs: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
+    /// Numbers each key name this client writes, so no name is ever used twice.
+    names: AtomicU64,
 }
 
 /// One shared etcd lease and the keys on it.
@@ -53,7 +62,13 @@ impl Sessions {
         Self {
             rpc,
             by_secs: tokio::sync::Mutex::new(HashMap::new()),
+            names: AtomicU64::new(0),
         }
+    }
+
+    /// A number this client has not used in a key name before.
+    pub(crate) fn fresh_name(&self) -> u64 {
+        self.names.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The session for `ttl`, granting its lease if there is none, with the key named
@@ -109,23 +124,32 @@ impl Sessions {
             .cloned()
     }
 
-    /// When `session`'s lease was last confirmed alive, sending a keep-alive first if
-    /// that was more than a fifth of its TTL ago (the task sends one every tenth).
-    /// `LeaseLost` if the lease is gone.
+    /// The instant a key's TTL may be counted from: when `session`'s lease was last
+    /// confirmed alive (sending a keep-alive first if that was more than a fifth of its
+    /// TTL ago; the task sends one every tenth), but no later than `registered`, the
+    /// instant the key's deadline was last set from (so the belief never outlasts the
+    /// session's deletion of the key). `LeaseLost` if the lease is gone.
     ///
     /// # Cancel safety
     /// Cancel-safe.
-    pub(crate) async fn confirmed(&self, session: &Session) -> Result<Instant, LockError> {
-        let confirmed_at = session.state().confirmed_at;
-        if session.state().closed {
+    pub(crate) async fn confirmed(
+        &self,
+        session: &Session,
+        registered: Instant,
+    ) -> Result<Instant, LockError> {
+        let (confirmed_at, closed) = {
+            let state = session.state();
+            (state.confirmed_at, state.closed)
+        };
+        if closed {
             return Err(session.gone());
         }
         if confirmed_at.elapsed() <= session.granted / 5 {
-            return Ok(confirmed_at);
+            return Ok(confirmed_at.min(registered));
         }
         let sent = Instant::now();
         match self.rpc.keep_alive(session.lease_id).await {
-            Ok(()) => Ok(session.confirm(sent)),
+            Ok(()) => Ok(session.confirm(sent).min(registered)),
             Err(e @ LockError::LeaseLost { .. }) => {
                 session.close();
                 Err(e)
@@ -219,13 +243,17 @@ impl Session {
     }
 }
 
-/// The session's task: a keep-alive every tenth of the TTL, and deletion of keys past
-/// their deadline. It ends when the lease is gone or when the client is dropped (leaving
+/// The session's task: a keep-alive every tenth of the TTL, deletion of keys past their
+/// deadline (retried until it succeeds), and once per TTL of keys on the lease that are
+/// not registered. It ends when the lease is gone or when the client is dropped (leaving
 /// the lease to run out its TTL: a lock taken by a client that exits stays held for that
 /// long, as with a lease of its own). Like etcd's `concurrency.Session`, a session lives
 /// as long as its client: one per distinct TTL (in whole seconds) the client has used.
 async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
     let period = session.granted / 10;
+    // Keys taken out of the registry whose deletion failed: retried, never renewed.
+    let mut doomed: Vec<String> = Vec::new();
+    let mut ticks = 0u32;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -247,7 +275,13 @@ async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
                 Err(_) => {} // again next period; holders see the confirmation age
             }
         }
-        for key in session.due(Instant::now()) {
+        doomed.extend(session.due(Instant::now()));
+        ticks = ticks.wrapping_add(1);
+        if ticks % 10 == 0 {
+            doomed.extend(unregistered(&session, &rpc).await);
+        }
+        let mut failed = Vec::new();
+        for key in doomed.drain(..) {
             let txn = Txn::new()
                 .when([Compare::lease(
                     key.as_str(),
@@ -256,8 +290,29 @@ async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
                 )])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
             if rpc.txn("expired key delete", txn).await.is_err() {
-                session.register(&key, Instant::now() + period);
+                failed.push(key);
             }
         }
+        doomed = failed;
     }
+}
+
+/// The keys on the session's lease that are not registered (listed by the leader; none
+/// if that fails — the next pass tries again).
+async fn unregistered(session: &Session, rpc: &Rpc) -> Vec<String> {
+    let request = || {
+        let mut leases = rpc.client.lease_client();
+        let options = LeaseTimeToLiveOptions::new().with_keys();
+        async move { leases.time_to_live(session.lease_id, Some(options)).await }
+    };
+    let Ok(reply) = rpc.call("lease keys", request).await else {
+        return Vec::new();
+    };
+    let state = session.state();
+    reply
+        .keys()
+        .iter()
+        .map(|key| String::from_utf8_lossy(key).into_owned())
+        .filter(|key| !state.keys.contains_key(key))
+        .collect()
 }

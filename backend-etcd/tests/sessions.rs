@@ -173,3 +173,49 @@ async fn a_dropped_client_stops_keeping_its_session_alive() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A key written on the session's lease after its caller gave up (an enqueue or a move
+/// that timed out or was cancelled but applied later) is registered nowhere, so nobody
+/// renews or deletes it — yet the session keeps its lease alive. The session deletes
+/// such keys (here one written by a plain client on the session's lease, as a late
+/// write would be), and leaves registered ones alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_written_after_its_caller_gave_up_is_deleted_by_its_session() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let mut client = plain(&cluster).await;
+    let lock = Arc::new(connect(&cluster, "").await);
+    let ttl = Duration::from_secs(2);
+    let guard = lock
+        .lock(&key("kept"), &AcquireOptions::new(ttl))
+        .await
+        .unwrap();
+    let session = guard.lease().await.unwrap().handle().id;
+    let ghost = format!("{}late-write", lock.queue_prefix(&key("ghost")));
+    client
+        .put(
+            ghost.as_str(),
+            "nobody",
+            Some(etcd_client::PutOptions::new().with_lease(session)),
+        )
+        .await
+        .unwrap();
+    let placed = client.get(ghost.as_str(), None).await.unwrap();
+    assert_eq!(placed.kvs().len(), 1, "the late write is on the server");
+    let written = Instant::now();
+    loop {
+        let left = client.get(ghost.as_str(), None).await.unwrap();
+        if left.kvs().is_empty() {
+            break;
+        }
+        assert!(
+            written.elapsed() < ttl * 3,
+            "a key on the session's lease that nobody registered is still there after {:?}",
+            written.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!guard.is_lost(), "the registered lock was left alone");
+    let info = lock.inspect(&key("kept")).await.unwrap().expect("held");
+    assert_eq!(info.owner, guard.lease().await.unwrap().owner());
+    guard.release().await.unwrap();
+}
