@@ -619,14 +619,23 @@ impl EtcdLock {
         }
     }
 
-    /// The compare clauses that make a write apply only to `lease`'s own key.
-    fn ownership(lease: &Lease) -> Vec<Compare> {
+    /// Whether `lease` names a key its owner queued for its lock: the owner id is part of
+    /// every key name, so a lease naming another owner's key is refused without a request.
+    fn names_its_own_key(&self, lease: &Lease) -> bool {
+        let queue = self.queue_prefix(lease.key());
+        lease
+            .handle()
+            .path
+            .starts_with(&own_prefix(&queue, lease.owner()))
+    }
+
+    /// The compare that makes a write apply only to the key `lease` was granted on (with
+    /// [`names_its_own_key`](Self::names_its_own_key)): key names are never reused, so the
+    /// key's create revision, the token, identifies the grant. One read per compare on
+    /// every member: the owner is checked in the name, not in the value.
+    fn created_by(lease: &Lease) -> Compare {
         let path = lease.handle().path.as_str();
-        vec![
-            Compare::create_revision(path, CompareOp::Equal, lease.token().get() as i64),
-            Compare::value(path, CompareOp::Equal, lease.owner().to_string()),
-            Compare::lease(path, CompareOp::Equal, lease.handle().id),
-        ]
+        Compare::create_revision(path, CompareOp::Equal, lease.token().get() as i64)
     }
 }
 
@@ -795,7 +804,10 @@ impl DistributedLock for EtcdLock {
         fresh.revision = lease.handle().revision;
         let new_id = fresh.lease_id;
         let txn = Txn::new()
-            .when(Self::ownership(lease))
+            .when([
+                Self::created_by(lease),
+                Compare::lease(path.as_str(), CompareOp::Equal, old_id),
+            ])
             .and_then([TxnOp::put(
                 path.as_str(),
                 lease.owner().to_string(),
@@ -842,19 +854,20 @@ impl DistributedLock for EtcdLock {
         Ok(())
     }
 
-    /// Deletes the key only if it is still this grant's (create revision, owner and
-    /// lease compared in one transaction). A lease of its own is then revoked in the
-    /// background; a session's lease stays, for its other keys.
+    /// Deletes the key only if it is still this grant's: its name carries the owner id,
+    /// and the transaction compares its create revision with the token. A lease of its
+    /// own is then revoked in the background; a session's lease stays, for its other
+    /// keys.
     ///
     /// # Cancel safety
     /// If dropped, the lock may stay held until its lease's TTL (or, on a session lease,
     /// its deadline) runs out.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-        if lease.handle().path.is_empty() {
+        if !self.names_its_own_key(&lease) {
             return Ok(ReleaseOutcome::NotHeld);
         }
         let txn = Txn::new()
-            .when(Self::ownership(&lease))
+            .when([Self::created_by(&lease)])
             .and_then([TxnOp::delete(lease.handle().path.as_str(), None)]);
         if !self.rpc.txn("release txn", txn).await?.succeeded() {
             // Not ours (expired, or a forged lease): the lease id may not be ours either,
