@@ -78,7 +78,7 @@ use tenure_api::{
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
-use rpc::{bounded, convert, is_lease_gone, lease_seconds, Rpc};
+use rpc::{bounded, convert, delete_on_lease, is_lease_gone, lease_seconds, Rpc};
 use session::{Session, Sessions};
 
 /// A lock service on one etcd cluster. Cheap to clone and share; all calls multiplex
@@ -272,13 +272,7 @@ impl EtcdLock {
         let done = match &ticket.session {
             None => self.rpc.revoke(ticket.lease_id).await.is_ok(),
             Some(session) => {
-                let txn = Txn::new()
-                    .when([Compare::lease(
-                        ticket.key.as_str(),
-                        CompareOp::Equal,
-                        ticket.lease_id,
-                    )])
-                    .and_then([TxnOp::delete(ticket.key.as_str(), None)]);
+                let txn = delete_on_lease(&ticket.key, ticket.lease_id);
                 let deleted = self.rpc.txn("queue key delete", txn).await.is_ok();
                 if deleted {
                     session.forget(&ticket.key);
@@ -425,23 +419,18 @@ impl EtcdLock {
             .rpc
             .get("orphan get", &own_prefix(queue, owner), options)
             .await?;
-        let mut orphans = Vec::new();
-        for kv in reply.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            orphans.push(Ticket {
-                leases: self.rpc.client.lease_client(),
-                timeout: self.rpc.config.request_timeout,
-                lease_id: kv.lease(),
-                ttl,
-                session: None,
-                key,
-                revision: kv.create_revision(),
-                first: false,
-                refreshed_at: Instant::now(),
-                armed: true,
-            });
-        }
-        let mut orphans = orphans.into_iter();
+        let mut orphans = reply.kvs().iter().map(|kv| Ticket {
+            leases: self.rpc.client.lease_client(),
+            timeout: self.rpc.config.request_timeout,
+            lease_id: kv.lease(),
+            ttl,
+            session: None,
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            revision: kv.create_revision(),
+            first: false,
+            refreshed_at: Instant::now(),
+            armed: true,
+        });
         let Some(mut oldest) = orphans.next() else {
             return Ok(None);
         };

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, Txn};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tenure_api::LockError;
 
 use crate::EtcdConfig;
@@ -116,6 +116,14 @@ impl Rpc {
             source: None,
         }
     }
+}
+
+/// A transaction deleting `key` only while it lives on etcd lease `lease_id` (a key
+/// moved to another lease is left alone).
+pub(crate) fn delete_on_lease(key: &str, lease_id: i64) -> Txn {
+    Txn::new()
+        .when([Compare::lease(key, CompareOp::Equal, lease_id)])
+        .and_then([TxnOp::delete(key, None)])
 }
 
 /// etcd leases count whole seconds: a TTL rounded up (at least 1 s; the server may raise

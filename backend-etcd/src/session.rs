@@ -25,11 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, LeaseTimeToLiveOptions, Txn, TxnOp};
+use etcd_client::LeaseTimeToLiveOptions;
 use tenure_api::LockError;
 use tokio::sync::Notify;
 
-use crate::rpc::{lease_seconds, Rpc};
+use crate::rpc::{delete_on_lease, lease_seconds, Rpc};
 
 /// The sessions of one client (shared by its clones), one per lease TTL in whole seconds.
 pub(crate) struct Sessions {
@@ -282,13 +282,7 @@ async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
         }
         let mut failed = Vec::new();
         for key in doomed.drain(..) {
-            let txn = Txn::new()
-                .when([Compare::lease(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    session.lease_id,
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let txn = delete_on_lease(&key, session.lease_id);
             if rpc.txn("expired key delete", txn).await.is_err() {
                 failed.push(key);
             }
