@@ -10,17 +10,20 @@
 //! *leader* is known to have seen ([`Session::anchor`], see the crate docs), which is
 //! tighter still.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
 use tenure_api::LockError;
 use tokio::sync::watch;
-use zookeeper_client::{Client, SessionState, StateWatcher};
+use zookeeper_client::{Client, Error as ZkError, OneshotWatcher, SessionState, StateWatcher};
 
 use crate::config::ZkConfig;
-use crate::error::from_zk;
+use crate::error::{bounded, from_zk};
 
 /// What the monitor knows about the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +53,33 @@ pub(crate) struct Session {
     proofs: Arc<Mutex<Proofs>>,
     /// Keeps `proofs` fresh while the session is idle.
     prover: tokio::task::JoinHandle<()>,
+    /// Lease nodes of this session under a watch, by path.
+    watched: Mutex<HashMap<String, Watched>>,
+    /// The `sync` in flight that renewals may share.
+    syncing: Mutex<Option<InFlight>>,
 }
+
+/// A watch on a lease's node, set when the node was read and found to be the lease's.
+/// The server notifies the session when the node is deleted or changed (or the session
+/// ends), and it sends that notification before its reply to any later request of the
+/// session: so as long as the watch has not fired, a `sync` sent after `since` and
+/// answered proves the node still existed when the leader answered it.
+struct Watched {
+    /// When the reply that set the watch arrived.
+    since: Instant,
+    /// Completes when the watch fires (`None` if the client library went away).
+    fired: BoxFuture<'static, Option<zookeeper_client::WatchedEvent>>,
+}
+
+/// A `sync` sent at `sent`, shared by whoever waits for it.
+struct InFlight {
+    sent: Instant,
+    reply: Shared<BoxFuture<'static, Result<(), ZkError>>>,
+}
+
+/// A `sync` in flight is shared by renewals for 1/`JOIN_WITHIN` of the session timeout
+/// after it was sent (see [`Session::sync_since`]).
+const JOIN_WITHIN: u32 = 100;
 
 /// How many proofs [`Proofs`] keeps.
 const PROOFS_KEPT: usize = 16;
@@ -164,7 +193,82 @@ impl Session {
             established,
             proofs,
             prover,
+            watched: Mutex::new(HashMap::new()),
+            syncing: Mutex::new(None),
         }))
+    }
+
+    /// Remembers `watcher`, set on the lease node at `path` by a read whose reply arrived
+    /// at `since` and showed the node to be the lease's. Replaces an earlier watch.
+    pub(crate) fn watch(&self, path: String, watcher: OneshotWatcher, since: Instant) {
+        // The client library unwraps the watch's channel; should it ever go away without
+        // firing the watch, that must not unwind through a renewal.
+        let fired = AssertUnwindSafe(watcher.changed())
+            .catch_unwind()
+            .map(Result::ok)
+            .boxed();
+        locked(&self.watched).insert(path, Watched { since, fired });
+    }
+
+    /// When the watch on the lease node at `path` was set, if it is set and has not fired.
+    /// A watch that fired is forgotten.
+    pub(crate) fn unchanged_since(&self, path: &str) -> Option<Instant> {
+        let mut watched = locked(&self.watched);
+        let entry = watched.get_mut(path)?;
+        if (&mut entry.fired).now_or_never().is_none() {
+            return Some(entry.since);
+        }
+        watched.remove(path);
+        None
+    }
+
+    /// Forgets the watch on `path` (its lease is released).
+    pub(crate) fn unwatch(&self, path: &str) {
+        let removed = locked(&self.watched).remove(path);
+        drop(removed);
+    }
+
+    /// Waits for a `sync` sent after `since` to be answered — one already in flight if it
+    /// was sent within the last 1/[`JOIN_WITHIN`] of the session timeout, else a new one —
+    /// bounded by `limit`, records it as a proof, and returns when it was sent. Renewals
+    /// that overlap thus share one `sync`, and one that joins loses at most that much of
+    /// its lease. (An older `sync` still in flight is stuck: a renewal joining it would be
+    /// worth nothing once it is answered.)
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a `sync` in flight stays available to the next caller.
+    pub(crate) async fn sync_since(
+        &self,
+        client: &Client,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<Instant, ZkError> {
+        let (sent, reply) = {
+            let mut syncing = locked(&self.syncing);
+            match &*syncing {
+                Some(f)
+                    if f.sent >= since
+                        && f.sent.elapsed() <= self.timeout / JOIN_WITHIN
+                        && f.reply.peek().is_none() =>
+                {
+                    (f.sent, f.reply.clone())
+                }
+                _ => {
+                    let client = client.clone();
+                    // Taken before the request is made: the `sync` is sent no earlier.
+                    let sent = Instant::now();
+                    let reply = async move { client.sync("/").await }.boxed().shared();
+                    *syncing = Some(InFlight {
+                        sent,
+                        reply: reply.clone(),
+                    });
+                    (sent, reply)
+                }
+            }
+        };
+        bounded(limit, reply).await?;
+        self.record(sent);
+        Ok(sent)
     }
 
     /// Records that a request sent at `sent` through this session was answered by way of

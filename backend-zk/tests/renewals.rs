@@ -1,0 +1,151 @@
+//! Renewing many leases of one session: each renewal proves the session alive through
+//! the leader, but the proof that its node still exists is a watch set once, not a read
+//! per renewal; renewals that overlap share one `sync`.
+
+use std::time::Duration;
+
+use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkNode, ZkOptions};
+use tenure_zk::ZkLock;
+
+const TICK_MS: u32 = 200;
+const TTL: Duration = Duration::from_secs(10);
+
+/// Each test starts its own server; one at a time, so that request counts and timings
+/// are not blurred by another test's traffic.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn standalone() -> ZkEnsemble {
+    ZkEnsemble::start(ZkOptions::default().tick_time_ms(TICK_MS))
+        .await
+        .unwrap()
+}
+
+async fn connect(hosts: &str) -> ZkLock {
+    ZkLock::connect(&format!(
+        "zk://{hosts}/renewals?session_timeout_ms=4000&op_timeout_ms=1000&tick_ms={TICK_MS}"
+    ))
+    .await
+    .unwrap()
+}
+
+fn key(i: usize) -> LockKey {
+    LockKey::new(format!("renewals/{i}")).unwrap()
+}
+
+/// Requests the server has received from clients (`mntr`'s `zk_packets_received`).
+async fn packets_received(node: &ZkNode) -> u64 {
+    let mntr = node.four_letter("mntr").await.unwrap();
+    mntr.lines()
+        .find_map(|line| line.strip_prefix("zk_packets_received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no zk_packets_received in mntr:\n{mntr}"))
+}
+
+/// 100 leases of one session renewed three times over, each round all at once (as the
+/// guards of leases taken together renew together). Before, each renewal was a `sync` and
+/// a read of the lease's node: 600 requests. Now the node is watched from its first
+/// renewal on, and overlapping renewals share a `sync`.
+#[tokio::test]
+async fn renewing_many_leases_does_not_read_each_node() {
+    let _serial = SERIAL.lock().await;
+    let zk = standalone().await;
+    let lock = connect(&zk.connect_string()).await;
+    const LEASES: usize = 100;
+    const ROUNDS: usize = 3;
+    let mut leases = Vec::new();
+    for i in 0..LEASES {
+        leases.push(
+            lock.try_acquire(&key(i), TTL)
+                .await
+                .unwrap()
+                .expect("free key"),
+        );
+    }
+    // The first renewal of each lease reads its node and sets the watch.
+    futures::future::try_join_all(leases.iter_mut().map(|l| lock.extend(l, TTL)))
+        .await
+        .unwrap();
+    let node = &zk.nodes()[0];
+    let before = packets_received(node).await;
+    for _ in 0..ROUNDS {
+        futures::future::try_join_all(leases.iter_mut().map(|l| lock.extend(l, TTL)))
+            .await
+            .unwrap();
+    }
+    let requests = packets_received(node).await - before;
+    let renewals = (LEASES * ROUNDS) as u64;
+    assert!(
+        requests <= renewals / 4,
+        "{renewals} renewals cost {requests} requests to the server (a read per renewal \
+         would be {renewals}, and a sync each as many again)"
+    );
+    for lease in leases {
+        lock.release(lease).await.unwrap();
+    }
+}
+
+/// A watched node deleted behind the holder's back (an operator, another session) is
+/// noticed by the next renewal: the renewal's `sync` is answered only after the
+/// deletion's notification.
+#[tokio::test]
+async fn a_watched_node_deleted_by_another_session_is_lost_at_the_next_renewal() {
+    let _serial = SERIAL.lock().await;
+    let zk = standalone().await;
+    let lock = connect(&zk.connect_string()).await;
+    let mut lease = lock.try_acquire(&key(0), TTL).await.unwrap().unwrap();
+    lock.extend(&mut lease, TTL).await.unwrap(); // sets the watch
+    lock.extend(&mut lease, TTL).await.unwrap(); // renewed by the watch alone
+    let operator = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let path = lease.handle().path.clone();
+    operator.delete(&path, None).await.unwrap();
+    match lock.extend(&mut lease, TTL).await {
+        Err(LockError::LeaseLost { .. }) => {}
+        other => panic!("renewal after its node was deleted: {other:?}"),
+    }
+}
+
+/// The same while the holder is disconnected: on reconnecting, the client re-sets its
+/// watches before anything else, and the server reports the deletion it missed.
+#[tokio::test]
+async fn a_node_deleted_while_the_holder_was_disconnected_is_lost_at_the_next_renewal() {
+    let _serial = SERIAL.lock().await;
+    let zk = standalone().await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let lock = connect(&proxy.addr().to_string()).await;
+    let mut lease = lock.try_acquire(&key(0), TTL).await.unwrap().unwrap();
+    lock.extend(&mut lease, TTL).await.unwrap(); // sets the watch
+    let session = lock.session_id();
+    proxy.set_mode(ProxyMode::Reset);
+    let operator = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    operator.delete(&lease.handle().path, None).await.unwrap();
+    // Within the session timeout (4 s): the session survives the cut.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set_mode(ProxyMode::Pass);
+    assert!(
+        proxy.stats().resets > 0,
+        "the cut did not touch the holder's connection"
+    );
+    let outcome = loop {
+        match lock.extend(&mut lease, TTL).await {
+            Err(LockError::Unavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        lock.session_id(),
+        session,
+        "the session did not survive the cut: this tests a reconnection within it"
+    );
+    match outcome {
+        Err(LockError::LeaseLost { .. }) => {}
+        other => panic!("renewal after its node was deleted during a disconnect: {other:?}"),
+    }
+}
