@@ -946,7 +946,13 @@ impl DistributedLock for ZkLock {
             .sync_since(&client, watched.unwrap_or_else(Instant::now), op)
             .await
         {
-            Ok(sent) if watched.is_some() && session.unchanged_since(&path).is_some() => {
+            // The same watch or an older one: set before the `sync` was sent.
+            Ok(sent)
+                if watched.is_some()
+                    && session
+                        .unchanged_since(&path)
+                        .is_some_and(|since| since <= sent) =>
+            {
                 Ok((sent, None))
             }
             Ok(sent) => bounded(op, client.check_and_watch_stat(&path))

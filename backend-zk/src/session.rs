@@ -54,9 +54,19 @@ pub(crate) struct Session {
     /// Keeps `proofs` fresh while the session is idle.
     prover: tokio::task::JoinHandle<()>,
     /// Lease nodes of this session under a watch, by path.
-    watched: Mutex<HashMap<String, Watched>>,
-    /// The `sync` in flight that renewals may share.
-    syncing: Mutex<Option<InFlight>>,
+    watched: Mutex<Watches>,
+    /// The `sync` in flight that renewals may share. It holds a client handle, so the
+    /// monitor empties it when it declares the session lost (see [`lose`]).
+    syncing: Arc<Mutex<Option<InFlight>>>,
+}
+
+/// The watches of a session's lease nodes, by path.
+#[derive(Default)]
+struct Watches {
+    by_path: HashMap<String, Watched>,
+    /// Entries whose watch fired are dropped when there are this many: a lease dropped
+    /// without release, or released through another session, leaves one behind.
+    prune_at: usize,
 }
 
 /// A watch on a lease's node, set when the node was read and found to be the lease's.
@@ -170,12 +180,16 @@ impl Session {
         let slot = Arc::new(Mutex::new(Some(client)));
         let (sender, health) = watch::channel(Health::Connected);
         let proofs = Arc::new(Mutex::new(Proofs::new(config.server_tick)));
+        let syncing = Arc::new(Mutex::new(None));
         let monitor = tokio::spawn(monitor(
             states,
             initial,
             timeout,
             sender,
-            Arc::downgrade(&slot),
+            Handles {
+                client: Arc::downgrade(&slot),
+                syncing: Arc::downgrade(&syncing),
+            },
             Arc::downgrade(&proofs),
         ));
         let prover = tokio::spawn(prover(
@@ -193,8 +207,8 @@ impl Session {
             established,
             proofs,
             prover,
-            watched: Mutex::new(HashMap::new()),
-            syncing: Mutex::new(None),
+            watched: Mutex::new(Watches::default()),
+            syncing,
         }))
     }
 
@@ -207,24 +221,31 @@ impl Session {
             .catch_unwind()
             .map(Result::ok)
             .boxed();
-        locked(&self.watched).insert(path, Watched { since, fired });
+        let mut watches = locked(&self.watched);
+        if watches.by_path.len() >= watches.prune_at {
+            watches
+                .by_path
+                .retain(|_, w| (&mut w.fired).now_or_never().is_none());
+            watches.prune_at = (2 * watches.by_path.len()).max(64);
+        }
+        watches.by_path.insert(path, Watched { since, fired });
     }
 
     /// When the watch on the lease node at `path` was set, if it is set and has not fired.
     /// A watch that fired is forgotten.
     pub(crate) fn unchanged_since(&self, path: &str) -> Option<Instant> {
-        let mut watched = locked(&self.watched);
-        let entry = watched.get_mut(path)?;
+        let mut watches = locked(&self.watched);
+        let entry = watches.by_path.get_mut(path)?;
         if (&mut entry.fired).now_or_never().is_none() {
             return Some(entry.since);
         }
-        watched.remove(path);
+        watches.by_path.remove(path);
         None
     }
 
     /// Forgets the watch on `path` (its lease is released).
     pub(crate) fn unwatch(&self, path: &str) {
-        let removed = locked(&self.watched).remove(path);
+        let removed = locked(&self.watched).by_path.remove(path);
         drop(removed);
     }
 
@@ -266,7 +287,15 @@ impl Session {
                 }
             }
         };
-        bounded(limit, reply).await?;
+        let answered = bounded(limit, reply.clone()).await;
+        if answered.is_err() {
+            // Not answered in time (or failed): the next renewal sends its own.
+            let mut syncing = locked(&self.syncing);
+            if syncing.as_ref().is_some_and(|f| f.reply.ptr_eq(&reply)) {
+                *syncing = None;
+            }
+        }
+        answered?;
         self.record(sent);
         Ok(sent)
     }
@@ -417,6 +446,12 @@ impl States for StateWatcher {
     }
 }
 
+/// What the monitor lets go of when it declares the session lost.
+struct Handles {
+    client: Weak<Mutex<Option<Client>>>,
+    syncing: Weak<Mutex<Option<InFlight>>>,
+}
+
 /// Follows the library's session states; declares the session lost on expiry, close,
 /// auth failure, or a disconnect longer than `timeout`, and then drops the client (which
 /// closes the session). The disconnect counts from the later of the first "disconnected"
@@ -428,7 +463,7 @@ async fn monitor(
     mut state: SessionState,
     timeout: Duration,
     health: watch::Sender<Health>,
-    client: Weak<Mutex<Option<Client>>>,
+    handles: Handles,
     proofs: Weak<Mutex<Proofs>>,
 ) {
     let mut since: Option<Instant> = None;
@@ -444,10 +479,12 @@ async fn monitor(
                 health.send_replace(Health::Disconnected { since });
                 Some(since)
             }
-            SessionState::Expired => return lose(&health, &client, "the session expired".into()),
-            SessionState::Closed => return lose(&health, &client, "the session was closed".into()),
+            SessionState::Expired => return lose(&health, &handles, "the session expired".into()),
+            SessionState::Closed => {
+                return lose(&health, &handles, "the session was closed".into())
+            }
             SessionState::AuthFailed => {
-                return lose(&health, &client, "authentication failed".into())
+                return lose(&health, &handles, "authentication failed".into())
             }
         };
         let Some(since) = disconnected else {
@@ -468,7 +505,7 @@ async fn monitor(
                     }
                     return lose(
                         &health,
-                        &client,
+                        &handles,
                         format!(
                             "disconnected for longer than the session timeout ({timeout:?}): \
                              the ensemble may have expired the session"
@@ -480,11 +517,16 @@ async fn monitor(
     }
 }
 
-fn lose(health: &watch::Sender<Health>, client: &Weak<Mutex<Option<Client>>>, reason: String) {
+fn lose(health: &watch::Sender<Health>, handles: &Handles, reason: String) {
     health.send_replace(Health::Lost(reason));
     // Without a client handle the library closes the session as soon as it can reach a
-    // server (or gives up), so nodes we no longer vouch for do not linger.
-    if let Some(slot) = client.upgrade() {
+    // server (or gives up), so nodes we no longer vouch for do not linger. A `sync` left
+    // in flight holds one too.
+    if let Some(slot) = handles.syncing.upgrade() {
+        let dropped = locked(&slot).take();
+        drop(dropped);
+    }
+    if let Some(slot) = handles.client.upgrade() {
         let dropped = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         drop(dropped);
     }
@@ -537,7 +579,10 @@ mod tests {
             SessionState::SyncConnected,
             timeout,
             sender,
-            Arc::downgrade(&slot),
+            Handles {
+                client: Arc::downgrade(&slot),
+                syncing: Weak::new(),
+            },
             Arc::downgrade(&proofs),
         ));
         let lost = || matches!(*health.borrow(), Health::Lost(_));
