@@ -42,10 +42,13 @@
 //! `syncLimit × tickTime` while the leader expires the session and grants the lock to the
 //! next waiter — so no read from a follower proves a lock is still held. Every proof here
 //! (the grant's listing, each [`extend`](DistributedLock::extend)) is therefore preceded
-//! by a `sync`, which completes only once the follower has caught up with the leader. The
-//! lease's local deadline is
-//! `min(sent + ttl, anchor + session_timeout) − drift`, where `sent` is when the `sync`
-//! was sent and `anchor` the latest earlier `sync` sent at least one tick (`tick_ms`, the
+//! by a `sync`, which completes only once the follower has caught up with the leader — or
+//! by the create of the node itself, when the listing follows it at once: a create goes
+//! through the leader, which checks the session, and is answered only once the server has
+//! applied everything committed before it, so it proves what a `sync` sent at the same
+//! instant would. The lease's local deadline is
+//! `min(sent + ttl, anchor + session_timeout) − drift`, where `sent` is when that `sync`
+//! (or create) was sent and `anchor` the latest earlier `sync` sent at least one tick (`tick_ms`, the
 //! servers' `tickTime`) before it — activity the leader is known to have seen (or the
 //! session's creation); each session also sends a `sync` every quarter session timeout,
 //! so a waiter granted after a long, silent wait still has a recent anchor. The leader cannot expire the session before
@@ -342,13 +345,14 @@ impl ZkLock {
     }
 
     /// Creates `owner`'s node in `dir` — or finds it, when an earlier create's reply was
-    /// lost. Retries lost replies until `retry_until`.
+    /// lost. Retries lost replies until `retry_until`. Also returns when the create that
+    /// made the node was sent, if this call made it (see [`Self::position`]).
     async fn enqueue(
         &self,
         client: &Client,
         pending: &mut Pending,
         retry_until: Instant,
-    ) -> Result<Created, LockError> {
+    ) -> Result<(Created, Option<Instant>), LockError> {
         let dir = pending.dir.clone();
         let owner = pending.owner;
         let path = format!("{dir}/{}", node_prefix(owner));
@@ -362,9 +366,10 @@ impl ZkLock {
                     .find_own(client, &dir, owner, pending.session_id)
                     .await?
                 {
-                    return Ok(found);
+                    return Ok((found, None));
                 }
             }
+            let sent = Instant::now();
             match bounded(self.op_timeout(), client.create(&path, &[], &options)).await {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", node_prefix(owner));
@@ -381,11 +386,12 @@ impl ZkLock {
                              parse its sequence {sequence}"
                         )));
                     }
-                    return Ok(Created {
+                    let created = Created {
                         name,
                         czxid: stat.czxid,
                         sequence: sequence.into_i64(),
-                    });
+                    };
+                    return Ok((created, Some(sent)));
                 }
                 Err(ZkError::NoNode) => {
                     dir_retries += 1;
@@ -462,15 +468,26 @@ impl ZkLock {
 
     /// Lists `dir` (after a `sync`, so the listing is as recent as the leader's) and places
     /// `node` in it; removes any duplicate of ours. Also returns when the `sync` was sent.
+    ///
+    /// `created`: when the create that made `node` was sent, if it was just answered. That
+    /// create already went through the leader — which checked the session was alive — and
+    /// the server applied everything the leader had committed before it before answering,
+    /// so it proves what a `sync` sent at that instant would: the listing needs no `sync`.
     async fn position(
         &self,
         client: &Client,
         session: &Session,
         dir: &str,
-        node: &Created,
+        (node, created): (&Created, Option<Instant>),
         owner: OwnerId,
     ) -> Result<(Position, Instant), LockError> {
-        let sent = self.through_leader(client, session, dir).await?;
+        let sent = match created {
+            Some(sent) => {
+                session.record(sent);
+                sent
+            }
+            None => self.through_leader(client, session, dir).await?,
+        };
         let mut nodes = self.children(client, dir).await?;
         for duplicate in nodes
             .iter()
@@ -598,13 +615,15 @@ impl ZkLock {
             }
             None => None,
         };
-        let mut node = match known {
-            Some(node) => node,
+        let (mut node, mut created) = match known {
+            Some(node) => (node, None),
             None => self.enqueue(&client, pending, retry_until).await?,
         };
         pending.node = Some(node.clone());
         loop {
-            let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
+            let (position, sent) = self
+                .position(&client, &session, &dir, (&node, created.take()), owner)
+                .await?;
             let predecessor = match position {
                 // A session declared lost is being closed, and our node with it.
                 _ if session.is_lost() => return Err(Stop::Failed(lost_while_queued(&session))),
@@ -615,7 +634,7 @@ impl ZkLock {
                         return Err(Stop::TimedOut);
                     }
                     // Deleted by someone else while the session lives: queue again.
-                    node = self.enqueue(&client, pending, retry_until).await?;
+                    (node, created) = self.enqueue(&client, pending, retry_until).await?;
                     pending.node = Some(node.clone());
                     continue;
                 }
@@ -806,9 +825,11 @@ impl DistributedLock for ZkLock {
         let dir = self.lock_dir(key);
         let mut pending = Pending::new(&session, dir.clone(), owner, self.op_timeout());
         let retry_until = Instant::now() + self.op_timeout();
-        let node = self.enqueue(&client, &mut pending, retry_until).await?;
+        let (node, created) = self.enqueue(&client, &mut pending, retry_until).await?;
         pending.node = Some(node.clone());
-        let (position, sent) = self.position(&client, &session, &dir, &node, owner).await?;
+        let (position, sent) = self
+            .position(&client, &session, &dir, (&node, created), owner)
+            .await?;
         match position {
             // A session declared lost is being closed, and our node with it.
             Position::First if session.is_lost() => Err(lost_while_queued(&session)),
