@@ -466,8 +466,9 @@ impl ZkLock {
         }
     }
 
-    /// Lists `dir` (after a `sync`, so the listing is as recent as the leader's) and places
-    /// `node` in it; removes any duplicate of ours. Also returns when the `sync` was sent.
+    /// Lists `dir` (after a `sync` or our node's create, so the listing is as recent as the
+    /// leader's) and places `node` in it; removes any duplicate of ours. Also returns when
+    /// that `sync` or create was sent.
     ///
     /// `created`: when the create that made `node` was sent, if it was just answered. That
     /// create already went through the leader — which checked the session was alive — and
@@ -556,7 +557,7 @@ impl ZkLock {
         }
     }
 
-    /// Caps a lease proven by a `sync` sent at `sent` (`effective` = its length from
+    /// Caps a lease proven by a `sync` (or create) sent at `sent` (`effective` = its length from
     /// `sent`) at what the leader guarantees: the session's [anchor](Session::anchor) plus
     /// the session timeout, less the drift allowance.
     fn bound_by_leader(

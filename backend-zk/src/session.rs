@@ -266,6 +266,11 @@ impl Session {
     ) -> Result<Instant, ZkError> {
         let (sent, reply) = {
             let mut syncing = locked(&self.syncing);
+            // The monitor marks the session lost before it empties the slot: checked under
+            // the slot's lock, a `sync` left here is either seen by it or never started.
+            if self.is_lost() {
+                return Err(ZkError::ClientClosed);
+            }
             match &*syncing {
                 Some(f)
                     if f.sent >= since
@@ -301,7 +306,8 @@ impl Session {
     }
 
     /// Records that a request sent at `sent` through this session was answered by way of
-    /// the leader (a `sync`), so the server this client talks to was then in touch with it.
+    /// the leader (a `sync`, or a create), so the server this client talks to was then in
+    /// touch with it.
     pub(crate) fn record(&self, sent: Instant) {
         locked(&self.proofs).record(sent);
     }
