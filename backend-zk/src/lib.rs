@@ -48,8 +48,8 @@
 //! applied everything committed before it, so it proves what a `sync` sent at the same
 //! instant would. The lease's local deadline is
 //! `min(sent + ttl, anchor + session_timeout) − drift`, where `sent` is when that `sync`
-//! (or create) was sent and `anchor` the latest earlier `sync` sent at least one tick (`tick_ms`, the
-//! servers' `tickTime`) before it — activity the leader is known to have seen (or the
+//! (or create) was sent and `anchor` the latest earlier `sync` sent at least one tick
+//! (`tick_ms`, the servers' `tickTime`) before it — activity the leader is known to have seen (or the
 //! session's creation); each session also sends a `sync` every quarter session timeout,
 //! so a waiter granted after a long, silent wait still has a recent anchor. The leader cannot expire the session before
 //! `anchor + session_timeout`, so a holder whose link is cut learns of the loss *locally*,
@@ -487,7 +487,11 @@ impl ZkLock {
                 session.record(sent);
                 sent
             }
-            None => self.through_leader(client, session, dir).await?,
+            // The server this client talks to then has caught up with the leader.
+            None => session
+                .sync_since(client, Instant::now(), self.op_timeout())
+                .await
+                .map_err(|e| self.zk_error("sync with the leader", e))?,
         };
         let mut nodes = self.children(client, dir).await?;
         for duplicate in nodes
@@ -537,28 +541,8 @@ impl ZkLock {
         Ok(lease)
     }
 
-    /// Sends a `sync` for `path` and waits for it: the server this client talks to has
-    /// then caught up with the leader, so reads that follow are not stale, and the
-    /// session's activity up to a tick before is known to the leader. Returns when the
-    /// `sync` was sent (and records it in the session).
-    async fn through_leader(
-        &self,
-        client: &Client,
-        session: &Session,
-        path: &str,
-    ) -> Result<Instant, LockError> {
-        let sent = Instant::now();
-        match bounded(self.op_timeout(), client.sync(path)).await {
-            Ok(()) => {
-                session.record(sent);
-                Ok(sent)
-            }
-            Err(e) => Err(self.zk_error("sync with the leader", e)),
-        }
-    }
-
-    /// Caps a lease proven by a `sync` (or create) sent at `sent` (`effective` = its length from
-    /// `sent`) at what the leader guarantees: the session's [anchor](Session::anchor) plus
+    /// Caps a lease proven by a `sync` (or create) sent at `sent` (`effective` = its
+    /// length from `sent`) at what the leader guarantees: the session's [anchor](Session::anchor) plus
     /// the session timeout, less the drift allowance.
     fn bound_by_leader(
         &self,

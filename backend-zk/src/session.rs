@@ -249,7 +249,9 @@ impl Session {
         drop(removed);
     }
 
-    /// Waits for a `sync` sent after `since` to be answered — one already in flight if it
+    /// Waits for a `sync` sent after `since` to be answered (the server this client talks
+    /// to has then caught up with the leader, so reads that follow are not stale, and the
+    /// session's activity up to a tick before is known to the leader) — one already in flight if it
     /// was sent within the last 1/[`JOIN_WITHIN`] of the session timeout, else a new one —
     /// bounded by `limit`, records it as a proof, and returns when it was sent. Renewals
     /// that overlap thus share one `sync`, and one that joins loses at most that much of
@@ -533,7 +535,7 @@ fn lose(health: &watch::Sender<Health>, handles: &Handles, reason: String) {
         drop(dropped);
     }
     if let Some(slot) = handles.client.upgrade() {
-        let dropped = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let dropped = locked(&slot).take();
         drop(dropped);
     }
 }
