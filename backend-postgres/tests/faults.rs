@@ -249,6 +249,17 @@ async fn crash_restart_while_held_keeps_tokens_increasing() {
 async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     const WAITERS: usize = 16;
     let server = Postgres::start().await.unwrap();
+    // Every statement is logged with its session's application name: the test counts
+    // what the clients send once they are queued. (Statements, not pg_stat_database's
+    // transaction counters: a backend flushes those at most once a second, so how much
+    // of the set-up they still hold back at any instant is a matter of timing.)
+    for setting in [
+        "ALTER SYSTEM SET log_statement = 'all'",
+        "ALTER SYSTEM SET log_line_prefix = 'app=%a '",
+        "SELECT pg_reload_conf()",
+    ] {
+        server.psql(setting).await.unwrap();
+    }
     let holder = connect(&server).await;
     let k = key("sixteen");
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
@@ -256,17 +267,6 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     for _ in 0..WAITERS {
         clients.push(Arc::new(connect(&server).await));
     }
-    let xacts = || async {
-        server
-            .psql(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database \
-                 WHERE datname = 'postgres'",
-            )
-            .await
-            .unwrap()
-            .parse::<i64>()
-            .unwrap()
-    };
     let history = History::new();
     let mut tasks = Vec::new();
     for (i, lock) in clients.iter().enumerate() {
@@ -280,9 +280,10 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     }
     // The fault: all sixteen are queued in the server behind the holder.
     wait_queued(&server, WAITERS).await;
-    // From here on, every statement the waiters send is counted. Hold on a while: polling
-    // clients (5–200 ms backoff) would issue well over a hundred statements in 1.5 s.
-    let before = xacts().await;
+    // From here on, every statement the clients send is counted. Hold on a while: polling
+    // clients (5–200 ms backoff) would send over a hundred statements in 1.5 s.
+    const MARK: &str = "SELECT 'sixteen: queued'";
+    server.psql(MARK).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
         holder.release(held).await.unwrap(),
@@ -295,30 +296,41 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     assert!(report.is_safe(), "{report}");
     assert_eq!(history.holds().len(), WAITERS, "each waiter got the lock");
 
-    // Closing the clients ends their backends, which flushes their statistics.
     for lock in &clients {
         lock.close().await;
     }
     holder.close().await;
-    // (No probing meanwhile: our own psql sessions would count too.)
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    let spent = xacts().await - before;
-    let left = server
-        .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tenure'")
-        .await
-        .unwrap();
-    assert_eq!(
-        left, "0",
-        "client backends exited and flushed their statistics"
-    );
-    eprintln!("{WAITERS} blocking waiters: {spent} transactions in total");
-    // Per waiter: the lock transaction, the fence commit and the `UNLISTEN *` its dedicated
-    // connection (a listener, to watch the socket) sends as it closes; plus the holder's
-    // commit, pool connection start-ups and our own psql probes.
-    let bound = (WAITERS as i64) * 4 + 40;
+    // Once their backends are gone, everything they sent is in the log.
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = server
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tenure'")
+            .await
+            .unwrap();
+        if left == "0" {
+            break;
+        }
+        assert!(Instant::now() < by, "{left} client backends still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = std::fs::read_to_string(server.dir().join("postgres.log")).unwrap();
+    let (_, after) = log
+        .split_once(&format!("statement: {MARK}"))
+        .expect("the marker statement is in the server log");
+    let sent: Vec<&str> = after
+        .lines()
+        .filter(|line| line.starts_with("app=tenure LOG:  statement:"))
+        .collect();
+    eprintln!("{WAITERS} queued blocking waiters and their holder then sent:\n{sent:#?}");
+    // Each client (the waiters and the holder): the `COMMIT` of its lock transaction, and
+    // the `UNLISTEN *` its dedicated connection sends as it closes. One poll by each
+    // waiter would add sixteen.
+    let per_client = 2;
+    assert!(sent.len() > WAITERS, "the log shows the waiters' commits");
     assert!(
-        spent <= bound,
-        "{spent} transactions > {bound}: busy polling?"
+        sent.len() <= (WAITERS + 1) * per_client,
+        "{} statements after queueing, more than {per_client} per client: busy polling?",
+        sent.len()
     );
 }
 
