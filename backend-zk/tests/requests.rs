@@ -59,6 +59,7 @@ async fn an_uncontended_cycle_is_three_requests() {
     let lease = lock.try_acquire(&key(0), TTL).await.unwrap().unwrap();
     lock.release(lease).await.unwrap();
     let before = packets_received(node).await;
+    let started = std::time::Instant::now();
     for _ in 0..CYCLES {
         let lease = lock
             .try_acquire(&key(0), TTL)
@@ -68,9 +69,12 @@ async fn an_uncontended_cycle_is_three_requests() {
         lock.release(lease).await.unwrap();
     }
     let requests = packets_received(node).await - before;
-    // Pings and the session's background `sync` may add a few.
+    // The session's own traffic comes on top, by time, not by cycle: a background `sync`
+    // every quarter session timeout (1 s) and a ping when idle for a third of it. The
+    // cycles take some 70 ms here (200 ms on a loaded machine); allow for slower.
+    let background = 2 * (started.elapsed().as_secs() + 1) + 1;
     assert!(
-        requests <= 3 * CYCLES + 3,
+        requests <= 3 * CYCLES + background,
         "{CYCLES} cycles cost {requests} requests to the server (3 each would be {})",
         3 * CYCLES
     );
