@@ -110,6 +110,15 @@ pub enum Grant {
     Held(Duration),
 }
 
+/// Where a grant's fence count comes from.
+#[derive(Clone, Copy)]
+enum Count {
+    /// The key's fence counter.
+    Fence(FenceMode),
+    /// The caller (no fence counter).
+    Given(u64),
+}
+
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
@@ -229,6 +238,27 @@ impl RedisLock {
             .await
     }
 
+    /// [`grant`](Self::grant) without the fence counter: the lock key alone, recording
+    /// `count` (in `1..=2^53-1`) as its fence count. For Redlock with `fencing=false`,
+    /// whose leases promise no fence: it gives every node the same token for one grant
+    /// and leaves no fence key behind, which is most of the server's work for a fresh
+    /// lock name.
+    ///
+    /// # Cancel safety
+    /// As [`grant`](Self::grant).
+    pub async fn grant_unfenced(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        count: u64,
+    ) -> Result<Grant, LockError> {
+        token_for(count, owner)?; // refuses a count outside the token range
+        let limit = self.config.command_timeout;
+        self.run_grant(key, owner, ttl, Count::Given(count), limit)
+            .await
+    }
+
     /// [`grant`](Self::grant), waiting at most `limit` for the reply.
     async fn grant_within(
         &self,
@@ -237,14 +267,30 @@ impl RedisLock {
         ttl: Duration,
         limit: Duration,
     ) -> Result<Grant, LockError> {
+        let count = Count::Fence(self.config.fence);
+        self.run_grant(key, owner, ttl, count, limit).await
+    }
+
+    /// Runs the acquire script, waiting at most `limit` for the reply.
+    async fn run_grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        count: Count,
+        limit: Duration,
+    ) -> Result<Grant, LockError> {
         let lock_key = self.lock_key(key);
         let mut invocation = SCRIPTS.acquire.prepare_invoke();
-        invocation
-            .key(&lock_key)
-            .key(Self::fence_key(&lock_key))
-            .arg(&owner.hex()[..])
-            .arg(millis(ttl))
-            .arg(self.config.fence.as_str());
+        invocation.key(&lock_key);
+        if let Count::Fence(_) = count {
+            invocation.key(Self::fence_key(&lock_key));
+        }
+        invocation.arg(&owner.hex()[..]).arg(millis(ttl));
+        match count {
+            Count::Fence(mode) => invocation.arg(mode.as_str()),
+            Count::Given(count) => invocation.arg("none").arg(count),
+        };
         let (granted, value): (i64, i64) = self.call_within("acquire", invocation, limit).await?;
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));

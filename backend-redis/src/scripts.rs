@@ -37,11 +37,14 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
 /// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
-/// clock-floored counter, anything else for `INCR`).
-/// Returns `{1, token}` when granted, `{0, pttl}` when held by another.
+/// clock-floored counter, `none` for no counter, anything else for `INCR`), and in `none`
+/// mode the count to record. Returns `{1, count}` when granted, `{0, pttl}` when held by
+/// another.
 ///
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
-/// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); otherwise it is made persistent.
+/// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
+/// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
+/// passed.
 pub const ACQUIRE: &str = r#"
 local function fence_expiry(ttl)
   local want = math.max(2 * tonumber(ttl), 86400000)
@@ -62,7 +65,9 @@ if current then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 local token
-if ARGV[3] == 'clock' then
+if ARGV[3] == 'none' then
+  token = ARGV[4]
+elseif ARGV[3] == 'clock' then
   local now = redis.call('TIME')
   local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
   token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, floor)

@@ -52,8 +52,11 @@
 //! Each node's counter is clock-floored by default (`max(counter + 1, server time in
 //! µs)`, see [`tenure_redis::FenceMode`]), which closes that gap while server clocks move
 //! forward: a node restarted empty hands out a token above every earlier one. Cost: two
-//! round trips per acquire instead of one; `?fencing=false` skips the second round, and
-//! [`Redlock::capabilities`] then says [`FencingKind::None`].
+//! round trips per acquire instead of one. `?fencing=false` skips the second round and
+//! the counters: a grant writes the lock key alone, and its token's count is the
+//! client's time in µs, the same on every node (so [`inspect`](Redlock::inspect) names
+//! the holder's token) but promising no order; [`Redlock::capabilities`] then says
+//! [`FencingKind::None`].
 //!
 //! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
 //! their data or restarting later than the max TTL; the conformance suite shows what
@@ -78,6 +81,7 @@ use tenure_api::{
     Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo,
     Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
 };
+use tenure_redis::scripts::MAX_COUNT;
 use tenure_redis::{Grant, RedisLock};
 use tokio::sync::{mpsc, watch, OnceCell};
 
@@ -186,6 +190,31 @@ enum Phase {
 /// measured 27 % less client CPU per Redlock cycle (16 spawns per acquire + release).
 fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     tokio::spawn(Box::pin(task));
+}
+
+/// One node's grant: with the node's fence counter, or (`fencing=false`) with the count
+/// the round chose for every node, writing no fence key ([`RedisLock::grant_unfenced`]).
+async fn grant(
+    node: &RedisLock,
+    key: &LockKey,
+    owner: OwnerId,
+    ttl: Duration,
+    unfenced: Option<u64>,
+) -> Result<Grant, LockError> {
+    match unfenced {
+        None => node.grant(key, owner, ttl).await,
+        Some(count) => node.grant_unfenced(key, owner, ttl, count).await,
+    }
+}
+
+/// The count of an unfenced round's token: the client's time in µs since the epoch, so
+/// that successive grants get different tokens (with the owner bits, two clients' grants
+/// in one µs too). Nothing keeps it increasing; `fencing=false` promises no order.
+fn unfenced_count() -> u64 {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |since| since.as_micros());
+    u64::try_from(micros).map_or(MAX_COUNT, |m| m.clamp(1, MAX_COUNT))
 }
 
 impl Inner {
@@ -300,6 +329,7 @@ impl Inner {
         let drift = default_drift(ttl);
         let start = Instant::now();
         let valid_until = deadline(start, ttl, drift);
+        let unfenced = (!self.config.fencing).then(unfenced_count);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
         for i in 0..self.nodes.len() {
@@ -309,7 +339,7 @@ impl Inner {
             spawn(async move {
                 ticket.wait_turn().await;
                 let reply = inner
-                    .on_node(i, limit, |node| node.grant(&key, owner, ttl))
+                    .on_node(i, limit, |node| grant(node, &key, owner, ttl, unfenced))
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
                 let _ = replies.send(reply);

@@ -494,3 +494,48 @@ async fn a_waiter_subscribes_once_per_node_and_unsubscribes_when_done() {
     }
     holder.release(held).await.unwrap();
 }
+
+/// `fencing=false` runs no fence counter: a grant and its release leave nothing behind on
+/// any node, where a fenced grant leaves each node's clock-floored fence key for a day
+/// (most of a fresh name's cost on the servers). Each grant still has a token of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfenced_lock_leaves_no_fence_key_behind() {
+    let cluster = five().await;
+    let addrs = cluster.nodes().iter().map(|n| n.addr());
+    let lock = tenure_redlock::Redlock::connect(&common::url(addrs, "?fencing=false"))
+        .await
+        .unwrap();
+    assert_eq!(
+        lock.capabilities().fencing,
+        tenure_api::FencingKind::None,
+        "an unfenced lock says so"
+    );
+    let k = key("unfenced");
+    let first = lock.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    every_node_holds(cluster.nodes(), &k).await;
+    assert_eq!(
+        lock.release(first.clone()).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let second = lock.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    assert_ne!(
+        first.token(),
+        second.token(),
+        "each grant has a token of its own"
+    );
+    every_node_holds(cluster.nodes(), &k).await;
+    lock.release(second).await.unwrap();
+    for node in cluster.nodes() {
+        let keys = || async { node.command(&["DBSIZE"]).await.unwrap().as_int() };
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                keys().await == Some(0)
+            })
+            .await,
+            "{} keeps {:?} keys; the fence key holds {:?}",
+            node.addr(),
+            keys().await,
+            fence(node, &k).await
+        );
+    }
+}
