@@ -231,9 +231,18 @@ impl Inner {
     {
         let config = &self.config.nodes[index];
         let call = async {
-            let node = self.nodes[index]
-                .get_or_try_init(|| RedisLock::with_config(config.clone()))
-                .await?;
+            let node = match self.nodes[index].get() {
+                Some(node) => node,
+                // Boxed: the connect future is large, and every call's future would
+                // carry (and move) its space although it runs once per node.
+                None => {
+                    Box::pin(
+                        self.nodes[index]
+                            .get_or_try_init(|| RedisLock::with_config(config.clone())),
+                    )
+                    .await?
+                }
+            };
             op(node).await
         };
         tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
