@@ -110,15 +110,6 @@ pub enum Grant {
     Held(Duration),
 }
 
-/// Where a grant's fence count comes from.
-#[derive(Clone, Copy)]
-enum Count {
-    /// The key's fence counter.
-    Fence(FenceMode),
-    /// The caller (no fence counter).
-    Given(u64),
-}
-
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
@@ -238,11 +229,12 @@ impl RedisLock {
             .await
     }
 
-    /// [`grant`](Self::grant) without the fence counter: the lock key alone, recording
-    /// `count` (in `1..=2^53-1`) as its fence count. For Redlock with `fencing=false`,
-    /// whose leases promise no fence: it gives every node the same token for one grant
-    /// and leaves no fence key behind, which is most of the server's work for a fresh
-    /// lock name.
+    /// [`grant`](Self::grant) without the fence counter: the lock key alone, and a token
+    /// whose count is the server's time in µs at the grant. Grants of a key on this
+    /// server get increasing tokens while its clock moves forward, but no counter backs
+    /// them (a clock step, a restart, another node: no order). For Redlock with
+    /// `fencing=false`, whose leases promise no fence; it leaves no fence key behind,
+    /// which is most of the server's work for a fresh lock name.
     ///
     /// # Cancel safety
     /// As [`grant`](Self::grant).
@@ -251,11 +243,8 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
-        count: u64,
     ) -> Result<Grant, LockError> {
-        token_for(count, owner)?; // refuses a count outside the token range
-        let limit = self.config.command_timeout;
-        self.run_grant(key, owner, ttl, Count::Given(count), limit)
+        self.run_grant(key, owner, ttl, None, self.config.command_timeout)
             .await
     }
 
@@ -267,30 +256,30 @@ impl RedisLock {
         ttl: Duration,
         limit: Duration,
     ) -> Result<Grant, LockError> {
-        let count = Count::Fence(self.config.fence);
-        self.run_grant(key, owner, ttl, count, limit).await
+        self.run_grant(key, owner, ttl, Some(self.config.fence), limit)
+            .await
     }
 
-    /// Runs the acquire script, waiting at most `limit` for the reply.
+    /// Runs the acquire script with the key's fence counter of this kind (`None`: without
+    /// one, see [`grant_unfenced`](Self::grant_unfenced)), waiting at most `limit`.
     async fn run_grant(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
-        count: Count,
+        fence: Option<FenceMode>,
         limit: Duration,
     ) -> Result<Grant, LockError> {
         let lock_key = self.lock_key(key);
         let mut invocation = SCRIPTS.acquire.prepare_invoke();
         invocation.key(&lock_key);
-        if let Count::Fence(_) = count {
+        if fence.is_some() {
             invocation.key(Self::fence_key(&lock_key));
         }
-        invocation.arg(&owner.hex()[..]).arg(millis(ttl));
-        match count {
-            Count::Fence(mode) => invocation.arg(mode.as_str()),
-            Count::Given(count) => invocation.arg("none").arg(count),
-        };
+        invocation
+            .arg(&owner.hex()[..])
+            .arg(millis(ttl))
+            .arg(fence.map_or("none", FenceMode::as_str));
         let (granted, value): (i64, i64) = self.call_within("acquire", invocation, limit).await?;
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));

@@ -37,14 +37,13 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
 /// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
-/// clock-floored counter, `none` for no counter, anything else for `INCR`), and in `none`
-/// mode the count to record. Returns `{1, count}` when granted, `{0, pttl}` when held by
-/// another.
+/// clock-floored counter, `none` for no counter, anything else for `INCR`).
+/// Returns `{1, count}` when granted, `{0, pttl}` when held by another.
 ///
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
 /// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
 /// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
-/// passed.
+/// passed: the count is the server's time in µs, backed by no counter.
 pub const ACQUIRE: &str = r#"
 local function fence_expiry(ttl)
   local want = math.max(2 * tonumber(ttl), 86400000)
@@ -66,7 +65,8 @@ if current then
 end
 local token
 if ARGV[3] == 'none' then
-  token = ARGV[4]
+  local now = redis.call('TIME')
+  token = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]))
 elseif ARGV[3] == 'clock' then
   local now = redis.call('TIME')
   local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])

@@ -54,9 +54,9 @@
 //! forward: a node restarted empty hands out a token above every earlier one. Cost: two
 //! round trips per acquire instead of one. `?fencing=false` skips the second round and
 //! the counters: a grant writes the lock key alone, and its token's count is the
-//! client's time in µs, the same on every node (so [`inspect`](Redlock::inspect) names
-//! the holder's token) but promising no order; [`Redlock::capabilities`] then says
-//! [`FencingKind::None`].
+//! granting node's time in µs, which promises no order (nodes differ, clocks step);
+//! [`Redlock::capabilities`] then says [`FencingKind::None`], and
+//! [`inspect`](Redlock::inspect) reports no token.
 //!
 //! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
 //! their data or restarting later than the max TTL; the conformance suite shows what
@@ -81,7 +81,6 @@ use tenure_api::{
     Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo,
     Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
 };
-use tenure_redis::scripts::MAX_COUNT;
 use tenure_redis::{Grant, RedisLock};
 use tokio::sync::{mpsc, watch, OnceCell};
 
@@ -192,29 +191,20 @@ fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     tokio::spawn(Box::pin(task));
 }
 
-/// One node's grant: with the node's fence counter, or (`fencing=false`) with the count
-/// the round chose for every node, writing no fence key ([`RedisLock::grant_unfenced`]).
+/// One node's grant: with the node's fence counter, or without any (`fencing=false`: no
+/// fence key is written, see [`RedisLock::grant_unfenced`]).
 async fn grant(
     node: &RedisLock,
     key: &LockKey,
     owner: OwnerId,
     ttl: Duration,
-    unfenced: Option<u64>,
+    fencing: bool,
 ) -> Result<Grant, LockError> {
-    match unfenced {
-        None => node.grant(key, owner, ttl).await,
-        Some(count) => node.grant_unfenced(key, owner, ttl, count).await,
+    if fencing {
+        node.grant(key, owner, ttl).await
+    } else {
+        node.grant_unfenced(key, owner, ttl).await
     }
-}
-
-/// The count of an unfenced round's token: the client's time in µs since the epoch, so
-/// that successive grants get different tokens (with the owner bits, two clients' grants
-/// in one µs too). Nothing keeps it increasing; `fencing=false` promises no order.
-fn unfenced_count() -> u64 {
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |since| since.as_micros());
-    u64::try_from(micros).map_or(MAX_COUNT, |m| m.clamp(1, MAX_COUNT))
 }
 
 impl Inner {
@@ -338,7 +328,6 @@ impl Inner {
         let drift = default_drift(ttl);
         let start = Instant::now();
         let valid_until = deadline(start, ttl, drift);
-        let unfenced = (!self.config.fencing).then(unfenced_count);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
         for i in 0..self.nodes.len() {
@@ -347,8 +336,9 @@ impl Inner {
             let (replies, mut decision) = (replies.clone(), decision.clone());
             spawn(async move {
                 ticket.wait_turn().await;
+                let fencing = inner.config.fencing;
                 let reply = inner
-                    .on_node(i, limit, |node| grant(node, &key, owner, ttl, unfenced))
+                    .on_node(i, limit, |node| grant(node, &key, owner, ttl, fencing))
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
                 let _ = replies.send(reply);
@@ -647,7 +637,7 @@ impl DistributedLock for Redlock {
     }
 
     /// The owner that a majority of nodes names, with the smallest remaining time among
-    /// them and the token recorded by the fence round.
+    /// them and the token recorded by the fence round (none with `fencing=false`).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let inner = &self.inner;
         let quorum = inner.config.quorum();
@@ -677,7 +667,9 @@ impl DistributedLock for Redlock {
                     .max_by_key(|t| (tokens.iter().filter(|u| *u == t).count(), *t));
                 return Ok(Some(HolderInfo {
                     owner: candidate.owner,
-                    token,
+                    // Without the fence round (`fencing=false`) each node holds its own
+                    // count, and none of them is the lease's token.
+                    token: token.filter(|_| inner.config.fencing),
                     remaining: same.iter().filter_map(|h| h.remaining).min(),
                 }));
             }
