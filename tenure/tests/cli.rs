@@ -394,15 +394,25 @@ async fn killing_the_lock_server_stops_the_command() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = format!("{}?command_timeout_ms=300", cluster.urls()[0]);
     let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("finished");
-    let script = format!("sleep 20; touch {}", marker.display());
+    let (running, marker) = (dir.path().join("running"), dir.path().join("finished"));
+    let script = format!(
+        "touch {}; sleep 20; touch {}",
+        running.display(),
+        marker.display()
+    );
     let child = tenure(&[
         "--url", &url, "run", "--key", "k", "--ttl", "1s", "--grace", "300ms", "--", "sh", "-c",
         &script,
     ])
     .spawn()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The command runs only once the lock is held: kill the server after that, not
+    // after a guess at how long start-up takes.
+    let by = Instant::now() + Duration::from_secs(20);
+    while !running.exists() {
+        assert!(Instant::now() < by, "the command never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     cluster.nodes()[0].kill().await.unwrap();
     let started = Instant::now();
     let out = child.wait_with_output().unwrap();
