@@ -2,7 +2,8 @@
 //!
 //! Distributed locks that tell the truth: one [`DistributedLock`] trait with a fencing
 //! token on every grant, backends chosen by URL (so swapping Redlock for etcd is a
-//! configuration change), and the `tenure` CLI.
+//! configuration change). The `tenure` command (run a job under a lock, `bench`,
+//! `matrix`) is the separate `tenure-cli` crate: `cargo install --path cli`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure::LockError> {
@@ -29,14 +30,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod admin;
-#[cfg(feature = "tools")]
-pub mod bench;
 mod config;
 pub mod layers;
-#[cfg(feature = "tools")]
-pub mod local;
-#[cfg(feature = "tools")]
-pub mod matrix;
 pub mod observe;
 
 use std::sync::Arc;

@@ -386,7 +386,7 @@ async fn drive(
 /// The backend name of a URL, from its scheme.
 fn backend_name(url: &str) -> String {
     url.split_once("://")
-        .and_then(|(scheme, _)| crate::backend_of_scheme(scheme))
+        .and_then(|(scheme, _)| tenure::backend_of_scheme(scheme))
         .unwrap_or("unknown")
         .to_owned()
 }
@@ -406,14 +406,14 @@ async fn library_lockers(
     // A `memory://` lock table lives in its client: in-process clients share one (16
     // separate tables would never contend).
     let shared = match backend_name(url).as_str() {
-        "memory" => Some(crate::connect(url).await?),
+        "memory" => Some(tenure::connect(url).await?),
         _ => None,
     };
     let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
     for _ in 0..clients {
         let lock = match &shared {
             Some(lock) => lock.clone(),
-            None => crate::connect(url).await?,
+            None => tenure::connect(url).await?,
         };
         lockers.push(Arc::new(Library { lock, ttl, wait }));
     }
@@ -540,7 +540,7 @@ fn rss_mb() -> f64 {
 /// Dropping it drops the guards, which release in the background.
 pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, LockError> {
     tenure_api::validate_ttl(ttl)?;
-    let lock = crate::connect(url).await?;
+    let lock = tenure::connect(url).await?;
     let before = rss_mb();
     let run = format!("tenure-bench/{:08x}/held", rand::random::<u32>());
     let started = Instant::now();

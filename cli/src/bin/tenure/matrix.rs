@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tenure::matrix::{self, report, ClustersConfig, Fault, MatrixOptions, Progress, Source};
 use tenure::LockError;
+use tenure_cli::matrix::{self, report, ClustersConfig, Fault, MatrixOptions, Progress, Source};
 
 #[derive(Args, Debug)]
 pub(crate) struct MatrixArgs {
@@ -62,12 +62,9 @@ fn fault_named(name: &str) -> Result<Fault, LockError> {
         })
 }
 
-/// The broken variants' names, or none in a build without their backends.
+/// The broken variants' names.
 fn broken_names() -> Vec<&'static str> {
-    #[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
-    return matrix::broken::Flaw::ALL.map(|f| f.name()).to_vec();
-    #[cfg(not(all(feature = "redis", feature = "redlock", feature = "postgres")))]
-    Vec::new()
+    matrix::broken::Flaw::ALL.map(|f| f.name()).to_vec()
 }
 
 pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {

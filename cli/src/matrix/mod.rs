@@ -4,7 +4,6 @@
 //! [`expect`], a short performance run, and a check of the backend's declared
 //! [`Capabilities`] against the table's premises and what was observed.
 
-#[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
 #[doc(hidden)]
 pub mod broken;
 pub mod expect;
@@ -377,7 +376,7 @@ impl ClustersConfig {
             LockError::Config(format!(
                 "bad clusters file {}: {}",
                 path.display(),
-                crate::redact_url(e.message())
+                tenure::redact_url(e.message())
             ))
         })
     }
@@ -397,7 +396,7 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
     let bad = || {
         LockError::Config(format!(
             "cannot find the hosts in {}",
-            crate::redact_url(url)
+            tenure::redact_url(url)
         ))
     };
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
@@ -419,7 +418,7 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
     if targets.iter().any(|t| t.port() == 0) {
         return Err(LockError::Config(format!(
             "give every host of {} a port",
-            crate::redact_url(url)
+            tenure::redact_url(url)
         )));
     }
     let template = format!("{scheme}://{userinfo}{{hosts}}{tail}");
@@ -427,7 +426,7 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
         name,
         &template,
         targets,
-        |url| async move { crate::connect(&url).await },
+        |url| async move { tenure::connect(&url).await },
     ))
 }
 
@@ -497,7 +496,6 @@ type Wrap = Box<dyn FnOnce(UrlHarness) -> UrlHarness + Send>;
 /// The real backend behind `name`, and how to wrap its clients: `broken:NAME` is a
 /// deliberately broken variant (see [`broken`]), judged by its backend's expectations.
 fn broken_backend(name: &str) -> Result<(&str, Wrap), String> {
-    #[cfg(all(feature = "redis", feature = "redlock", feature = "postgres"))]
     if let Some(flaw) = broken::Flaw::of_backend(name).map_err(|e| e.to_string())? {
         let wrap = move |harness: UrlHarness| {
             harness.wrapping(move |url, lock| broken::wrap(flaw, url, lock))
@@ -525,7 +523,6 @@ struct Probe {
 async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<Probe, LockError> {
     let mut members = None;
     let floor = match backend {
-        #[cfg(feature = "zk")]
         "zk" => {
             // A lock outlives its silent holder by the holder's session timeout, which
             // the server negotiates (2–20 × its tickTime): the direct clients' and the
@@ -543,7 +540,6 @@ async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<P
             }
             Some((longest, "the negotiated ZooKeeper session timeout"))
         }
-        #[cfg(feature = "etcd")]
         "etcd" => {
             let lock = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
             members = Some(lock.members());

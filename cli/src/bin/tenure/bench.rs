@@ -4,9 +4,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use tenure::bench::{self, BenchLine, BenchOptions, HeldLine, Mode};
-use tenure::local::{self, LocalOptions};
 use tenure::LockError;
+use tenure_cli::bench::{self, BenchLine, BenchOptions, HeldLine, Mode};
+use tenure_cli::local::{self, LocalOptions};
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {

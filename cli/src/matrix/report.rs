@@ -316,7 +316,7 @@ fn perf_table(matrix: &Matrix, out: &mut String) {
 fn notes(matrix: &Matrix, out: &mut String) {
     for b in &matrix.backends {
         if let Some(error) = &b.error {
-            let _ = writeln!(out, "- **{}**: {}", b.backend, crate::redact_url(error));
+            let _ = writeln!(out, "- **{}**: {}", b.backend, tenure::redact_url(error));
         }
         if !b.ttl_why.is_empty() {
             let _ = writeln!(out, "- {}: trials' TTL {}", b.backend, b.ttl_why);
@@ -397,7 +397,7 @@ pub fn markdown(matrix: &Matrix) -> String {
         "SAFE: mutual exclusion held · F-SAFE: two holders, the stale write was rejected by \
          fencing · UNSAFE: two holders (or a regressed token) not contained · UNAVAIL: no \
          violation, but a healthy client could not get the lock · ⚠: outside the verdicts \
-         the backend's protocol allows (the reviewed table in `tenure/src/matrix/expect.rs`).\n"
+         the backend's protocol allows (the reviewed table in `cli/src/matrix/expect.rs`).\n"
     );
     grid(matrix, &mut out);
     let _ = writeln!(

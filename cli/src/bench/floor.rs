@@ -26,21 +26,16 @@ pub(super) async fn lockers(
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
     let scheme = url.split_once("://").map_or("", |(s, _)| s);
     let _ = (tasks, ttl);
-    let locker: Arc<dyn Locker> = match crate::backend_of_scheme(scheme) {
-        #[cfg(feature = "redis")]
+    let locker: Arc<dyn Locker> = match tenure::backend_of_scheme(scheme) {
         Some("redis") => Arc::new(redis_floor::RedisFloor::connect(url, ttl).await?),
-        #[cfg(feature = "redlock")]
         Some("redlock") => Arc::new(redis_floor::RedisFloor::connect_all(url, ttl).await?),
-        #[cfg(feature = "etcd")]
         Some("etcd") => Arc::new(etcd_floor::EtcdFloor::connect(url).await?),
-        #[cfg(feature = "zk")]
         Some("zk") => Arc::new(zk_floor::ZkFloor::connect(url).await?),
-        #[cfg(feature = "postgres")]
         Some("postgres") => Arc::new(pg_floor::PgFloor::connect(url, tasks).await?),
         _ => {
             return Err(LockError::InvalidInput(format!(
                 "no protocol floor for {}",
-                crate::redact_url(url)
+                tenure::redact_url(url)
             )))
         }
     };
@@ -51,7 +46,6 @@ fn failed(what: &str, error: impl std::fmt::Display) -> String {
     format!("{what}: {error}")
 }
 
-#[cfg(any(feature = "redis", feature = "redlock"))]
 mod redis_floor {
     use super::*;
     use redis::aio::MultiplexedConnection;
@@ -85,13 +79,11 @@ return 0"#;
             }
         }
 
-        #[cfg(feature = "redis")]
         pub(crate) async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
             let config = tenure_redis::RedisConfig::from_url(url)?;
             Ok(Self::new(vec![Self::open(config.client_url()).await?], ttl))
         }
 
-        #[cfg(feature = "redlock")]
         pub(crate) async fn connect_all(url: &str, ttl: Duration) -> Result<Self, LockError> {
             let config = tenure_redlock::RedlockConfig::from_url(url)?;
             let nodes = futures::future::try_join_all(
@@ -144,7 +136,6 @@ return 0"#;
     }
 }
 
-#[cfg(feature = "etcd")]
 mod etcd_floor {
     use super::*;
     use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
@@ -211,7 +202,6 @@ mod etcd_floor {
     }
 }
 
-#[cfg(feature = "zk")]
 mod zk_floor {
     use super::*;
     use zookeeper_client::{Acls, Client, CreateMode};
@@ -266,7 +256,6 @@ mod zk_floor {
     }
 }
 
-#[cfg(feature = "postgres")]
 mod pg_floor {
     use super::*;
     use sqlx::postgres::{PgPool, PgPoolOptions};

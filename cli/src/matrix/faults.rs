@@ -1480,7 +1480,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
             return vec![setup_failed("servers", error)];
         }
     };
-    let connect = |url: String| async move { crate::connect(&url).await };
+    let connect = |url: String| async move { tenure::connect(&url).await };
     let setup = async {
         pair.wait_synced()
             .await

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use tenure::local::{self, LocalOptions};
 use tenure_api::LockKey;
+use tenure_cli::local::{self, LocalOptions};
 use tenure_conformance::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

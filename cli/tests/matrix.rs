@@ -1,12 +1,12 @@
 //! `tenure matrix --quick` end to end on local servers: every backend × every scenario
 //! and fault has a verdict, every fault that ran fired, and every verdict is one the
-//! reviewed table of `tenure::matrix::expect` allows for that backend's configuration.
+//! reviewed table of `tenure_cli::matrix::expect` allows for that backend's configuration.
 
 use std::process::Command;
 
 use serde_json::Value;
-use tenure::matrix::expect::{expect, Config};
-use tenure::matrix::Fault;
+use tenure_cli::matrix::expect::{expect, Config};
+use tenure_cli::matrix::Fault;
 
 /// The configurations `tenure matrix` starts locally (default fence modes).
 fn local_config(backend: &str) -> Config {
