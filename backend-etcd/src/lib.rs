@@ -53,8 +53,6 @@
 //! let lease = lock.try_acquire(&LockKey::new("job")?, Duration::from_secs(10)).await?;
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod admin;
 mod config;
@@ -72,9 +70,9 @@ use etcd_client::{
     WatchFilterType, WatchOptions,
 };
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
+    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError,
+    LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
@@ -157,6 +155,13 @@ enum Turn {
 }
 
 impl EtcdLock {
+    /// This backend for URL dispatch ([`Driver`]): `etcd://`, `etcds://`.
+    pub const DRIVER: Driver = Driver {
+        name: "etcd",
+        schemes: &["etcd", "etcds"],
+        connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
+    };
+
     /// Connects to the cluster named by an `etcd://` or `etcds://` URL (see
     /// [`EtcdConfig`]) and reads its member list.
     ///

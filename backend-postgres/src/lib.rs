@@ -118,8 +118,6 @@
 //! }
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod admin;
 mod config;
@@ -136,9 +134,9 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
-    LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
+    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle,
+    LeaseTie, LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -360,6 +358,13 @@ enum Locked {
 }
 
 impl PgLock {
+    /// This backend for URL dispatch ([`Driver`]): `postgres://`, `postgresql://`.
+    pub const DRIVER: Driver = Driver {
+        name: "postgres",
+        schemes: &["postgres", "postgresql"],
+        connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
+    };
+
     /// Connects to the server named by a `postgres://` URL (see [`PgConfig`]) and, unless
     /// `migrate=false`, creates the lock objects if they are missing.
     ///

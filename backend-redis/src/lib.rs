@@ -60,8 +60,6 @@
 //! let lease = lock.try_acquire(&LockKey::new("job")?, Duration::from_secs(10)).await?;
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod admin;
 mod config;
@@ -76,9 +74,9 @@ use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::RedisError;
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
+    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError,
+    LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
 pub use config::{redact, FenceMode, RedisConfig};
@@ -126,6 +124,13 @@ enum Attempt {
 }
 
 impl RedisLock {
+    /// This backend for URL dispatch ([`Driver`]): `redis://`, `rediss://`.
+    pub const DRIVER: Driver = Driver {
+        name: "redis",
+        schemes: &["redis", "rediss"],
+        connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
+    };
+
     /// Connects to the server named by a `redis://` or `rediss://` URL (see
     /// [`RedisConfig`]).
     ///

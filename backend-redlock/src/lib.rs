@@ -61,8 +61,6 @@
 //! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
 //! their data or restarting later than the max TTL; the conformance suite shows what
 //! happens when they do not.
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod admin;
 mod config;
@@ -77,9 +75,10 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use futures::StreamExt;
 use tenure_api::{
-    deadline, default_drift, poll_acquire_woken, validate_ttl, AcquireOptions, Backoff,
-    Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo,
-    Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
+    deadline, default_drift, poll_acquire_woken, validate_ttl, AcquireOptions, Backend, Backoff,
+    Capabilities, DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken,
+    HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock,
+    WaitKind,
 };
 use tenure_redis::{Grant, RedisLock};
 use tokio::sync::{mpsc, watch, OnceCell};
@@ -109,6 +108,13 @@ impl fmt::Debug for Redlock {
 }
 
 impl Redlock {
+    /// This backend for URL dispatch ([`Driver`]): `redlock://`, `redlocks://`.
+    pub const DRIVER: Driver = Driver {
+        name: "redlock",
+        schemes: &["redlock", "redlocks"],
+        connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
+    };
+
     /// Connects to the nodes of a `redlock://h1:p,h2:p,…` URL (see [`RedlockConfig`]).
     ///
     /// # Cancel safety

@@ -78,8 +78,6 @@
 //! }
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod admin;
 mod config;
@@ -93,9 +91,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind,
-    Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
+    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError,
+    LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
@@ -178,6 +176,13 @@ impl From<LockError> for Stop {
 }
 
 impl ZkLock {
+    /// This backend for URL dispatch ([`Driver`]): `zk://`.
+    pub const DRIVER: Driver = Driver {
+        name: "zk",
+        schemes: &["zk"],
+        connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
+    };
+
     /// Connects to the ensemble named by a `zk://` URL (see [`ZkConfig`]) and opens a
     /// session.
     ///

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tenure_api::{
-    AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease, LockError, LockExt,
-    renewal_interval, LockGuard, LockKey, OwnerId, ReleaseOutcome,
+    renewal_interval, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease,
+    LockError, LockExt, LockGuard, LockKey, OwnerId, ReleaseOutcome,
 };
 
 use crate::history::{FencedRegister, History};

@@ -25,12 +25,11 @@
 //! # Ok(())
 //! # }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod admin;
 mod capabilities;
 mod clock;
+mod driver;
 mod error;
 mod guard;
 mod key;
@@ -44,6 +43,7 @@ pub use admin::{Finding, LockAdmin, Problem};
 pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use driver::{Backend, Driver};
 pub use error::{BoxError, LockError};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::{
-    validate_ttl, AcquireOptions, Capabilities, Clock, DistributedLock, ExpiryKind, Fairness,
-    FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome,
-    Replication, SystemClock, WaitKind,
+    validate_ttl, AcquireOptions, Backend, Capabilities, Clock, DistributedLock, Driver,
+    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
+    OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
 };
 
 /// Locks in this process's memory: TTL expiry on an injectable [`Clock`], fencing tokens
@@ -150,6 +150,13 @@ impl Drop for QueueSlot<'_> {
 }
 
 impl MemoryLock {
+    /// This backend for URL dispatch ([`Driver`]): `memory://`, a fresh lock table of its own per connect.
+    pub const DRIVER: Driver = Driver {
+        name: "memory",
+        schemes: &["memory"],
+        connect: |_| Box::pin(async { Ok(Backend::new(MemoryLock::new())) }),
+    };
+
     /// A lock service timed by the system clock.
     pub fn new() -> Self {
         Self::with_clock(Arc::new(SystemClock))

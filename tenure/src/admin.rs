@@ -25,7 +25,7 @@ use tenure_api::{LockAdmin, LockError};
 /// # Cancel safety
 /// Cancel-safe: a half-made client is dropped.
 pub async fn connect_admin(url: &str) -> Result<Arc<dyn LockAdmin>, LockError> {
-    crate::connect_by_scheme!(url, dyn LockAdmin)
+    Ok((crate::driver_for(url)?.connect)(url).await?.admin)
 }
 
 #[cfg(test)]

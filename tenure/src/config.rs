@@ -240,8 +240,7 @@ impl Config {
     /// The URL with `prefix` and the backend's option table appended as query options.
     /// An option given both in the URL and in the configuration is an error.
     pub fn resolved_url(&self) -> Result<String, LockError> {
-        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
-        let table = match crate::backend_of_scheme(scheme) {
+        let table = match crate::backend_named(&self.url) {
             Some("redis") => &self.redis,
             Some("redlock") => &self.redlock,
             Some("etcd") => &self.etcd,
@@ -288,9 +287,8 @@ impl Config {
     /// leases keep to the negotiated timeout. `tenure run` and `tenure acquire` call it;
     /// other backends are unchanged.
     pub fn session_timeout_from_ttl(&mut self) {
-        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
         let name = "session_timeout_ms";
-        if crate::backend_of_scheme(scheme) != Some("zk")
+        if crate::backend_named(&self.url) != Some("zk")
             || self.zk.contains_key(name)
             || self.url_has_option(name)
         {
@@ -423,7 +421,7 @@ mod tests {
             ("zk://127.0.0.1:1", "zk"),
             ("postgres://127.0.0.1:1/db", "postgres"),
         ] {
-            if !crate::BACKENDS.contains(&table) {
+            if !crate::DRIVERS.iter().any(|driver| driver.name == table) {
                 continue; // a build without this backend's feature cannot parse its URL
             }
             let text = format!("url = \"{url}\"\n[{table}]\nsesion_timeout_ms = 5\n");

@@ -26,8 +26,6 @@
 //! | `etcd://h1:p,h2:p/prefix`, `etcds://…` | etcd v3 | `etcd` |
 //! | `zk://h1:p,h2:p/chroot` | ZooKeeper | `zk` |
 //! | `postgres://user@host/db`, `postgresql://…` | Postgres row lock | `postgres` |
-#![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod admin;
 mod config;
@@ -56,94 +54,83 @@ pub use tenure_redlock as redlock;
 #[cfg(feature = "zk")]
 pub use tenure_zk as zk;
 
-/// The backends this build can connect to (`memory` and each enabled feature).
-pub const BACKENDS: &[&str] = &[
-    "memory",
+/// The backends this build can connect to: `memory` and each enabled feature's, in that
+/// order. [`connect`], [`admin::connect_admin`] and [`Config`] dispatch on this table.
+pub const DRIVERS: &[Driver] = &[
+    MemoryLock::DRIVER,
     #[cfg(feature = "redis")]
-    "redis",
+    tenure_redis::RedisLock::DRIVER,
     #[cfg(feature = "redlock")]
-    "redlock",
+    tenure_redlock::Redlock::DRIVER,
     #[cfg(feature = "etcd")]
-    "etcd",
+    tenure_etcd::EtcdLock::DRIVER,
     #[cfg(feature = "zk")]
-    "zk",
+    tenure_zk::ZkLock::DRIVER,
     #[cfg(feature = "postgres")]
-    "postgres",
+    tenure_postgres::PgLock::DRIVER,
 ];
 
-/// The backend a URL scheme names (`rediss` → `redis`), or `None` for an unknown scheme.
-pub fn backend_of_scheme(scheme: &str) -> Option<&'static str> {
-    Some(match scheme {
-        "memory" => "memory",
-        "redis" | "rediss" => "redis",
-        "redlock" | "redlocks" => "redlock",
-        "etcd" | "etcds" => "etcd",
-        "zk" => "zk",
-        "postgres" | "postgresql" => "postgres",
-        _ => return None,
-    })
-}
+/// Each backend's cargo feature and schemes, known also to builds without it, so that a
+/// URL for a disabled backend is an error naming the feature to enable.
+const FEATURES: [(&str, &[&str]); 5] = [
+    ("redis", &["redis", "rediss"]),
+    ("redlock", &["redlock", "redlocks"]),
+    ("etcd", &["etcd", "etcds"]),
+    ("zk", &["zk"]),
+    ("postgres", &["postgres", "postgresql"]),
+];
 
-/// Connects the backend `$feature` with `$connect(url)` as an `Arc<$target>` when the
-/// feature is on; otherwise an error naming the feature.
-macro_rules! connect_with {
-    ($feature:literal, $connect:path, $url:expr, $target:ty) => {{
-        #[cfg(feature = $feature)]
-        let result = $connect($url)
-            .await
-            .map(|lock| ::std::sync::Arc::new(lock) as ::std::sync::Arc<$target>);
-        #[cfg(not(feature = $feature))]
-        let result = Err($crate::LockError::Config(format!(
-            "{} needs tenure's `{}` cargo feature, which this build does not have",
-            $crate::redact_url($url),
-            $feature
+/// The driver of `url`'s scheme. A URL without a scheme, with an unknown one, or with one
+/// whose cargo feature is off is a [`LockError::Config`] that says so (and which schemes
+/// this build has); the URL's password is never in it.
+pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
+    let known = || {
+        DRIVERS
+            .iter()
+            .flat_map(|driver| driver.schemes)
+            .map(|scheme| format!("{scheme}://"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(LockError::Config(format!(
+            "lock URL {} has no scheme (this build has {})",
+            redact_url(url),
+            known()
         )));
-        result
-    }};
-}
-pub(crate) use connect_with;
-
-/// Connects the backend named by the scheme of `$url` (a `&str`) as an `Arc<$target>`:
-/// the one dispatch behind [`connect`] and [`admin::connect_admin`].
-macro_rules! connect_by_scheme {
-    ($url:expr, $target:ty) => {{
-        let url: &str = $url;
-        match url
-            .split_once("://")
-            .map(|(scheme, _)| (scheme, $crate::backend_of_scheme(scheme)))
+    };
+    if let Some(driver) = DRIVERS.iter().find(|driver| driver.accepts(scheme)) {
+        return Ok(driver);
+    }
+    Err(LockError::Config(
+        match FEATURES
+            .iter()
+            .find(|(_, schemes)| schemes.contains(&scheme))
         {
-            None => Err($crate::LockError::Config(format!(
-                "lock URL {} has no scheme (memory://, redis://, redlock://, etcd://, zk://, \
-                 postgres://)",
-                $crate::redact_url(url)
-            ))),
-            Some((_, Some("memory"))) => {
-                Ok(::std::sync::Arc::new($crate::MemoryLock::new()) as ::std::sync::Arc<$target>)
-            }
-            Some((_, Some("redis"))) => {
-                $crate::connect_with!("redis", tenure_redis::RedisLock::connect, url, $target)
-            }
-            Some((_, Some("redlock"))) => {
-                $crate::connect_with!("redlock", tenure_redlock::Redlock::connect, url, $target)
-            }
-            Some((_, Some("etcd"))) => {
-                $crate::connect_with!("etcd", tenure_etcd::EtcdLock::connect, url, $target)
-            }
-            Some((_, Some("zk"))) => {
-                $crate::connect_with!("zk", tenure_zk::ZkLock::connect, url, $target)
-            }
-            Some((_, Some("postgres"))) => {
-                $crate::connect_with!("postgres", tenure_postgres::PgLock::connect, url, $target)
-            }
-            Some((scheme, _)) => Err($crate::LockError::Config(format!(
-                "unknown lock URL scheme {}:// in {}",
-                $crate::redact_url(scheme),
-                $crate::redact_url(url)
-            ))),
-        }
-    }};
+            Some((feature, _)) => format!(
+                "{} needs tenure's `{feature}` cargo feature, which this build does not have",
+                redact_url(url)
+            ),
+            None => format!(
+                "unknown lock URL scheme {}:// in {} (this build has {})",
+                redact_url(scheme),
+                redact_url(url),
+                known()
+            ),
+        },
+    ))
 }
-pub(crate) use connect_by_scheme;
+
+/// The backend `url`'s scheme names, whether or not this build has it (a feature's name
+/// is its backend's).
+pub(crate) fn backend_named(url: &str) -> Option<&'static str> {
+    let (scheme, _) = url.split_once("://")?;
+    let enabled = DRIVERS.iter().map(|driver| (driver.name, driver.schemes));
+    enabled
+        .chain(FEATURES)
+        .find(|(_, schemes)| schemes.contains(&scheme))
+        .map(|(name, _)| name)
+}
 
 /// Connects to the backend named by `url`'s scheme (see the table above). A scheme whose
 /// cargo feature is off is a [`LockError::Config`] naming the feature.
@@ -151,7 +138,7 @@ pub(crate) use connect_by_scheme;
 /// # Cancel safety
 /// Cancel-safe: a half-made client is dropped.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-    connect_by_scheme!(url, dyn DistributedLock)
+    Ok((driver_for(url)?.connect)(url).await?.lock)
 }
 
 #[cfg(test)]
@@ -160,18 +147,38 @@ mod tests {
 
     #[tokio::test]
     async fn schemes_are_checked() {
-        let err = connect("bogus://h").await.unwrap_err();
-        assert!(err.to_string().contains("unknown lock URL scheme"), "{err}");
+        let err = connect("bogus://u:hunter2@h")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown lock URL scheme bogus://"), "{err}");
+        assert!(
+            err.contains("memory://"),
+            "lists the schemes this build has: {err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
         let err = connect("no-scheme").await.unwrap_err();
         assert!(matches!(err, LockError::Config(_)));
         let memory = connect("memory://").await.unwrap();
         assert_eq!(memory.capabilities().backend, "memory");
-        for scheme in [
-            "redis", "rediss", "redlock", "etcd", "etcds", "zk", "postgres",
-        ] {
-            let backend = backend_of_scheme(scheme).unwrap();
-            assert!(scheme.starts_with(&backend[..2]), "{scheme} -> {backend}");
+    }
+
+    /// Every enabled driver has the schemes its feature announces, and every scheme one
+    /// driver only.
+    #[test]
+    fn the_driver_table_agrees_with_the_feature_table() {
+        for driver in &DRIVERS[1..] {
+            let (_, schemes) = FEATURES
+                .iter()
+                .find(|(feature, _)| *feature == driver.name)
+                .unwrap_or_else(|| panic!("{} has no feature", driver.name));
+            assert_eq!(*schemes, driver.schemes, "{}", driver.name);
         }
+        let mut schemes: Vec<_> = DRIVERS.iter().flat_map(|d| d.schemes).collect();
+        let all = schemes.len();
+        schemes.sort();
+        schemes.dedup();
+        assert_eq!(schemes.len(), all, "a scheme with two drivers");
     }
 
     #[cfg(not(feature = "redis"))]
@@ -188,6 +195,6 @@ mod tests {
             assert!(err.contains(&format!("`{feature}` cargo feature")), "{err}");
             assert!(!err.contains("hunter2"), "{err}");
         }
-        assert_eq!(BACKENDS, ["memory"]);
+        assert_eq!(DRIVERS.len(), 1, "memory only");
     }
 }

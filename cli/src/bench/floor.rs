@@ -24,14 +24,12 @@ pub(super) async fn lockers(
     tasks: usize,
     ttl: Duration,
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
-    let scheme = url.split_once("://").map_or("", |(s, _)| s);
-    let _ = (tasks, ttl);
-    let locker: Arc<dyn Locker> = match tenure::backend_of_scheme(scheme) {
-        Some("redis") => Arc::new(redis_floor::RedisFloor::connect(url, ttl).await?),
-        Some("redlock") => Arc::new(redis_floor::RedisFloor::connect_all(url, ttl).await?),
-        Some("etcd") => Arc::new(etcd_floor::EtcdFloor::connect(url).await?),
-        Some("zk") => Arc::new(zk_floor::ZkFloor::connect(url).await?),
-        Some("postgres") => Arc::new(pg_floor::PgFloor::connect(url, tasks).await?),
+    let locker: Arc<dyn Locker> = match tenure::driver_for(url)?.name {
+        "redis" => Arc::new(redis_floor::RedisFloor::connect(url, ttl).await?),
+        "redlock" => Arc::new(redis_floor::RedisFloor::connect_all(url, ttl).await?),
+        "etcd" => Arc::new(etcd_floor::EtcdFloor::connect(url).await?),
+        "zk" => Arc::new(zk_floor::ZkFloor::connect(url).await?),
+        "postgres" => Arc::new(pg_floor::PgFloor::connect(url, tasks).await?),
         _ => {
             return Err(LockError::InvalidInput(format!(
                 "no protocol floor for {}",

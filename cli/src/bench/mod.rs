@@ -385,9 +385,8 @@ async fn drive(
 
 /// The backend name of a URL, from its scheme.
 fn backend_name(url: &str) -> String {
-    url.split_once("://")
-        .and_then(|(scheme, _)| tenure::backend_of_scheme(scheme))
-        .unwrap_or("unknown")
+    tenure::driver_for(url)
+        .map_or("unknown", |driver| driver.name)
         .to_owned()
 }
 

@@ -461,6 +461,13 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             .map_err(|e| format!("connecting to {name}: {e}"))?
             .capabilities()
     };
+    let driver = tenure::driver_for(&harness.url()).map_err(|e| format!("{name}: {e}"))?;
+    if driver.name != caps.backend {
+        return Err(format!(
+            "{name}: the `{}` driver connected a client that says it is `{}`",
+            driver.name, caps.backend
+        ));
+    }
     // A deliberately broken wrapper (`broken:NAME`) is judged by its real backend's row.
     let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
     let short = {
