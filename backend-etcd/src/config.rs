@@ -1,13 +1,11 @@
-//! `etcd://` / `etcds://` URLs with a host list, and secret redaction.
-//!
-//! `url::Url` rejects comma-separated host lists (`h1:2379,h2:2379`), so the URL is
-//! parsed here by hand.
+//! `etcd://` / `etcds://` URLs: what their path and options mean (the URL itself is
+//! decoded by [`LockUrl`]).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tenure_api::urls::check_option;
+use tenure_api::urls::LockUrl;
 use tenure_api::LockError;
 
 /// The default client port.
@@ -80,120 +78,55 @@ impl EtcdConfig {
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`], never a panic.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let bad =
-            |why: String| LockError::Config(format!("bad etcd URL {}: {why}", redact_str(text)));
-        let (scheme, rest) = text
-            .split_once("://")
-            .ok_or_else(|| bad("expected etcd://hosts or etcds://hosts".into()))?;
-        let tls = match scheme {
-            "etcd" => false,
-            "etcds" => true,
-            other => {
-                return Err(bad(format!(
-                    "the scheme must be etcd or etcds, not {:?}",
-                    redact_str(other)
-                )))
-            }
-        };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i + 1..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hostlist) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let (user, password) = match userinfo {
-            None => (None, None),
-            Some(info) => {
-                let (user, password) = match info.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (info, None),
-                };
-                let user =
-                    percent_decode(user).ok_or_else(|| bad("bad %-escape in the user".into()))?;
-                if user.is_empty() {
-                    return Err(bad("empty user name".into()));
-                }
-                let password = password
-                    .map(|p| {
-                        percent_decode(p).ok_or_else(|| bad("bad %-escape in the password".into()))
-                    })
-                    .transpose()?;
-                (Some(user), password)
-            }
-        };
-        let hosts = hostlist
-            .split(',')
-            .map(parse_host)
-            .collect::<Result<Vec<_>, String>>()
-            .map_err(bad)?;
-        let prefix =
-            percent_decode(path).ok_or_else(|| bad("bad %-escape in the prefix".into()))?;
-        let prefix = prefix.trim_matches('/').to_string();
+        let url = LockUrl::parse(text, "etcd", &["etcd", "etcds"], DEFAULT_PORT)?;
+        let tls = url.scheme() == "etcds";
+        let prefix = url.path().trim_matches('/');
         if prefix.chars().any(char::is_control) {
-            return Err(bad("the prefix contains a control character".into()));
+            return Err(url.error("the prefix contains a control character"));
         }
         let mut config = Self {
             tls,
-            hosts,
-            user,
-            password,
-            prefix: if prefix.is_empty() {
-                "tenure".into()
-            } else {
-                prefix
-            },
+            hosts: url.hosts().iter().map(ToString::to_string).collect(),
+            user: url.user().map(str::to_string),
+            password: url.password().map(str::to_string),
+            prefix: if prefix.is_empty() { "tenure" } else { prefix }.to_string(),
             connect_timeout: Duration::from_millis(2000),
             request_timeout: Duration::from_millis(2000),
             ca_file: None,
             tls_domain: None,
             lease: LeaseMode::Session,
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value)
-                .ok_or_else(|| bad(format!("bad %-escape in option {name}")))?;
-            let millis = || {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| (1..=600_000).contains(ms))
-                    .map(Duration::from_millis)
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "option {name}={value} must be a number of milliseconds in 1..=600000"
-                        ))
-                    })
-            };
+        for (name, value) in url.options() {
+            let millis = || url.millis(name, value, 1..=600_000);
             match name {
                 "prefix" => {
                     let prefix = value.trim_matches('/');
                     if prefix.is_empty() || prefix.chars().any(char::is_control) {
-                        return Err(bad(format!("bad prefix {value:?}")));
+                        return Err(url.error(format!("bad prefix {value:?}")));
                     }
                     config.prefix = prefix.to_string();
                 }
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
                 "ca_file" if tls && !value.is_empty() => config.ca_file = Some(value.into()),
-                "tls_domain" if tls && !value.is_empty() => config.tls_domain = Some(value),
+                "tls_domain" if tls && !value.is_empty() => {
+                    config.tls_domain = Some(value.to_string())
+                }
                 "lease" => {
-                    config.lease = match value.as_str() {
+                    config.lease = match value {
                         "session" => LeaseMode::Session,
                         "per-lock" => LeaseMode::PerLock,
                         _ => {
-                            return Err(bad(format!(
+                            return Err(url.error(format!(
                                 "option lease={value} must be session or per-lock"
                             )))
                         }
                     }
                 }
                 "ca_file" | "tls_domain" => {
-                    return Err(bad(format!("option {name} needs etcds:// and a value")))
+                    return Err(url.error(format!("option {name} needs etcds:// and a value")))
                 }
-                other => check_option("etcd", other, &[Self::OPTIONS])?,
+                other => return Err(url.unknown_option(other, &[Self::OPTIONS])),
             }
         }
         Ok(config)
@@ -220,86 +153,6 @@ impl EtcdConfig {
         self.user = Some(user.into());
         self.password = Some(password.into());
         self
-    }
-}
-
-/// Parses `host[:port]` or `[v6]:port`; returns `host:port`.
-fn parse_host(text: &str) -> Result<String, String> {
-    let bad = |why: &str| format!("endpoint {text:?}: {why}");
-    if text.is_empty() {
-        return Err(bad("empty host"));
-    }
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-        if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(bad("not an IPv6 address"));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?),
-        };
-        (format!("[{host}]"), port)
-    } else {
-        let (host, port) = match text.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (text, None),
-        };
-        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
-        if host.is_empty() || !host.chars().all(valid) {
-            return Err(bad("bad host name"));
-        }
-        (host.to_string(), port)
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| bad("the port must be a number in 1..=65535"))?,
-    };
-    Ok(format!("{host}:{port}"))
-}
-
-/// Decodes `%XX` escapes; `None` on a malformed escape or invalid UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Hides everything between the scheme and the last `@` of an unparsed URL, where a
-/// password may hide.
-fn redact_str(text: &str) -> String {
-    let authority_end = |start: usize| {
-        text[start..]
-            .find(['/', '?'])
-            .map_or(text.len(), |i| start + i)
-    };
-    match text.find("://") {
-        Some(start) => {
-            let end = authority_end(start + 3);
-            match text[..end].rfind('@') {
-                Some(at) if at > start => format!("{}://***@{}", &text[..start], &text[at + 1..]),
-                _ => text.to_string(),
-            }
-        }
-        // No scheme separator: anything before an '@' might be a secret.
-        None => match text.rfind('@') {
-            Some(at) => format!("***@{}", &text[at + 1..]),
-            None => text.to_string(),
-        },
     }
 }
 

@@ -1,10 +1,10 @@
-//! `zk://` URLs: a host list (parsed here, since `url::Url` rejects comma-separated
-//! authorities), a chroot, tenure's options, digest credentials, and their redaction.
+//! `zk://` URLs: what their path (the chroot), options and credentials mean (the URL
+//! itself is decoded by [`LockUrl`]).
 
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
-use tenure_api::urls::check_option;
+use tenure_api::urls::{HostPort, LockUrl};
 use tenure_api::LockError;
 
 use crate::names::validate_znode_path;
@@ -38,7 +38,7 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// ZooKeeper paths are [`LockError::Config`] errors, never panics.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
-    hosts: Vec<Host>,
+    hosts: Vec<HostPort>,
     chroot: String,
     auth: Option<Credentials>,
     /// Path under the chroot holding every lock, without leading or trailing `/`.
@@ -52,23 +52,6 @@ pub struct ZkConfig {
     /// The servers' `tickTime`: how far the leader's record of a session's activity may
     /// trail what a follower saw, and so the margin a lease keeps (see the crate docs).
     pub server_tick: Duration,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-struct Host {
-    /// A name, an IPv4 address, or an IPv6 address without brackets.
-    name: String,
-    port: u16,
-}
-
-impl fmt::Display for Host {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.name.contains(':') {
-            write!(f, "[{}]:{}", self.name, self.port)
-        } else {
-            write!(f, "{}:{}", self.name, self.port)
-        }
-    }
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -89,34 +72,28 @@ impl ZkConfig {
 
     /// Parses a `zk://` URL; anything malformed is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let bad = |why: String| {
-            LockError::Config(format!("bad ZooKeeper URL {}: {why}", redact_str(text)))
+        let url = LockUrl::parse(text, "ZooKeeper", &["zk"], DEFAULT_PORT)?;
+        let auth = match (url.user(), url.password()) {
+            (None, _) => None,
+            (Some(_), None) => return Err(url.error("credentials must be user:password")),
+            (Some(user), Some(_)) if user.contains(':') => {
+                return Err(url.error("the user name must not contain ':'"))
+            }
+            (Some(user), Some(password)) => Some(Credentials {
+                user: user.to_string(),
+                password: password.to_string(),
+            }),
         };
-        let rest = strip_scheme(text).ok_or_else(|| bad("it must start with zk://".into()))?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
+        let chroot = match format!("/{}", url.path()).trim_end_matches('/') {
+            "" => String::new(),
+            chroot => {
+                validate_znode_path(chroot)
+                    .map_err(|why| url.error(format!("chroot {chroot:?}: {why}")))?;
+                chroot.to_string()
+            }
         };
-        if rest.contains('#') {
-            return Err(bad("fragments (#…) are not allowed".into()));
-        }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hostlist) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let auth = userinfo.map(parse_userinfo).transpose().map_err(bad)?;
-        let hosts = hostlist
-            .split(',')
-            .map(parse_host)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(bad)?;
-        let chroot = parse_chroot(path).map_err(bad)?;
         let mut config = Self {
-            hosts,
+            hosts: url.hosts().to_vec(),
             chroot,
             auth,
             prefix: "tenure".into(),
@@ -125,45 +102,27 @@ impl ZkConfig {
             op_timeout: Duration::from_secs(2),
             server_tick: Duration::from_secs(2),
         };
-        for pair in query
-            .into_iter()
-            .flat_map(|q| q.split('&'))
-            .filter(|p| !p.is_empty())
-        {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = percent_decode(name).map_err(bad)?;
-            let value = percent_decode(value).map_err(bad)?;
-            let millis = |max: u64| {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| (1..=max).contains(ms))
-                    .map(Duration::from_millis)
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "option {name}={value} must be a number of milliseconds in 1..={max}"
-                        ))
-                    })
-            };
-            match name.as_str() {
-                "prefix" => config.prefix = value.clone(),
+        for (name, value) in url.options() {
+            let millis = |max: u64| url.millis(name, value, 1..=max);
+            match name {
+                "prefix" => config.prefix = value.to_string(),
                 "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "op_timeout_ms" => config.op_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
-                other => check_option("zk", other, &[Self::OPTIONS])?,
+                other => return Err(url.unknown_option(other, &[Self::OPTIONS])),
             }
         }
-        config.prefix = normalise_prefix(&config.prefix).map_err(bad)?;
+        config.prefix = normalise_prefix(&config.prefix).map_err(|why| url.error(why))?;
         if config.lock_root().split('/').nth(1) == Some("zookeeper") {
-            return Err(bad("/zookeeper is reserved for the server".into()));
+            return Err(url.error("/zookeeper is reserved for the server"));
         }
         Ok(config)
     }
 
     /// The servers, as `host:port` (IPv6 bracketed), in URL order.
     pub fn hosts(&self) -> Vec<String> {
-        self.hosts.iter().map(Host::to_string).collect()
+        self.hosts.iter().map(HostPort::to_string).collect()
     }
 
     /// The chroot: `""` for none, else an absolute path such as `/app`.
@@ -231,89 +190,6 @@ impl fmt::Debug for ZkConfig {
     }
 }
 
-fn strip_scheme(text: &str) -> Option<&str> {
-    let (scheme, rest) = text.split_once("://")?;
-    scheme.eq_ignore_ascii_case("zk").then_some(rest)
-}
-
-fn parse_userinfo(userinfo: &str) -> Result<Credentials, String> {
-    let (user, password) = userinfo
-        .split_once(':')
-        .ok_or_else(|| "credentials must be user:password".to_string())?;
-    let user = percent_decode(user)?;
-    let password = percent_decode(password)?;
-    if user.is_empty() {
-        return Err("the user name is empty".into());
-    }
-    if user.contains(':') {
-        return Err("the user name must not contain ':'".into());
-    }
-    Ok(Credentials { user, password })
-}
-
-fn parse_host(text: &str) -> Result<Host, String> {
-    if text.is_empty() {
-        return Err("empty host in the host list".into());
-    }
-    let (name, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (name, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("unclosed '[' in host {text:?}"))?;
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-        {
-            return Err(format!("bad IPv6 address in host {text:?}"));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("unexpected text after ']' in host {text:?}"))?,
-            ),
-        };
-        (name, port)
-    } else {
-        match text.split_once(':') {
-            Some((name, port)) => (name, Some(port)),
-            None => (text, None),
-        }
-    };
-    if name.is_empty() {
-        return Err(format!("empty host name in {text:?}"));
-    }
-    if !text.starts_with('[')
-        && !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-    {
-        return Err(format!("bad host name {name:?}"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("bad port {p:?} in host {text:?}"))?,
-    };
-    Ok(Host {
-        name: name.to_string(),
-        port,
-    })
-}
-
-fn parse_chroot(path: &str) -> Result<String, String> {
-    let path = percent_decode(path)?;
-    let trimmed = path.trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Ok(String::new());
-    }
-    validate_znode_path(trimmed).map_err(|why| format!("chroot {trimmed:?}: {why}"))?;
-    Ok(trimmed.to_string())
-}
-
 fn normalise_prefix(prefix: &str) -> Result<String, String> {
     let trimmed = prefix.trim_matches('/');
     if trimmed.is_empty() {
@@ -322,27 +198,6 @@ fn normalise_prefix(prefix: &str) -> Result<String, String> {
     validate_znode_path(&format!("/{trimmed}"))
         .map_err(|why| format!("prefix {prefix:?}: {why}"))?;
     Ok(trimmed.to_string())
-}
-
-fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "bad percent-encoding".to_string())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "percent-encoding is not UTF-8".to_string())
 }
 
 fn percent_encode(text: &str) -> String {
@@ -355,25 +210,6 @@ fn percent_encode(text: &str) -> String {
         }
     }
     out
-}
-
-/// `text` with any credentials hidden: everything between `://` and the last `@` of the
-/// authority becomes `***`. For showing URLs that failed to parse.
-pub fn redact(text: &str) -> String {
-    redact_str(text)
-}
-
-fn redact_str(text: &str) -> String {
-    let Some(start) = text.find("://").map(|i| i + 3) else {
-        return text.to_string();
-    };
-    let authority_end = text[start..]
-        .find(['/', '?', '#'])
-        .map_or(text.len(), |i| start + i);
-    match text[start..authority_end].rfind('@') {
-        Some(at) => format!("{}***@{}", &text[..start], &text[start + at + 1..]),
-        None => text.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -502,12 +338,5 @@ mod tests {
                 "{bad:?} should be a Config error"
             );
         }
-    }
-
-    #[test]
-    fn redaction_of_unparseable_text() {
-        assert_eq!(redact("zk://u:s3cret@h:x/p"), "zk://***@h:x/p");
-        assert_eq!(redact("zk://h/p@q"), "zk://h/p@q");
-        assert_eq!(redact("nonsense"), "nonsense");
     }
 }

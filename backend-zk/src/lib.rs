@@ -97,7 +97,7 @@ use tenure_api::{
 };
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
-pub use config::{redact, ZkConfig, DEFAULT_PORT};
+pub use config::{ZkConfig, DEFAULT_PORT};
 use error::{bounded, from_zk, reply_lost, session_gone};
 use names::{encode_key, node_prefix, owner_of_path, queue, LockNode};
 use session::{Health, Session};

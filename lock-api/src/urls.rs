@@ -1,6 +1,8 @@
-//! Helpers every backend's URL parser shares: secret redaction, host lists (which
-//! `url::Url` rejects), numeric options, and the check that an option is a known one.
+//! Lock URLs: [`LockUrl`], which decodes a URL once for every backend (host lists
+//! included, which `url::Url` rejects), secret redaction, numeric options, and the check
+//! that an option is a known one.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::LockError;
@@ -61,55 +63,61 @@ impl std::fmt::Display for HostPort {
     }
 }
 
-/// Parses `h1:p1,h2,[::1]:p3` (ports default to `default_port`). An empty entry, an
-/// unclosed bracket or a bad port is [`LockError::Config`].
+/// Parses `h1:p1,h2,[::1]:p3` (ports default to `default_port`; the same host syntax as
+/// [`LockUrl`]). An empty entry, an unclosed bracket, a bad host or port is
+/// [`LockError::Config`].
 pub fn parse_host_list(list: &str, default_port: u16) -> Result<Vec<HostPort>, LockError> {
-    let bad = |why: String| LockError::Config(format!("bad host list {list:?}: {why}"));
     list.split(',')
-        .map(|entry| {
-            let entry = entry.trim();
-            let (host, port) = if let Some(v6) = entry.strip_prefix('[') {
-                let (host, after) = v6
-                    .split_once(']')
-                    .ok_or_else(|| bad(format!("unclosed '[' in {entry:?}")))?;
-                match after {
-                    "" => (host, None),
-                    _ => (
-                        host,
-                        Some(
-                            after
-                                .strip_prefix(':')
-                                .ok_or_else(|| bad(format!("junk after ']' in {entry:?}")))?,
-                        ),
-                    ),
-                }
-            } else {
-                match entry.split_once(':') {
-                    Some((host, port)) => (host, Some(port)),
-                    None => (entry, None),
-                }
-            };
-            if host.is_empty()
-                || host
-                    .chars()
-                    .any(|c| c.is_whitespace() || c.is_control() || "@/?#[]".contains(c))
-            {
-                return Err(bad(format!("bad host {host:?}")));
-            }
-            let port = match port {
-                None => default_port,
-                Some(text) => text
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| bad(format!("bad port {text:?}")))?,
-            };
-            Ok(HostPort {
-                host: host.to_string(),
-                port,
-            })
-        })
-        .collect()
+        .map(|entry| parse_host(entry, default_port))
+        .collect::<Result<_, _>>()
+        .map_err(|why| LockError::Config(format!("bad host list {list:?}: {why}")))
+}
+
+/// Parses one `host[:port]` or `[v6][:port]`: a host name (ASCII letters, digits, `.`,
+/// `-`, `_`), an IPv4 address or a bracketed IPv6 address, and a port in 1..=65535.
+fn parse_host(entry: &str, default_port: u16) -> Result<HostPort, String> {
+    let entry = entry.trim();
+    let bad = |why: &str| format!("host {entry:?}: {why}");
+    let (host, port) = if let Some(v6) = entry.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("not an IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            after => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| bad("junk after ']'"))?,
+            ),
+        };
+        (host, port)
+    } else {
+        let (host, port) = match entry.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (entry, None),
+        };
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+        if host.is_empty() {
+            return Err(bad("empty host"));
+        }
+        if !host.chars().all(valid) {
+            return Err(bad("bad host name"));
+        }
+        (host, port)
+    };
+    let port = match port {
+        None => default_port,
+        Some(text) => text
+            .parse::<u16>()
+            .ok()
+            .filter(|port| *port != 0)
+            .ok_or_else(|| bad("the port must be a number in 1..=65535"))?,
+    };
+    Ok(HostPort {
+        host: host.to_string(),
+        port,
+    })
 }
 
 /// Checks that the query option `name` of a `scheme://` URL is one of `known` (tenure's
@@ -152,6 +160,193 @@ pub fn parse_millis(
                 range.end()
             ))
         })
+}
+
+/// A lock URL decoded once, the same way for every backend:
+/// `scheme://[user[:password]@]host[:port][,host[:port]…][/path][?name=value&…]`.
+///
+/// User, password, path and option values are percent-decoded; hosts are names (ASCII
+/// letters, digits, `.`, `-`, `_`), IPv4 addresses or bracketed IPv6 addresses, with
+/// ports in 1..=65535. A fragment, an empty host, a bad escape or an option given twice
+/// is [`LockError::Config`] naming the URL with its password hidden. What the path and
+/// each option mean is the backend's to say, in its `config.rs`: it reads them from here
+/// and reports anything it does not know with [`unknown_option`](Self::unknown_option).
+///
+/// ```
+/// use tenure_api::urls::LockUrl;
+/// let url = LockUrl::parse("etcds://u:p%40ss@h1,[::1]:23/app?lease=session", "etcd", &["etcd", "etcds"], 2379)?;
+/// assert_eq!(url.scheme(), "etcds");
+/// assert_eq!((url.user(), url.password()), (Some("u"), Some("p@ss")));
+/// assert_eq!(url.hosts().iter().map(ToString::to_string).collect::<Vec<_>>(), ["h1:2379", "[::1]:23"]);
+/// assert_eq!(url.path(), "app");
+/// assert_eq!(url.options().collect::<Vec<_>>(), [("lease", "session")]);
+/// assert!(!format!("{url:?}").contains("p@ss"));
+/// # Ok::<(), tenure_api::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    what: &'static str,
+    redacted: String,
+    scheme: &'static str,
+    user: Option<String>,
+    password: Option<String>,
+    hosts: Vec<HostPort>,
+    path: String,
+    options: Vec<(String, String)>,
+}
+
+impl LockUrl {
+    /// Decodes `text`, whose scheme must be one of `schemes` (any case); `what` names the
+    /// backend in errors (`"etcd"`, `"ZooKeeper"`) and hosts without a port get
+    /// `default_port`.
+    pub fn parse(
+        text: &str,
+        what: &'static str,
+        schemes: &[&'static str],
+        default_port: u16,
+    ) -> Result<Self, LockError> {
+        let redacted = match text.contains("://") {
+            true => redact_url(text),
+            // Without a scheme, anything before an `@` may be a password.
+            false => text
+                .rfind('@')
+                .map_or_else(|| text.to_string(), |at| format!("***@{}", &text[at + 1..])),
+        };
+        let bad = |why: String| LockError::Config(format!("bad {what} URL {redacted}: {why}"));
+        let expected = || {
+            schemes
+                .iter()
+                .map(|s| format!("{s}://"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        };
+        let (scheme, rest) = text
+            .split_once("://")
+            .ok_or_else(|| bad(format!("it must start with {}", expected())))?;
+        let scheme = schemes
+            .iter()
+            .copied()
+            .find(|s| s.eq_ignore_ascii_case(scheme))
+            .ok_or_else(|| bad(format!("it must start with {}", expected())))?;
+        if rest.contains('#') {
+            return Err(bad("fragments (#…) are not allowed".into()));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, host_list) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        let decode = |part: &str, what: &str| {
+            crate::admin::percent_decode(part)
+                .ok_or_else(|| bad(format!("bad %-escape in the {what}")))
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(info) => {
+                let (user, password) = match info.split_once(':') {
+                    Some((user, password)) => (user, Some(password)),
+                    None => (info, None),
+                };
+                let user = decode(user, "user name")?;
+                if user.is_empty() {
+                    return Err(bad("the user name is empty".into()));
+                }
+                let password = password.map(|p| decode(p, "password")).transpose()?;
+                (Some(user), password)
+            }
+        };
+        let hosts = host_list
+            .split(',')
+            .map(|entry| parse_host(entry, default_port))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        let path = decode(path, "path")?;
+        let mut options: Vec<(String, String)> = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = decode(name, "option names")?;
+            let value = decode(value, &format!("value of option {name}"))?;
+            if options.iter().any(|(seen, _)| *seen == name) {
+                return Err(bad(format!("option {name} is given twice")));
+            }
+            options.push((name, value));
+        }
+        Ok(Self {
+            what,
+            redacted,
+            scheme,
+            user,
+            password,
+            hosts,
+            path,
+            options,
+        })
+    }
+
+    /// The scheme, as spelt in the `schemes` given to [`parse`](Self::parse).
+    pub fn scheme(&self) -> &'static str {
+        self.scheme
+    }
+
+    /// The user name, if the URL has credentials.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// The password, if the URL has one. Never shown by `Debug` or in errors.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The hosts, in URL order (at least one).
+    pub fn hosts(&self) -> &[HostPort] {
+        &self.hosts
+    }
+
+    /// The path after the authority's `/`, decoded (`""` when there is none).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The query options, decoded, in URL order; each name once.
+    pub fn options(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.options.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// A [`LockError::Config`] about this URL: `bad <backend> URL <url>: <why>`, with the
+    /// password hidden.
+    pub fn error(&self, why: impl fmt::Display) -> LockError {
+        LockError::Config(format!("bad {} URL {}: {why}", self.what, self.redacted))
+    }
+
+    /// The error for option `name`, which the backend does not know: it lists the known
+    /// ones (see [`check_option`]).
+    pub fn unknown_option(&self, name: &str, known: &[&[&str]]) -> LockError {
+        match check_option(self.scheme, name, known) {
+            Err(error) => error,
+            Ok(()) => self.error(format!("option {name} is not allowed here")),
+        }
+    }
+
+    /// Option `name`'s `value` as a number of milliseconds in `range`.
+    pub fn millis(
+        &self,
+        name: &str,
+        value: &str,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<Duration, LockError> {
+        parse_millis(name, value, range).map_err(|error| match error {
+            LockError::Config(why) => self.error(why),
+            other => other,
+        })
+    }
+}
+
+impl fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LockUrl").field(&self.redacted).finish()
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +401,70 @@ mod tests {
                 other => panic!("{name:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn lock_urls_are_decoded_once() {
+        let parse = |text| LockUrl::parse(text, "test", &["t", "ts"], 7);
+        let url = parse("TS://a%3Ab:p%40ss%3A@h1,h2:8,[::1]/x%2Fy/?n=%26v&flag&m=").unwrap();
+        assert_eq!(url.scheme(), "ts");
+        assert_eq!((url.user(), url.password()), (Some("a:b"), Some("p@ss:")));
+        let hosts: Vec<String> = url.hosts().iter().map(ToString::to_string).collect();
+        assert_eq!(hosts, ["h1:7", "h2:8", "[::1]:7"]);
+        assert_eq!(url.path(), "x/y/");
+        let options: Vec<_> = url.options().collect();
+        assert_eq!(options, [("n", "&v"), ("flag", ""), ("m", "")]);
+        assert!(!format!("{url:?}").contains("ss"), "{url:?}");
+        let url = parse("t://h").unwrap();
+        assert_eq!(
+            (url.user(), url.path(), url.options().count()),
+            (None, "", 0)
+        );
+        assert_eq!(parse("t://u@h").unwrap().password(), None);
+        let error = url.error("why").to_string();
+        assert!(error.contains("bad test URL t://h: why"), "{error}");
+    }
+
+    #[test]
+    fn bad_lock_urls_are_config_errors_without_the_password() {
+        let parse = |text| LockUrl::parse(text, "test", &["t"], 7);
+        for (bad, says) in [
+            ("u:hunter2@h", "must start with t://"),
+            ("x://u:hunter2@h", "must start with t://"),
+            ("t://u:hunter2@h#f", "fragments"),
+            ("t://u:hunter2@h?a=1&a=2", "option a is given twice"),
+            ("t://u:hunter2%zz@h", "bad %-escape in the password"),
+            ("t://:hunter2@h", "user name is empty"),
+            ("t://u:hunter2@", "empty host"),
+            ("t://u:hunter2@h,,i", "empty host"),
+            ("t://u:hunter2@h:0", "1..=65535"),
+            ("t://u:hunter2@[::g]:1", "not an IPv6 address"),
+            ("t://u:hunter2@h\u{e9}", "bad host name"),
+            ("t://u:hunter2@h/%ff", "bad %-escape in the path"),
+            (
+                "t://u:hunter2@h?a=%",
+                "bad %-escape in the value of option a",
+            ),
+        ] {
+            match parse(bad) {
+                Err(LockError::Config(msg)) => {
+                    assert!(msg.contains(says), "{bad}: {msg}");
+                    assert!(!msg.contains("hunter2"), "{bad}: {msg}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let url = parse("t://u:hunter2@h").unwrap();
+        let error = url.millis("x_ms", "0", 1..=5).unwrap_err().to_string();
+        assert!(
+            error.contains("bad test URL t://u:***@h: option x_ms=0"),
+            "{error}"
+        );
+        let error = url.unknown_option("bogus", &[&["known"]]).to_string();
+        assert!(
+            error.contains("\"bogus\"") && error.contains("known"),
+            "{error}"
+        );
     }
 
     #[test]
