@@ -80,6 +80,9 @@ impl EtcdConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let url = LockUrl::parse(text, "etcd", &["etcd", "etcds"], DEFAULT_PORT)?;
         let tls = url.scheme() == "etcds";
+        if url.user() == Some("") {
+            return Err(url.error("the user name is empty"));
+        }
         let prefix = url.path().trim_matches('/');
         if prefix.chars().any(char::is_control) {
             return Err(url.error("the prefix contains a control character"));
@@ -302,6 +305,7 @@ mod tests {
             "etcd://h/%ff",
             "etcd://h/a%00b",
             "etcd://@h",
+            "etcd://:pw@h",
             "etcd://h?connect_timeout_ms=abc",
             "etcd://h?ca_file=/x",
             "etcds://h?ca_file=",

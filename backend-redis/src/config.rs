@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{check_option, parse_millis, redact_url};
+use tenure_api::urls::{redact_url, HostPort, LockUrl};
 use tenure_api::LockError;
 
 /// How to reach one Redis server and how to name locks there.
@@ -86,70 +86,61 @@ impl RedisConfig {
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let mut url = url::Url::parse(text)
-            .map_err(|e| LockError::Config(format!("bad Redis URL {}: {e}", redact_url(text))))?;
-        if !matches!(url.scheme(), "redis" | "rediss") {
-            return Err(LockError::Config(format!(
-                "Redis URL must start with redis:// or rediss://, got {}://",
-                url.scheme()
-            )));
+        let url = LockUrl::parse(text, "Redis", &["redis", "rediss"], 6379)?;
+        match url.hosts() {
+            [host] => Self::node(&url, host, url.scheme() == "rediss", &[]),
+            _ => Err(url.error("a redis:// URL names one server (redlock:// takes several)")),
         }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(LockError::Config(format!(
-                "Redis URL {} has no host",
-                redact(&url)
-            )));
-        }
+    }
+
+    /// The server at `host` (over TLS if `tls`) with a decoded URL's credentials, database
+    /// (the path) and options, except those in `theirs`, which the caller reads (Redlock's
+    /// own). An option neither this type's nor the client's nor in `theirs` is
+    /// [`LockError::Config`].
+    pub fn node(
+        url: &LockUrl,
+        host: &HostPort,
+        tls: bool,
+        theirs: &[&str],
+    ) -> Result<Self, LockError> {
+        let scheme = if tls { "rediss" } else { "redis" };
         let mut config = Self {
-            url: url.clone(),
+            url: client_url(url, scheme, host)?,
             prefix: "tenure:".into(),
             connect_timeout: Duration::from_millis(1000),
             command_timeout: Duration::from_millis(1000),
             fence: FenceMode::default(),
         };
-        let mut kept = Vec::new();
-        for (name, value) in url.query_pairs() {
-            let millis = || parse_millis(&name, &value, 1..=600_000);
-            match name.as_ref() {
+        let mut handed_on = Vec::new();
+        for (name, value) in url.options() {
+            let millis = || url.millis(name, value, 1..=600_000);
+            match name {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "command_timeout_ms" => config.command_timeout = millis()?,
                 "fence" => {
-                    config.fence = match value.as_ref() {
+                    config.fence = match value {
                         "clock" => FenceMode::ClockFloored,
                         "counter" => FenceMode::Counter,
                         other => {
-                            return Err(LockError::Config(format!(
-                                "fence={other:?} in {}: expected clock or counter",
-                                redact(&url)
-                            )))
+                            return Err(
+                                url.error(format!("fence={other:?}: expected clock or counter"))
+                            )
                         }
                     }
                 }
+                _ if Self::CLIENT_OPTIONS.contains(&name) => handed_on.push((name, value)),
+                _ if theirs.contains(&name) => {}
                 other => {
-                    check_option("redis", other, &[Self::OPTIONS, Self::CLIENT_OPTIONS])?;
-                    kept.push((name.to_string(), value.to_string()));
+                    return Err(
+                        url.unknown_option(other, &[theirs, Self::OPTIONS, Self::CLIENT_OPTIONS])
+                    )
                 }
             }
         }
-        if kept.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(kept);
+        if !handed_on.is_empty() {
+            config.url.query_pairs_mut().extend_pairs(handed_on);
         }
-        if let Some(db) = url
-            .path_segments()
-            .and_then(|mut s| s.next())
-            .filter(|s| !s.is_empty())
-        {
-            db.parse::<u16>().map_err(|_| {
-                LockError::Config(format!(
-                    "Redis db {db:?} in {} is not a number",
-                    redact(&url)
-                ))
-            })?;
-        }
-        config.url = url;
         Ok(config)
     }
 
@@ -203,6 +194,25 @@ impl fmt::Debug for RedisConfig {
             .field("fence", &self.fence)
             .finish()
     }
+}
+
+/// The URL the Redis client gets for the node at `host`: the decoded credentials and the
+/// database number (the path: empty or a number), encoded again by `url::Url`.
+fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, LockError> {
+    let db = url.path().trim_end_matches('/');
+    if !db.is_empty() && db.parse::<u16>().is_err() {
+        return Err(url.error(format!("the database {db:?} is not a number")));
+    }
+    let text = format!("{scheme}://{host}/{db}");
+    let mut client = url::Url::parse(&text).map_err(|e| url.error(e))?;
+    let credentials = match (url.user(), url.password()) {
+        (Some(user), password) => client
+            .set_username(user)
+            .and_then(|()| client.set_password(password)),
+        (None, _) => Ok(()),
+    };
+    credentials.map_err(|()| url.error("the credentials cannot be handed to the client"))?;
+    Ok(client)
 }
 
 /// The URL with any password replaced by `***`.

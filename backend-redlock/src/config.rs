@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{check_option, parse_host_list, parse_millis, redact_url};
+use tenure_api::urls::LockUrl;
 use tenure_api::LockError;
 use tenure_redis::RedisConfig;
 
@@ -102,64 +102,27 @@ impl RedlockConfig {
 
     /// Parses a `redlock://` or `redlocks://` URL.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let bad =
-            |why: &str| LockError::Config(format!("bad Redlock URL {}: {why}", redact_url(text)));
-        let (scheme, rest) = text.split_once("://").ok_or_else(|| bad("no scheme"))?;
-        let node_scheme = match scheme {
-            "redlock" => "redis",
-            "redlocks" => "rediss",
-            _ => return Err(bad("the scheme must be redlock:// or redlocks://")),
-        };
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((user, hosts)) => (format!("{user}@"), hosts),
-            None => (String::new(), authority),
-        };
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        let mut node_query = Vec::new();
+        let url = LockUrl::parse(text, "Redlock", &["redlock", "redlocks"], 6379)?;
         let mut node_timeout = None;
         let mut fencing = true;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        for (name, value) in url.options() {
             match name {
-                "node_timeout_ms" => {
-                    node_timeout = Some(parse_millis(name, value, 1..=60_000)?);
-                }
+                "node_timeout_ms" => node_timeout = Some(url.millis(name, value, 1..=60_000)?),
                 "fencing" => {
                     fencing = match value {
                         "true" | "1" => true,
                         "false" | "0" => false,
-                        _ => return Err(bad("fencing must be true or false")),
+                        _ => return Err(url.error("fencing must be true or false")),
                     }
                 }
-                other => {
-                    check_option(
-                        "redlock",
-                        other,
-                        &[
-                            Self::OPTIONS,
-                            RedisConfig::OPTIONS,
-                            RedisConfig::CLIENT_OPTIONS,
-                        ],
-                    )?;
-                    node_query.push(pair);
-                }
+                _ => {} // the nodes' options, read (and checked) by `RedisConfig::node`
             }
         }
-        let query = if node_query.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", node_query.join("&"))
-        };
-        let nodes = parse_host_list(hosts, 6379)
-            .map_err(|e| bad(&e.to_string()))?
-            .into_iter()
-            .map(|host| {
-                RedisConfig::from_url(&format!("{node_scheme}://{userinfo}{host}{path}{query}"))
-            })
+        let tls = url.scheme() == "redlocks";
+        let nodes = url
+            .hosts()
+            .iter()
+            .map(|host| RedisConfig::node(&url, host, tls, Self::OPTIONS))
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = Self::new(nodes)?;
         config.node_timeout = node_timeout;

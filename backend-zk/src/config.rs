@@ -76,6 +76,7 @@ impl ZkConfig {
         let auth = match (url.user(), url.password()) {
             (None, _) => None,
             (Some(_), None) => return Err(url.error("credentials must be user:password")),
+            (Some(""), Some(_)) => return Err(url.error("the user name is empty")),
             (Some(user), Some(_)) if user.contains(':') => {
                 return Err(url.error("the user name must not contain ':'"))
             }

@@ -249,7 +249,7 @@ impl LockUrl {
                     None => (info, None),
                 };
                 let user = decode(user, "user name")?;
-                if user.is_empty() {
+                if user.is_empty() && password.is_none() {
                     return Err(bad("the user name is empty".into()));
                 }
                 let password = password.map(|p| decode(p, "password")).transpose()?;
@@ -289,7 +289,8 @@ impl LockUrl {
         self.scheme
     }
 
-    /// The user name, if the URL has credentials.
+    /// The user name, if the URL has credentials: empty only beside a password
+    /// (`redis://:password@h`, Redis's default user).
     pub fn user(&self) -> Option<&str> {
         self.user.as_deref()
     }
@@ -434,7 +435,7 @@ mod tests {
             ("t://u:hunter2@h#f", "fragments"),
             ("t://u:hunter2@h?a=1&a=2", "option a is given twice"),
             ("t://u:hunter2%zz@h", "bad %-escape in the password"),
-            ("t://:hunter2@h", "user name is empty"),
+            ("t://@h", "user name is empty"),
             ("t://u:hunter2@", "empty host"),
             ("t://u:hunter2@h,,i", "empty host"),
             ("t://u:hunter2@h:0", "1..=65535"),
