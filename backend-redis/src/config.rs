@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{redact_url, HostPort, LockUrl};
+use tenure_api::urls::{percent_encode, redact_url, HostPort, LockUrl};
 use tenure_api::LockError;
 
 /// How to reach one Redis server and how to name locks there.
@@ -205,10 +205,11 @@ fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, 
     }
     let text = format!("{scheme}://{host}/{db}");
     let mut client = url::Url::parse(&text).map_err(|e| url.error(e))?;
+    // Encoded again in full: `url::Url` leaves a `%` as it is, and the client decodes.
     let credentials = match (url.user(), url.password()) {
         (Some(user), password) => client
-            .set_username(user)
-            .and_then(|()| client.set_password(password)),
+            .set_username(&percent_encode(user))
+            .and_then(|()| client.set_password(password.map(percent_encode).as_deref())),
         (None, _) => Ok(()),
     };
     credentials.map_err(|()| url.error("the credentials cannot be handed to the client"))?;
@@ -259,6 +260,28 @@ mod tests {
         );
         let err = RedisConfig::from_url("redis://u:hunter2@h/0?bogus=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    /// A review found the credentials decoded twice: once by `LockUrl`, once more by the
+    /// Redis client, after `url::Url` had put them back without encoding `%`.
+    #[test]
+    fn credentials_reach_the_client_decoded_once() {
+        for (text, user, password) in [
+            ("redis://:ab%2541@h", "", "ab%41"),
+            ("redis://u%40x:p%3Aw%20d%2F@h", "u@x", "p:w d/"),
+            ("redis://:x%25E9@h/1", "", "x%E9"),
+            ("rediss://%C3%A9:%25@h", "\u{e9}", "%"),
+        ] {
+            let client =
+                url::Url::parse(RedisConfig::from_url(text).unwrap().client_url()).unwrap();
+            let decoded = |part: &str| tenure_api::admin::percent_decode(part).unwrap();
+            assert_eq!(decoded(client.username()), user, "{text}");
+            assert_eq!(
+                client.password().map(decoded).as_deref(),
+                Some(password),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! `zk://` URLs: what their path (the chroot), options and credentials mean (the URL
 //! itself is decoded by [`LockUrl`]).
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{HostPort, LockUrl};
+use tenure_api::urls::{percent_encode, HostPort, LockUrl};
 use tenure_api::LockError;
 
 use crate::names::validate_znode_path;
@@ -199,18 +199,6 @@ fn normalise_prefix(prefix: &str) -> Result<String, String> {
     validate_znode_path(&format!("/{trimmed}"))
         .map_err(|why| format!("prefix {prefix:?}: {why}"))?;
     Ok(trimmed.to_string())
-}
-
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -44,6 +44,48 @@ pub fn redact_url(text: &str) -> String {
     out
 }
 
+/// Hides the password of a URL that may not parse: everything between the first `:`
+/// after the scheme and the last `@` becomes `***` (without a scheme, everything before
+/// the last `@`). Where [`redact_url`] finds URLs inside a message and stops at a space
+/// or a quote, this reads the whole text as one URL, so a password holding `/`, `?`,
+/// `#`, a space or a quote is hidden too; an `@` in a path or query may hide more than a
+/// password, never less.
+///
+/// ```
+/// use tenure_api::urls::redact_unparsed;
+/// assert_eq!(redact_unparsed("etcd://root:pa'ss@h?x=0"), "etcd://root:***@h?x=0");
+/// assert_eq!(redact_unparsed("root:s3cret@h"), "***@h");
+/// assert_eq!(redact_unparsed("zk://h/app"), "zk://h/app");
+/// ```
+pub fn redact_unparsed(text: &str) -> String {
+    let Some(at) = text.rfind('@') else {
+        return text.to_string();
+    };
+    let after = &text[at + 1..];
+    match text[..at].split_once("://") {
+        None => format!("***@{after}"),
+        Some((scheme, info)) => match info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{after}"),
+            None => text.to_string(),
+        },
+    }
+}
+
+/// Percent-encodes every byte but ASCII letters, digits and `-._~` (RFC 3986's
+/// unreserved characters): the inverse of [`percent_decode`](crate::admin::percent_decode)
+/// for any text, safe in any part of a URL.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// One `host[:port]` of a host list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostPort {
@@ -205,13 +247,7 @@ impl LockUrl {
         schemes: &[&'static str],
         default_port: u16,
     ) -> Result<Self, LockError> {
-        let redacted = match text.contains("://") {
-            true => redact_url(text),
-            // Without a scheme, anything before an `@` may be a password.
-            false => text
-                .rfind('@')
-                .map_or_else(|| text.to_string(), |at| format!("***@{}", &text[at + 1..])),
-        };
+        let redacted = redact_unparsed(text);
         let bad = |why: String| LockError::Config(format!("bad {what} URL {redacted}: {why}"));
         let expected = || {
             schemes
@@ -228,15 +264,19 @@ impl LockUrl {
             .copied()
             .find(|s| s.eq_ignore_ascii_case(scheme))
             .ok_or_else(|| bad(format!("it must start with {}", expected())))?;
-        if rest.contains('#') {
-            return Err(bad("fragments (#…) are not allowed".into()));
-        }
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (userinfo, host_list) = match authority.rfind('@') {
             Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
             None => (None, authority),
         };
+        // A `#` in a password is the password's; anywhere else it would start a fragment.
+        if [host_list, path, query]
+            .iter()
+            .any(|part| part.contains('#'))
+        {
+            return Err(bad("fragments (#…) are not allowed".into()));
+        }
         let decode = |part: &str, what: &str| {
             crate::admin::percent_decode(part)
                 .ok_or_else(|| bad(format!("bad %-escape in the {what}")))
@@ -427,12 +467,65 @@ mod tests {
     }
 
     #[test]
+    fn unparsed_urls_lose_their_passwords() {
+        for text in [
+            "etcd://root:pa'ss@h?request_timeout_ms=0",
+            "etcd://root:pa ss@h/p",
+            "etcd://root:pa/ss@h",
+            "etcd://root:pa?ss@h",
+            "etcd://root:pa#ss@h#x",
+            "root:pass@h",
+            "x://:pass@a,b,c",
+        ] {
+            let shown = redact_unparsed(text);
+            assert!(
+                !shown.contains("ss@") && shown.contains("***"),
+                "{text}: {shown}"
+            );
+        }
+        assert_eq!(
+            redact_unparsed("redis://h:1/0?prefix=a"),
+            "redis://h:1/0?prefix=a"
+        );
+        assert_eq!(redact_unparsed("redis://user@h"), "redis://user@h");
+    }
+
+    #[test]
+    fn odd_passwords_stay_hidden_and_intact() {
+        let parse = |text: &str| LockUrl::parse(text, "test", &["t"], 7);
+        for password in ["pa'ss", "pa ss", "pa#ss", "pa\"ss"] {
+            let error = parse(&format!("t://u:{password}@h:0"))
+                .unwrap_err()
+                .to_string();
+            assert!(!error.contains(password), "{error}");
+            let url = parse(&format!("t://u:{password}@h")).unwrap();
+            assert_eq!(url.password(), Some(password));
+            assert!(!format!("{url:?}").contains(password), "{url:?}");
+        }
+    }
+
+    #[test]
+    fn percent_encoding_round_trips() {
+        for text in ["", "plain-._~", "a b+c%d/e?f#g@h:i", "é€\u{1}"] {
+            let encoded = percent_encode(text);
+            assert!(encoded
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b)));
+            assert_eq!(
+                crate::admin::percent_decode(&encoded).as_deref(),
+                Some(text)
+            );
+        }
+    }
+
+    #[test]
     fn bad_lock_urls_are_config_errors_without_the_password() {
         let parse = |text| LockUrl::parse(text, "test", &["t"], 7);
         for (bad, says) in [
             ("u:hunter2@h", "must start with t://"),
             ("x://u:hunter2@h", "must start with t://"),
             ("t://u:hunter2@h#f", "fragments"),
+            ("t://u:hunter2@h/p#f", "fragments"),
             ("t://u:hunter2@h?a=1&a=2", "option a is given twice"),
             ("t://u:hunter2%zz@h", "bad %-escape in the password"),
             ("t://@h", "user name is empty"),

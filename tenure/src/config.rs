@@ -266,7 +266,7 @@ impl Config {
             url.push(if url.contains('?') { '&' } else { '?' });
             url.push_str(name);
             url.push('=');
-            url.extend(url::form_urlencoded::byte_serialize(value.as_bytes()));
+            url.push_str(&tenure_api::urls::percent_encode(value));
         }
         Ok(url)
     }
@@ -399,6 +399,11 @@ mod tests {
             etcd.resolved_url().unwrap(),
             "etcd://h/app?request_timeout_ms=900&prefix=billing%2F%C3%A9"
         );
+        // A space is `%20`, not the `+` of HTML forms, which lock URLs read as a plus.
+        let mut spaced = c.clone();
+        spaced.prefix = Some("my app+1".into());
+        let resolved = spaced.resolved_url().unwrap();
+        assert!(resolved.ends_with("&prefix=my%20app%2B1"), "{resolved}");
         let mut clash = c;
         clash.url = "redlock://a,b,c?node_timeout_ms=9".into();
         let err = clash.resolved_url().unwrap_err().to_string();

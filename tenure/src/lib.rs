@@ -95,7 +95,7 @@ pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(LockError::Config(format!(
             "lock URL {} has no scheme (this build has {})",
-            redact_url(url),
+            urls::redact_unparsed(url),
             known()
         )));
     };
@@ -109,12 +109,12 @@ pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
         {
             Some((feature, _)) => format!(
                 "{} needs tenure's `{feature}` cargo feature, which this build does not have",
-                redact_url(url)
+                urls::redact_unparsed(url)
             ),
             None => format!(
                 "unknown lock URL scheme {}:// in {} (this build has {})",
                 redact_url(scheme),
-                redact_url(url),
+                urls::redact_unparsed(url),
                 known()
             ),
         },
@@ -159,6 +159,14 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         let err = connect("no-scheme").await.unwrap_err();
         assert!(matches!(err, LockError::Config(_)));
+        for url in [
+            "u:hunter2@h",
+            "bogus://u:hunter2@h/p'q",
+            "redis//u:hunter2@h",
+        ] {
+            let err = connect(url).await.unwrap_err().to_string();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
         let memory = connect("memory://").await.unwrap();
         assert_eq!(memory.capabilities().backend, "memory");
     }
