@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
-use tenure_api::urls::check_option;
+use tenure_api::urls::{check_option, dealias};
 use tenure_api::LockError;
 
 /// Connection parameters understood by the Postgres client (sqlx); anything else in the
@@ -78,7 +78,7 @@ pub enum Locking {
 /// | `idle_connections` | `64` | clean dedicated connections kept for reuse after a release (as many as were recently held at once, up to this) |
 /// | `idle_timeout_ms` | `30000` | a cached dedicated connection unused this long is closed |
 /// | `connect_timeout_ms` | `5000` | bound on opening a connection |
-/// | `command_timeout_ms` | `5000` | bound on one statement's reply (a blocking acquire adds its wait) |
+/// | `request_timeout_ms` | `5000` | bound on one statement's reply (a blocking acquire adds its wait; also read as `command_timeout_ms`) |
 /// | `migrate` | `true` | create the table, holder table and sequence on connect if missing |
 ///
 /// The client's own parameters pass through: `sslmode` (`disable`, `prefer`, `require`,
@@ -138,9 +138,11 @@ impl PgConfig {
         "idle_connections",
         "idle_timeout_ms",
         "connect_timeout_ms",
-        "command_timeout_ms",
+        "request_timeout_ms",
         "migrate",
     ];
+    /// Older option names still read: `command_timeout_ms` is `request_timeout_ms`.
+    pub const ALIASES: &[(&str, &str)] = &[("command_timeout_ms", "request_timeout_ms")];
     /// The connection parameters of the Postgres client (sqlx) handed on to it.
     pub const CLIENT_OPTIONS: &[&str] = CLIENT_PARAMS;
 
@@ -174,7 +176,13 @@ impl PgConfig {
         };
         let mut kept = Vec::new();
         let mut has_host_param = false;
-        for (name, value) in url.query_pairs() {
+        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let pairs = dealias(
+            pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            Self::ALIASES,
+        )
+        .map_err(|why| LockError::Config(format!("bad Postgres URL {}: {why}", redact(&url))))?;
+        for (name, value) in pairs {
             let millis = || {
                 value
                     .parse::<u64>()
@@ -196,12 +204,12 @@ impl PgConfig {
                         LockError::Config(format!("option {name}={value} must be in 1..={max}"))
                     })
             };
-            match name.as_ref() {
+            match name {
                 "schema" => config.schema = value.to_string(),
                 "table" => config.table = value.to_string(),
                 "prefix" => config.prefix = value.to_string(),
                 "locking" => {
-                    config.locking = match value.as_ref() {
+                    config.locking = match value {
                         "row" => Locking::Row,
                         "advisory" => Locking::Advisory,
                         _ => {
@@ -219,9 +227,9 @@ impl PgConfig {
                 }
                 "idle_timeout_ms" => config.idle_timeout = millis()?,
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
-                "command_timeout_ms" => config.command_timeout = millis()?,
+                "request_timeout_ms" => config.command_timeout = millis()?,
                 "migrate" => {
-                    config.migrate = match value.as_ref() {
+                    config.migrate = match value {
                         "true" | "1" | "on" => true,
                         "false" | "0" | "off" => false,
                         _ => {
@@ -436,6 +444,12 @@ mod tests {
     /// exist.
     #[test]
     fn options_are_strict() {
+        tenure_conformance::url_options::assert_alias(
+            PgConfig::from_url,
+            "postgres://u@h/db",
+            ("command_timeout_ms", "request_timeout_ms"),
+            "250",
+        );
         tenure_conformance::url_options::assert_strict_options(
             PgConfig::from_url,
             "postgres://u:pw@h/db",
@@ -451,7 +465,7 @@ mod tests {
                 ("idle_connections", "0"),
                 ("idle_timeout_ms", "500"),
                 ("connect_timeout_ms", "250"),
-                ("command_timeout_ms", "250"),
+                ("request_timeout_ms", "250"),
                 ("migrate", "false"),
                 ("sslmode", "disable"),
                 ("ssl-mode", "disable"),

@@ -55,7 +55,7 @@
 //!   while it waits in the lock queue; a server that refuses it (a platform that cannot
 //!   detect closed sockets) is used without it, and notices a vanished waiter by
 //!   keepalive or when it grants it the lock. (sqlx exposes no client-side socket
-//!   options; the client bounds every statement with `command_timeout_ms` instead.)
+//!   options; the client bounds every statement with `request_timeout_ms` instead.)
 //! * **Loss is pushed.** What the client cannot prevent — `pg_terminate_backend`, a
 //!   restart or crash, the idle timeout — closes the connection. Each held lease's
 //!   connection is owned by a task that reads its socket while the transaction sits idle

@@ -11,7 +11,7 @@ use tenure_api::LockError;
 /// Parsed from `redis://[user[:password]@]host[:port][/db][?options]` or `rediss://…`
 /// (TLS). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
-/// `command_timeout_ms` (default 1000), `fence` (`clock`, the default, or `counter`: see
+/// `request_timeout_ms` (default 1000; also read as `command_timeout_ms`), `fence` (`clock`, the default, or `counter`: see
 /// [`FenceMode`]). The Redis client's own `protocol` (`resp2`, `resp3`) is handed on; any
 /// other option is [`LockError::Config`] ([`OPTIONS`](Self::OPTIONS),
 /// [`CLIENT_OPTIONS`](Self::CLIENT_OPTIONS)). Passwords never appear in `Debug`,
@@ -77,9 +77,11 @@ impl RedisConfig {
     pub const OPTIONS: &[&str] = &[
         "prefix",
         "connect_timeout_ms",
-        "command_timeout_ms",
+        "request_timeout_ms",
         "fence",
     ];
+    /// Older option names still read: `command_timeout_ms` is `request_timeout_ms`.
+    pub const ALIASES: &[(&str, &str)] = &[("command_timeout_ms", "request_timeout_ms")];
     /// The query options the Redis client itself reads from a `redis://` URL (its
     /// `url_to_tcp_connection_info`), handed on to it.
     pub const CLIENT_OPTIONS: &[&str] = &["protocol"];
@@ -112,12 +114,12 @@ impl RedisConfig {
             fence: FenceMode::default(),
         };
         let mut handed_on = Vec::new();
-        for (name, value) in url.options() {
+        for (name, value) in url.options_aliased(Self::ALIASES)? {
             let millis = || url.millis(name, value, 1..=600_000);
             match name {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
-                "command_timeout_ms" => config.command_timeout = millis()?,
+                "request_timeout_ms" => config.command_timeout = millis()?,
                 "fence" => {
                     config.fence = match value {
                         "clock" => FenceMode::ClockFloored,
@@ -246,6 +248,12 @@ mod tests {
     /// was handed on to the Redis client, which ignored it.
     #[test]
     fn options_are_strict() {
+        tenure_conformance::url_options::assert_alias(
+            RedisConfig::from_url,
+            "redis://h",
+            ("command_timeout_ms", "request_timeout_ms"),
+            "250",
+        );
         tenure_conformance::url_options::assert_strict_options(
             RedisConfig::from_url,
             "redis://u:pw@h:7000/2",
@@ -253,7 +261,7 @@ mod tests {
             &[
                 ("prefix", "app:"),
                 ("connect_timeout_ms", "250"),
-                ("command_timeout_ms", "250"),
+                ("request_timeout_ms", "250"),
                 ("fence", "counter"),
                 ("protocol", "resp3"),
             ],

@@ -199,6 +199,12 @@ mod tests {
     /// which ignored it.
     #[test]
     fn options_are_strict() {
+        tenure_conformance::url_options::assert_alias(
+            RedlockConfig::from_url,
+            "redlock://a,b,c",
+            ("command_timeout_ms", "request_timeout_ms"),
+            "250",
+        );
         tenure_conformance::url_options::assert_strict_options(
             RedlockConfig::from_url,
             "redlock://u:pw@a:1,b:2,c:3/1",
@@ -212,7 +218,7 @@ mod tests {
                 ("fencing", "false"),
                 ("prefix", "app:"),
                 ("connect_timeout_ms", "250"),
-                ("command_timeout_ms", "250"),
+                ("request_timeout_ms", "250"),
                 ("fence", "counter"),
                 ("protocol", "resp3"),
             ],

@@ -26,7 +26,7 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed) |
 /// | `session_timeout_ms` | 10000 (`tenure run`: the TTL) | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
-/// | `op_timeout_ms` | 2000 | bound on one request's reply |
+/// | `request_timeout_ms` | 2000 | bound on one request's reply (also read as `op_timeout_ms`) |
 /// | `tick_ms` | 2000 | the servers' `tickTime` (ZooKeeper's default is 2000): the margin kept between a lease's deadline and the earliest moment the leader may expire the session |
 ///
 /// `user:password` enables ZooKeeper's `digest` authentication; the nodes tenure creates
@@ -66,9 +66,11 @@ impl ZkConfig {
         "prefix",
         "session_timeout_ms",
         "connect_timeout_ms",
-        "op_timeout_ms",
+        "request_timeout_ms",
         "tick_ms",
     ];
+    /// Older option names still read: `op_timeout_ms` is `request_timeout_ms`.
+    pub const ALIASES: &[(&str, &str)] = &[("op_timeout_ms", "request_timeout_ms")];
 
     /// Parses a `zk://` URL; anything malformed is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
@@ -103,13 +105,13 @@ impl ZkConfig {
             op_timeout: Duration::from_secs(2),
             server_tick: Duration::from_secs(2),
         };
-        for (name, value) in url.options() {
+        for (name, value) in url.options_aliased(Self::ALIASES)? {
             let millis = |max: u64| url.millis(name, value, 1..=max);
             match name {
                 "prefix" => config.prefix = value.to_string(),
                 "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
-                "op_timeout_ms" => config.op_timeout = millis(600_000)?,
+                "request_timeout_ms" => config.op_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
                 other => return Err(url.unknown_option(other, &[Self::OPTIONS])),
             }
@@ -165,7 +167,7 @@ impl fmt::Display for ZkConfig {
         write!(f, "{}{}", self.connect_string(), self.chroot)?;
         write!(
             f,
-            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&op_timeout_ms={}&tick_ms={}",
+            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&request_timeout_ms={}&tick_ms={}",
             percent_encode(&self.prefix),
             self.session_timeout.as_millis(),
             self.connect_timeout.as_millis(),
@@ -230,6 +232,12 @@ mod tests {
     /// Issue 18 item 7: every query option is a known one, and the error says which.
     #[test]
     fn options_are_strict() {
+        tenure_conformance::url_options::assert_alias(
+            ZkConfig::from_url,
+            "zk://h",
+            ("op_timeout_ms", "request_timeout_ms"),
+            "250",
+        );
         tenure_conformance::url_options::assert_strict_options(
             ZkConfig::from_url,
             "zk://u:pw@h1,h2/app",
@@ -238,7 +246,7 @@ mod tests {
                 ("prefix", "other"),
                 ("session_timeout_ms", "4000"),
                 ("connect_timeout_ms", "250"),
-                ("op_timeout_ms", "250"),
+                ("request_timeout_ms", "250"),
                 ("tick_ms", "500"),
             ],
         );

@@ -136,7 +136,7 @@ pub async fn start(
             let cluster = RedisCluster::start(redis(1)).await?;
             let nodes = nodes(cluster.nodes());
             let harness = harness("redis", "redis://{hosts}", &nodes)
-                .cut_query("command_timeout_ms=300")
+                .cut_query("request_timeout_ms=300")
                 .owning(cluster);
             ("redis", harness, nodes, options.clock_shim)
         }
@@ -173,7 +173,7 @@ pub async fn start(
             let template = format!("zk://{{hosts}}?tick_ms={ZK_TICK_MS}");
             let harness = harness("zk", &template, &nodes)
                 .query("session_timeout_ms=4000")
-                .cut_query("session_timeout_ms=1000&op_timeout_ms=300")
+                .cut_query("session_timeout_ms=1000&request_timeout_ms=300")
                 .owning(ensemble);
             ("zk", harness, nodes, false)
         }
@@ -183,7 +183,7 @@ pub async fn start(
             let harness = harness("postgres", "postgres://postgres@{hosts}/postgres", &nodes)
                 // The schema exists once a direct client has connected; a short command
                 // timeout would cut a migration queued behind concurrent ones.
-                .cut_query("command_timeout_ms=300&migrate=false")
+                .cut_query("request_timeout_ms=300&migrate=false")
                 .owning(server);
             ("postgres", harness, nodes, false)
         }

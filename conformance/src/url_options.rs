@@ -63,3 +63,33 @@ pub fn assert_strict_options<C: Debug>(
         assert_ne!(parsed, plain, "{url}: option {name} had no effect");
     }
 }
+
+/// Asserts that option `alias` is read as option `name` on `base` (the same parsed
+/// configuration for `value`), and that giving both is a [`LockError::Config`] naming
+/// them.
+///
+/// # Panics
+/// On any violation (it is a test helper).
+pub fn assert_alias<C: Debug>(
+    parse: impl Fn(&str) -> Result<C, LockError>,
+    base: &str,
+    (alias, name): (&str, &str),
+    value: &str,
+) {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let parsed = |option: &str| {
+        let url = format!("{base}{sep}{option}");
+        format!("{:?}", parse(&url).unwrap_or_else(|e| panic!("{url}: {e}")))
+    };
+    assert_eq!(
+        parsed(&format!("{alias}={value}")),
+        parsed(&format!("{name}={value}"))
+    );
+    let both = format!("{base}{sep}{alias}={value}&{name}={value}");
+    match parse(&both) {
+        Err(LockError::Config(msg)) => {
+            assert!(msg.contains(alias) && msg.contains(name), "{both}: {msg}")
+        }
+        other => panic!("{both}: expected a Config error, got {other:?}"),
+    }
+}

@@ -184,6 +184,39 @@ pub fn check_option(scheme: &str, name: &str, known: &[&[&str]]) -> Result<(), L
     )))
 }
 
+/// Reads query options with each alias as the name it stands for (`aliases`: `(alias,
+/// name)` pairs such as `("command_timeout_ms", "request_timeout_ms")`): one concept has
+/// one name across backends, and the older names keep working. An option given twice,
+/// under any of its names, is an error saying so.
+///
+/// ```
+/// use tenure_api::urls::dealias;
+/// let aliases = [("op_timeout_ms", "request_timeout_ms")];
+/// let read = dealias([("op_timeout_ms", "5"), ("prefix", "p")], &aliases).unwrap();
+/// assert_eq!(read, [("request_timeout_ms", "5"), ("prefix", "p")]);
+/// assert!(dealias([("op_timeout_ms", "5"), ("request_timeout_ms", "5")], &aliases).is_err());
+/// ```
+pub fn dealias<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    aliases: &[(&str, &'a str)],
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    let mut read: Vec<(&'a str, &'a str)> = Vec::new();
+    for (given, value) in pairs {
+        let name = aliases
+            .iter()
+            .find(|(alias, _)| *alias == given)
+            .map_or(given, |(_, name)| *name);
+        if read.iter().any(|(seen, _)| *seen == name) {
+            return Err(match name == given {
+                true => format!("option {name} is given twice"),
+                false => format!("option {name} is given twice ({given} is another name for it)"),
+            });
+        }
+        read.push((name, value));
+    }
+    Ok(read)
+}
+
 /// Parses a `…_ms` option within `range` (milliseconds) into a duration.
 pub fn parse_millis(
     name: &str,
@@ -353,6 +386,15 @@ impl LockUrl {
     /// The query options, decoded, in URL order; each name once.
     pub fn options(&self) -> impl Iterator<Item = (&str, &str)> {
         self.options.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// The query options with `aliases` read as the names they stand for (see
+    /// [`dealias`]); an option given under two of its names is [`LockError::Config`].
+    pub fn options_aliased<'a>(
+        &'a self,
+        aliases: &[(&str, &'a str)],
+    ) -> Result<Vec<(&'a str, &'a str)>, LockError> {
+        dealias(self.options(), aliases).map_err(|why| self.error(why))
     }
 
     /// A [`LockError::Config`] about this URL: `bad <backend> URL <url>: <why>`, with the

@@ -115,11 +115,11 @@ impl Target {
 /// Options for clients that must wait out a delayed reply instead of timing out first.
 fn patient_query(backend: &str) -> &'static str {
     match backend {
-        "redis" | "postgres" => "command_timeout_ms=5000",
-        // Both bounds: each node's command timeout, and the round's per-node bound.
-        "redlock" => "node_timeout_ms=5000&command_timeout_ms=5000",
+        "redis" | "postgres" => "request_timeout_ms=5000",
+        // Both bounds: each node's request timeout, and the round's per-node bound.
+        "redlock" => "node_timeout_ms=5000&request_timeout_ms=5000",
         "etcd" => "request_timeout_ms=10000",
-        "zk" => "session_timeout_ms=4000&op_timeout_ms=5000",
+        "zk" => "session_timeout_ms=4000&request_timeout_ms=5000",
         _ => "",
     }
 }
