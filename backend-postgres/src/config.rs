@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
-use tenure_api::urls::{check_option, dealias};
+use tenure_api::urls::{alias_names, check_option, dealias, redact_unparsed};
 use tenure_api::LockError;
 
 /// Connection parameters understood by the Postgres client (sqlx); anything else in the
@@ -177,12 +177,17 @@ impl PgConfig {
         let mut kept = Vec::new();
         let mut has_host_param = false;
         let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
-        let pairs = dealias(
-            pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-            Self::ALIASES,
-        )
-        .map_err(|why| LockError::Config(format!("bad Postgres URL {}: {why}", redact(&url))))?;
-        for (name, value) in pairs {
+        let pairs = pairs.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        // tenure's options once each, under any of their names; the client's as given
+        // (sqlx joins a repeated `options`).
+        let ours = |name: &str| {
+            Self::OPTIONS.contains(&name) || Self::ALIASES.iter().any(|(alias, _)| *alias == name)
+        };
+        let (own, client): (Vec<_>, Vec<_>) = pairs.partition(|(name, _)| ours(name));
+        let own = dealias(own, Self::ALIASES).map_err(|why| {
+            LockError::Config(format!("bad Postgres URL {}: {why}", redact(&url)))
+        })?;
+        for (name, value) in own.into_iter().chain(client) {
             let millis = || {
                 value
                     .parse::<u64>()
@@ -240,7 +245,12 @@ impl PgConfig {
                     }
                 }
                 client => {
-                    check_option("postgres", client, &[Self::OPTIONS, Self::CLIENT_OPTIONS])?;
+                    let old_names = alias_names(Self::ALIASES);
+                    check_option(
+                        "postgres",
+                        client,
+                        &[Self::OPTIONS, Self::CLIENT_OPTIONS, &old_names],
+                    )?;
                     has_host_param |= client == "host" || client == "hostaddr";
                     kept.push((name.to_string(), value.to_string()));
                 }
@@ -401,15 +411,11 @@ pub fn redact(url: &url::Url) -> String {
 }
 
 fn redact_str(text: &str) -> String {
-    // An unparseable URL may still carry a password: hide everything between the scheme
-    // and the last '@', and drop the query (it may hold `password=`).
-    let text = text.split('?').next().unwrap_or_default();
-    match (text.find("://"), text.rfind('@')) {
-        (Some(start), Some(at)) if at > start => {
-            format!("{}://***@{}", &text[..start], &text[at + 1..])
-        }
-        _ => text.to_string(),
-    }
+    // An unparseable URL may still carry a password: in its user info (hidden first,
+    // wherever a stray `?` or `/` in it puts the last `@`), or in the query
+    // (`password=`), which is dropped.
+    let hidden = redact_unparsed(text);
+    hidden.split('?').next().unwrap_or_default().to_string()
 }
 
 #[cfg(test)]
@@ -501,6 +507,18 @@ mod tests {
         assert_eq!(c.endpoint(), "h:5432");
     }
 
+    /// sqlx joins a repeated `options`; only tenure's own options must come once.
+    #[test]
+    fn client_parameters_may_repeat() {
+        let c = PgConfig::from_url("postgres://h/db?options=-c%20a%3D1&options=-c%20b%3D2");
+        assert!(c.is_ok(), "{c:?}");
+        let twice = PgConfig::from_url("postgres://h/db?schema=a&schema=b").unwrap_err();
+        assert!(
+            twice.to_string().contains("option schema is given twice"),
+            "{twice}"
+        );
+    }
+
     #[test]
     fn secrets_are_redacted_everywhere() {
         let c = PgConfig::from_url("postgres://user:hunter2@h/db?sslmode=require").unwrap();
@@ -519,6 +537,8 @@ mod tests {
             "postgres://user@h/db?password=hunter2&bogus=1",
             "postgres://user:hunter2@h/db?sslmode=sometimes",
             "postgres://user:hunter2@[::1/db",
+            "postgres://user:hunter2?x@h/db",
+            "postgres://user:hunter2/x@h/db",
         ] {
             let err = PgConfig::from_url(bad).unwrap_err();
             assert!(matches!(err, LockError::Config(_)), "{bad}: {err:?}");

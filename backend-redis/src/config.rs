@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{percent_encode, redact_url, HostPort, LockUrl};
+use tenure_api::urls::{alias_names, percent_encode, redact_url, HostPort, LockUrl};
 use tenure_api::LockError;
 
 /// How to reach one Redis server and how to name locks there.
@@ -134,9 +134,15 @@ impl RedisConfig {
                 _ if Self::CLIENT_OPTIONS.contains(&name) => handed_on.push((name, value)),
                 _ if theirs.contains(&name) => {}
                 other => {
-                    return Err(
-                        url.unknown_option(other, &[theirs, Self::OPTIONS, Self::CLIENT_OPTIONS])
-                    )
+                    return Err(url.unknown_option(
+                        other,
+                        &[
+                            theirs,
+                            Self::OPTIONS,
+                            Self::CLIENT_OPTIONS,
+                            &alias_names(Self::ALIASES),
+                        ],
+                    ))
                 }
             }
         }

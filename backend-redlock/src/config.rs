@@ -10,9 +10,10 @@ use tenure_redis::RedisConfig;
 /// Redlock over N independent Redis masters.
 ///
 /// Parsed from `redlock://[user[:password]@]h1:p1,h2:p2,…[/db][?options]` (or
-/// `redlocks://` for TLS to every node). Options: `prefix`, `connect_timeout_ms`
-/// (per node, passed to each node's client); `node_timeout_ms` (the per-node bound on one
-/// request; default ttl/100, at least 50 ms); `fencing=false` (one round trip per acquire,
+/// `redlocks://` for TLS to every node). Options: `prefix`, `connect_timeout_ms`,
+/// `request_timeout_ms` (per node, passed to each node's client); `node_timeout_ms` (each
+/// node's share of one round, the bound the round waits for it; default ttl/100, at least
+/// 50 ms); `fencing=false` (one round trip per acquire,
 /// no fencing token guarantee); `fence=counter` (each node's counter is a plain `INCR`
 /// instead of clock-floored, see [`tenure_redis::FenceMode`]); the other options of
 /// [`RedisConfig`] ([`RedisConfig::OPTIONS`], [`RedisConfig::CLIENT_OPTIONS`]) are passed

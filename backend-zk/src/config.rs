@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use tenure_api::urls::{percent_encode, HostPort, LockUrl};
+use tenure_api::urls::{alias_names, percent_encode, HostPort, LockUrl};
 use tenure_api::LockError;
 
 use crate::names::validate_znode_path;
@@ -113,7 +113,10 @@ impl ZkConfig {
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "request_timeout_ms" => config.op_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
-                other => return Err(url.unknown_option(other, &[Self::OPTIONS])),
+                other => {
+                    let known = [Self::OPTIONS, &alias_names(Self::ALIASES)];
+                    return Err(url.unknown_option(other, &known));
+                }
             }
         }
         config.prefix = normalise_prefix(&config.prefix).map_err(|why| url.error(why))?;

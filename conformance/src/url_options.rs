@@ -85,11 +85,14 @@ pub fn assert_alias<C: Debug>(
         parsed(&format!("{alias}={value}")),
         parsed(&format!("{name}={value}"))
     );
-    let both = format!("{base}{sep}{alias}={value}&{name}={value}");
-    match parse(&both) {
-        Err(LockError::Config(msg)) => {
-            assert!(msg.contains(alias) && msg.contains(name), "{both}: {msg}")
+    for (first, second) in [(alias, name), (name, alias)] {
+        let both = format!("{base}{sep}{first}={value}&{second}={value}");
+        match parse(&both) {
+            Err(LockError::Config(msg)) => assert!(
+                msg.contains(&format!("given twice (as {first} and as {second})")),
+                "{both}: {msg}"
+            ),
+            other => panic!("{both}: expected a Config error, got {other:?}"),
         }
-        other => panic!("{both}: expected a Config error, got {other:?}"),
     }
 }

@@ -62,12 +62,17 @@ pub fn redact_unparsed(text: &str) -> String {
         return text.to_string();
     };
     let after = &text[at + 1..];
+    let is_scheme = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    };
     match text[..at].split_once("://") {
-        None => format!("***@{after}"),
-        Some((scheme, info)) => match info.split_once(':') {
+        Some((scheme, info)) if is_scheme(scheme) => match info.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***@{after}"),
             None => text.to_string(),
         },
+        _ => format!("***@{after}"),
     }
 }
 
@@ -119,7 +124,10 @@ pub fn parse_host_list(list: &str, default_port: u16) -> Result<Vec<HostPort>, L
 /// `-`, `_`), an IPv4 address or a bracketed IPv6 address, and a port in 1..=65535.
 fn parse_host(entry: &str, default_port: u16) -> Result<HostPort, String> {
     let entry = entry.trim();
-    let bad = |why: &str| format!("host {entry:?}: {why}");
+    // Quotes the host only: a password holding an unescaped `/` or `?` ends the authority
+    // early, and its tail lands where a port would be.
+    let shown = entry.split_once(':').map_or(entry, |(host, _)| host);
+    let bad = |why: &str| format!("host {shown:?}: {why}");
     let (host, port) = if let Some(v6) = entry.strip_prefix('[') {
         let (host, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
         if host.parse::<std::net::Ipv6Addr>().is_err() {
@@ -200,21 +208,29 @@ pub fn dealias<'a>(
     pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     aliases: &[(&str, &'a str)],
 ) -> Result<Vec<(&'a str, &'a str)>, String> {
-    let mut read: Vec<(&'a str, &'a str)> = Vec::new();
+    let mut read: Vec<(&'a str, &'a str, &'a str)> = Vec::new();
     for (given, value) in pairs {
         let name = aliases
             .iter()
             .find(|(alias, _)| *alias == given)
             .map_or(given, |(_, name)| *name);
-        if read.iter().any(|(seen, _)| *seen == name) {
-            return Err(match name == given {
+        if let Some((_, first, _)) = read.iter().find(|(seen, _, _)| *seen == name) {
+            return Err(match *first == given {
                 true => format!("option {name} is given twice"),
-                false => format!("option {name} is given twice ({given} is another name for it)"),
+                false => format!("option {name} is given twice (as {first} and as {given})"),
             });
         }
-        read.push((name, value));
+        read.push((name, given, value));
     }
-    Ok(read)
+    Ok(read
+        .into_iter()
+        .map(|(name, _, value)| (name, value))
+        .collect())
+}
+
+/// The old names in `aliases`, for listing them among the known options.
+pub fn alias_names<'a>(aliases: &[(&'a str, &str)]) -> Vec<&'a str> {
+    aliases.iter().map(|(alias, _)| *alias).collect()
 }
 
 /// Parses a `…_ms` option within `range` (milliseconds) into a duration.
@@ -518,10 +534,12 @@ mod tests {
             "etcd://root:pa#ss@h#x",
             "root:pass@h",
             "x://:pass@a,b,c",
+            "u:pass://x@h",
+            "u@pass://x@h",
         ] {
             let shown = redact_unparsed(text);
             assert!(
-                !shown.contains("ss@") && shown.contains("***"),
+                !shown.contains("ss") && shown.contains("***"),
                 "{text}: {shown}"
             );
         }
@@ -568,6 +586,8 @@ mod tests {
             ("x://u:hunter2@h", "must start with t://"),
             ("t://u:hunter2@h#f", "fragments"),
             ("t://u:hunter2@h/p#f", "fragments"),
+            ("t://u:hunter2/x@h", "the port must be"),
+            ("t://u:hunter2?x@h", "the port must be"),
             ("t://u:hunter2@h?a=1&a=2", "option a is given twice"),
             ("t://u:hunter2%zz@h", "bad %-escape in the password"),
             ("t://@h", "user name is empty"),

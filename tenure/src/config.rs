@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
-use tenure_api::urls::redact_url;
+use tenure_api::urls::{redact_unparsed, redact_url};
 use tenure_api::{AcquireOptions, DistributedLock, LockError};
 
 use crate::layers::DriftMargin;
@@ -260,7 +260,7 @@ impl Config {
             if self.url_has_option(name) {
                 return Err(LockError::Config(format!(
                     "option {name} is set both in the URL {} and in the configuration",
-                    redact_url(&self.url)
+                    redact_unparsed(&self.url)
                 )));
             }
             url.push(if url.contains('?') { '&' } else { '?' });
@@ -332,7 +332,7 @@ impl Config {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_unparsed(&self.url))
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("prefix", &self.prefix)
@@ -348,7 +348,7 @@ impl fmt::Display for Config {
         write!(
             f,
             "{} (ttl {:?}, wait {:?})",
-            redact_url(&self.url),
+            redact_unparsed(&self.url),
             self.ttl,
             self.wait
         )
