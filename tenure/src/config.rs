@@ -10,8 +10,8 @@ use serde::{Deserialize, Deserializer};
 use tenure_api::urls::{redact_unparsed, redact_url};
 use tenure_api::{AcquireOptions, DistributedLock, LockError};
 
-use crate::layers::DriftMargin;
-use crate::observe::{Metered, Traced};
+use crate::layers::{DriftMarginLayer, LockStack};
+use crate::observe::{MeteredLayer, TracedLayer};
 
 /// Which lock service to use and the defaults for acquiring, so that the backend is a
 /// configuration choice, not a code change.
@@ -47,13 +47,13 @@ pub struct Config {
     #[serde(default)]
     pub prefix: Option<String>,
     /// Extra clock-drift allowance subtracted from every lease's local deadline
-    /// ([`DriftMargin`]); must be below a third of `ttl`.
+    /// ([`DriftMargin`](crate::layers::DriftMargin)); must be below a third of `ttl`.
     #[serde(default, deserialize_with = "optional_duration")]
     pub drift: Option<Duration>,
-    /// Wrap the lock in [`Traced`]: a `tracing` span per operation.
+    /// Wrap the lock in [`Traced`](crate::observe::Traced): a `tracing` span per operation.
     #[serde(default)]
     pub trace: bool,
-    /// Wrap the lock in [`Metered`]: metrics through the `metrics` facade.
+    /// Wrap the lock in [`Metered`](crate::observe::Metered): metrics through the `metrics` facade.
     #[serde(default)]
     pub metrics: bool,
     /// Options for `redis://` URLs.
@@ -298,25 +298,34 @@ impl Config {
         self.zk.insert(name.into(), millis.to_string());
     }
 
-    /// Connects to the configured backend, wrapped in the layers the configuration asks
-    /// for, innermost first: the drift allowance, [`Traced`], [`Metered`] (so the metrics
-    /// time what the caller sees).
+    /// The layers this configuration asks for, innermost first: the drift allowance
+    /// ([`DriftMarginLayer`]), [`TracedLayer`], [`MeteredLayer`] (so the metrics time what
+    /// the caller sees). Add layers of your own around them with [`LockStack::layer`], or
+    /// build a stack in another order and [`wrap`](LockStack::wrap) [`crate::connect`]'s
+    /// lock yourself.
+    pub fn layers(&self) -> LockStack {
+        let mut stack = LockStack::new();
+        if let Some(margin) = self.drift {
+            stack = stack.layer(DriftMarginLayer(margin));
+        }
+        if self.trace {
+            stack = stack.layer(TracedLayer);
+        }
+        if self.metrics {
+            stack = stack.layer(MeteredLayer);
+        }
+        stack
+    }
+
+    /// Connects to the configured backend, wrapped in [`layers`](Self::layers).
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         self.validate()?;
-        let mut lock = crate::connect(&self.resolved_url()?).await?;
-        if let Some(margin) = self.drift {
-            lock = Arc::new(DriftMargin::new(lock, margin));
-        }
-        if self.trace {
-            lock = Arc::new(Traced::new(lock));
-        }
-        if self.metrics {
-            lock = Arc::new(Metered::new(lock));
-        }
-        Ok(lock)
+        Ok(self
+            .layers()
+            .wrap(crate::connect(&self.resolved_url()?).await?))
     }
 
     /// Connects to the configured backend (with its prefix and options) for

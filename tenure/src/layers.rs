@@ -1,6 +1,7 @@
 //! Wrappers that implement [`DistributedLock`] around any backend, so cross-cutting
-//! concerns compose without touching backends.
+//! concerns compose without touching backends: [`LockLayer`]s, stacked by [`LockStack`].
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,82 @@ impl DistributedLock for DriftMargin {
     }
 }
 
+/// Wraps a lock in another [`DistributedLock`] — tower's `Layer`, for locks — so that
+/// concerns such as a drift allowance, tracing and metrics compose in the order the
+/// caller picks ([`LockStack`]). A closure from lock to lock is a layer too.
+pub trait LockLayer: Send + Sync {
+    /// `inner`, wrapped.
+    fn layer(&self, inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock>;
+}
+
+impl<F> LockLayer for F
+where
+    F: Fn(Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> + Send + Sync,
+{
+    fn layer(&self, inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        self(inner)
+    }
+}
+
+/// Layers in the order they were added: the first wraps the backend, the last is what the
+/// caller calls. [`crate::Config::layers`] builds the one a configuration asks for.
+///
+/// ```
+/// # async fn demo() -> Result<(), tenure::LockError> {
+/// use std::time::Duration;
+/// use tenure::layers::{DriftMarginLayer, LockStack};
+/// use tenure::observe::MeteredLayer;
+///
+/// let stack = LockStack::new()
+///     .layer(DriftMarginLayer(Duration::from_millis(200)))
+///     .layer(MeteredLayer);
+/// let lock = stack.wrap(tenure::connect("memory://").await?);
+/// assert!(format!("{lock:?}").starts_with("Metered"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct LockStack {
+    layers: Vec<Arc<dyn LockLayer>>,
+}
+
+impl LockStack {
+    /// No layers: [`wrap`](Self::wrap) returns the lock it is given.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `layer` outside the ones added before.
+    pub fn layer(mut self, layer: impl LockLayer + 'static) -> Self {
+        self.layers.push(Arc::new(layer));
+        self
+    }
+
+    /// `lock` wrapped in every layer, the first added innermost.
+    pub fn wrap(&self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        self.layers
+            .iter()
+            .fold(lock, |inner, layer| layer.layer(inner))
+    }
+}
+
+impl fmt::Debug for LockStack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockStack")
+            .field("layers", &self.layers.len())
+            .finish()
+    }
+}
+
+/// [`DriftMargin`] as a layer: every lease's local deadline moves earlier by the margin.
+#[derive(Debug, Clone, Copy)]
+pub struct DriftMarginLayer(pub Duration);
+
+impl LockLayer for DriftMarginLayer {
+    fn layer(&self, inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        Arc::new(DriftMargin::new(inner, self.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +170,32 @@ mod tests {
             "the margin is extra"
         );
         assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    }
+
+    #[tokio::test]
+    async fn a_stack_wraps_in_the_order_layers_were_added() {
+        let marker = |name: &'static str| {
+            move |inner: Arc<dyn DistributedLock>| -> Arc<dyn DistributedLock> {
+                Arc::new(DriftMargin::new(
+                    inner,
+                    Duration::from_millis(name.len() as u64),
+                ))
+            }
+        };
+        let lock = LockStack::new()
+            .layer(marker("a"))
+            .layer(DriftMarginLayer(Duration::from_millis(7)))
+            .layer(marker("abc"))
+            .wrap(Arc::new(MemoryLock::new()));
+        let shown = format!("{lock:?}");
+        let at = |margin: &str| shown.find(&format!("margin: {margin}")).unwrap();
+        // Debug shows a layer's margin after its inner lock: innermost first.
+        assert!(at("1ms") < at("7ms") && at("7ms") < at("3ms"), "{shown}");
+        let key = LockKey::new("k").unwrap();
+        let ttl = Duration::from_secs(2);
+        let lease = lock.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert!(lease.valid_until() - lease.acquired_at() <= ttl - Duration::from_millis(11));
+        let empty = LockStack::new().wrap(Arc::new(MemoryLock::new()));
+        assert!(format!("{empty:?}").starts_with("MemoryLock"), "{empty:?}");
     }
 }

@@ -60,6 +60,8 @@ use tenure_api::{
 };
 use tracing::Instrument;
 
+use crate::layers::LockLayer;
+
 /// A boxed, sendable future (what `async_trait` methods return).
 pub type BoxedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -278,6 +280,26 @@ impl Observed<Metrics> {
     pub fn new(inner: Arc<dyn DistributedLock>) -> Self {
         describe_metrics();
         Self::with_observer(inner, Metrics)
+    }
+}
+
+/// [`Traced`] as a layer ([`LockStack`](crate::layers::LockStack)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TracedLayer;
+
+impl LockLayer for TracedLayer {
+    fn layer(&self, inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        Arc::new(Traced::new(inner))
+    }
+}
+
+/// [`Metered`] as a layer ([`LockStack`](crate::layers::LockStack)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MeteredLayer;
+
+impl LockLayer for MeteredLayer {
+    fn layer(&self, inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        Arc::new(Metered::new(inner))
     }
 }
 
