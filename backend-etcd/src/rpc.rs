@@ -151,16 +151,11 @@ pub(crate) async fn bounded<T>(
     what: &str,
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, LockError> {
-    match tokio::time::timeout(limit, request).await {
-        Ok(result) => result.map_err(|e| convert(config, what, e)),
-        Err(_) => Err(LockError::Unavailable {
-            message: format!(
-                "{what} on {}: no reply within {limit:?}",
-                config.hosts.join(",")
-            ),
-            source: None,
-        }),
-    }
+    let endpoint = config.hosts.join(",");
+    tenure_api::bounded(limit, what, &endpoint, request, |e| {
+        convert(config, what, e)
+    })
+    .await
 }
 
 /// gRPC status codes (see `tonic::Code`).

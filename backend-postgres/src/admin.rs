@@ -18,7 +18,8 @@ use tenure_api::{
     FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, OwnerId, Problem,
 };
 
-use crate::{map_err, PgLock};
+use crate::error::map_err;
+use crate::PgLock;
 
 /// How far past its TTL an idle holder must be before the doctor reports it, so a holder
 /// the server is about to cut off is not reported.

@@ -1,78 +1,16 @@
-//! # tenure-redis
-//!
-//! A [`DistributedLock`] on one Redis server. Acquire is one Lua script: take the key
-//! with `PX ttl` if free and advance a per-key fence counter in the same hash slot,
-//! returning the token — or the remaining PTTL when held. Release is a compare-and-delete
-//! that `PUBLISH`es on the key's channel; waiters subscribe and retry on a message,
-//! falling back to the holder's PTTL (or to polling with the caller's backoff when they
-//! cannot subscribe). Extend is a compare-and-`PEXPIRE`.
-//!
-//! **The fence key** `{K}:fence`: in the default clock-floored mode it expires a day (or
-//! twice the TTL, if longer) after the last grant, extension or fence raise on it, so it
-//! always outlives its lock and idle names leave nothing behind; with `fence=counter` it
-//! never expires (an expiry would regress tokens), so that mode keeps one key per lock
-//! name ever used. Tokens are exact integers below 2^53 in both modes. See [`FenceMode`].
-//!
-//! **Guarantees** ([`RedisLock::capabilities`]): a single node with server-TTL expiry.
-//! Safety depends on the server's clock (a jump forward expires locks early) and on the
-//! node keeping its data: a restart without persistence, or a failover to an async
-//! replica, can grant the lock twice. The conformance suite demonstrates each of these;
-//! use the fencing token.
-//!
-//! **Fencing tokens** are `count · 2^10 + (10 low bits of the owner id)`
-//! ([`scripts::token_for`]), where `count` comes from the key's fence counter. What each
-//! [`FenceMode`] guarantees:
-//!
-//! | | `fence=clock` (default) | `fence=counter` |
-//! |---|---|---|
-//! | successive grants while the server keeps its data | strictly increasing | strictly increasing |
-//! | restart without persistence, failover to an async replica | still increasing, as long as the server's clock (the promoted replica's) is past the time of the last grant | the count regresses (back to 1 after a restart) |
-//! | two holders at once (any double grant) | the later holder's token is larger: a `>=` fenced store turns the earlier away | tokens differ (unless both owner ids share their low 10 bits: probability 2^-10) but are not ordered: a `>=` store may turn the *newer* holder away |
-//! | server clock stepped backwards | a token may repeat a count; owner bits still tell the holders apart | unaffected |
-//!
-//! **Late replies.** Like Redlock, a grant whose reply arrives after the lease's own
-//! deadline (`sent + ttl − drift`, measured from sending) is never handed out: the lock
-//! is released (owner-checked) and the attempt fails with [`LockError::Unavailable`],
-//! which [`acquire`](DistributedLock::acquire) retries within its wait.
-//!
-//! **Waiting.** [`acquire`](DistributedLock::acquire) keeps to `opts.wait`: every step
-//! (each script call, subscribing, reconnecting) is bounded by what is left of the wait
-//! as well as by its own timeout; a zero wait is exactly one attempt bounded by the
-//! command timeout. When the wait runs out the result says what was last seen:
-//! [`LockError::Timeout`] if the lock was held by another, [`LockError::Unavailable`]
-//! if the server did not answer in time (to an attempt or to the subscription).
-//!
-//! **Errors.** A server that cannot serve us *now* is [`LockError::Unavailable`]
-//! (retryable, and waited out by [`acquire`](DistributedLock::acquire) within its wait):
-//! I/O errors and timeouts, and the replies `LOADING`, `MASTERDOWN`, `TRYAGAIN`,
-//! `CLUSTERDOWN`, `READONLY` (a replica — e.g. a former primary after a failover) and
-//! `BUSY` (a long-running script). An authentication failure (`NOAUTH`, `WRONGPASS`, the
-//! client's failed `AUTH`), an ACL refusal (`NOPERM`) or a bad client setting is
-//! [`LockError::Config`] and never retried. Any other server error is
-//! [`LockError::Backend`]. Messages carry the server's error code in brackets, never a
-//! password.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), tenure_api::LockError> {
-//! use std::time::Duration;
-//! use tenure_api::{DistributedLock, LockKey};
-//! let lock = tenure_redis::RedisLock::connect("redis://127.0.0.1:6379/0?prefix=app:").await?;
-//! let lease = lock.try_acquire(&LockKey::new("job")?, Duration::from_secs(10)).await?;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../docs.md")]
 
 mod admin;
 mod config;
+mod error;
 pub mod scripts;
 
 use std::fmt;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::RedisError;
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
     ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError,
@@ -80,6 +18,7 @@ use tenure_api::{
 };
 
 pub use config::{redact, FenceMode, RedisConfig};
+use error::{bounded, classify};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
@@ -736,98 +675,8 @@ fn millis(ttl: Duration) -> u64 {
     ttl.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
-/// Runs `future` for at most `limit`; running out counts as a timeout error.
-async fn bounded<T>(
-    limit: Duration,
-    future: impl Future<Output = Result<T, RedisError>>,
-) -> Result<T, RedisError> {
-    tokio::time::timeout(limit, future)
-        .await
-        .unwrap_or_else(|_| {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no reply within {limit:?}"),
-            )))
-        })
-}
-
-/// What a Redis client error means for a lock call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ErrorClass {
-    /// The server cannot serve us now but may soon: [`LockError::Unavailable`].
-    Unavailable,
-    /// Our credentials or client settings are wrong: [`LockError::Config`], never retried.
-    Config,
-    /// Anything else: [`LockError::Backend`].
-    Backend,
-}
-
-/// Sorts a client error into a class, by the client's [`ErrorKind`](redis::ErrorKind)
-/// and the server's error code (the first word of an error reply, which Redis keeps when
-/// a command inside a script fails).
-///
-/// - Unavailable (retryable): I/O errors, timeouts, refused or dropped connections, and
-///   the server states that pass — `LOADING` (loading its dataset), `MASTERDOWN` (a
-///   replica that lost its primary), `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` (a replica,
-///   e.g. a former primary after a failover) and `BUSY` (a long script is running).
-/// - Config (never retried): authentication failures (`NOAUTH`, `WRONGPASS`, the client's
-///   own "authentication failed"), `NOPERM` (the ACL user may not run the scripts) and
-///   invalid client settings.
-/// - Backend: everything else (`ERR`, `WRONGTYPE`, a malformed reply, …).
-fn error_class(error: &RedisError) -> ErrorClass {
-    use redis::ErrorKind;
-    match error.kind() {
-        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
-            return ErrorClass::Config
-        }
-        ErrorKind::IoError
-        | ErrorKind::BusyLoadingError
-        | ErrorKind::MasterDown
-        | ErrorKind::TryAgain
-        | ErrorKind::ClusterDown
-        | ErrorKind::ReadOnly => return ErrorClass::Unavailable,
-        _ => {}
-    }
-    match error.code() {
-        Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorClass::Config,
-        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY") => {
-            ErrorClass::Unavailable
-        }
-        _ if error.is_timeout()
-            || error.is_connection_refusal()
-            || error.is_connection_dropped()
-            || error.is_unrecoverable_error() =>
-        {
-            ErrorClass::Unavailable
-        }
-        _ => ErrorClass::Backend,
-    }
-}
-
-/// Converts a client error from step `what` into a [`LockError`] of its class (see
-/// [`error_class`]); the message names the server and the error code, never a password.
-fn classify(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
-    let message = match error.code() {
-        Some(code) => format!("{what} on {}: {error} [{code}]", config.endpoint()),
-        None => format!("{what} on {}: {error}", config.endpoint()),
-    };
-    match error_class(&error) {
-        ErrorClass::Unavailable => LockError::Unavailable {
-            message,
-            source: Some(Box::new(error)),
-        },
-        ErrorClass::Config => LockError::Config(message),
-        ErrorClass::Backend => LockError::Backend {
-            message,
-            source: Some(Box::new(error)),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use redis::ErrorKind;
-
     use super::*;
 
     /// Issue 15, defect 7: `connect_timeout * 2` overflowed (a panic) for a timeout set
@@ -838,81 +687,5 @@ mod tests {
         config.connect_timeout = Duration::MAX;
         let error = RedisLock::with_config(config).await.unwrap_err();
         assert!(matches!(error, LockError::Config(_)), "{error}");
-    }
-
-    /// The error a client sees for this raw server reply (`-CODE detail`).
-    fn reply(line: &str) -> RedisError {
-        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
-            .unwrap()
-            .extract_error()
-            .unwrap_err()
-    }
-
-    fn class(error: RedisError) -> &'static str {
-        let config = RedisConfig::from_url("redis://h").unwrap();
-        match classify(&config, "acquire", error) {
-            LockError::Unavailable { .. } => "unavailable",
-            LockError::Config(_) => "config",
-            LockError::Backend { .. } => "backend",
-            _ => "other",
-        }
-    }
-
-    #[test]
-    fn transient_server_states_are_unavailable() {
-        for line in [
-            "LOADING Redis is loading the dataset in memory",
-            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
-            "TRYAGAIN Multiple keys request during rehashing of slot",
-            "READONLY You can't write against a read only replica. script: 7cd7, on @user_script:1.",
-            "CLUSTERDOWN The cluster is down",
-            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-        ] {
-            assert_eq!(class(reply(line)), "unavailable", "{line}");
-        }
-        for kind in [
-            ErrorKind::BusyLoadingError,
-            ErrorKind::MasterDown,
-            ErrorKind::TryAgain,
-            ErrorKind::ReadOnly,
-            ErrorKind::ClusterDown,
-        ] {
-            assert_eq!(
-                class(RedisError::from((kind, "x"))),
-                "unavailable",
-                "{kind:?}"
-            );
-        }
-        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply");
-        assert_eq!(class(RedisError::from(io)), "unavailable");
-    }
-
-    #[test]
-    fn authentication_failures_are_config_errors() {
-        for line in [
-            "NOAUTH Authentication required.",
-            "WRONGPASS invalid username-password pair or user is disabled.",
-            "NOPERM User app has no permissions to run the 'evalsha' command",
-        ] {
-            assert_eq!(class(reply(line)), "config", "{line}");
-        }
-        let failed = RedisError::from((
-            ErrorKind::AuthenticationFailed,
-            "Password authentication failed",
-        ));
-        assert_eq!(class(failed), "config");
-        let bad = RedisError::from((ErrorKind::InvalidClientConfig, "bad URL"));
-        assert_eq!(class(bad), "config");
-    }
-
-    #[test]
-    fn other_server_errors_are_backend_errors() {
-        for line in [
-            "ERR Error running script",
-            "WRONGTYPE Operation against a key holding the wrong kind of value",
-            "TENURE fence counter {k}:fence reached 2^53",
-        ] {
-            assert_eq!(class(reply(line)), "backend", "{line}");
-        }
     }
 }

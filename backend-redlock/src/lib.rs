@@ -1,66 +1,4 @@
-//! # tenure-redlock
-//!
-//! Redlock over N independent Redis masters, with fencing tokens from a **quorum
-//! max-register**.
-//!
-//! **Nodes** must be N *different* servers: a node listed twice (same host and port after
-//! normalisation) is a [`LockError::Config`] error, as is an empty list — in
-//! [`RedlockConfig::new`], [`RedlockConfig::from_url`] and [`Redlock::with_config`] alike
-//! ([`RedlockConfig::validate`]). Host names are not resolved, so two names of one server
-//! are not caught.
-//!
-//! **Acquire** sends the acquire script to all nodes *concurrently*, each bounded by a
-//! short per-node timeout (default ttl/100, within 50 ms..=60 s). The lock is held only
-//! with a majority (⌊N/2⌋+1) of grants **and** remaining validity
-//! `ttl − elapsed − drift > 0`, measured from before the first send (drift = 1 % of the
-//! TTL + 2 ms). A round is **decided as soon as its outcome is certain** — a majority
-//! granted, or a majority can no longer grant — so a dead or slow minority costs nothing;
-//! it does not wait for the slowest node. Each node's request runs in its own task, which
-//! outlives the decision: when the round failed, every node is released once its request
-//! has finished — also a node whose grant lands after the decision (and nodes that
-//! refused or timed out) — and the call retries after a random delay within the caller's
-//! wait bound. When the round succeeded, a late grant is ours, and
-//! [`release`](Redlock::release) reaches it. Requests of one owner to one node run in
-//! order (each waits until the previous one was answered or timed out), so a late grant
-//! cannot overtake its release, and the clean-up of a failed round cannot delete the
-//! next round's grant of the same owner.
-//!
-//! **Errors** are aggregated over the nodes: a retryable failure (unreachable, timed
-//! out) of too many nodes is [`LockError::NoQuorum`] (or `Ok(None)` from `try_acquire`
-//! when enough nodes answered that another owner holds it), and `acquire` keeps trying
-//! within its wait bound. A non-retryable node error (a script error, an authentication
-//! or configuration error) on more nodes than a majority can spare is returned at once
-//! — the first such error, which names its node — since retrying cannot cure it.
-//! [`extend`](Redlock::extend) decides early the same way. [`release`](Redlock::release)
-//! waits for every node's answer or timeout (but not for a node still busy with a grant
-//! that has not come back, once a majority answered), and is an error when no majority
-//! could be reached (the lock then stays on the other nodes until its TTL).
-//!
-//! **Fencing** (on by default): each node's script advances that node's fence counter
-//! and returns it; the token is `t = max` over the granting majority; a second round
-//! writes `fence = max(fence, t)` to the nodes, and the lease counts as held only when a
-//! majority acknowledged it while still held by us (decided early too: writes still in
-//! flight only ever raise a fence). Any two majorities intersect, so a later grant reads
-//! a counter ≥ t on a node of the intersection and gets a larger token — provided that
-//! node still remembers its counter. The intersection can be a single node: with plain
-//! counters (`?fence=counter`) **one** node restarted without persistence can be enough
-//! for a later grant to get a token that is not larger (`tests/faults.rs` shows it).
-//! Tokens are `count · 2^10 + (10 low bits of the owner id)`
-//! ([`tenure_redis::scripts::token_for`]), so even then the two holders get different
-//! tokens (unless their random owner ids share those bits, probability 2^-10): a fenced
-//! store can tell them apart, though with plain counters it cannot tell which is newer.
-//! Each node's counter is clock-floored by default (`max(counter + 1, server time in
-//! µs)`, see [`tenure_redis::FenceMode`]), which closes that gap while server clocks move
-//! forward: a node restarted empty hands out a token above every earlier one. Cost: two
-//! round trips per acquire instead of one. `?fencing=false` skips the second round and
-//! the counters: a grant writes the lock key alone, and its token's count is the
-//! granting node's time in µs, which promises no order (nodes differ, clocks step);
-//! [`Redlock::capabilities`] then says [`FencingKind::None`], and
-//! [`inspect`](Redlock::inspect) reports no token.
-//!
-//! Redlock's safety depends on clocks (bounded drift, no jumps) and on nodes keeping
-//! their data or restarting later than the max TTL; the conformance suite shows what
-//! happens when they do not.
+#![doc = include_str!("../docs.md")]
 
 mod admin;
 mod config;
@@ -241,12 +179,7 @@ impl Inner {
             };
             op(node).await
         };
-        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-            Err(LockError::Unavailable {
-                message: format!("{}: no reply within {limit:?}", config.endpoint()),
-                source: None,
-            })
-        })
+        tenure_api::bounded(limit, "request", &config.endpoint(), call, |e| e).await
     }
 
     /// Runs `op` on every node concurrently (never one after another) and waits for all.

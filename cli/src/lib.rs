@@ -1,5 +1,5 @@
 //! The machinery behind the `tenure` command that is more than a lock client: the
-//! benchmark ([`bench`]), the decision matrix ([`matrix`]) and the local clusters both
+//! benchmark ([`mod@bench`]), the decision matrix ([`matrix`]) and the local clusters both
 //! start ([`local`]).
 //!
 //! This library exists so that the command's integration tests can drive it; it is not a

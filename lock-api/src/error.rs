@@ -1,5 +1,6 @@
 //! The one error type every backend returns.
 
+use std::future::Future;
 use std::time::Duration;
 
 /// A boxed error from a backend's client library, kept as the `source` of a [`LockError`].
@@ -86,11 +87,70 @@ impl LockError {
         }
     }
 
+    /// An [`Unavailable`](Self::Unavailable): step `what` on `endpoint` got no reply within
+    /// `limit`.
+    pub fn no_reply(what: &str, endpoint: &str, limit: Duration) -> Self {
+        Self::Unavailable {
+            message: format!("{what} on {endpoint}: no reply within {limit:?}"),
+            source: None,
+        }
+    }
+
     /// A [`Backend`](Self::Backend) error with only a message (e.g. a malformed reply).
     pub fn backend(message: impl Into<String>) -> Self {
         Self::Backend {
             message: message.into(),
             source: None,
         }
+    }
+}
+
+/// Runs a client call for at most `limit`, converting its error with `convert`; running
+/// out is [`LockError::no_reply`] for step `what` on `endpoint`. Backends bound every
+/// request with it.
+///
+/// # Cancel safety
+/// As cancel-safe as `call`, which is dropped with the returned future.
+pub async fn bounded<T, E>(
+    limit: Duration,
+    what: &str,
+    endpoint: &str,
+    call: impl Future<Output = Result<T, E>>,
+    convert: impl FnOnce(E) -> LockError,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result.map_err(convert),
+        Err(_) => Err(LockError::no_reply(what, endpoint, limit)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_converts_errors_and_names_a_silent_endpoint() {
+        let limit = Duration::from_millis(250);
+        let silent = std::future::pending::<Result<(), &str>>();
+        let err = bounded(limit, "grant", "h:1", silent, LockError::backend)
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "backend unavailable: grant on h:1: no reply within 250ms"
+        );
+        let failed = async { Err::<(), _>("refused") };
+        let err = bounded(limit, "grant", "h:1", failed, LockError::backend)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+        let fine = async { Ok::<_, &str>(7) };
+        assert_eq!(
+            bounded(limit, "grant", "h:1", fine, LockError::backend)
+                .await
+                .unwrap(),
+            7
+        );
     }
 }

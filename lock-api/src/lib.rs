@@ -44,7 +44,7 @@ pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use driver::{Backend, Driver};
-pub use error::{BoxError, LockError};
+pub use error::{bounded, BoxError, LockError};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;
 pub use lease::{

@@ -5,7 +5,7 @@
 //! Modes (DESIGN.md §6): `seq` — one task, acquire + release of a fresh key per cycle;
 //! `par64` — 64 tasks on one client, each on fresh keys of its own; `contended` — 16
 //! clients, one key, blocking `acquire`. The floor of `seq`/`par64` is the same cycle sent
-//! with the backend's plain client crate ([`floor`]); the floor of `contended` is the same
+//! with the backend's plain client crate (module `floor`); the floor of `contended` is the same
 //! library polling with `try_acquire` and 10 ms sleeps, the loop push wake-ups replace.
 //! `held` is not a cycle: it holds N leases with renewing guards and reports the RSS.
 

@@ -32,7 +32,7 @@ pub(crate) struct MatrixArgs {
     /// `--backends broken:NAME`), one per line.
     #[arg(long, hide = true)]
     list_broken: bool,
-    /// Run against your own clusters: a TOML file with a [backends] table of URLs.
+    /// Run against your own clusters: a TOML file whose `backends` table lists URLs.
     #[arg(long)]
     clusters: Option<PathBuf>,
     /// Directory for matrix.md, matrix.json and matrix.html.

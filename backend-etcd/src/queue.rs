@@ -1,0 +1,399 @@
+//! The lock queue: a ticket (our key on an etcd lease) per acquisition, its place by
+//! create revision, and the wait for the key before it to be deleted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, LeaseClient, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
+
+use crate::rpc::{convert, delete_on_lease, is_lease_gone};
+use crate::session::Session;
+use crate::{EtcdLock, LeaseMode};
+
+/// A queued lock key and the lease it lives on. Until disarmed, dropping it deletes the
+/// key in the background (revoking a lease of its own, or through its session): a
+/// cancelled acquire leaves no ghost.
+pub(crate) struct Ticket {
+    leases: LeaseClient,
+    timeout: Duration,
+    pub(crate) lease_id: i64,
+    /// The session whose lease the key is on; `None` for a lease of its own.
+    session: Option<Arc<Session>>,
+    /// The requested TTL (the granted one is at least this).
+    pub(crate) ttl: Duration,
+    /// The etcd key.
+    key: String,
+    /// Its create revision: queue position and fencing token.
+    pub(crate) revision: i64,
+    /// Whether it was first in the queue when last looked at.
+    pub(crate) first: bool,
+    /// When the grant or the last successful keep-alive was sent.
+    pub(crate) refreshed_at: Instant,
+    pub(crate) armed: bool,
+}
+
+impl Ticket {
+    fn refresh_due(&self) -> Instant {
+        self.refreshed_at + self.ttl / 3
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(session) = &self.session {
+            session.reap_now(&self.key);
+            return;
+        }
+        // Never block in Drop: revoke in the background if there is a runtime; otherwise
+        // the lease's TTL removes the key.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (mut leases, id, limit) = (self.leases.clone(), self.lease_id, self.timeout);
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+            });
+        }
+    }
+}
+
+/// Where a wait ended.
+pub(crate) enum Turn {
+    /// Our key is first in the queue.
+    Ours,
+    /// The wait bound passed first.
+    Deadline,
+}
+
+impl EtcdLock {
+    /// Keeps a queued ticket's key alive for another TTL, recording when its lease was
+    /// last confirmed alive: a keep-alive of a lease of its own, or its session's
+    /// deadline moved on (and the session's keep-alive, if that is late).
+    async fn refresh(&self, ticket: &mut Ticket) -> Result<(), LockError> {
+        let sent = Instant::now();
+        match &ticket.session {
+            None => {
+                self.rpc.keep_alive(ticket.lease_id).await?;
+                ticket.refreshed_at = sent;
+            }
+            Some(session) => {
+                session.renew(&ticket.key, sent + ticket.ttl)?;
+                ticket.refreshed_at = self.sessions.confirmed(session, sent).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a ticket's key: revokes its own lease, or deletes it from its session's.
+    /// If that fails, the ticket stays armed and its drop tries once more in the
+    /// background; the TTL is the last resort.
+    pub(crate) async fn abandon(&self, mut ticket: Ticket) {
+        let done = match &ticket.session {
+            None => self.rpc.revoke(ticket.lease_id).await.is_ok(),
+            Some(session) => {
+                let txn = delete_on_lease(&ticket.key, ticket.lease_id);
+                let deleted = self.rpc.txn("queue key delete", txn).await.is_ok();
+                if deleted {
+                    session.forget(&ticket.key);
+                }
+                deleted
+            }
+        };
+        if done {
+            ticket.armed = false;
+        }
+    }
+
+    /// An etcd lease for a key named `key_of(lease id)`, and the ticket for that key (not
+    /// yet written): a lease of its own, or this client's session lease for `ttl`, on
+    /// which the key is registered before it is sent.
+    pub(crate) async fn ticket(
+        &self,
+        ttl: Duration,
+        key_of: &(dyn Fn(i64) -> String + Sync),
+    ) -> Result<Ticket, LockError> {
+        let sent = Instant::now();
+        let (lease_id, believed, refreshed_at, session) = match self.rpc.config.lease {
+            LeaseMode::PerLock => {
+                let (lease_id, ttl) = self.rpc.grant_lease(ttl).await?;
+                (lease_id, ttl, sent, None)
+            }
+            LeaseMode::Session => {
+                let session = self.sessions.enter(ttl, key_of, sent + ttl).await?;
+                let believed = ttl.min(session.granted);
+                let confirmed = self.sessions.confirmed(&session, sent).await;
+                let refreshed_at = match confirmed {
+                    Ok(at) => at,
+                    Err(e) => {
+                        session.forget(&key_of(session.lease_id));
+                        return Err(e);
+                    }
+                };
+                (session.lease_id, believed, refreshed_at, Some(session))
+            }
+        };
+        Ok(Ticket {
+            leases: self.rpc.client.lease_client(),
+            timeout: self.rpc.config.request_timeout,
+            lease_id,
+            session,
+            ttl: believed,
+            key: key_of(lease_id),
+            revision: 0,
+            first: false,
+            refreshed_at,
+            armed: true,
+        })
+    }
+
+    /// Grants a lease and queues a key on it. The ticket says whether it is first.
+    pub(crate) async fn enqueue(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Ticket, LockError> {
+        let queue = self.queue_prefix(key);
+        // Key names are never reused: the owner id is random per acquisition, and each
+        // attempt of one acquisition is numbered.
+        let unique = own_prefix(&queue, owner);
+        let attempt = self.sessions.fresh_name();
+        let key_of = |id: i64| format!("{unique}{:016x}-{attempt:x}", id as u64);
+        let mut ticket = self.ticket(ttl, &key_of).await?;
+        let lease_id = ticket.lease_id;
+        // Put our key if it does not exist; read the queue's head in the same revision.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                ticket.key.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    ticket.key.as_str(),
+                    owner.to_string(),
+                    Some(PutOptions::new().with_lease(lease_id)),
+                ),
+                TxnOp::get(
+                    queue.as_str(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                ),
+            ]);
+        let reply = match self.rpc.txn("enqueue txn", txn).await {
+            Ok(reply) => reply,
+            Err(e) if is_lease_gone(&e) => {
+                // The put was refused: nothing was written on a lease that is gone.
+                ticket.armed = false;
+                if let Some(session) = &ticket.session {
+                    session.forget(&ticket.key);
+                    session.close();
+                }
+                return Err(LockError::lost(format!(
+                    "etcd lease {lease_id:x} ended before the key was queued"
+                )));
+            }
+            Err(e) => {
+                self.abandon(ticket).await;
+                return Err(e);
+            }
+        };
+        if !reply.succeeded() {
+            self.abandon(ticket).await;
+            return Err(LockError::backend(
+                "a fresh lease's lock key already existed",
+            ));
+        }
+        ticket.revision = reply.header().map_or(0, |h| h.revision());
+        let head = reply.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.key().to_vec()),
+            _ => None,
+        });
+        if ticket.revision <= 0 || head.is_none() {
+            self.abandon(ticket).await;
+            return Err(LockError::backend("malformed enqueue reply from etcd"));
+        }
+        ticket.first = head.as_deref() == Some(ticket.key.as_bytes());
+        Ok(ticket)
+    }
+
+    /// Finds this owner's oldest key left in `queue` by an enqueue whose reply was lost,
+    /// and takes it over if its lease is still alive. Younger keys of ours are removed.
+    /// Only for leases of their own: on a session lease such a key is deleted by the
+    /// session (its ticket asked for that when dropped), never taken over.
+    pub(crate) async fn adopt_orphan(
+        &self,
+        queue: &str,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Option<Ticket>, LockError> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let reply = self
+            .rpc
+            .get("orphan get", &own_prefix(queue, owner), options)
+            .await?;
+        let mut orphans = reply.kvs().iter().map(|kv| Ticket {
+            leases: self.rpc.client.lease_client(),
+            timeout: self.rpc.config.request_timeout,
+            lease_id: kv.lease(),
+            ttl,
+            session: None,
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            revision: kv.create_revision(),
+            first: false,
+            refreshed_at: Instant::now(),
+            armed: true,
+        });
+        let Some(mut oldest) = orphans.next() else {
+            return Ok(None);
+        };
+        for younger in orphans {
+            self.abandon(younger).await;
+        }
+        match self.refresh(&mut oldest).await {
+            Ok(()) => Ok(Some(oldest)),
+            Err(LockError::LeaseLost { .. }) => {
+                oldest.armed = false; // the key went with its lease
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next older key in the ticket's queue (its predecessor), with the revision
+    /// the answer was read at.
+    async fn predecessor(
+        &self,
+        queue: &str,
+        ticket: &Ticket,
+    ) -> Result<(Option<Vec<u8>>, i64), LockError> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(ticket.revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        let reply = self.rpc.get("predecessor get", queue, options).await?;
+        let revision = reply.header().map_or(0, |h| h.revision());
+        Ok((reply.kvs().first().map(|kv| kv.key().to_vec()), revision))
+    }
+
+    /// Waits until the ticket is first in its queue or `deadline` passes, keeping its
+    /// lease alive. Errors leave the ticket queued (the caller decides).
+    pub(crate) async fn wait_turn(
+        &self,
+        queue: &str,
+        ticket: &mut Ticket,
+        deadline: Instant,
+    ) -> Result<Turn, LockError> {
+        loop {
+            if ticket.first {
+                return Ok(Turn::Ours);
+            }
+            if Instant::now() >= ticket.refresh_due() {
+                self.refresh(ticket).await?;
+            }
+            let (before, revision) = self.predecessor(queue, ticket).await?;
+            let Some(before) = before else {
+                ticket.first = true;
+                return Ok(Turn::Ours);
+            };
+            if Instant::now() >= deadline {
+                return Ok(Turn::Deadline);
+            }
+            // Watch the predecessor's deletion from just after the read, so none is missed.
+            let options = WatchOptions::new()
+                .with_start_revision(revision + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let watch = || {
+                let (mut watches, before) = (self.rpc.client.watch_client(), before.clone());
+                let options = options.clone();
+                async move { watches.watch(before, Some(options)).await }
+            };
+            let mut watch = self.rpc.call("watch", watch).await?;
+            loop {
+                tokio::select! {
+                    message = watch.message() => {
+                        let message = message
+                            .map_err(|e| convert(&self.rpc.config, "watch", e))?
+                            .ok_or_else(|| self.rpc.unavailable("watch: the stream ended"))?;
+                        if message.canceled() {
+                            if message.compact_revision() > 0 {
+                                break; // compacted past our start: just look again
+                            }
+                            return Err(self.rpc.unavailable(&format!(
+                                "watch cancelled: {}",
+                                message.cancel_reason()
+                            )));
+                        }
+                        if message
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                        {
+                            break;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(ticket.refresh_due().into()) => {
+                        self.refresh(ticket).await?;
+                    }
+                    _ = tokio::time::sleep_until(deadline.into()) => return Ok(Turn::Deadline),
+                }
+            }
+        }
+    }
+
+    /// Confirms the first-in-queue ticket's lease is alive on the leader (etcd#11456),
+    /// refreshing it if it was last refreshed more than a tenth of the TTL ago, and turns
+    /// it into a lease. `LeaseLost` if the lease expired. A session's lease is confirmed
+    /// by its task every tenth of its TTL; a keep-alive is sent here only if that is late.
+    pub(crate) async fn grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ticket: &mut Ticket,
+    ) -> Result<Lease, LockError> {
+        if ticket.session.is_some() || ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
+            self.refresh(ticket).await?;
+        } else {
+            if self.rpc.time_to_live(ticket.lease_id).await? < 0 {
+                return Err(LockError::lost(format!(
+                    "etcd lease {:x} expired before the grant was confirmed",
+                    ticket.lease_id
+                )));
+            }
+        }
+        ticket.armed = false;
+        let token = u64::try_from(ticket.revision)
+            .map_err(|_| LockError::backend("negative create revision"))?;
+        Ok(Lease::new(
+            key.clone(),
+            owner,
+            FencingToken(token),
+            ticket.refreshed_at,
+            ticket.ttl,
+            default_drift(ticket.ttl),
+        )
+        .with_handle(LeaseHandle {
+            path: ticket.key.clone(),
+            id: ticket.lease_id,
+            revision: ticket.revision,
+        }))
+    }
+}
+
+/// The start of every queue key `owner` puts in `queue`: a retry finds its own keys.
+pub(crate) fn own_prefix(queue: &str, owner: OwnerId) -> String {
+    format!("{queue}{owner}-")
+}

@@ -1,0 +1,364 @@
+//! One acquire attempt: the begin batch, the lock (`NOWAIT` or queued under
+//! `lock_timeout`), the fence record, and the hand-over to the lease's task.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, Executor, Row};
+use tenure_api::{
+    default_drift, FencingToken, Lease, LeaseHandle, LeaseTie, LockError, LockKey, LossNotice,
+    OwnerId,
+};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use crate::client::{discard, Dedicated};
+use crate::error::{map_err, sqlstate, LOCK_NOT_AVAILABLE};
+use crate::held::{refresh, Entry, HeldTask};
+use crate::sql::{begin_batch, timeout_ms, LOCKED_XID};
+use crate::{Locking, PgLock};
+
+/// What the locking `SELECT` found.
+pub(crate) enum Locked {
+    /// The row is ours: the transaction id and backend pid.
+    Granted { xid: String, pid: i32 },
+    /// Another transaction holds it (`NOWAIT`), or `lock_timeout` ran out.
+    Busy,
+}
+
+impl PgLock {
+    /// A dedicated connection with an open lock transaction whose idle timeout is `ttl`
+    /// and, when `lock_timeout` is given, whose lock waits are bounded by it; nothing else
+    /// the server could use to end the transaction earlier stays armed. Without
+    /// `lock_timeout` the `NOWAIT` lock has been tried too, and its outcome is returned
+    /// (`None`: the row was gone again, see [`lock_row`](Self::lock_row)); with it, the
+    /// caller locks. See [`begin_batch`].
+    async fn begin(
+        &self,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+        row_key: &str,
+    ) -> Result<(Dedicated, Option<Locked>), LockError> {
+        let batch = begin_batch(&self.inner.sql, ttl, lock_timeout, row_key);
+        let config = &self.inner.config;
+        let mut cached = self.pop_idle();
+        loop {
+            let fresh = cached.is_none();
+            let mut conn = match cached.take() {
+                Some(conn) => conn,
+                None => self.open().await?,
+            };
+            let started = tokio::time::timeout(
+                config.command_timeout,
+                // To the end of the reply (see `lock_row`).
+                sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut conn),
+            )
+            .await;
+            let error = match started {
+                Ok(Ok(_)) if lock_timeout.is_some() => return Ok((conn, None)),
+                Ok(Ok(rows)) => {
+                    let Some(row) = rows.last().filter(|r| r.try_column(LOCKED_XID).is_ok()) else {
+                        let tried = match self.inner.sql.locking {
+                            Locking::Row => None,
+                            Locking::Advisory => Some(Locked::Busy),
+                        };
+                        return Ok((conn, tried));
+                    };
+                    match (row.try_get(0), row.try_get(1)) {
+                        (Ok(xid), Ok(pid)) => {
+                            return Ok((conn, Some(Locked::Granted { xid, pid })))
+                        }
+                        (Err(e), _) | (_, Err(e)) => {
+                            discard(conn);
+                            return Err(map_err(config, "lock", e));
+                        }
+                    }
+                }
+                Ok(Err(e))
+                    if lock_timeout.is_none()
+                        && sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) =>
+                {
+                    return Ok((conn, Some(Locked::Busy)))
+                }
+                Ok(Err(e)) => map_err(config, "begin", e),
+                Err(_) => LockError::no_reply("begin", &config.endpoint(), config.command_timeout),
+            };
+            discard(conn);
+            if fresh {
+                return Err(error);
+            }
+            // A stale cached connection (e.g. the server restarted): the others are no
+            // better, so drop them all and try once more on a fresh one.
+            self.inner.close_idle(|_| true);
+        }
+    }
+
+    /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing
+    /// (the begin batch inserted it, but it may have been deleted since).
+    async fn lock_row(
+        &self,
+        conn: &mut Dedicated,
+        row_key: &str,
+        wait: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<Locked, LockError> {
+        let config = &self.inner.config;
+        let sql = match wait {
+            None => &self.inner.sql.lock_nowait,
+            Some(_) => &self.inner.sql.lock_wait,
+        };
+        for attempt in 0..2 {
+            let limit = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+                + config.command_timeout;
+            let result = tokio::time::timeout(
+                limit,
+                // `fetch_all` reads the reply to its end, so nothing of it is left for the
+                // held lease's socket watch to mistake for an unsolicited message.
+                sqlx::query(AssertSqlSafe(sql.as_str()))
+                    .bind(row_key)
+                    .fetch_all(&mut *conn),
+            )
+            .await
+            .map(|rows| rows.map(|rows| rows.into_iter().next()));
+            match result {
+                Err(_) => return Err(LockError::no_reply("lock", &config.endpoint(), limit)),
+                Ok(Ok(Some(row))) => {
+                    let xid: String = row.try_get(0).map_err(|e| map_err(config, "lock", e))?;
+                    let pid: i32 = row.try_get(1).map_err(|e| map_err(config, "lock", e))?;
+                    return Ok(Locked::Granted { xid, pid });
+                }
+                Ok(Ok(None)) if self.inner.sql.locking == Locking::Advisory => {
+                    return Ok(Locked::Busy)
+                }
+                Ok(Ok(None)) if attempt == 0 => {
+                    // First use of this key: create its row in autocommit, outside our
+                    // transaction, then look again (a new statement sees the new row).
+                    self.bounded(
+                        "insert lock row",
+                        sqlx::query(AssertSqlSafe(self.inner.sql.ensure_row.as_str()))
+                            .bind(row_key)
+                            .execute(&self.inner.pool),
+                    )
+                    .await?;
+                    if let Some(_wait) = wait {
+                        let remaining = deadline.saturating_duration_since(Instant::now());
+                        let set = format!("SET LOCAL lock_timeout = {}", timeout_ms(remaining));
+                        self.bounded(
+                            "set lock_timeout",
+                            (&mut *conn).execute(sqlx::raw_sql(AssertSqlSafe(set))),
+                        )
+                        .await?;
+                    }
+                }
+                Ok(Ok(None)) => {
+                    return Err(LockError::backend(format!(
+                        "the lock row for {row_key:?} vanished while acquiring"
+                    )))
+                }
+                Ok(Err(e)) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    return Ok(Locked::Busy)
+                }
+                Ok(Err(e)) => return Err(map_err(config, "lock", e)),
+            }
+        }
+        unreachable!("the loop returns on its second pass")
+    }
+
+    /// One attempt: `wait = None` is `NOWAIT`; `Some(w)` waits in the server's queue for up
+    /// to `w`. `Ok(None)`: held by another (or the wait ran out).
+    pub(crate) async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Option<Lease>, LockError> {
+        let config = &self.inner.config;
+        // A blocking acquire queues under its own bound and takes a held slot only once
+        // granted, so waiters on one hot key never starve acquires of other keys.
+        let queued = match wait {
+            Some(_) => Some(
+                self.inner
+                    .waiting
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| {
+                        LockError::backend(format!(
+                            "too many blocking acquires: this client already has max_waiting={} \
+                     waiting in the server's lock queues; raise max_waiting or wait less",
+                            config.max_waiting
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let mut slot = match queued {
+            Some(_) => None,
+            None => Some(self.held_slot()?),
+        };
+        if slot.is_none() && self.inner.slots.available_permits() == 0 {
+            return Err(self.too_many_held());
+        }
+        let row_key = self.row_key(key);
+        let started = Instant::now();
+        let deadline = started + wait.unwrap_or_default();
+        let (mut conn, tried) = self.begin(ttl, wait, &row_key).await?;
+        // The server's idle timer starts after the locking statement completes, so a
+        // deadline counted from its sending is conservative. A single attempt counts from
+        // the call's start, before the connection was taken and the transaction opened:
+        // what it promises never outlives the call plus its TTL, however slow the call.
+        let mut sent = match wait {
+            Some(_) => Instant::now(),
+            None => started,
+        };
+        let locked = match tried {
+            Some(locked) => Ok(locked),
+            None => self.lock_row(&mut conn, &row_key, wait, deadline).await,
+        };
+        let (xid, pid) = match locked {
+            Ok(Locked::Granted { xid, pid }) => (xid, pid),
+            Ok(Locked::Busy) => {
+                self.abandon(conn).await;
+                return Ok(None);
+            }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
+        };
+        drop(queued);
+        let slot = match slot.take() {
+            Some(slot) => slot,
+            None => match self.held_slot() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    self.abandon(conn).await;
+                    return Err(e);
+                }
+            },
+        };
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let record = || {
+            self.bounded(
+                "take fence",
+                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
+                    .bind(&row_key)
+                    .bind(owner.to_string())
+                    .bind(&xid)
+                    .bind(pid)
+                    .bind(ttl_ms)
+                    .fetch_optional(&self.inner.pool),
+            )
+        };
+        let mut token: Result<Option<i64>, LockError> = record().await;
+        if token.as_ref().is_err_and(LockError::is_retryable) {
+            // Most likely a pool connection that died since its last use (they are not
+            // pinged before every use): once more, with the pool's connections pinged
+            // first. Safe whether or not the first statement took effect: a record this
+            // transaction already made leaves the second nothing to match (`Ok(None)`).
+            self.inner.pool_failed.mark();
+            token = record().await;
+        }
+        let token = match token {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                // Our transaction ended between the lock and the record (e.g. its backend
+                // was terminated), or a live transaction is recorded as the holder (a
+                // client of this table in the other `locking` mode): closing `conn` makes
+                // sure nothing of ours remains.
+                discard(conn);
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "the grant on {} could not be recorded: the lock connection ended, \
+                         or another client holds the key under the other locking mode",
+                        config.endpoint()
+                    ),
+                    source: None,
+                });
+            }
+            Err(e) => {
+                discard(conn);
+                return Err(e);
+            }
+        };
+        let Some(token) = u64::try_from(token).ok().filter(|t| *t > 0) else {
+            discard(conn);
+            return Err(LockError::backend(format!(
+                "fence sequence returned {token}"
+            )));
+        };
+        if wait.is_some() && sent.elapsed() > ttl / 8 {
+            // We queued for a while: count the lease from a statement sent now rather than
+            // from the start of the wait.
+            sent = Instant::now();
+            if let Err(e) = refresh(&mut conn, ttl, &xid, config).await {
+                // Nobody was told it held the lock: this is a failed attempt, not a lost
+                // lease (and `acquire` retries it within its wait).
+                discard(conn);
+                return Err(LockError::Unavailable {
+                    message: format!("the lock transaction ended right after its grant: {e}"),
+                    source: None,
+                });
+            }
+        }
+        let lost = LossNotice::new();
+        let (tie, dropped) = LeaseTie::new(lost.clone());
+        let lease = Lease::new(
+            key.clone(),
+            owner,
+            FencingToken(token),
+            sent,
+            ttl,
+            default_drift(ttl),
+        )
+        .with_handle(LeaseHandle {
+            path: row_key,
+            id: i64::from(pid),
+            revision: xid.parse().unwrap_or_default(),
+        })
+        .with_tie(tie);
+        let (tasks, requests) = mpsc::channel(4);
+        let entry = Arc::new(Entry {
+            key: key.clone(),
+            token: FencingToken(token),
+            xid,
+            ttl: Mutex::new(ttl),
+            tasks,
+            lost,
+        });
+        let task = HeldTask {
+            inner: Arc::downgrade(&self.inner),
+            owner,
+            entry: Arc::downgrade(&entry),
+            xid: entry.xid.clone(),
+            lost: entry.lost.clone(),
+            slot: Some(slot),
+        };
+        // No await between here and the return: once in the map, the lease is ours.
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(owner, entry);
+        tokio::spawn(task.run(conn, requests, dropped));
+        Ok(Some(lease))
+    }
+
+    /// A held-lock slot, or the documented "too many held locks" error.
+    fn held_slot(&self) -> Result<OwnedSemaphorePermit, LockError> {
+        self.inner
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| self.too_many_held())
+    }
+
+    fn too_many_held(&self) -> LockError {
+        LockError::backend(format!(
+            "too many held locks: this client already holds max_held={} locks; release one \
+             (a lease dropped without release is reclaimed at once) or raise max_held",
+            self.inner.config.max_held
+        ))
+    }
+}

@@ -1,0 +1,270 @@
+//! Connections: the autocommit pool, and the dedicated connections that hold locks
+//! (opened, cached for reuse, closed).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor};
+use tenure_api::LockError;
+
+use crate::error::{bounded_for, client_check_rejected, map_err};
+use crate::{Inner, PgConfig, PgLock};
+
+/// A pool connection idle for longer is pinged before use. sqlx pings every connection as
+/// it goes back to the pool, so one used moments ago needs no second round trip.
+const POOL_PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+/// For how long after a pool connection failed every pool connection is pinged before use.
+const POOL_PING_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+/// When something last failed, readable from the pool's `before_acquire` hook.
+#[derive(Debug)]
+pub(crate) struct RecentFailure {
+    epoch: Instant,
+    /// Milliseconds after `epoch` plus one; 0 = never.
+    at: AtomicU64,
+}
+
+impl RecentFailure {
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            at: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn mark(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.at.store(now + 1, Ordering::Relaxed);
+    }
+
+    fn is_recent(&self) -> bool {
+        match self.at.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let since = Duration::from_millis(at - 1);
+                self.epoch.elapsed().saturating_sub(since) < POOL_PING_AFTER_FAILURE
+            }
+        }
+    }
+}
+
+/// The autocommit pool (row insert, fence + holder record, inspect, migration). Its
+/// connections are pinged before use only when idle for a while or after a recent failure.
+pub(crate) fn autocommit_pool(
+    config: &PgConfig,
+    options: PgConnectOptions,
+    failed: Arc<RecentFailure>,
+) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(config.pool_size)
+        .min_connections(0)
+        .acquire_timeout(config.connect_timeout)
+        .idle_timeout(Some(Duration::from_secs(60)))
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            let ping = meta.idle_for >= POOL_PING_AFTER_IDLE || failed.is_recent();
+            Box::pin(async move {
+                if ping {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+        .connect_lazy_with(options)
+}
+
+/// A dedicated connection. A [`PgListener`] (on a one-connection pool of its own) rather
+/// than a bare connection, because its `try_recv` reads the socket while the transaction
+/// sits idle: that is how a held lease learns at once that the server closed it.
+pub(crate) type Dedicated = PgListener;
+
+impl PgLock {
+    /// Runs `future` for at most `command_timeout`, mapping errors.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        future: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, LockError> {
+        bounded_for(
+            &self.inner.config,
+            self.inner.config.command_timeout,
+            what,
+            future,
+        )
+        .await
+    }
+
+    /// Opens a dedicated connection: a listener on a one-connection pool of its own that
+    /// never reconnects behind our back. A server that refuses
+    /// `client_connection_check_interval` (one that cannot detect closed sockets) is asked
+    /// without it from then on.
+    pub(crate) async fn open(&self) -> Result<Dedicated, LockError> {
+        let checked = self.inner.client_check.load(Ordering::Relaxed);
+        let options = if checked {
+            &self.inner.dedicated
+        } else {
+            &self.inner.unchecked
+        };
+        match self.open_with(options).await {
+            Err((_, true)) if checked => {
+                self.inner.client_check.store(false, Ordering::Relaxed);
+                self.open_with(&self.inner.unchecked)
+                    .await
+                    .map_err(|(e, _)| e)
+            }
+            opened => opened.map_err(|(e, _)| e),
+        }
+    }
+
+    /// [`open`](Self::open) with `options`; the error says whether the server refused
+    /// `client_connection_check_interval`.
+    async fn open_with(&self, options: &PgConnectOptions) -> Result<Dedicated, (LockError, bool)> {
+        let config = &self.inner.config;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .test_before_acquire(false)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(options.clone());
+        let opened = tokio::time::timeout(
+            config.connect_timeout + Duration::from_secs(1),
+            PgListener::connect_with(&pool),
+        )
+        .await;
+        let mut conn = match opened {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !matches!(e, sqlx::Error::PoolTimedOut) => {
+                drop(pool.close());
+                let rejected = e
+                    .as_database_error()
+                    .is_some_and(|d| client_check_rejected(d.code().as_deref(), d.message()));
+                return Err((map_err(config, "connect", e), rejected));
+            }
+            _ => {
+                // The pool retries "too many connections" quietly until it times out: one
+                // direct attempt tells what the server says.
+                drop(pool.close());
+                let probe = bounded_for(
+                    config,
+                    config.connect_timeout,
+                    "connect",
+                    PgConnection::connect_with(options),
+                )
+                .await
+                .map_err(|e| (e, false))?;
+                let _ = tokio::time::timeout(config.command_timeout, probe.close()).await;
+                return Err((
+                    LockError::Unavailable {
+                        message: format!(
+                            "connect on {}: no connection within {:?}",
+                            config.endpoint(),
+                            config.connect_timeout
+                        ),
+                        source: None,
+                    },
+                    false,
+                ));
+            }
+        };
+        conn.eager_reconnect(false);
+        conn.ignore_pool_close_event(true);
+        // Closing the pool now makes the connection close (not wait in the pool) once the
+        // listener lets go of it.
+        drop(pool.close());
+        Ok(conn)
+    }
+
+    /// The most recently used cached connection, if it was used recently enough.
+    pub(crate) fn pop_idle(&self) -> Option<Dedicated> {
+        let mut idle = self
+            .inner
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (conn, since) = idle.pop_back()?;
+        if since.elapsed() < self.inner.config.idle_timeout {
+            return Some(conn);
+        }
+        // The newest is too old, so all are.
+        idle.push_back((conn, since));
+        drop(idle);
+        self.inner.close_idle(|_| true);
+        None
+    }
+
+    /// Returns a connection known to be outside any transaction to the reuse cache, or
+    /// closes it.
+    pub(crate) fn recycle(inner: &Inner, conn: Dedicated) {
+        let mut idle = inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < inner.config.idle_connections {
+            idle.push_back((conn, Instant::now()));
+        } else {
+            drop(idle);
+            discard(conn);
+        }
+    }
+
+    /// Ends a transaction that holds nothing and recycles its connection; on failure the
+    /// connection is closed (which rolls the transaction back on the server).
+    pub(crate) async fn abandon(&self, conn: Dedicated) {
+        rollback_and_recycle(&self.inner, conn).await;
+    }
+}
+
+/// Closes a dedicated connection; the server rolls back whatever transaction it had.
+pub(crate) fn discard(conn: Dedicated) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(conn);
+    } else {
+        // A listener closes in a task of its own, which needs a runtime; without one, the
+        // socket stays open until the process exits (a clean connection holds no lock).
+        std::mem::forget(conn);
+    }
+}
+
+impl Inner {
+    /// Closes the cached connections for which `close` says so, oldest first; stops at
+    /// the first one it keeps.
+    pub(crate) fn close_idle(&self, close: impl Fn(Instant) -> bool) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut closing = Vec::new();
+        while idle.front().is_some_and(|(_, since)| close(*since)) {
+            closing.extend(idle.pop_front().map(|(conn, _)| conn));
+        }
+        drop(idle);
+        closing.into_iter().for_each(discard);
+    }
+}
+
+/// Closes cached connections unused for `idle_timeout`, so that a burst of concurrent
+/// locks does not keep its connections open for long; ends with the client.
+pub(crate) async fn close_unused(inner: Weak<Inner>) {
+    loop {
+        let Some(limit) = inner.upgrade().map(|inner| inner.config.idle_timeout) else {
+            return;
+        };
+        tokio::time::sleep(limit / 4).await;
+        let Some(inner) = inner.upgrade() else { return };
+        inner.close_idle(|since| since.elapsed() >= limit);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.close_idle(|_| true);
+    }
+}
+
+/// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
+pub(crate) async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
+    let limit = inner.config.command_timeout;
+    match tokio::time::timeout(limit, (&mut conn).execute("ROLLBACK")).await {
+        Ok(Ok(_)) => PgLock::recycle(inner, conn),
+        _ => discard(conn),
+    }
+}

@@ -1,0 +1,122 @@
+//! Error mapping: SQLSTATEs, `sqlx` errors to [`LockError`], bounded calls.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tenure_api::LockError;
+
+use crate::PgConfig;
+
+/// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked, or `lock_timeout` ran out.
+pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// Whether a connect error is the server refusing `client_connection_check_interval`:
+/// SQLSTATE 22023 (`invalid value for parameter "client_connection_check_interval"`, on a
+/// platform that cannot detect closed sockets) or 42704 (a server that does not know it).
+pub(crate) fn client_check_rejected(code: Option<&str>, message: &str) -> bool {
+    matches!(code, Some("22023" | "42704")) && message.contains("client_connection_check_interval")
+}
+
+/// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
+/// of connection slots.
+const TOO_MANY_CONNECTIONS: &str = "53300";
+
+/// Runs `future` for at most `limit`, mapping errors; running out is `Unavailable`.
+pub(crate) async fn bounded_for<T>(
+    config: &PgConfig,
+    limit: Duration,
+    what: &str,
+    future: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, LockError> {
+    let endpoint = config.endpoint();
+    tenure_api::bounded(limit, what, &endpoint, future, |e| map_err(config, what, e)).await
+}
+
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}
+
+/// Connection-level failures are `Unavailable`; authentication and unknown databases are
+/// `Config`; anything else is `Backend`. Messages name the endpoint, never the password.
+pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> LockError {
+    let message = format!("{what} on {}: {error}", config.endpoint());
+    let code = sqlstate(&error);
+    let class = code.as_deref().map(|c| &c[..2.min(c.len())]);
+    let unavailable = matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_)
+    ) || matches!(class, Some("08"))
+        || matches!(
+            code.as_deref(),
+            Some("57P01" | "57P02" | "57P03" | TOO_MANY_CONNECTIONS | "25P03" | "40P01")
+        );
+    if unavailable {
+        let message = if code.as_deref() == Some(TOO_MANY_CONNECTIONS) {
+            format!(
+                "{message} (the server is out of connection slots: raise its max_connections, \
+                 or the role's or database's CONNECTION LIMIT; each held lock and each \
+                 blocking acquire uses one connection)"
+            )
+        } else {
+            message
+        };
+        return LockError::Unavailable {
+            message,
+            source: Some(Box::new(error)),
+        };
+    }
+    if matches!(error, sqlx::Error::Configuration(_) | sqlx::Error::Tls(_))
+        || matches!(class, Some("28"))
+        || code.as_deref() == Some("3D000")
+    {
+        return LockError::Config(message);
+    }
+    LockError::Backend {
+        message,
+        source: Some(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_client_check_is_recognised() {
+        // What Postgres 14+ says on a platform that cannot detect closed sockets (the
+        // detail is "client_connection_check_interval must be set to 0 on this platform"),
+        // and what a server that does not know the setting says.
+        let refused = [
+            (
+                "22023",
+                "invalid value for parameter \"client_connection_check_interval\": 1000",
+            ),
+            (
+                "42704",
+                "unrecognized configuration parameter \"client_connection_check_interval\"",
+            ),
+        ];
+        for (code, message) in refused {
+            assert!(
+                client_check_rejected(Some(code), message),
+                "{code} {message}"
+            );
+        }
+        for (code, message) in [
+            (
+                Some("22023"),
+                "invalid value for parameter \"tcp_keepalives_idle\": -5",
+            ),
+            (Some("53300"), "sorry, too many clients already"),
+            (None, "client_connection_check_interval"),
+        ] {
+            assert!(!client_check_rejected(code, message), "{code:?} {message}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The SQL text: statements built once from the configured names, and the batch that
+//! opens a lock transaction.
+
+use std::time::Duration;
+
+use crate::{Locking, PgConfig};
+
+/// Largest value Postgres accepts for a millisecond timeout setting.
+const MAX_TIMEOUT_MS: u128 = i32::MAX as u128;
+
+/// SQL text built once from the validated, quoted names.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) locking: Locking,
+    /// The lock table's quoted name.
+    table: String,
+    /// The `NOWAIT` lock; `$1` is the row key. No row: busy (advisory) or no lock row yet.
+    pub(crate) lock_nowait: String,
+    /// The blocking lock, under `lock_timeout`.
+    pub(crate) lock_wait: String,
+    pub(crate) ensure_row: String,
+    pub(crate) record: String,
+    pub(crate) inspect: String,
+    pub(crate) update_ttl: String,
+    pub(crate) migrate: String,
+}
+
+impl Statements {
+    pub(crate) fn new(config: &PgConfig) -> Self {
+        let (table, holders, fence) = (
+            config.lock_table(),
+            config.holder_table(),
+            config.fence_sequence(),
+        );
+        // What a granted lock statement returns: the transaction id and backend pid.
+        let granted =
+            format!("SELECT pg_current_xact_id()::text AS {LOCKED_XID}, pg_backend_pid()");
+        let (lock_nowait, lock_wait) = match config.locking {
+            Locking::Row => {
+                let lock = format!("{granted} FROM {table} WHERE key = $1 FOR UPDATE");
+                (format!("{lock} NOWAIT"), lock)
+            }
+            Locking::Advisory => {
+                let id = format!(
+                    "hashtextextended({} || $1, 0)",
+                    literal(&format!("{table}:"))
+                );
+                (
+                    format!("{granted} WHERE pg_try_advisory_xact_lock({id})"),
+                    format!("{granted} FROM pg_advisory_xact_lock({id})"),
+                )
+            }
+        };
+        Self {
+            locking: config.locking,
+            lock_nowait,
+            lock_wait,
+            ensure_row: format!(
+                "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
+            ),
+            // Only the live holder of the row lock records itself, and never over a holder
+            // whose transaction is still running (a late record from a dead holder loses).
+            record: format!(
+                "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
+                 SELECT $1, $2, nextval('{fence}'), $3::text::xid8, $4, $5, clock_timestamp() \
+                 WHERE pg_xact_status($3::text::xid8) = 'in progress' \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, \
+                 xid = EXCLUDED.xid, pid = EXCLUDED.pid, ttl_ms = EXCLUDED.ttl_ms, \
+                 granted_at = EXCLUDED.granted_at \
+                 WHERE pg_xact_status(h.xid) IS DISTINCT FROM 'in progress' \
+                 RETURNING token"
+            ),
+            inspect: format!(
+                "SELECT h.owner, h.token, CASE a.state \
+                 WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
+                 (EXTRACT(EPOCH FROM clock_timestamp() - a.state_change) * 1000)::bigint, 0) \
+                 WHEN 'active' THEN h.ttl_ms END \
+                 FROM {holders} h LEFT JOIN pg_stat_activity a ON a.pid = h.pid \
+                 WHERE h.key = $1 AND pg_xact_status(h.xid) = 'in progress'"
+            ),
+            update_ttl: format!(
+                "UPDATE {holders} SET ttl_ms = $2 WHERE key = $1 AND xid = $3::text::xid8"
+            ),
+            migrate: format!(
+                "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, \
+                 created_at timestamptz NOT NULL DEFAULT now()); \
+                 CREATE TABLE IF NOT EXISTS {holders} (key text PRIMARY KEY, owner text NOT NULL, \
+                 token bigint NOT NULL, xid xid8 NOT NULL, pid integer NOT NULL, \
+                 ttl_ms bigint NOT NULL, granted_at timestamptz NOT NULL); \
+                 CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint MINVALUE 1 NO CYCLE"
+            ),
+            table,
+        }
+    }
+}
+
+/// The one simple query that starts an attempt on a dedicated connection, in one round
+/// trip:
+///
+/// 1. the key's row, inserted and committed in a transaction of its own (an explicit
+///    `BEGIN … COMMIT`, so the server logs no "no transaction in progress" warning), so
+///    that concurrent first acquirers never wait on each other's uncommitted insert and
+///    the lock below always finds the row;
+/// 2. the lock transaction: the lease as the idle timeout; server TCP keepalives that
+///    cannot give up on a silent client before the lease's TTL has run (a keepalive
+///    failure ends the session, which frees the lock); no statement or transaction
+///    timeout (role or database defaults) that could end it sooner; and the lock wait
+///    bound, if any. `transaction_timeout` exists from Postgres 17 on; it is looked up with
+///    `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
+///    row: 0.7–1.2 ms of server time per lock, more than the rest of a cycle together);
+/// 3. for a single attempt (`lock_timeout` is `None`), the `NOWAIT` lock itself, so a
+///    try-acquire takes three round trips in all: this one, the fence, the `COMMIT`.
+///
+/// The session `SET`s before `BEGIN` join the lock transaction (a simple query folds
+/// them in), so a rollback undoes them too. The key goes in as an escape-string literal
+/// (see [`literal`]): a simple query has no parameters.
+pub(crate) fn begin_batch(
+    sql: &Statements,
+    ttl: Duration,
+    lock_timeout: Option<Duration>,
+    row_key: &str,
+) -> String {
+    let (idle, interval, count) = keepalives(ttl);
+    let (table, key) = (&sql.table, literal(row_key));
+    let mut batch = match sql.locking {
+        Locking::Row => format!(
+            "BEGIN; INSERT INTO {table} (key) VALUES ({key}) ON CONFLICT (key) DO NOTHING; \
+             COMMIT; "
+        ),
+        Locking::Advisory => String::new(),
+    };
+    batch.push_str(&format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = {count}; \
+         BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
+         SET LOCAL statement_timeout = 0; \
+         SELECT set_config('transaction_timeout', '0', true) \
+         WHERE current_setting('transaction_timeout', true) IS NOT NULL",
+        timeout_ms(ttl)
+    ));
+    match lock_timeout {
+        Some(wait) => batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait))),
+        // A single pass over the template: `$1` inside the key is not replaced again.
+        None => batch.push_str(&format!("; {}", sql.lock_nowait.replace("$1", &key))),
+    }
+    batch
+}
+
+/// The column naming the lock `SELECT`'s row in a [`begin_batch`] reply.
+pub(crate) const LOCKED_XID: &str = "tenure_locked_xid";
+
+/// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
+/// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
+fn literal(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 4);
+    quoted.push_str("E'");
+    for c in text.chars() {
+        if c == '\'' || c == '\\' {
+            quoted.push(c);
+        }
+        quoted.push(c);
+    }
+    quoted.push('\'');
+    quoted
+}
+
+/// Server keepalive settings (idle, interval, count; seconds) for a lease of `ttl`: the
+/// server gives up on a silent client no sooner than `idle + interval × count`, which is
+/// at least `ttl`.
+pub(crate) fn keepalives(ttl: Duration) -> (u64, u64, u64) {
+    const INTERVAL: u64 = 3;
+    const COUNT: u64 = 3;
+    // Linux caps TCP_KEEPIDLE at 32767 s; MAX_TTL is far below it.
+    let idle = ttl.as_secs_f64().ceil().clamp(1.0, 32_767.0) as u64;
+    (idle, INTERVAL, COUNT)
+}
+
+/// A duration as whole milliseconds for a Postgres timeout setting: at least 1 (0 would
+/// mean "no timeout"), at most `i32::MAX`.
+pub(crate) fn timeout_ms(d: Duration) -> u64 {
+    d.as_millis().clamp(1, MAX_TIMEOUT_MS) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_never_give_up_before_the_ttl() {
+        for ms in [
+            100, 999, 1000, 1001, 10_000, 19_000, 30_000, 30_500, 3_600_000,
+        ] {
+            let ttl = Duration::from_millis(ms);
+            let (idle, interval, count) = keepalives(ttl);
+            assert!(
+                Duration::from_secs(idle) >= ttl && interval > 0 && count > 0,
+                "{ttl:?}: {idle}+{interval}x{count}"
+            );
+        }
+        let batch = try_batch("postgres://u@h/db", Duration::from_secs(30), "k");
+        assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
+        assert!(batch.contains("statement_timeout = 0"), "{batch}");
+        assert!(batch.contains("transaction_timeout"), "{batch}");
+    }
+
+    /// The begin batch of a try-acquire of `key` by a client of `url`.
+    fn try_batch(url: &str, ttl: Duration, key: &str) -> String {
+        let config = PgConfig::from_url(url).unwrap();
+        begin_batch(&Statements::new(&config), ttl, None, key)
+    }
+
+    #[test]
+    fn advisory_locking_locks_a_hash_of_table_and_key_and_inserts_no_row() {
+        let batch = try_batch(
+            "postgres://u@h/db?locking=advisory",
+            Duration::from_secs(1),
+            "k",
+        );
+        assert!(!batch.contains("INSERT"), "{batch}");
+        assert!(
+            batch.ends_with(
+                "WHERE pg_try_advisory_xact_lock(hashtextextended(\
+                 E'\"public\".\"tenure_locks\":' || E'k', 0))"
+            ),
+            "{batch}"
+        );
+    }
+
+    #[test]
+    fn keys_are_quoted_whatever_they_contain() {
+        assert_eq!(literal("plain/key"), "E'plain/key'");
+        assert_eq!(literal(r"it's a \ key"), r"E'it''s a \\ key'");
+        assert_eq!(literal("$k$ ends in $"), "E'$k$ ends in $'");
+        let batch = try_batch("postgres://u@h/db", Duration::from_secs(1), "x');--");
+        assert!(batch.contains("VALUES (E'x'');--')"), "{batch}");
+        assert!(
+            batch.ends_with("WHERE key = E'x'');--' FOR UPDATE NOWAIT"),
+            "{batch}"
+        );
+    }
+}

@@ -1,0 +1,409 @@
+//! The lock queue: our sequential node in a key's directory, its position, and the wait
+//! for the predecessor to go.
+
+use std::time::{Duration, Instant};
+
+use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
+
+use crate::error::{bounded, reply_lost, session_gone};
+use crate::names::{node_prefix, queue, LockNode};
+use crate::pending::Pending;
+use crate::session::Session;
+use crate::ZkLock;
+
+/// How often a directory that keeps vanishing under a create is re-made before giving up.
+const MAX_DIR_RETRIES: u32 = 8;
+
+/// A node we created in a key's directory.
+#[derive(Clone, Debug)]
+pub(crate) struct Created {
+    pub(crate) name: String,
+    czxid: i64,
+    sequence: i64,
+}
+
+/// Where our node stands in its queue.
+pub(crate) enum Position {
+    /// First: we hold the lock.
+    First,
+    /// Behind the named node.
+    Behind(String),
+    /// Our node is not there (session ended, or someone deleted it).
+    Gone,
+}
+
+/// Why waiting in the queue stopped.
+pub(crate) enum Stop {
+    /// The caller's wait bound passed.
+    TimedOut,
+    /// An error.
+    Failed(LockError),
+}
+
+impl From<LockError> for Stop {
+    fn from(error: LockError) -> Self {
+        Self::Failed(error)
+    }
+}
+
+impl ZkLock {
+    /// The lock nodes in `dir`, in queue order; empty if `dir` does not exist.
+    pub(crate) async fn children(
+        &self,
+        client: &Client,
+        dir: &str,
+    ) -> Result<Vec<LockNode>, LockError> {
+        match bounded(self.op_timeout(), client.list_children(dir)).await {
+            Ok(children) => Ok(queue(&children)),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(self.zk_error("list", e)),
+        }
+    }
+
+    /// Makes `dir` (a container) and, if needed, the persistent lock root above it.
+    async fn make_dir(&self, client: &Client, dir: &str) -> Result<(), LockError> {
+        let container = CreateMode::Container.with_acls(self.inner.acls);
+        match bounded(self.op_timeout(), client.create(dir, &[], &container)).await {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(self.zk_error("create lock directory", e)),
+        }
+        let persistent = CreateMode::Persistent.with_acls(self.inner.acls);
+        let root = self.inner.config.lock_root();
+        let mut end = 0;
+        while let Some(next) = root[end + 1..].find('/').map(|i| end + 1 + i) {
+            self.create_parent(client, &root[..next], &persistent)
+                .await?;
+            end = next;
+        }
+        self.create_parent(client, &root, &persistent).await?;
+        match bounded(self.op_timeout(), client.create(dir, &[], &container)).await {
+            // NoNode: the root vanished again; the caller retries.
+            Ok(_) | Err(ZkError::NodeExists) | Err(ZkError::NoNode) => Ok(()),
+            Err(e) => Err(self.zk_error("create lock directory", e)),
+        }
+    }
+
+    async fn create_parent(
+        &self,
+        client: &Client,
+        path: &str,
+        options: &zookeeper_client::CreateOptions<'_>,
+    ) -> Result<(), LockError> {
+        if path.is_empty() {
+            return Ok(());
+        }
+        match bounded(self.op_timeout(), client.create(path, &[], options)).await {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(e) => Err(self.zk_error("create lock root", e)),
+        }
+    }
+
+    /// Creates `owner`'s node in `dir` — or finds it, when an earlier create's reply was
+    /// lost. Retries lost replies until `retry_until`. Also returns when the create that
+    /// made the node was sent, if this call made it (see [`Self::position`]).
+    pub(crate) async fn enqueue(
+        &self,
+        client: &Client,
+        pending: &mut Pending,
+        retry_until: Instant,
+    ) -> Result<(Created, Option<Instant>), LockError> {
+        let dir = pending.dir.clone();
+        let owner = pending.owner;
+        let path = format!("{dir}/{}", node_prefix(owner));
+        let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
+        let mut dir_retries = 0;
+        loop {
+            if pending.uncertain {
+                // A create may have landed without our hearing of it: look before
+                // creating another node.
+                if let Some(found) = self
+                    .find_own(client, &dir, owner, pending.session_id)
+                    .await?
+                {
+                    return Ok((found, None));
+                }
+            }
+            let sent = Instant::now();
+            match bounded(self.op_timeout(), client.create(&path, &[], &options)).await {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", node_prefix(owner));
+                    if LockNode::parse(&name).is_none() {
+                        // Never expected (every sequence ZooKeeper produces parses), but
+                        // a node the queue cannot see would be re-created forever.
+                        let _ = bounded(
+                            self.op_timeout(),
+                            client.delete(&format!("{dir}/{name}"), None),
+                        )
+                        .await;
+                        return Err(LockError::backend(format!(
+                            "ZooKeeper named the lock node {dir}/{name}: tenure cannot \
+                             parse its sequence {sequence}"
+                        )));
+                    }
+                    let created = Created {
+                        name,
+                        czxid: stat.czxid,
+                        sequence: sequence.into_i64(),
+                    };
+                    return Ok((created, Some(sent)));
+                }
+                Err(ZkError::NoNode) => {
+                    dir_retries += 1;
+                    if dir_retries > MAX_DIR_RETRIES {
+                        return Err(LockError::backend(format!(
+                            "lock directory {dir} kept vanishing under create"
+                        )));
+                    }
+                    self.make_dir(client, &dir).await?;
+                }
+                Err(e) if reply_lost(&e) && !session_gone(&e) => {
+                    pending.uncertain = true;
+                    if Instant::now() >= retry_until {
+                        return Err(self.zk_error("create lock node", e));
+                    }
+                }
+                Err(e) => return Err(self.zk_error("create lock node", e)),
+            }
+        }
+    }
+
+    /// Our node in `dir` (the first, if retries made several), with its `czxid`: a node
+    /// named with `owner` *and* held by `session_id`. A node of this owner in another
+    /// session (left by this call in a session it gave up) dies with that session, so it
+    /// is never adopted; the caller creates a new one (and removes the stray as a
+    /// duplicate).
+    async fn find_own(
+        &self,
+        client: &Client,
+        dir: &str,
+        owner: OwnerId,
+        session_id: i64,
+    ) -> Result<Option<Created>, LockError> {
+        for node in self
+            .children(client, dir)
+            .await?
+            .into_iter()
+            .filter(|n| n.owner == owner)
+        {
+            let path = format!("{dir}/{}", node.name);
+            match bounded(self.op_timeout(), client.check_stat(&path)).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == session_id => {
+                    return Ok(Some(Created {
+                        name: node.name,
+                        czxid: stat.czxid,
+                        sequence: node.sequence,
+                    }))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(self.zk_error("stat lock node", e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// `node` (created earlier by this acquisition) if it still exists as created, held by
+    /// `session_id`; `None` if it is gone or not that node any more.
+    async fn still_ours(
+        &self,
+        client: &Client,
+        dir: &str,
+        node: Created,
+        session_id: i64,
+    ) -> Result<Option<Created>, LockError> {
+        let path = format!("{dir}/{}", node.name);
+        match bounded(self.op_timeout(), client.check_stat(&path)).await {
+            Ok(Some(stat)) if stat.czxid == node.czxid && stat.ephemeral_owner == session_id => {
+                Ok(Some(node))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(self.zk_error("stat lock node", e)),
+        }
+    }
+
+    /// Lists `dir` (after a `sync` or our node's create, so the listing is as recent as the
+    /// leader's) and places `node` in it; removes any duplicate of ours. Also returns when
+    /// that `sync` or create was sent.
+    ///
+    /// `created`: when the create that made `node` was sent, if it was just answered. That
+    /// create already went through the leader — which checked the session was alive — and
+    /// the server applied everything the leader had committed before it before answering,
+    /// so it proves what a `sync` sent at that instant would: the listing needs no `sync`.
+    pub(crate) async fn position(
+        &self,
+        client: &Client,
+        session: &Session,
+        dir: &str,
+        (node, created): (&Created, Option<Instant>),
+        owner: OwnerId,
+    ) -> Result<(Position, Instant), LockError> {
+        let sent = match created {
+            Some(sent) => {
+                session.record(sent);
+                sent
+            }
+            // The server this client talks to then has caught up with the leader.
+            None => session
+                .sync_since(client, Instant::now(), self.op_timeout())
+                .await
+                .map_err(|e| self.zk_error("sync with the leader", e))?,
+        };
+        let mut nodes = self.children(client, dir).await?;
+        for duplicate in nodes
+            .iter()
+            .filter(|n| n.owner == owner && n.name != node.name)
+        {
+            let path = format!("{dir}/{}", duplicate.name);
+            let _ = bounded(self.op_timeout(), client.delete(&path, None)).await;
+        }
+        nodes.retain(|n| n.owner != owner || n.name == node.name);
+        let position = match nodes.iter().position(|n| n.name == node.name) {
+            None => Position::Gone,
+            Some(0) => Position::First,
+            Some(i) => Position::Behind(nodes[i - 1].name.clone()),
+        };
+        Ok((position, sent))
+    }
+
+    pub(crate) fn lease(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        node: &Created,
+        session: &Session,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
+        let token = u64::try_from(node.czxid)
+            .ok()
+            .filter(|t| *t > 0)
+            .ok_or_else(|| LockError::backend(format!("server reported czxid {}", node.czxid)))?;
+        let effective = ttl.min(session.timeout());
+        let mut lease = Lease::new(
+            key.clone(),
+            owner,
+            FencingToken(token),
+            sent,
+            effective,
+            default_drift(effective),
+        )
+        .with_handle(LeaseHandle {
+            path: format!("{}/{}", self.lock_dir(key), node.name),
+            id: session.id(),
+            revision: node.sequence,
+        });
+        self.bound_by_leader(&mut lease, session, sent, effective);
+        Ok(lease)
+    }
+
+    /// Caps a lease proven by a `sync` (or create) sent at `sent` (`effective` = its
+    /// length from `sent`) at what the leader guarantees: the session's [anchor](Session::anchor) plus
+    /// the session timeout, less the drift allowance.
+    pub(crate) fn bound_by_leader(
+        &self,
+        lease: &mut Lease,
+        session: &Session,
+        sent: Instant,
+        effective: Duration,
+    ) {
+        let limit = session.anchor(sent) + session.timeout();
+        lease.tighten((sent + effective).saturating_duration_since(limit));
+    }
+
+    /// Deletes our node; true if it is gone.
+    pub(crate) async fn delete_own(&self, client: &Client, dir: &str, node: &Created) -> bool {
+        let path = format!("{dir}/{}", node.name);
+        matches!(
+            bounded(self.op_timeout(), client.delete(&path, None)).await,
+            Ok(()) | Err(ZkError::NoNode)
+        )
+    }
+
+    /// One session's worth of `acquire`: queue up (or find our node) and wait to be first.
+    pub(crate) async fn wait_in_queue(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        deadline: Instant,
+        pending: &mut Option<Pending>,
+    ) -> Result<Lease, Stop> {
+        let session = self.session().await?;
+        let client = session.client()?;
+        if pending
+            .as_ref()
+            .is_none_or(|p| p.session_id != session.id())
+        {
+            // A new session: the old one's nodes die with it.
+            *pending = Some(Pending::new(
+                &session,
+                self.lock_dir(key),
+                owner,
+                self.op_timeout(),
+            ));
+        }
+        let Some(pending) = pending.as_mut() else {
+            return Err(Stop::Failed(LockError::backend("no pending acquisition")));
+        };
+        let dir = pending.dir.clone();
+        let retry_until = deadline.max(Instant::now() + self.op_timeout());
+        // A retry in the same session keeps the node it already has, and its place.
+        let known = match pending.node.clone() {
+            Some(known) => {
+                self.still_ours(&client, &dir, known, pending.session_id)
+                    .await?
+            }
+            None => None,
+        };
+        let (mut node, mut created) = match known {
+            Some(node) => (node, None),
+            None => self.enqueue(&client, pending, retry_until).await?,
+        };
+        pending.node = Some(node.clone());
+        loop {
+            let (position, sent) = self
+                .position(&client, &session, &dir, (&node, created.take()), owner)
+                .await?;
+            let predecessor = match position {
+                // A session declared lost is being closed, and our node with it.
+                _ if session.is_lost() => return Err(Stop::Failed(lost_while_queued(&session))),
+                Position::First => return Ok(self.lease(key, owner, &node, &session, sent, ttl)?),
+                Position::Behind(predecessor) => predecessor,
+                Position::Gone => {
+                    if Instant::now() >= deadline {
+                        return Err(Stop::TimedOut);
+                    }
+                    // Deleted by someone else while the session lives: queue again.
+                    (node, created) = self.enqueue(&client, pending, retry_until).await?;
+                    pending.node = Some(node.clone());
+                    continue;
+                }
+            };
+            if Instant::now() >= deadline {
+                return Err(Stop::TimedOut);
+            }
+            let path = format!("{dir}/{predecessor}");
+            match bounded(self.op_timeout(), client.check_and_watch_stat(&path)).await {
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        _ = tokio::time::sleep_until(deadline.into()) => return Err(Stop::TimedOut),
+                        _ = session.lost() => return Err(Stop::Failed(lost_while_queued(&session))),
+                    }
+                }
+                Err(e) => return Err(Stop::Failed(self.zk_error("watch predecessor", e))),
+            }
+        }
+    }
+}
+
+/// The session was declared lost (expired, closed, or disconnected too long) while an
+/// acquisition waited in it: retryable, in a new session.
+pub(crate) fn lost_while_queued(session: &Session) -> LockError {
+    LockError::Unavailable {
+        message: format!("session lost while queued: {}", session.lost_reason()),
+        source: None,
+    }
+}
