@@ -48,7 +48,7 @@ impl PgLock {
                 None => self.open().await?,
             };
             let started = tokio::time::timeout(
-                config.command_timeout,
+                config.request_timeout,
                 // To the end of the reply (see `lock_row`).
                 sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut conn),
             )
@@ -80,7 +80,7 @@ impl PgLock {
                     return Ok((conn, Some(Locked::Busy)))
                 }
                 Ok(Err(e)) => map_err(config, "begin", e),
-                Err(_) => LockError::no_reply("begin", &config.endpoint(), config.command_timeout),
+                Err(_) => LockError::no_reply("begin", &config.endpoint(), config.request_timeout),
             };
             discard(conn);
             if fresh {
@@ -110,7 +110,7 @@ impl PgLock {
             let limit = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
-                + config.command_timeout;
+                + config.request_timeout;
             let result = tokio::time::timeout(
                 limit,
                 // `fetch_all` reads the reply to its end, so nothing of it is left for the

@@ -82,7 +82,7 @@ pub(crate) fn autocommit_pool(
 pub(crate) type Dedicated = PgListener;
 
 impl PgLock {
-    /// Runs `future` for at most `command_timeout`, mapping errors.
+    /// Runs `future` for at most `request_timeout`, mapping errors.
     pub(crate) async fn bounded<T>(
         &self,
         what: &str,
@@ -90,7 +90,7 @@ impl PgLock {
     ) -> Result<T, LockError> {
         bounded_for(
             &self.inner.config,
-            self.inner.config.command_timeout,
+            self.inner.config.request_timeout,
             what,
             future,
         )
@@ -157,7 +157,7 @@ impl PgLock {
                 )
                 .await
                 .map_err(|e| (e, false))?;
-                let _ = tokio::time::timeout(config.command_timeout, probe.close()).await;
+                let _ = tokio::time::timeout(config.request_timeout, probe.close()).await;
                 return Err((
                     LockError::Unavailable {
                         message: format!(
@@ -262,7 +262,7 @@ impl Drop for Inner {
 
 /// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
 pub(crate) async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
-    let limit = inner.config.command_timeout;
+    let limit = inner.config.request_timeout;
     match tokio::time::timeout(limit, (&mut conn).execute("ROLLBACK")).await {
         Ok(Ok(_)) => PgLock::recycle(inner, conn),
         _ => discard(conn),

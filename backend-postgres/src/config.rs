@@ -117,7 +117,7 @@ pub struct PgConfig {
     /// Bound on opening a connection.
     pub connect_timeout: Duration,
     /// Bound on one statement's reply.
-    pub command_timeout: Duration,
+    pub request_timeout: Duration,
     /// Create the schema objects on connect if they are missing.
     pub migrate: bool,
     /// The `client_connection_check_interval` dedicated connections ask for.
@@ -170,7 +170,7 @@ impl PgConfig {
             idle_connections: 64,
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(5000),
-            command_timeout: Duration::from_millis(5000),
+            request_timeout: Duration::from_millis(5000),
             migrate: true,
             client_check: CLIENT_CHECK_INTERVAL_MS.to_string(),
         };
@@ -232,7 +232,7 @@ impl PgConfig {
                 }
                 "idle_timeout_ms" => config.idle_timeout = millis()?,
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
-                "request_timeout_ms" => config.command_timeout = millis()?,
+                "request_timeout_ms" => config.request_timeout = millis()?,
                 "migrate" => {
                     config.migrate = match value {
                         "true" | "1" | "on" => true,
@@ -354,7 +354,7 @@ impl fmt::Debug for PgConfig {
             .field("idle_connections", &self.idle_connections)
             .field("idle_timeout", &self.idle_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("migrate", &self.migrate)
             .finish()
     }
@@ -433,7 +433,7 @@ mod tests {
         assert_eq!(c.table(), "leases");
         assert_eq!(c.prefix, "svc/");
         assert_eq!(c.max_held, 8);
-        assert_eq!(c.command_timeout, Duration::from_millis(250));
+        assert_eq!(c.request_timeout, Duration::from_millis(250));
         assert_eq!(
             c.url.as_str(),
             "postgres://u:s3cret@h:6000/app?sslmode=disable&application_name=x"

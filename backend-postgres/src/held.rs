@@ -98,7 +98,7 @@ impl HeldTask {
                         let Some(inner) = self.inner.upgrade() else { break };
                         let config = &inner.config;
                         let committed = tokio::time::timeout(
-                            config.command_timeout,
+                            config.request_timeout,
                             (&mut conn).execute("COMMIT"),
                         )
                         .await;
@@ -118,7 +118,7 @@ impl HeldTask {
                                     "release on {}: no reply within {:?}; the connection was \
                                      closed, so the server frees the lock when it notices",
                                     config.endpoint(),
-                                    config.command_timeout
+                                    config.request_timeout
                                 ),
                                 source: None,
                             }),
@@ -266,7 +266,7 @@ pub(crate) async fn refresh(
     config: &PgConfig,
 ) -> Result<(), LockError> {
     let result = tokio::time::timeout(
-        config.command_timeout,
+        config.request_timeout,
         sqlx::query_as::<_, (String, String, Option<String>)>(
             "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
              set_config('tcp_keepalives_idle', $2, false), \
@@ -292,7 +292,7 @@ pub(crate) async fn refresh(
         Err(_) => Err(LockError::lost(format!(
             "the holding connection to {} did not answer within {:?}",
             config.endpoint(),
-            config.command_timeout
+            config.request_timeout
         ))),
     }
 }

@@ -109,7 +109,7 @@ impl RedisLock {
     pub(crate) async fn scan_locks(&self, prefix: &str) -> Result<Vec<ScannedLock>, LockError> {
         let namespace = format!("{{{}", self.config.prefix);
         let pattern = format!("{}*", glob_escape(&format!("{namespace}{prefix}")));
-        let limit = self.config.command_timeout;
+        let limit = self.config.request_timeout;
         let mut found = Vec::new();
         let mut cursor = 0u64;
         loop {

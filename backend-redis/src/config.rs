@@ -31,7 +31,7 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Bound on one command's reply (within `acquire`, also by the wait left; a zero
     /// wait gets exactly this for its single attempt).
-    pub command_timeout: Duration,
+    pub request_timeout: Duration,
     /// How the per-key fence counter advances.
     pub fence: FenceMode,
 }
@@ -110,7 +110,7 @@ impl RedisConfig {
             url: client_url(url, scheme, host)?,
             prefix: "tenure:".into(),
             connect_timeout: Duration::from_millis(1000),
-            command_timeout: Duration::from_millis(1000),
+            request_timeout: Duration::from_millis(1000),
             fence: FenceMode::default(),
         };
         let mut handed_on = Vec::new();
@@ -119,7 +119,7 @@ impl RedisConfig {
             match name {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
-                "request_timeout_ms" => config.command_timeout = millis()?,
+                "request_timeout_ms" => config.request_timeout = millis()?,
                 "fence" => {
                     config.fence = match value {
                         "clock" => FenceMode::ClockFloored,
@@ -158,13 +158,13 @@ impl RedisConfig {
     }
 
     /// Checks the settings a caller may have set directly on the public fields: the
-    /// connect and command timeouts within 1 ms..=600 s (as the URL options). A violation
+    /// connect and request timeouts within 1 ms..=600 s (as the URL options). A violation
     /// is [`LockError::Config`].
     pub fn validate(&self) -> Result<(), LockError> {
         let range = Duration::from_millis(1)..=Duration::from_secs(600);
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
-            ("command_timeout", self.command_timeout),
+            ("request_timeout", self.request_timeout),
         ] {
             if !range.contains(&value) {
                 return Err(LockError::Config(format!(
@@ -198,7 +198,7 @@ impl fmt::Debug for RedisConfig {
             .field("url", &redact(&self.url))
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("fence", &self.fence)
             .finish()
     }
@@ -245,7 +245,7 @@ mod tests {
             RedisConfig::from_url("redis://h").unwrap().fence,
             FenceMode::ClockFloored
         );
-        assert_eq!(c.command_timeout, Duration::from_millis(250));
+        assert_eq!(c.request_timeout, Duration::from_millis(250));
         assert_eq!(c.client_url(), "redis://u:s3cret@h:7000/2?protocol=resp3");
         assert_eq!(c.endpoint(), "h:7000");
     }
@@ -324,7 +324,7 @@ mod tests {
         ] {
             let mut bad = good.clone();
             bad.connect_timeout = connect;
-            bad.command_timeout = command;
+            bad.request_timeout = command;
             assert!(
                 matches!(bad.validate(), Err(LockError::Config(_))),
                 "{bad:?}"

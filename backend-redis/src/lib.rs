@@ -89,7 +89,7 @@ impl RedisLock {
             .map_err(|e| LockError::Config(format!("{config}: {e}")))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(config.connect_timeout)
-            .set_response_timeout(config.command_timeout)
+            .set_response_timeout(config.request_timeout)
             .set_number_of_retries(1)
             .set_max_delay(100);
         let conn = bounded(
@@ -128,7 +128,7 @@ impl RedisLock {
         what: &str,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        self.call_within(what, invocation, self.config.command_timeout)
+        self.call_within(what, invocation, self.config.request_timeout)
             .await
     }
 
@@ -169,7 +169,7 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Grant, LockError> {
-        self.grant_within(key, owner, ttl, self.config.command_timeout)
+        self.grant_within(key, owner, ttl, self.config.request_timeout)
             .await
     }
 
@@ -188,7 +188,7 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Grant, LockError> {
-        self.run_grant(key, owner, ttl, None, self.config.command_timeout)
+        self.run_grant(key, owner, ttl, None, self.config.request_timeout)
             .await
     }
 
@@ -318,7 +318,7 @@ impl RedisLock {
     /// One run of the acquire script for `owner`, waiting at most `limit` for its reply.
     ///
     /// A grant whose reply arrives after the lease's own deadline is refused: it is
-    /// released (owner-checked, in a task of its own bounded by the command timeout) and
+    /// released (owner-checked, in a task of its own bounded by the request timeout) and
     /// reported as [`Attempt::Late`]. `release_wait` bounds how long to wait for that
     /// release (`None`: until it is done); past it, the release carries on in the
     /// background.
@@ -368,7 +368,7 @@ impl RedisLock {
         Ok(Attempt::Late { error, settled })
     }
 
-    /// Releases `owner`'s lock in a task of its own (bounded by the command timeout, and
+    /// Releases `owner`'s lock in a task of its own (bounded by the request timeout, and
     /// running to its end even if the caller goes away), waiting up to `wait` for the
     /// outcome (`None`: until it is done). `None` if it has not finished by then.
     async fn release_in_background(
@@ -410,7 +410,7 @@ impl RedisLock {
         .await
         .map_err(|e| classify(&self.config, "subscribe", e))?;
         bounded(
-            self.config.command_timeout.min(left()),
+            self.config.request_timeout.min(left()),
             pubsub.subscribe(&channel),
         )
         .await
@@ -421,7 +421,7 @@ impl RedisLock {
         // answers both the same way; there, SUBSCRIBE is trusted.)
         if self.client.get_connection_info().redis.protocol == redis::ProtocolVersion::RESP2 {
             let pong: redis::Value =
-                bounded(self.config.command_timeout.min(left()), pubsub.ping())
+                bounded(self.config.request_timeout.min(left()), pubsub.ping())
                     .await
                     .map_err(|e| classify(&self.config, "subscribe", e))?;
             match pong {
@@ -459,7 +459,7 @@ impl DistributedLock for RedisLock {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let owner = OwnerId::random();
-        let limit = self.config.command_timeout;
+        let limit = self.config.request_timeout;
         match self.attempt(key, owner, ttl, limit, None).await {
             Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
             Ok(Attempt::Held { .. }) => Ok(None),
@@ -486,7 +486,7 @@ impl DistributedLock for RedisLock {
     /// Every step (subscribing, each script call, reconnecting) is bounded by what is
     /// left of the wait as well as by its own timeout, so the call returns within
     /// `opts.wait` plus scheduling slack. A zero wait makes exactly one attempt, bounded
-    /// by the command timeout (like [`try_acquire`](DistributedLock::try_acquire)), so a
+    /// by the request timeout (like [`try_acquire`](DistributedLock::try_acquire)), so a
     /// wait shorter than a round trip to the server ends in `Unavailable`.
     ///
     /// A failed subscription falls back to polling (with `opts.backoff`, never slower
@@ -503,7 +503,7 @@ impl DistributedLock for RedisLock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = Instant::now();
-        let command_timeout = self.config.command_timeout;
+        let request_timeout = self.config.request_timeout;
         if opts.wait.is_zero() {
             return match self.try_acquire(key, opts.ttl).await? {
                 Some(lease) => Ok(lease),
@@ -525,7 +525,7 @@ impl DistributedLock for RedisLock {
         // Why the lock is not ours yet, if not "held by another".
         let mut why: Option<LockError> = None;
         loop {
-            let limit = left().min(command_timeout);
+            let limit = left().min(request_timeout);
             if limit.is_zero() {
                 break;
             }

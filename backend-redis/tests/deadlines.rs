@@ -26,7 +26,7 @@ async fn warm_up(lock: &RedisLock) {
     lock.release(lease).await.unwrap();
 }
 
-/// A server, a client behind a proxy on it (patient: a 30 s command timeout, scripts
+/// A server, a client behind a proxy on it (patient: a 30 s request timeout, scripts
 /// loaded), and a direct observer.
 async fn behind_a_proxy() -> (RedisCluster, FaultProxy, RedisLock, RedisLock) {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
@@ -191,15 +191,15 @@ async fn acquire_against_a_blackholed_server_keeps_to_its_wait() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zero_wait_makes_one_attempt_bounded_by_the_command_timeout() {
+async fn a_zero_wait_makes_one_attempt_bounded_by_the_request_timeout() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     let proxy = FaultProxy::start(node.addr()).await.unwrap();
-    let command_timeout = Duration::from_millis(1500);
+    let request_timeout = Duration::from_millis(1500);
     let lock = RedisLock::connect(&format!(
         "redis://{}?command_timeout_ms={}",
         proxy.addr(),
-        command_timeout.as_millis()
+        request_timeout.as_millis()
     ))
     .await
     .unwrap();
@@ -220,10 +220,10 @@ async fn a_zero_wait_makes_one_attempt_bounded_by_the_command_timeout() {
         "{result:?}"
     );
     assert!(
-        took >= command_timeout,
+        took >= request_timeout,
         "the attempt had its full step: {took:?}"
     );
-    assert!(took < command_timeout * 4, "and only one attempt: {took:?}");
+    assert!(took < request_timeout * 4, "and only one attempt: {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

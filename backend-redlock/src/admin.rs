@@ -14,7 +14,7 @@ use tenure_api::{DistributedLock, Finding, HolderInfo, LockAdmin, LockError, Loc
 use crate::Redlock;
 
 /// Bound on one node's scan (a scan is many requests, each bounded by the node's own
-/// command timeout).
+/// request timeout).
 const NODE_SCAN_LIMIT: Duration = Duration::from_secs(60);
 
 impl Redlock {

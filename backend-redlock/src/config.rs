@@ -68,7 +68,7 @@ impl RedlockConfig {
     ///   different nodes, as do two DNS names of one server — a quorum counted over such
     ///   a list is only as real as the list;
     /// - `node_timeout`, if set, within 1 ms..=60 s (as the URL option);
-    /// - each node's `connect_timeout` and `command_timeout` within 1 ms..=600 s (as the
+    /// - each node's `connect_timeout` and `request_timeout` within 1 ms..=600 s (as the
     ///   Redis URL options).
     ///
     /// Any violation is [`LockError::Config`]; passwords never appear in it.

@@ -28,7 +28,7 @@ impl ZkLock {
     async fn key_dirs(&self, prefix: &str) -> Result<Vec<KeyDir>, LockError> {
         let client = self.session().await?.client()?;
         let root = self.inner.config.lock_root();
-        let mut names = match bounded(self.op_timeout(), client.list_children(&root)).await {
+        let mut names = match bounded(self.request_timeout(), client.list_children(&root)).await {
             Ok(names) => names,
             Err(ZkError::NoNode) => Vec::new(),
             Err(e) => return Err(self.zk_error("list lock root", e)),
@@ -78,7 +78,7 @@ impl LockAdmin for ZkLock {
             };
             for node in self.children(&client, &dir.path).await? {
                 let path = format!("{}/{}", dir.path, node.name);
-                let stat = match bounded(self.op_timeout(), client.check_stat(&path)).await {
+                let stat = match bounded(self.request_timeout(), client.check_stat(&path)).await {
                     Ok(stat) => stat,
                     Err(e) => return Err(self.zk_error("stat lock node", e)),
                 };

@@ -48,7 +48,7 @@ pub struct ZkConfig {
     /// Bound on establishing a session.
     pub connect_timeout: Duration,
     /// Bound on one request's reply.
-    pub op_timeout: Duration,
+    pub request_timeout: Duration,
     /// The servers' `tickTime`: how far the leader's record of a session's activity may
     /// trail what a follower saw, and so the margin a lease keeps (see the crate docs).
     pub server_tick: Duration,
@@ -102,7 +102,7 @@ impl ZkConfig {
             prefix: "tenure".into(),
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
-            op_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
             server_tick: Duration::from_secs(2),
         };
         for (name, value) in url.options_aliased(Self::ALIASES)? {
@@ -111,7 +111,7 @@ impl ZkConfig {
                 "prefix" => config.prefix = value.to_string(),
                 "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
-                "request_timeout_ms" => config.op_timeout = millis(600_000)?,
+                "request_timeout_ms" => config.request_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
                 other => {
                     let known = [Self::OPTIONS, &alias_names(Self::ALIASES)];
@@ -174,7 +174,7 @@ impl fmt::Display for ZkConfig {
             percent_encode(&self.prefix),
             self.session_timeout.as_millis(),
             self.connect_timeout.as_millis(),
-            self.op_timeout.as_millis(),
+            self.request_timeout.as_millis(),
             self.server_tick.as_millis()
         )
     }
@@ -190,7 +190,7 @@ impl fmt::Debug for ZkConfig {
             .field("prefix", &self.prefix)
             .field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("op_timeout", &self.op_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("server_tick", &self.server_tick)
             .finish()
     }
@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(c.lock_root(), "/app/locks/svc/a");
         assert_eq!(c.session_timeout, Duration::from_millis(4000));
         assert_eq!(c.connect_timeout, Duration::from_millis(900));
-        assert_eq!(c.op_timeout, Duration::from_millis(250));
+        assert_eq!(c.request_timeout, Duration::from_millis(250));
         assert_eq!(c.server_tick, Duration::from_millis(150));
         assert_eq!(c.user(), None);
     }

@@ -179,8 +179,8 @@ impl ZkLock {
         Ok(session)
     }
 
-    fn op_timeout(&self) -> Duration {
-        self.inner.config.op_timeout
+    fn request_timeout(&self) -> Duration {
+        self.inner.config.request_timeout
     }
 
     fn target(&self) -> String {
@@ -195,7 +195,7 @@ impl ZkLock {
 #[async_trait]
 impl DistributedLock for ZkLock {
     /// Creates our node; if it is first we hold the lock, otherwise it is deleted again
-    /// and the answer is `Ok(None)`. A lost create reply is retried within the op timeout,
+    /// and the answer is `Ok(None)`. A lost create reply is retried within the request timeout,
     /// recognising our node by the owner id in its name.
     ///
     /// # Cancel safety
@@ -207,8 +207,8 @@ impl DistributedLock for ZkLock {
         let session = self.session().await?;
         let client = session.client()?;
         let dir = self.lock_dir(key);
-        let mut pending = Pending::new(&session, dir.clone(), owner, self.op_timeout());
-        let retry_until = Instant::now() + self.op_timeout();
+        let mut pending = Pending::new(&session, dir.clone(), owner, self.request_timeout());
+        let retry_until = Instant::now() + self.request_timeout();
         let (node, created) = self.enqueue(&client, &mut pending, retry_until).await?;
         pending.node = Some(node.clone());
         let (position, sent) = self
@@ -244,8 +244,8 @@ impl DistributedLock for ZkLock {
     /// a retry in the same session after any other failed request keeps its node (checked
     /// to still exist, same `czxid`, owned by the session), and so its place in the queue.
     /// If the session is lost while waiting, the call queues again in a new session (and
-    /// loses its place). Each request is bounded by the op timeout, so the call returns at
-    /// most about one op timeout after `opts.wait`.
+    /// loses its place). Each request is bounded by the request timeout, so the call returns at
+    /// most about one request timeout after `opts.wait`.
     ///
     /// # Cancel safety
     /// If dropped while waiting, our node is removed in the background, so no ghost
@@ -285,7 +285,8 @@ impl DistributedLock for ZkLock {
                             if let Ok(client) = session.client() {
                                 let path = format!("{}/{name}", p.dir);
                                 if matches!(
-                                    bounded(self.op_timeout(), client.delete(&path, None)).await,
+                                    bounded(self.request_timeout(), client.delete(&path, None))
+                                        .await,
                                     Ok(()) | Err(ZkError::NoNode)
                                 ) {
                                     p.finish(None);
@@ -340,7 +341,7 @@ impl DistributedLock for ZkLock {
             return Err(lost(reason));
         }
         let client = session.client().map_err(|e| lost(e.to_string()))?;
-        let op = self.op_timeout();
+        let op = self.request_timeout();
         // Through the leader: a follower cut off from it answers reads from a stale
         // state, in which the session the leader has expired still holds the node. Once
         // a read has found the node to be the lease's, a watch on it stands in for the
@@ -414,7 +415,7 @@ impl DistributedLock for ZkLock {
         let session = self.session().await?;
         let client = session.client()?;
         // Ephemeral nodes are never written to: version 0 is the node as created.
-        let deleted = bounded(self.op_timeout(), client.delete(path, Some(0))).await;
+        let deleted = bounded(self.request_timeout(), client.delete(path, Some(0))).await;
         // After the deletion, whose notification has then arrived: forgetting a watch
         // that already fired costs no request.
         session.unwatch(path);
@@ -439,7 +440,7 @@ impl DistributedLock for ZkLock {
                 return Ok(None);
             };
             let path = format!("{dir}/{}", head.name);
-            match bounded(self.op_timeout(), client.check_stat(&path)).await {
+            match bounded(self.request_timeout(), client.check_stat(&path)).await {
                 Ok(Some(stat)) => {
                     return Ok(Some(HolderInfo {
                         owner: head.owner,

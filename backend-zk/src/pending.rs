@@ -19,7 +19,7 @@ pub(crate) struct Pending {
     pub(crate) session_id: i64,
     pub(crate) dir: String,
     pub(crate) owner: OwnerId,
-    op_timeout: Duration,
+    request_timeout: Duration,
     /// Our node, once known: a retry in this session checks it is still there and
     /// waits on it rather than queueing again.
     pub(crate) node: Option<Created>,
@@ -33,14 +33,14 @@ impl Pending {
         session: &Arc<Session>,
         dir: String,
         owner: OwnerId,
-        op_timeout: Duration,
+        request_timeout: Duration,
     ) -> Self {
         Self {
             session: Arc::downgrade(session),
             session_id: session.id(),
             dir,
             owner,
-            op_timeout,
+            request_timeout,
             node: None,
             uncertain: false,
             armed: true,
@@ -65,7 +65,7 @@ impl Pending {
             self.dir.clone(),
             self.owner,
             keep,
-            self.op_timeout,
+            self.request_timeout,
         ));
     }
 }
@@ -78,13 +78,13 @@ impl Drop for Pending {
     }
 }
 
-/// Failed passes of [`sweep`] at the op-timeout pace, before it backs off and warns.
+/// Failed passes of [`sweep`] at the request-timeout pace, before it backs off and warns.
 const QUICK_SWEEPS: u32 = 8;
 /// The longest pause between two passes of [`sweep`] once it backs off.
 const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(5);
 
 /// Deletes `owner`'s nodes in `dir` except `keep`: passes until two passes succeed (every
-/// listing and deletion answered), one `op_timeout` apart (a create still in flight at
+/// listing and deletion answered), one `request_timeout` apart (a create still in flight at
 /// the first pass lands before the second). Stops when the session is gone — its nodes go
 /// with it. While the server does not answer it keeps trying, backing off up to
 /// [`MAX_SWEEP_PAUSE`]: a stray node would otherwise hold its place in the queue (or the
@@ -95,7 +95,7 @@ async fn sweep(
     dir: String,
     owner: OwnerId,
     keep: Option<String>,
-    op_timeout: Duration,
+    request_timeout: Duration,
 ) {
     let mut clean_passes = 0;
     let mut failed_passes = 0u32;
@@ -103,7 +103,7 @@ async fn sweep(
         let Some(client) = session.upgrade().and_then(|s| s.client().ok()) else {
             return;
         };
-        let pass = match bounded(op_timeout, client.list_children(&dir)).await {
+        let pass = match bounded(request_timeout, client.list_children(&dir)).await {
             Ok(children) => {
                 let mut clean = true;
                 for node in queue(&children)
@@ -111,7 +111,7 @@ async fn sweep(
                     .filter(|n| n.owner == owner && Some(&n.name) != keep.as_ref())
                 {
                     let path = format!("{dir}/{}", node.name);
-                    match bounded(op_timeout, client.delete(&path, None)).await {
+                    match bounded(request_timeout, client.delete(&path, None)).await {
                         Ok(()) | Err(ZkError::NoNode) => {}
                         Err(e) if session_gone(&e) => return,
                         Err(_) => clean = false,
@@ -151,9 +151,9 @@ async fn sweep(
             );
         }
         let backoff = failed_passes.saturating_sub(QUICK_SWEEPS).min(16);
-        let pause = op_timeout
+        let pause = request_timeout
             .saturating_mul(1 << backoff)
-            .min(MAX_SWEEP_PAUSE.max(op_timeout));
+            .min(MAX_SWEEP_PAUSE.max(request_timeout));
         tokio::time::sleep(pause).await;
     }
 }

@@ -54,7 +54,7 @@ impl ZkLock {
         client: &Client,
         dir: &str,
     ) -> Result<Vec<LockNode>, LockError> {
-        match bounded(self.op_timeout(), client.list_children(dir)).await {
+        match bounded(self.request_timeout(), client.list_children(dir)).await {
             Ok(children) => Ok(queue(&children)),
             Err(ZkError::NoNode) => Ok(Vec::new()),
             Err(e) => Err(self.zk_error("list", e)),
@@ -64,7 +64,7 @@ impl ZkLock {
     /// Makes `dir` (a container) and, if needed, the persistent lock root above it.
     async fn make_dir(&self, client: &Client, dir: &str) -> Result<(), LockError> {
         let container = CreateMode::Container.with_acls(self.inner.acls);
-        match bounded(self.op_timeout(), client.create(dir, &[], &container)).await {
+        match bounded(self.request_timeout(), client.create(dir, &[], &container)).await {
             Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
             Err(ZkError::NoNode) => {}
             Err(e) => return Err(self.zk_error("create lock directory", e)),
@@ -78,7 +78,7 @@ impl ZkLock {
             end = next;
         }
         self.create_parent(client, &root, &persistent).await?;
-        match bounded(self.op_timeout(), client.create(dir, &[], &container)).await {
+        match bounded(self.request_timeout(), client.create(dir, &[], &container)).await {
             // NoNode: the root vanished again; the caller retries.
             Ok(_) | Err(ZkError::NodeExists) | Err(ZkError::NoNode) => Ok(()),
             Err(e) => Err(self.zk_error("create lock directory", e)),
@@ -94,7 +94,7 @@ impl ZkLock {
         if path.is_empty() {
             return Ok(());
         }
-        match bounded(self.op_timeout(), client.create(path, &[], options)).await {
+        match bounded(self.request_timeout(), client.create(path, &[], options)).await {
             Ok(_) | Err(ZkError::NodeExists) => Ok(()),
             Err(e) => Err(self.zk_error("create lock root", e)),
         }
@@ -126,14 +126,14 @@ impl ZkLock {
                 }
             }
             let sent = Instant::now();
-            match bounded(self.op_timeout(), client.create(&path, &[], &options)).await {
+            match bounded(self.request_timeout(), client.create(&path, &[], &options)).await {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", node_prefix(owner));
                     if LockNode::parse(&name).is_none() {
                         // Never expected (every sequence ZooKeeper produces parses), but
                         // a node the queue cannot see would be re-created forever.
                         let _ = bounded(
-                            self.op_timeout(),
+                            self.request_timeout(),
                             client.delete(&format!("{dir}/{name}"), None),
                         )
                         .await;
@@ -188,7 +188,7 @@ impl ZkLock {
             .filter(|n| n.owner == owner)
         {
             let path = format!("{dir}/{}", node.name);
-            match bounded(self.op_timeout(), client.check_stat(&path)).await {
+            match bounded(self.request_timeout(), client.check_stat(&path)).await {
                 Ok(Some(stat)) if stat.ephemeral_owner == session_id => {
                     return Ok(Some(Created {
                         name: node.name,
@@ -213,7 +213,7 @@ impl ZkLock {
         session_id: i64,
     ) -> Result<Option<Created>, LockError> {
         let path = format!("{dir}/{}", node.name);
-        match bounded(self.op_timeout(), client.check_stat(&path)).await {
+        match bounded(self.request_timeout(), client.check_stat(&path)).await {
             Ok(Some(stat)) if stat.czxid == node.czxid && stat.ephemeral_owner == session_id => {
                 Ok(Some(node))
             }
@@ -245,7 +245,7 @@ impl ZkLock {
             }
             // The server this client talks to then has caught up with the leader.
             None => session
-                .sync_since(client, Instant::now(), self.op_timeout())
+                .sync_since(client, Instant::now(), self.request_timeout())
                 .await
                 .map_err(|e| self.zk_error("sync with the leader", e))?,
         };
@@ -255,7 +255,7 @@ impl ZkLock {
             .filter(|n| n.owner == owner && n.name != node.name)
         {
             let path = format!("{dir}/{}", duplicate.name);
-            let _ = bounded(self.op_timeout(), client.delete(&path, None)).await;
+            let _ = bounded(self.request_timeout(), client.delete(&path, None)).await;
         }
         nodes.retain(|n| n.owner != owner || n.name == node.name);
         let position = match nodes.iter().position(|n| n.name == node.name) {
@@ -315,7 +315,7 @@ impl ZkLock {
     pub(crate) async fn delete_own(&self, client: &Client, dir: &str, node: &Created) -> bool {
         let path = format!("{dir}/{}", node.name);
         matches!(
-            bounded(self.op_timeout(), client.delete(&path, None)).await,
+            bounded(self.request_timeout(), client.delete(&path, None)).await,
             Ok(()) | Err(ZkError::NoNode)
         )
     }
@@ -340,14 +340,14 @@ impl ZkLock {
                 &session,
                 self.lock_dir(key),
                 owner,
-                self.op_timeout(),
+                self.request_timeout(),
             ));
         }
         let Some(pending) = pending.as_mut() else {
             return Err(Stop::Failed(LockError::backend("no pending acquisition")));
         };
         let dir = pending.dir.clone();
-        let retry_until = deadline.max(Instant::now() + self.op_timeout());
+        let retry_until = deadline.max(Instant::now() + self.request_timeout());
         // A retry in the same session keeps the node it already has, and its place.
         let known = match pending.node.clone() {
             Some(known) => {
@@ -384,7 +384,7 @@ impl ZkLock {
                 return Err(Stop::TimedOut);
             }
             let path = format!("{dir}/{predecessor}");
-            match bounded(self.op_timeout(), client.check_and_watch_stat(&path)).await {
+            match bounded(self.request_timeout(), client.check_and_watch_stat(&path)).await {
                 Ok((None, _)) => continue,
                 Ok((Some(_), watcher)) => {
                     tokio::select! {

@@ -196,7 +196,7 @@ impl Session {
             Arc::downgrade(&slot),
             Arc::downgrade(&proofs),
             timeout,
-            config.op_timeout,
+            config.request_timeout,
         ));
         Ok(Arc::new(Self {
             client: slot,
@@ -416,7 +416,7 @@ async fn prover(
     client: Weak<Mutex<Option<Client>>>,
     proofs: Weak<Mutex<Proofs>>,
     timeout: Duration,
-    op_timeout: Duration,
+    request_timeout: Duration,
 ) {
     let every = (timeout / 4).max(Duration::from_millis(10));
     loop {
@@ -428,7 +428,7 @@ async fn prover(
             return;
         };
         let sent = Instant::now();
-        if let Ok(Ok(())) = tokio::time::timeout(op_timeout, client.sync("/")).await {
+        if let Ok(Ok(())) = tokio::time::timeout(request_timeout, client.sync("/")).await {
             let Some(proofs) = proofs.upgrade() else {
                 return;
             };

@@ -868,7 +868,7 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
     let _serial = SERIAL.lock().await;
     let zk = start(1).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
-    // Short requests: the sweep's first passes (bounded by the op timeout) are over long
+    // Short requests: the sweep's first passes (bounded by the request timeout) are over long
     // before the session could expire.
     let op = Duration::from_millis(100);
     let history = History::new();

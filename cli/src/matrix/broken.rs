@@ -159,11 +159,11 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> LockError {
     }
 }
 
-/// A plain connection that reconnects after a cut, with the client's command timeout.
+/// A plain connection that reconnects after a cut, with the client's request timeout.
 async fn redis_conn(config: &tenure_redis::RedisConfig) -> Result<ConnectionManager, LockError> {
     let options = ConnectionManagerConfig::new()
         .set_connection_timeout(config.connect_timeout)
-        .set_response_timeout(config.command_timeout)
+        .set_response_timeout(config.request_timeout)
         .set_number_of_retries(1);
     redis::Client::open(config.client_url())
         .map_err(|e| LockError::Config(e.to_string()))?
@@ -215,7 +215,7 @@ pub async fn wrap(
             };
             let nodes = config.nodes.iter().cloned().map(|mut node| {
                 // Each request is bounded by the Redlock node timeout instead.
-                node.command_timeout = node.command_timeout.max(config.node_timeout_for(MAX_TTL));
+                node.request_timeout = node.request_timeout.max(config.node_timeout_for(MAX_TTL));
                 async move {
                     let lock = RedisLock::with_config(node).await?;
                     warm_up(&lock).await?;
