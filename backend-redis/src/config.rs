@@ -1,6 +1,7 @@
 //! `redis://` / `rediss://` URLs with tenure's own options, and secret redaction.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tenure_api::urls::{alias_names, percent_encode, redact_url, HostPort, LockUrl};
@@ -12,7 +13,13 @@ use tenure_api::LockError;
 /// (TLS). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `request_timeout_ms` (default 1000; also read as `command_timeout_ms`), `fence` (`clock`, the default, or `counter`: see
-/// [`FenceMode`]). The Redis client's own `protocol` (`resp2`, `resp3`) is handed on; any
+/// [`FenceMode`]). Over TLS (`rediss://`): `ca_file` (a PEM bundle of the certificate
+/// authorities to trust instead of the built-in web roots, for a private CA), and
+/// `cert_file` with `key_file` (PEM client certificate and key, for a server that requires
+/// client certificates: Redis's `tls-auth-clients yes`); the files are read at connect, and
+/// a missing or malformed one is [`LockError::Config`] naming the file, never its content.
+/// The server's name is checked against its certificate (the host in the URL must be one
+/// of its subject alternative names). The Redis client's own `protocol` (`resp2`, `resp3`) is handed on; any
 /// other option is [`LockError::Config`] ([`OPTIONS`](Self::OPTIONS),
 /// [`CLIENT_OPTIONS`](Self::CLIENT_OPTIONS)). Passwords never appear in `Debug`,
 /// `Display` or errors.
@@ -34,6 +41,12 @@ pub struct RedisConfig {
     pub request_timeout: Duration,
     /// How the per-key fence counter advances.
     pub fence: FenceMode,
+    /// TLS only: the certificate authorities (PEM) to trust instead of the web roots.
+    pub ca_file: Option<PathBuf>,
+    /// TLS only: the client certificate chain (PEM), with [`key_file`](Self::key_file).
+    pub cert_file: Option<PathBuf>,
+    /// TLS only: the client certificate's private key (PEM).
+    pub key_file: Option<PathBuf>,
 }
 
 /// How the per-key fence counter advances on each grant.
@@ -79,6 +92,9 @@ impl RedisConfig {
         "connect_timeout_ms",
         "request_timeout_ms",
         "fence",
+        "ca_file",
+        "cert_file",
+        "key_file",
     ];
     /// Older option names still read: `command_timeout_ms` is `request_timeout_ms`.
     pub const ALIASES: &[(&str, &str)] = &[("command_timeout_ms", "request_timeout_ms")];
@@ -112,6 +128,9 @@ impl RedisConfig {
             connect_timeout: Duration::from_millis(1000),
             request_timeout: Duration::from_millis(1000),
             fence: FenceMode::default(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
         };
         let mut handed_on = Vec::new();
         for (name, value) in url.options_aliased(Self::ALIASES)? {
@@ -120,6 +139,20 @@ impl RedisConfig {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
+                "ca_file" | "cert_file" | "key_file" => {
+                    if !tls {
+                        return Err(url.error(format!("{name} needs TLS: use rediss://")));
+                    }
+                    if value.is_empty() {
+                        return Err(url.error(format!("{name} is empty")));
+                    }
+                    let path = Some(PathBuf::from(value));
+                    match name {
+                        "ca_file" => config.ca_file = path,
+                        "cert_file" => config.cert_file = path,
+                        _ => config.key_file = path,
+                    }
+                }
                 "fence" => {
                     config.fence = match value {
                         "clock" => FenceMode::ClockFloored,
@@ -158,8 +191,9 @@ impl RedisConfig {
     }
 
     /// Checks the settings a caller may have set directly on the public fields: the
-    /// connect and request timeouts within 1 ms..=600 s (as the URL options). A violation
-    /// is [`LockError::Config`].
+    /// connect and request timeouts within 1 ms..=600 s (as the URL options), and TLS files
+    /// only over TLS. A violation is [`LockError::Config`]. (That a client certificate
+    /// comes with its key is checked when the files are read, at connect.)
     pub fn validate(&self) -> Result<(), LockError> {
         let range = Duration::from_millis(1)..=Duration::from_secs(600);
         for (name, value) in [
@@ -173,7 +207,72 @@ impl RedisConfig {
                 )));
             }
         }
+        self.validate_tls()
+    }
+
+    /// Whether the connection is TLS (`rediss://`).
+    pub fn tls(&self) -> bool {
+        self.url.scheme() == "rediss"
+    }
+
+    /// TLS files are for TLS connections only (also checked per option when parsing).
+    fn validate_tls(&self) -> Result<(), LockError> {
+        let named = [&self.ca_file, &self.cert_file, &self.key_file];
+        if !self.tls() && named.iter().any(|f| f.is_some()) {
+            return Err(LockError::Config(format!(
+                "{}: ca_file, cert_file and key_file need TLS (rediss://)",
+                self.endpoint()
+            )));
+        }
         Ok(())
+    }
+
+    /// The Redis client for this server: with the configured CA and client certificate
+    /// when they are given, which are read from their files now.
+    pub(crate) fn client(&self) -> Result<redis::Client, LockError> {
+        let bad = |e: redis::RedisError| LockError::Config(format!("{self}: {e}"));
+        if self.tls() {
+            install_crypto_provider();
+        }
+        if self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none() {
+            return redis::Client::open(self.client_url()).map_err(bad);
+        }
+        let read = |name: &str, path: &PathBuf, marker: &str| {
+            let text = std::fs::read(path)
+                .map_err(|e| LockError::Config(format!("{name} {}: {e}", path.display())))?;
+            if !text.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+                return Err(LockError::Config(format!(
+                    "{name} {}: no PEM {marker} block in it",
+                    path.display()
+                )));
+            }
+            Ok(text)
+        };
+        let root_cert = match &self.ca_file {
+            Some(path) => Some(read("ca_file", path, "CERTIFICATE-----")?),
+            None => None,
+        };
+        let client_tls = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("cert_file", cert, "CERTIFICATE-----")?,
+                client_key: read("key_file", key, "PRIVATE KEY-----")?,
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(LockError::Config(format!(
+                    "{}: cert_file and key_file go together (a client certificate and its key)",
+                    self.endpoint()
+                )))
+            }
+        };
+        redis::Client::build_with_tls(
+            self.client_url(),
+            redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+        .map_err(bad)
     }
 
     /// `host:port` of the server.
@@ -200,6 +299,9 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("fence", &self.fence)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .finish()
     }
 }
@@ -222,6 +324,17 @@ fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, 
     };
     credentials.map_err(|()| url.error("the credentials cannot be handed to the client"))?;
     Ok(client)
+}
+
+/// Makes sure rustls has a process-wide crypto provider before a TLS connection: the
+/// Redis client asks for the default one, and rustls cannot pick it by itself when the
+/// application enables none of its providers (or both). Installs *ring*'s if none is
+/// installed yet; an application that installed its own keeps it.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is installed either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 /// The URL with any password replaced by `***`.
@@ -262,13 +375,16 @@ mod tests {
         );
         tenure_conformance::url_options::assert_strict_options(
             RedisConfig::from_url,
-            "redis://u:pw@h:7000/2",
+            "rediss://u:pw@h:7000/2",
             &[RedisConfig::OPTIONS, RedisConfig::CLIENT_OPTIONS],
             &[
                 ("prefix", "app:"),
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("fence", "counter"),
+                ("ca_file", "/ca.pem"),
+                ("cert_file", "/client.pem"),
+                ("key_file", "/client.key"),
                 ("protocol", "resp3"),
             ],
         );

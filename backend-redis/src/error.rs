@@ -48,6 +48,9 @@ enum ErrorClass {
 /// - Backend: everything else (`ERR`, `WRONGTYPE`, a malformed reply, …).
 fn error_class(error: &RedisError) -> ErrorClass {
     use redis::ErrorKind;
+    if tls_refusal(error).is_some() {
+        return ErrorClass::Config;
+    }
     match error.kind() {
         ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
             return ErrorClass::Config
@@ -76,13 +79,44 @@ fn error_class(error: &RedisError) -> ErrorClass {
     }
 }
 
+/// The TLS handshake failed for a reason a retry cannot fix, and what to do about it: the
+/// server's certificate is not trusted (its CA is not `ca_file`'s, or it does not name the
+/// host), or the server refused our certificate or asked for one we did not send.
+fn tls_refusal(error: &RedisError) -> Option<&'static str> {
+    use rustls::AlertDescription as Alert;
+    let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
+    match io.get_ref()?.downcast_ref::<rustls::Error>()? {
+        rustls::Error::InvalidCertificate(_) => Some(
+            "the server's TLS certificate is not trusted: set ca_file to the CA that signed it, \
+             and connect by a name or address the certificate lists",
+        ),
+        rustls::Error::AlertReceived(
+            Alert::CertificateRequired
+            | Alert::BadCertificate
+            | Alert::UnknownCA
+            | Alert::CertificateUnknown
+            | Alert::CertificateExpired
+            | Alert::CertificateRevoked
+            | Alert::UnsupportedCertificate
+            | Alert::AccessDenied,
+        ) => Some(
+            "the server refused the TLS client certificate, or needs one: set cert_file and \
+             key_file to a certificate its tls-ca-cert-file trusts",
+        ),
+        _ => None,
+    }
+}
+
 /// Converts a client error from step `what` into a [`LockError`] of its class (see
 /// [`error_class`]); the message names the server and the error code, never a password.
 pub(crate) fn classify(config: &RedisConfig, what: &str, error: RedisError) -> LockError {
-    let message = match error.code() {
+    let mut message = match error.code() {
         Some(code) => format!("{what} on {}: {error} [{code}]", config.endpoint()),
         None => format!("{what} on {}: {error}", config.endpoint()),
     };
+    if let Some(hint) = tls_refusal(&error) {
+        message = format!("{message} ({hint})");
+    }
     match error_class(&error) {
         ErrorClass::Unavailable => LockError::Unavailable {
             message,

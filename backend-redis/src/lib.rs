@@ -21,6 +21,21 @@ pub use config::{redact, FenceMode, RedisConfig};
 use error::{bounded, classify};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
+/// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
+/// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
+/// and the release channel (`SUBSCRIBE`, `PING`). Give the user the keys and channels of
+/// its prefix too — for `prefix=app/`, keys `{app/…}`, `{app/…}:fence` and channel
+/// `{app/…}:released`:
+///
+/// ```text
+/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping
+/// ```
+///
+/// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
+/// (it scans keys). The secured-server tests run the whole suite as such a user.
+pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
+    +incr +persist +del +publish +subscribe +unsubscribe +ping";
+
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
 /// one auto-reconnecting connection.
 #[derive(Clone)]
@@ -85,8 +100,7 @@ impl RedisLock {
     /// Cancel-safe: nothing is left behind.
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let client = redis::Client::open(config.client_url())
-            .map_err(|e| LockError::Config(format!("{config}: {e}")))?;
+        let client = config.client()?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(config.connect_timeout)
             .set_response_timeout(config.request_timeout)
@@ -97,7 +111,22 @@ impl RedisLock {
             client.get_connection_manager_with_config(manager_config),
         )
         .await
-        .map_err(|e| classify(&config, "connect", e))?;
+        .map_err(|e| {
+            let dropped = e.is_connection_dropped();
+            match classify(&config, "connect", e) {
+                // A TLS-only port drops a plaintext client at its first command.
+                LockError::Unavailable { message, source } if dropped && !config.tls() => {
+                    LockError::Unavailable {
+                        message: format!(
+                            "{message} (the server closed the connection at once: if it \
+                             requires TLS, use rediss://)"
+                        ),
+                        source,
+                    }
+                }
+                other => other,
+            }
+        })?;
         Ok(Self {
             config,
             client,

@@ -208,7 +208,7 @@ mod tests {
         );
         tenure_conformance::url_options::assert_strict_options(
             RedlockConfig::from_url,
-            "redlock://u:pw@a:1,b:2,c:3/1",
+            "redlocks://u:pw@a:1,b:2,c:3/1",
             &[
                 RedlockConfig::OPTIONS,
                 RedisConfig::OPTIONS,
@@ -221,6 +221,9 @@ mod tests {
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("fence", "counter"),
+                ("ca_file", "/ca.pem"),
+                ("cert_file", "/client.pem"),
+                ("key_file", "/client.key"),
                 ("protocol", "resp3"),
             ],
         );

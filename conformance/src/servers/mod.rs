@@ -26,6 +26,7 @@ pub mod etcd;
 pub mod postgres;
 mod process;
 pub mod redis;
+pub mod tls;
 pub mod zk;
 
 pub use process::{pid_alive, spawned_pids};

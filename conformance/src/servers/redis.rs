@@ -16,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
+use super::tls::TestPki;
 use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 use crate::clock_shim::ClockShim;
 use crate::proxy::FaultProxy;
@@ -49,6 +50,8 @@ pub struct RedisOptions {
     /// Run every node under the [clock shim](crate::clock_shim), enabling
     /// [`RedisNode::set_clock_offset`] (default off).
     pub clock_shim: bool,
+    /// Secure every node (default off): see [`RedisOptions::secured`].
+    pub secured: Option<String>,
 }
 
 impl Default for RedisOptions {
@@ -57,6 +60,7 @@ impl Default for RedisOptions {
             nodes: 1,
             persistence: Persistence::None,
             clock_shim: false,
+            secured: None,
         }
     }
 }
@@ -78,6 +82,75 @@ impl RedisOptions {
     pub fn clock_shim(mut self, on: bool) -> Self {
         self.clock_shim = on;
         self
+    }
+
+    /// Nodes that require TLS and a password: a TLS port only (`--port 0`), certificates
+    /// from a [`TestPki`] made for the cluster, client certificates required
+    /// (`tls-auth-clients yes`), the `default` user off, and two ACL users allowed
+    /// `commands` (e.g. `-@all +get …`): `tenure` on keys and channels `{tenure/*`, and
+    /// `stranger` on `{stranger/*` only. Their random passwords and the certificates are
+    /// in [`RedisCluster::secrets`]. Nodes are then reachable with `rediss://` only, not by
+    /// [`RedisNode::command`].
+    pub fn secured(mut self, commands: &str) -> Self {
+        self.secured = Some(commands.to_owned());
+        self
+    }
+}
+
+/// What clients of a [secured](RedisOptions::secured) cluster need.
+#[derive(Clone)]
+pub struct RedisSecrets {
+    /// The cluster's CA and a client certificate it signed.
+    pub pki: TestPki,
+    /// The password of ACL user `tenure` (keys and channels `{tenure/*`).
+    pub password: String,
+    /// The password of ACL user `stranger` (keys and channels `{stranger/*`).
+    pub stranger_password: String,
+    commands: String,
+}
+
+impl RedisSecrets {
+    fn generate(dir: &Path, commands: &str) -> Result<RedisSecrets> {
+        let password = || format!("{:032x}", rand::random::<u128>());
+        Ok(RedisSecrets {
+            pki: TestPki::generate(&dir.join("pki"))?,
+            password: password(),
+            stranger_password: password(),
+            commands: commands.to_owned(),
+        })
+    }
+
+    /// The ACL file: `default` off, `tenure` and `stranger` each on their own prefix.
+    fn acl_file(&self) -> String {
+        let user = |name: &str, password: &str| {
+            format!(
+                "user {name} on >{password} resetkeys ~{{{name}/* resetchannels &{{{name}/* {}\n",
+                self.commands
+            )
+        };
+        format!(
+            "user default off\n{}{}",
+            user("tenure", &self.password),
+            user("stranger", &self.stranger_password)
+        )
+    }
+
+    /// The TLS query options of a client of the cluster: CA, client certificate and key.
+    pub fn tls_options(&self) -> String {
+        format!(
+            "ca_file={}&cert_file={}&key_file={}",
+            self.pki.ca().display(),
+            self.pki.client_cert().display(),
+            self.pki.client_key().display()
+        )
+    }
+}
+
+impl std::fmt::Debug for RedisSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSecrets")
+            .field("pki", &self.pki)
+            .finish_non_exhaustive()
     }
 }
 
@@ -215,15 +288,21 @@ impl RedisNode {
         persistence: Persistence,
         shim: Option<&ClockShim>,
         replica_of: Option<SocketAddr>,
+        secrets: Option<&RedisSecrets>,
     ) -> Result<RedisNode> {
         let bin = super::find_binary("redis-server", &[], INSTALL)?;
         let port = free_port()?;
         let addr = loopback(port);
         let dir = root.join(name);
         std::fs::create_dir_all(&dir)?;
+        let port_option = if secrets.is_some() {
+            "--tls-port"
+        } else {
+            "--port"
+        };
         let mut spec = CommandSpec::new(bin)
             .cwd(&dir)
-            .arg("--port")
+            .arg(port_option)
             .arg(port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
@@ -247,6 +326,23 @@ impl RedisNode {
                 .arg("--appendfsync")
                 .arg("always"),
         };
+        if let Some(secrets) = secrets {
+            let acl = dir.join("users.acl");
+            std::fs::write(&acl, secrets.acl_file())?;
+            spec = spec
+                .arg("--port")
+                .arg("0")
+                .arg("--tls-cert-file")
+                .arg(secrets.pki.server_cert())
+                .arg("--tls-key-file")
+                .arg(secrets.pki.server_key())
+                .arg("--tls-ca-cert-file")
+                .arg(secrets.pki.ca())
+                .arg("--tls-auth-clients")
+                .arg("yes")
+                .arg("--aclfile")
+                .arg(acl);
+        }
         if let Some(primary) = replica_of {
             spec = spec
                 .arg("--replicaof")
@@ -264,7 +360,12 @@ impl RedisNode {
             }
             None => None,
         };
-        let probe: Probe = Arc::new(|addr| Box::pin(async move { Ok(ping(addr).await.is_ok()) }));
+        let probe: Probe = if secrets.is_some() {
+            // A TLS port: listening is ready (a node without data has nothing to load).
+            Arc::new(|addr| Box::pin(async move { Ok(TcpStream::connect(addr).await.is_ok()) }))
+        } else {
+            Arc::new(|addr| Box::pin(async move { Ok(ping(addr).await.is_ok()) }))
+        };
         let process = ServerProcess::new(
             format!("redis-server {name} on {addr}"),
             spec,
@@ -273,7 +374,7 @@ impl RedisNode {
             addr,
             probe,
         )
-        .movable_port("--port");
+        .movable_port(port_option);
         Ok(RedisNode {
             core: NodeCore::new(process).await?,
             dir,
@@ -287,6 +388,7 @@ impl RedisNode {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<Arc<RedisNode>>,
+    secrets: Option<RedisSecrets>,
     dir: tempfile::TempDir,
 }
 
@@ -310,8 +412,13 @@ impl RedisCluster {
 
     async fn try_start(options: &RedisOptions, shim: Option<&ClockShim>) -> Result<RedisCluster> {
         let dir = tempfile::Builder::new().prefix("tenure-redis-").tempdir()?;
+        let secrets = match &options.secured {
+            Some(commands) => Some(RedisSecrets::generate(dir.path(), commands)?),
+            None => None,
+        };
         let mut cluster = RedisCluster {
             nodes: Vec::with_capacity(options.nodes),
+            secrets,
             dir,
         };
         for i in 0..options.nodes {
@@ -321,6 +428,7 @@ impl RedisCluster {
                 options.persistence,
                 shim,
                 None,
+                cluster.secrets.as_ref(),
             )
             .await?;
             node.core.process.spawn()?;
@@ -349,6 +457,11 @@ impl RedisCluster {
     /// The temporary directory holding every node's data and log.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The certificates and passwords of a [secured](RedisOptions::secured) cluster.
+    pub fn secrets(&self) -> Option<&RedisSecrets> {
+        self.secrets.as_ref()
     }
 }
 
@@ -393,7 +506,7 @@ impl RedisReplicaPair {
             .prefix("tenure-redis-pair-")
             .tempdir()?;
         let primary = Arc::new(
-            RedisNode::create(dir.path(), "primary", Persistence::None, None, None).await?,
+            RedisNode::create(dir.path(), "primary", Persistence::None, None, None, None).await?,
         );
         let link = FaultProxy::start(primary.addr()).await?;
         let replica = Arc::new(
@@ -403,6 +516,7 @@ impl RedisReplicaPair {
                 Persistence::None,
                 None,
                 Some(link.addr()),
+                None,
             )
             .await?,
         );

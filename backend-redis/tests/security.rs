@@ -1,0 +1,191 @@
+//! Against a redis-server that requires TLS with client certificates and a password
+//! ([`RedisOptions::secured`]): each way of getting the security wrong is a typed error
+//! with a clear message, returned at once (no retry loop, no waiting out the wait), and
+//! no message shows a password.
+
+use std::time::{Duration, Instant};
+
+use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey};
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, RedisSecrets};
+use tenure_conformance::servers::tls::TestPki;
+use tenure_redis::RedisLock;
+
+/// How long each refused client would wait for the lock.
+const WAIT: Duration = Duration::from_secs(30);
+/// A refusal comes well before the wait runs out. (The Redis client retries a failed
+/// connect once, about 1.5 s later; every other step answers at once.)
+const PROMPT: Duration = Duration::from_secs(10);
+
+struct Server {
+    cluster: RedisCluster,
+    secrets: RedisSecrets,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let cluster =
+            RedisCluster::start(RedisOptions::default().secured(tenure_redis::ACL_COMMANDS))
+                .await
+                .unwrap();
+        let secrets = cluster.secrets().unwrap().clone();
+        Server { cluster, secrets }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.cluster.nodes()[0].addr()
+    }
+
+    /// A URL for `user` with `password` and the given query.
+    fn url(&self, scheme: &str, user: &str, password: &str, query: &str) -> String {
+        format!(
+            "{scheme}://{user}:{password}@{}?prefix=tenure/&{query}",
+            self.addr()
+        )
+    }
+
+    fn good_url(&self) -> String {
+        self.url(
+            "rediss",
+            "tenure",
+            &self.secrets.password,
+            &self.secrets.tls_options(),
+        )
+    }
+}
+
+/// Connects and takes a lock, waiting up to [`WAIT`]: the error, which must come within
+/// [`PROMPT`] and not show `password`.
+async fn refusal(url: &str, password: &str) -> LockError {
+    let started = Instant::now();
+    let key = LockKey::new("job").unwrap();
+    let opts = AcquireOptions::new(Duration::from_secs(10)).wait(WAIT);
+    let error = match RedisLock::connect(url).await {
+        Err(e) => e,
+        Ok(lock) => match lock.acquire(&key, &opts).await {
+            Err(e) => e,
+            Ok(_) => panic!("acquired"),
+        },
+    };
+    let took = started.elapsed();
+    assert!(took < PROMPT, "refused after {took:?}: {error}");
+    for shown in [error.to_string(), format!("{error:?}")] {
+        assert!(!shown.contains(password), "the password shows in {shown}");
+    }
+    error
+}
+
+/// `error` is a `Config` error (never retried) whose message says `what`.
+fn config_error(error: &LockError, what: &str) {
+    match error {
+        LockError::Config(message) => assert!(message.contains(what), "{message}"),
+        other => panic!("expected a Config error saying {what:?}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_right_credentials_lock_and_unlock() {
+    let server = Server::start().await;
+    let lock = RedisLock::connect(&server.good_url()).await.unwrap();
+    let key = LockKey::new("job").unwrap();
+    let ttl = Duration::from_secs(5);
+    let lease = lock.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(lock.try_acquire(&key, ttl).await.unwrap().is_none());
+    lock.release(lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_certificate_from_an_unknown_ca_is_refused() {
+    let server = Server::start().await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let other = TestPki::generate(elsewhere.path()).unwrap();
+    let pki = &server.secrets.pki;
+    let query = format!(
+        "ca_file={}&cert_file={}&key_file={}",
+        other.ca().display(),
+        pki.client_cert().display(),
+        pki.client_key().display()
+    );
+    let password = &server.secrets.password;
+    let error = refusal(&server.url("rediss", "tenure", password, &query), password).await;
+    config_error(&error, "certificate is not trusted: set ca_file");
+}
+
+#[tokio::test]
+async fn a_plaintext_client_is_told_to_use_tls() {
+    let server = Server::start().await;
+    let password = &server.secrets.password;
+    let error = refusal(&server.url("redis", "tenure", password, ""), password).await;
+    assert!(
+        matches!(&error, LockError::Unavailable { message, .. } if message.contains("use rediss://")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_without_a_certificate_is_refused() {
+    let server = Server::start().await;
+    let query = format!("ca_file={}", server.secrets.pki.ca().display());
+    let password = &server.secrets.password;
+    let error = refusal(&server.url("rediss", "tenure", password, &query), password).await;
+    config_error(&error, "set cert_file and key_file");
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_refused() {
+    let server = Server::start().await;
+    let wrong = "not-the-password-3f9a";
+    let url = server.url("rediss", "tenure", wrong, &server.secrets.tls_options());
+    let error = refusal(&url, wrong).await;
+    config_error(&error, "authentication failed");
+}
+
+/// The ACL lets `stranger` run the lock commands on `{stranger/*` only: locks under
+/// `tenure/` are refused by the server (`NOPERM`), at once, not retried.
+#[tokio::test]
+async fn a_user_without_rights_on_the_prefix_is_refused() {
+    let server = Server::start().await;
+    let password = &server.secrets.stranger_password;
+    let url = server.url(
+        "rediss",
+        "stranger",
+        password,
+        &server.secrets.tls_options(),
+    );
+    let error = refusal(&url, password).await;
+    config_error(&error, "NOPERM");
+    // The same user on its own prefix may lock: the refusal was the ACL, not the user.
+    let own = url.replace("prefix=tenure/", "prefix=stranger/");
+    let lock = RedisLock::connect(&own).await.unwrap();
+    let key = LockKey::new("job").unwrap();
+    let lease = lock
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap();
+    lock.release(lease.expect("free")).await.unwrap();
+}
+
+/// Settings that cannot work are refused before connecting, naming the file, never its
+/// content.
+#[tokio::test]
+async fn tls_files_are_checked_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "secret-looking content").unwrap();
+    for (url, says) in [
+        (
+            format!("rediss://h?ca_file={}", missing.display()),
+            "missing.pem",
+        ),
+        (
+            format!("rediss://h?ca_file={}", not_pem.display()),
+            "no PEM",
+        ),
+        ("redis://h?ca_file=/x.pem".to_string(), "rediss://"),
+        ("rediss://h?cert_file=/x.pem".to_string(), "go together"),
+    ] {
+        let error = RedisLock::connect(&url).await.unwrap_err();
+        config_error(&error, says);
+        assert!(!error.to_string().contains("secret-looking"), "{error}");
+    }
+}

@@ -1,0 +1,124 @@
+//! A throwaway certificate authority for servers that require TLS, generated when a test
+//! starts (no key is ever committed) and written as PEM files into the server's
+//! temporary directory: the CA, a server certificate for `127.0.0.1` and `localhost`, and
+//! a client certificate, all signed by that CA. [`TestPki::generate`] called twice gives
+//! two unrelated CAs: a client given the other one's `ca.pem` must refuse the server.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use super::{Result, ServerError};
+
+/// The PEM files of one throwaway CA, in a directory the caller owns.
+#[derive(Clone, Debug)]
+pub struct TestPki {
+    dir: PathBuf,
+}
+
+impl TestPki {
+    /// A new CA, and a server and a client certificate it signs, written to `dir` as
+    /// `ca.pem`, `server.pem`, `server.key`, `client.pem` and `client.key` (keys readable
+    /// by their owner only, as Postgres requires).
+    pub fn generate(dir: &Path) -> Result<TestPki> {
+        let failed = |e: rcgen::Error| ServerError::Start {
+            what: "the test certificate authority".into(),
+            detail: e.to_string(),
+        };
+        std::fs::create_dir_all(dir)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "tenure throwaway test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().map_err(failed)?)
+            .map_err(failed)?;
+        let leaf = |name: &str, usage: ExtendedKeyUsagePurpose| {
+            let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])?;
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate()?;
+            let cert = params.signed_by(&key, &ca)?;
+            Ok::<_, rcgen::Error>((cert.pem(), key.serialize_pem()))
+        };
+        let (server, server_key) =
+            leaf("tenure test server", ExtendedKeyUsagePurpose::ServerAuth).map_err(failed)?;
+        let (client, client_key) =
+            leaf("tenure test client", ExtendedKeyUsagePurpose::ClientAuth).map_err(failed)?;
+        let pki = TestPki {
+            dir: dir.to_path_buf(),
+        };
+        std::fs::write(pki.ca(), ca.pem())?;
+        std::fs::write(pki.server_cert(), server)?;
+        std::fs::write(pki.client_cert(), client)?;
+        for (path, key) in [
+            (pki.server_key(), server_key),
+            (pki.client_key(), client_key),
+        ] {
+            write_private(&path, &key)?;
+        }
+        Ok(pki)
+    }
+
+    /// The CA certificate (PEM): what clients trust.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// The server's certificate (PEM), for `127.0.0.1` and `localhost`.
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.join("server.pem")
+    }
+
+    /// The server's private key (PEM, PKCS#8).
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.join("server.key")
+    }
+
+    /// A client certificate (PEM), for servers that require one.
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.join("client.pem")
+    }
+
+    /// The client certificate's private key (PEM, PKCS#8).
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client.key")
+    }
+}
+
+/// Writes a private key readable by its owner only.
+fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(pem.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_authorities_are_unrelated_and_keys_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let one = TestPki::generate(&dir.path().join("one")).unwrap();
+        let two = TestPki::generate(&dir.path().join("two")).unwrap();
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
+        assert!(read(one.ca()).starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(read(one.server_key()).contains("PRIVATE KEY-----"));
+        assert_ne!(read(one.ca()), read(two.ca()));
+        for key in [one.server_key(), one.client_key()] {
+            let mode = std::fs::metadata(key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}
