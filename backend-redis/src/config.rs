@@ -328,9 +328,11 @@ fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, 
 
 /// Makes sure rustls has a process-wide crypto provider before a TLS connection: the
 /// Redis client asks for the default one, and rustls cannot pick it by itself when the
-/// application enables none of its providers (or both). Installs *ring*'s if none is
-/// installed yet; an application that installed its own keeps it.
+/// application enables none of its providers (or more than one). With the `rustls-ring`
+/// feature (on by default), installs *ring*'s if none is installed yet; an application
+/// that installed its own keeps it. Without the feature, the application provides one.
 fn install_crypto_provider() {
+    #[cfg(feature = "rustls-ring")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race to another installer is fine: a provider is installed either way.
         let _ = rustls::crypto::ring::default_provider().install_default();

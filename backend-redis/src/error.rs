@@ -103,6 +103,14 @@ fn tls_refusal(error: &RedisError) -> Option<&'static str> {
             "the server refused the TLS client certificate, or needs one: set cert_file and \
              key_file to a certificate its tls-ca-cert-file trusts",
         ),
+        // What a TLS 1.2 server answers when a required client certificate is missing, or
+        // when no protocol version or cipher suite is common to both sides.
+        rustls::Error::AlertReceived(
+            Alert::HandshakeFailure | Alert::ProtocolVersion | Alert::InsufficientSecurity,
+        ) => Some(
+            "the server refused the TLS handshake: it may need a client certificate \
+             (cert_file and key_file) or a TLS version or cipher suite this client lacks",
+        ),
         _ => None,
     }
 }

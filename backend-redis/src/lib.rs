@@ -104,8 +104,10 @@ impl RedisLock {
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(config.connect_timeout)
             .set_response_timeout(config.request_timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(100);
+            // No retry inside the client: its first retry waits 1-2 s (backon's minimum
+            // delay plus jitter) and is made for refusals no retry can fix too (a wrong
+            // password, an untrusted certificate). Callers retry what is retryable.
+            .set_number_of_retries(0);
         let conn = bounded(
             config.connect_timeout * 2,
             client.get_connection_manager_with_config(manager_config),

@@ -85,15 +85,19 @@ impl Redlock {
                 gates: Arc::default(),
             }),
         };
-        let connected = lock
-            .inner
-            .fan_out(limit, |_| async { Ok(()) })
-            .await
-            .iter()
-            .filter(|r| r.is_ok())
-            .count();
+        let results = lock.inner.fan_out(limit, |_| async { Ok(()) }).await;
+        let connected = results.iter().filter(|r| r.is_ok()).count();
         let needed = lock.inner.config.quorum();
         if connected < needed {
+            // A refusal no retry can fix (credentials, certificates, settings) is the
+            // answer, rather than a bare retryable `NoQuorum`.
+            if let Some(refusal) = results
+                .into_iter()
+                .filter_map(Result::err)
+                .find(|e| !e.is_retryable())
+            {
+                return Err(refusal);
+            }
             return Err(LockError::NoQuorum {
                 got: connected,
                 needed,

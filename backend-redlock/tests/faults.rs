@@ -89,9 +89,17 @@ async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing
 
     nodes[2].kill().await.unwrap();
     let err = lock.try_acquire(&k, TTL).await.unwrap_err();
+    // `got` counts the grants in when the round was decided: the dead nodes' refused
+    // connections can settle it before the two survivors answer.
     assert!(
-        matches!(err, LockError::NoQuorum { got: 2, needed: 3 }),
-        "expected NoQuorum {{ got: 2, needed: 3 }}, got {err}"
+        matches!(
+            err,
+            LockError::NoQuorum {
+                got: 0..=2,
+                needed: 3
+            }
+        ),
+        "expected NoQuorum {{ got: 0..=2, needed: 3 }}, got {err}"
     );
     // The round was decided once a majority could no longer grant; the survivors' grants
     // are released by the round's node tasks as they come back, possibly just after.

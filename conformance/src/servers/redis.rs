@@ -328,7 +328,7 @@ impl RedisNode {
         };
         if let Some(secrets) = secrets {
             let acl = dir.join("users.acl");
-            std::fs::write(&acl, secrets.acl_file())?;
+            super::tls::write_private(&acl, &secrets.acl_file())?;
             spec = spec
                 .arg("--port")
                 .arg("0")

@@ -89,8 +89,8 @@ impl TestPki {
     }
 }
 
-/// Writes a private key readable by its owner only.
-fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+/// Writes a private file (a key, passwords) readable by its owner only.
+pub(crate) fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
