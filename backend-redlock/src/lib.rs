@@ -316,7 +316,7 @@ impl Inner {
             answers,
             &mut tally,
             |reply| matches!(reply, Grant::Granted(_)),
-            |t| t.verdict().is_some(),
+            Tally::settled,
         )
         .await;
         let expired = || {
@@ -482,7 +482,7 @@ impl DistributedLock for Redlock {
             async move { node.extend_owner(&key, owner, ttl).await }
         });
         let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
-        gather(answers, &mut tally, |ours| *ours, |t| t.verdict().is_some()).await;
+        gather(answers, &mut tally, |ours| *ours, Tally::settled).await;
         let (nodes, quorum) = (tally.nodes, tally.quorum);
         match tally.verdict() {
             Some(Verdict::Majority) if Instant::now() < deadline(start, ttl, drift) => {

@@ -95,6 +95,21 @@ impl Tally {
         }
     }
 
+    /// Whether the phase's answer is certain: a verdict and — when no majority can say
+    /// yes — also whether a majority said no (the lock is another's: contention, a lost
+    /// lease) or a majority cannot answer (an outage). Without the second part, the quick
+    /// refusals of a dead minority decided a round on a held lock before the live nodes
+    /// said "held", and contention came back as `NoQuorum`.
+    pub(crate) fn settled(&self) -> bool {
+        match self.verdict() {
+            None => false,
+            Some(Verdict::NoMajority) => {
+                self.answered() >= self.quorum || self.answered() + self.pending() < self.quorum
+            }
+            Some(_) => true,
+        }
+    }
+
     /// The first non-retryable node error (it names its node).
     pub(crate) fn take_fatal(&mut self) -> LockError {
         self.first_fatal
@@ -237,6 +252,37 @@ mod tests {
             message: "n1: no reply".into(),
             source: None,
         }
+    }
+
+    /// Two dead nodes refuse at once, then the first live node says "held": no majority
+    /// can grant any more, but whether this is contention or an outage is not known
+    /// until a majority has answered.
+    #[test]
+    fn quick_refusals_do_not_settle_contention_as_an_outage() {
+        let mut t = Tally::new(5, 3);
+        t.record(Err(unavailable()));
+        t.record(Err(unavailable()));
+        t.record(Ok(false));
+        assert_eq!(t.verdict(), Some(Verdict::NoMajority));
+        assert!(!t.settled(), "two live nodes have yet to answer");
+        t.record(Ok(false));
+        assert!(!t.settled());
+        t.record(Ok(false));
+        assert!(t.settled() && t.answered() >= t.quorum, "contention: held");
+
+        let mut t = Tally::new(5, 3);
+        t.record(Err(unavailable()));
+        t.record(Err(unavailable()));
+        t.record(Err(unavailable()));
+        assert!(
+            t.settled(),
+            "an outage is certain once a majority cannot answer"
+        );
+        let mut t = Tally::new(5, 3);
+        for _ in 0..3 {
+            t.record(Ok(true));
+        }
+        assert!(t.settled());
     }
 
     #[test]

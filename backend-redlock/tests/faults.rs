@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey, OwnerId};
+use tenure_api::{
+    AcquireOptions, DistributedLock, Lease, LockError, LockKey, OwnerId, ReleaseOutcome,
+};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
 use tenure_conformance::servers::redis::{
@@ -64,6 +66,37 @@ async fn warm_up(lock: &dyn DistributedLock) {
     let patient = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
     let lease = lock.acquire(&key("warm-up"), &patient).await.unwrap();
     let _ = lock.release(lease).await;
+}
+
+/// With two of five nodes dead, a key another client holds is contention (`Ok(None)`),
+/// not `NoQuorum`: the dead nodes refuse at once, and the round used to be decided on
+/// their refusals plus the first live "held" before the other live nodes answered (the
+/// quick matrix once read UNSAFE from it: the contender, told `NoQuorum`, kept retrying
+/// until the holder's lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_with_a_minority_down_is_contention_not_no_quorum() {
+    let cluster = five(RedisOptions::default()).await;
+    let (holder, contender) = (direct(&cluster).await, direct(&cluster).await);
+    let nodes = cluster.nodes();
+    let k = key("held-with-minority-down");
+    let lease = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let pids = [nodes[0].pid().unwrap(), nodes[1].pid().unwrap()];
+    nodes[0].kill().await.unwrap();
+    nodes[1].kill().await.unwrap();
+    assert!(
+        pids.iter().all(|&pid| !pid_alive(pid)),
+        "the fault fired: both servers' processes exited"
+    );
+    for attempt in 0..20 {
+        match contender.try_acquire(&k, TTL).await {
+            Ok(None) => {}
+            other => panic!("attempt {attempt}: expected Ok(None) (held), got {other:?}"),
+        }
+    }
+    assert_eq!(
+        holder.release(lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
