@@ -13,11 +13,7 @@ fn main() {
                 .await?;
         let secrets = cluster.secrets().expect("a secured cluster").clone();
         let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-        let template = format!(
-            "rediss://tenure:{}@{{hosts}}?prefix=tenure/&{}",
-            secrets.password,
-            secrets.tls_options()
-        );
+        let template = secrets.url("rediss", "{hosts}");
         Ok(
             UrlHarness::new("redis", &template, targets, |url| async move {
                 RedisLock::connect(&url).await

@@ -44,12 +44,7 @@ impl Server {
     }
 
     fn good_url(&self) -> String {
-        self.url(
-            "rediss",
-            "tenure",
-            &self.secrets.password,
-            &self.secrets.tls_options(),
-        )
+        self.secrets.url("rediss", &self.addr().to_string())
     }
 }
 

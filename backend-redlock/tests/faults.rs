@@ -68,6 +68,18 @@ async fn warm_up(lock: &dyn DistributedLock) {
     let _ = lock.release(lease).await;
 }
 
+/// SIGKILLs `nodes` and asserts the fault fired: every one's process exited.
+async fn kill_nodes(nodes: &[Arc<RedisNode>]) {
+    let pids: Vec<u32> = nodes.iter().map(|n| n.pid().unwrap()).collect();
+    for node in nodes {
+        node.kill().await.unwrap();
+    }
+    assert!(
+        pids.iter().all(|&pid| !pid_alive(pid)),
+        "the fault fired: the servers' processes exited"
+    );
+}
+
 /// With two of five nodes dead, a key another client holds is contention (`Ok(None)`),
 /// not `NoQuorum`: the dead nodes refuse at once, and the round used to be decided on
 /// their refusals plus the first live "held" before the other live nodes answered (the
@@ -80,13 +92,7 @@ async fn a_held_key_with_a_minority_down_is_contention_not_no_quorum() {
     let nodes = cluster.nodes();
     let k = key("held-with-minority-down");
     let lease = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
-    let pids = [nodes[0].pid().unwrap(), nodes[1].pid().unwrap()];
-    nodes[0].kill().await.unwrap();
-    nodes[1].kill().await.unwrap();
-    assert!(
-        pids.iter().all(|&pid| !pid_alive(pid)),
-        "the fault fired: both servers' processes exited"
-    );
+    kill_nodes(&nodes[..2]).await;
     for attempt in 0..20 {
         match contender.try_acquire(&k, TTL).await {
             Ok(None) => {}
@@ -106,13 +112,7 @@ async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing
     let nodes = cluster.nodes();
     let k = key("quorum");
 
-    let pids = [nodes[0].pid().unwrap(), nodes[1].pid().unwrap()];
-    nodes[0].kill().await.unwrap();
-    nodes[1].kill().await.unwrap();
-    assert!(
-        pids.iter().all(|&pid| !pid_alive(pid)),
-        "the fault fired: both servers' processes exited"
-    );
+    kill_nodes(&nodes[..2]).await;
     let lease = lock
         .try_acquire(&k, TTL)
         .await

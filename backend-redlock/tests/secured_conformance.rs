@@ -15,11 +15,7 @@ fn main() {
         let cluster = RedisCluster::start(options).await?;
         let secrets = cluster.secrets().expect("a secured cluster").clone();
         let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-        let template = format!(
-            "redlocks://tenure:{}@{{hosts}}?prefix=tenure/&{}",
-            secrets.password,
-            secrets.tls_options()
-        );
+        let template = secrets.url("redlocks", "{hosts}");
         Ok(
             UrlHarness::new("redlock", &template, targets, |url| async move {
                 Redlock::connect(&url).await

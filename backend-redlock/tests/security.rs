@@ -25,7 +25,7 @@ async fn refusals_by_every_node_are_config_errors() {
             hosts.join(",")
         )
     };
-    let good = Redlock::connect(&url(&secrets.password, &secrets.tls_options())).await;
+    let good = Redlock::connect(&secrets.url("redlocks", &hosts.join(","))).await;
     assert!(good.is_ok(), "{:?}", good.err());
 
     let elsewhere = tempfile::tempdir().unwrap();

@@ -135,6 +135,16 @@ impl RedisSecrets {
         )
     }
 
+    /// A URL of ACL user `tenure` on prefix `tenure/` with the TLS options: `scheme`
+    /// (`rediss`, `redlocks`) and `hosts` (`h:p,…`, or a harness template's `{hosts}`).
+    pub fn url(&self, scheme: &str, hosts: &str) -> String {
+        format!(
+            "{scheme}://tenure:{}@{hosts}?prefix=tenure/&{}",
+            self.password,
+            self.tls_options()
+        )
+    }
+
     /// The TLS query options of a client of the cluster: CA, client certificate and key.
     pub fn tls_options(&self) -> String {
         format!(
