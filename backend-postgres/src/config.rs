@@ -323,6 +323,41 @@ impl PgConfig {
         qualified(&self.schema, &format!("{}{FENCE_SUFFIX}", self.table))
     }
 
+    /// The DDL [`PgLock::migrate`](crate::PgLock::migrate) runs, for an administrator who
+    /// creates the lock objects ahead of the clients: the schema, the lock table, the
+    /// holder table and the fence sequence, each only if missing.
+    pub fn schema_sql(&self) -> String {
+        format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{}\"; {}",
+            self.schema,
+            crate::sql::tables_ddl(self)
+        )
+    }
+
+    /// The least privilege `role` needs to lock with this configuration, as `GRANT`
+    /// statements: `USAGE` on the schema; `SELECT`, `INSERT` and `UPDATE` on the holder
+    /// table and (row locking: `FOR UPDATE` needs `UPDATE`) on the lock table; `USAGE` on
+    /// the fence sequence (`nextval`). The objects must exist (see
+    /// [`schema_sql`](Self::schema_sql)); a client that finds them all needs no `CREATE`
+    /// privilege even with `migrate=true`. A role name that is not a plain identifier is
+    /// [`LockError::Config`].
+    pub fn grant_sql(&self, role: &str) -> Result<String, LockError> {
+        validate_ident("role", role, MAX_IDENT)?;
+        let role = format!("\"{role}\"");
+        let mut tables = vec![self.holder_table()];
+        if self.locking == Locking::Row {
+            tables.insert(0, self.lock_table());
+        }
+        Ok(format!(
+            "GRANT USAGE ON SCHEMA \"{}\" TO {role}; \
+             GRANT SELECT, INSERT, UPDATE ON {} TO {role}; \
+             GRANT USAGE ON SEQUENCE {} TO {role}",
+            self.schema,
+            tables.join(", "),
+            self.fence_sequence()
+        ))
+    }
+
     /// The client's connection options (with the password).
     pub fn connect_options(&self) -> &PgConnectOptions {
         &self.options
@@ -495,6 +530,39 @@ mod tests {
         );
         let err = PgConfig::from_url("postgres://u:hunter2@h/db?bogus=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn grants_name_every_object_the_mode_uses_and_nothing_more() {
+        let row = PgConfig::from_url("postgres://h?schema=locks&table=jobs").unwrap();
+        assert_eq!(
+            row.grant_sql("app_worker").unwrap(),
+            "GRANT USAGE ON SCHEMA \"locks\" TO \"app_worker\"; \
+             GRANT SELECT, INSERT, UPDATE ON \"locks\".\"jobs\", \"locks\".\"jobs_holders\" \
+             TO \"app_worker\"; GRANT USAGE ON SEQUENCE \"locks\".\"jobs_fence\" TO \"app_worker\""
+        );
+        let advisory = PgConfig::from_url("postgres://h?locking=advisory").unwrap();
+        let grants = advisory.grant_sql("w").unwrap();
+        assert!(
+            grants.contains("ON \"public\".\"tenure_locks_holders\" TO"),
+            "{grants}"
+        );
+        assert!(!grants.contains("\"tenure_locks\","), "{grants}");
+        for bad in ["", "a b", "x\"; DROP TABLE t; --", "1role"] {
+            assert!(
+                matches!(row.grant_sql(bad), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
+        let ddl = row.schema_sql();
+        assert!(
+            ddl.starts_with("CREATE SCHEMA IF NOT EXISTS \"locks\"; "),
+            "{ddl}"
+        );
+        assert!(
+            ddl.contains("CREATE SEQUENCE IF NOT EXISTS \"locks\".\"jobs_fence\""),
+            "{ddl}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tenure_api::tls::{tls_refusal, TlsRefusal};
 use tenure_api::LockError;
 
 use crate::PgConfig;
@@ -15,6 +16,9 @@ pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
 pub(crate) fn client_check_rejected(code: Option<&str>, message: &str) -> bool {
     matches!(code, Some("22023" | "42704")) && message.contains("client_connection_check_interval")
 }
+
+/// SQLSTATE `insufficient_privilege`: the role may not use a lock object.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 /// SQLSTATE `too_many_connections`: the server (`max_connections`), role or database is out
 /// of connection slots.
@@ -38,10 +42,26 @@ pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
         .map(|c| c.into_owned())
 }
 
-/// Connection-level failures are `Unavailable`; authentication and unknown databases are
-/// `Config`; anything else is `Backend`. Messages name the endpoint, never the password.
+/// Connection-level failures are `Unavailable`; authentication, TLS refusals, missing
+/// privileges and unknown databases are `Config`; anything else is `Backend`. Messages
+/// name the endpoint, never the password.
 pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> LockError {
     let message = format!("{what} on {}: {error}", config.endpoint());
+    if let Some(refusal) = tls_refusal(&error) {
+        let hint = match refusal {
+            TlsRefusal::UntrustedServer => {
+                "the server's TLS certificate is not trusted: set sslrootcert to the CA that \
+                 signed it, and connect by a name or address the certificate lists \
+                 (sslmode=verify-full)"
+            }
+            TlsRefusal::ClientCertificate => {
+                "the server refused the TLS client certificate, or needs one: set sslcert \
+                 and sslkey to a certificate its ssl_ca_file trusts"
+            }
+            _ => "the server refused the TLS handshake (no TLS version or cipher suite in common)",
+        };
+        return LockError::Config(format!("{message} ({hint})"));
+    }
     let code = sqlstate(&error);
     let class = code.as_deref().map(|c| &c[..2.min(c.len())]);
     let unavailable = matches!(
@@ -70,6 +90,18 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
             message,
             source: Some(Box::new(error)),
         };
+    }
+    if code.as_deref() == Some(INSUFFICIENT_PRIVILEGE) {
+        return LockError::Config(format!(
+            "{message} (the role lacks a privilege tenure needs: PgConfig::grant_sql gives \
+             the GRANT statements, see the README's security section)"
+        ));
+    }
+    if class == Some("28") && message.contains("no encryption") {
+        return LockError::Config(format!(
+            "{message} (the server accepts this user over TLS only: set sslmode=verify-full \
+             and sslrootcert)"
+        ));
     }
     if matches!(error, sqlx::Error::Configuration(_) | sqlx::Error::Tls(_))
         || matches!(class, Some("28"))

@@ -155,13 +155,27 @@ impl PgLock {
     /// Creates the schema (if missing), the lock table, the holder table and the fence
     /// sequence, each only if missing. Idempotent and safe to run from many clients at
     /// once: the DDL runs in one transaction under `pg_advisory_xact_lock`, because
-    /// `CREATE … IF NOT EXISTS` alone races (two sessions can both see "missing").
+    /// `CREATE … IF NOT EXISTS` alone races (two sessions can both see "missing"). When all
+    /// three objects exist it runs no DDL, so a role with only the privileges of
+    /// [`PgConfig::grant_sql`] can leave `migrate` on.
     ///
     /// # Cancel safety
     /// Cancel-safe: the transaction is rolled back if the future is dropped.
     pub async fn migrate(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
         let work = async {
+            let present: bool = sqlx::query_scalar(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                 AND to_regclass($3) IS NOT NULL",
+            )
+            .bind(config.lock_table())
+            .bind(config.holder_table())
+            .bind(config.fence_sequence())
+            .fetch_one(&self.inner.pool)
+            .await?;
+            if present {
+                return Ok(());
+            }
             let mut tx = self.inner.pool.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(format!("tenure-postgres:{}", config.lock_table()))

@@ -81,17 +81,27 @@ impl Statements {
             update_ttl: format!(
                 "UPDATE {holders} SET ttl_ms = $2 WHERE key = $1 AND xid = $3::text::xid8"
             ),
-            migrate: format!(
-                "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, \
-                 created_at timestamptz NOT NULL DEFAULT now()); \
-                 CREATE TABLE IF NOT EXISTS {holders} (key text PRIMARY KEY, owner text NOT NULL, \
-                 token bigint NOT NULL, xid xid8 NOT NULL, pid integer NOT NULL, \
-                 ttl_ms bigint NOT NULL, granted_at timestamptz NOT NULL); \
-                 CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint MINVALUE 1 NO CYCLE"
-            ),
+            migrate: tables_ddl(config),
             table,
         }
     }
+}
+
+/// The lock table, holder table and fence sequence, each created only if missing.
+pub(crate) fn tables_ddl(config: &PgConfig) -> String {
+    let (table, holders, fence) = (
+        config.lock_table(),
+        config.holder_table(),
+        config.fence_sequence(),
+    );
+    format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, \
+         created_at timestamptz NOT NULL DEFAULT now()); \
+         CREATE TABLE IF NOT EXISTS {holders} (key text PRIMARY KEY, owner text NOT NULL, \
+         token bigint NOT NULL, xid xid8 NOT NULL, pid integer NOT NULL, \
+         ttl_ms bigint NOT NULL, granted_at timestamptz NOT NULL); \
+         CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint MINVALUE 1 NO CYCLE"
+    )
 }
 
 /// The one simple query that starts an attempt on a dedicated connection, in one round

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use redis::RedisError;
+use tenure_api::tls::TlsRefusal;
 use tenure_api::LockError;
 
 use crate::RedisConfig;
@@ -79,40 +80,22 @@ fn error_class(error: &RedisError) -> ErrorClass {
     }
 }
 
-/// The TLS handshake failed for a reason a retry cannot fix, and what to do about it: the
-/// server's certificate is not trusted (its CA is not `ca_file`'s, or it does not name the
-/// host), or the server refused our certificate or asked for one we did not send.
+/// The TLS handshake failed for a reason a retry cannot fix, and what to do about it.
 fn tls_refusal(error: &RedisError) -> Option<&'static str> {
-    use rustls::AlertDescription as Alert;
-    let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
-    match io.get_ref()?.downcast_ref::<rustls::Error>()? {
-        rustls::Error::InvalidCertificate(_) => Some(
+    Some(match tenure_api::tls::tls_refusal(error)? {
+        TlsRefusal::UntrustedServer => {
             "the server's TLS certificate is not trusted: set ca_file to the CA that signed it, \
-             and connect by a name or address the certificate lists",
-        ),
-        rustls::Error::AlertReceived(
-            Alert::CertificateRequired
-            | Alert::BadCertificate
-            | Alert::UnknownCA
-            | Alert::CertificateUnknown
-            | Alert::CertificateExpired
-            | Alert::CertificateRevoked
-            | Alert::UnsupportedCertificate
-            | Alert::AccessDenied,
-        ) => Some(
+             and connect by a name or address the certificate lists"
+        }
+        TlsRefusal::ClientCertificate => {
             "the server refused the TLS client certificate, or needs one: set cert_file and \
-             key_file to a certificate its tls-ca-cert-file trusts",
-        ),
-        // What a TLS 1.2 server answers when a required client certificate is missing, or
-        // when no protocol version or cipher suite is common to both sides.
-        rustls::Error::AlertReceived(
-            Alert::HandshakeFailure | Alert::ProtocolVersion | Alert::InsufficientSecurity,
-        ) => Some(
+             key_file to a certificate its tls-ca-cert-file trusts"
+        }
+        _ => {
             "the server refused the TLS handshake: it may need a client certificate \
-             (cert_file and key_file) or a TLS version or cipher suite this client lacks",
-        ),
-        _ => None,
-    }
+             (cert_file and key_file) or a TLS version or cipher suite this client lacks"
+        }
+    })
 }
 
 /// Converts a client error from step `what` into a [`LockError`] of its class (see

@@ -3,18 +3,13 @@
 //! with a clear message, returned at once (no retry loop, no waiting out the wait), and
 //! no message shows a password.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey};
+use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_conformance::security::{self, expect_config};
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, RedisSecrets};
 use tenure_conformance::servers::tls::TestPki;
 use tenure_redis::RedisLock;
-
-/// How long each refused client would wait for the lock.
-const WAIT: Duration = Duration::from_secs(30);
-/// A refusal comes well before the wait runs out. (The Redis client retries a failed
-/// connect once, about 1.5 s later; every other step answers at once.)
-const PROMPT: Duration = Duration::from_secs(10);
 
 struct Server {
     cluster: RedisCluster,
@@ -48,44 +43,16 @@ impl Server {
     }
 }
 
-/// Connects and takes a lock, waiting up to [`WAIT`]: the error, which must come within
-/// [`PROMPT`] and not show `password`.
+/// Connects with `url`: the refusal (see [`security::refusal`]).
 async fn refusal(url: &str, password: &str) -> LockError {
-    let started = Instant::now();
-    let key = LockKey::new("job").unwrap();
-    let opts = AcquireOptions::new(Duration::from_secs(10)).wait(WAIT);
-    let error = match RedisLock::connect(url).await {
-        Err(e) => e,
-        Ok(lock) => match lock.acquire(&key, &opts).await {
-            Err(e) => e,
-            Ok(_) => panic!("acquired"),
-        },
-    };
-    let took = started.elapsed();
-    assert!(took < PROMPT, "refused after {took:?}: {error}");
-    for shown in [error.to_string(), format!("{error:?}")] {
-        assert!(!shown.contains(password), "the password shows in {shown}");
-    }
-    error
-}
-
-/// `error` is a `Config` error (never retried) whose message says `what`.
-fn config_error(error: &LockError, what: &str) {
-    match error {
-        LockError::Config(message) => assert!(message.contains(what), "{message}"),
-        other => panic!("expected a Config error saying {what:?}, got {other:?}"),
-    }
+    security::refusal(RedisLock::connect(url), password).await
 }
 
 #[tokio::test]
 async fn the_right_credentials_lock_and_unlock() {
     let server = Server::start().await;
     let lock = RedisLock::connect(&server.good_url()).await.unwrap();
-    let key = LockKey::new("job").unwrap();
-    let ttl = Duration::from_secs(5);
-    let lease = lock.try_acquire(&key, ttl).await.unwrap().unwrap();
-    assert!(lock.try_acquire(&key, ttl).await.unwrap().is_none());
-    lock.release(lease).await.unwrap();
+    security::locks_and_unlocks(&lock).await;
 }
 
 #[tokio::test]
@@ -102,7 +69,7 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     );
     let password = &server.secrets.password;
     let error = refusal(&server.url("rediss", "tenure", password, &query), password).await;
-    config_error(&error, "certificate is not trusted: set ca_file");
+    expect_config(&error, "certificate is not trusted: set ca_file");
 }
 
 #[tokio::test]
@@ -122,7 +89,7 @@ async fn a_client_without_a_certificate_is_refused() {
     let query = format!("ca_file={}", server.secrets.pki.ca().display());
     let password = &server.secrets.password;
     let error = refusal(&server.url("rediss", "tenure", password, &query), password).await;
-    config_error(&error, "set cert_file and key_file");
+    expect_config(&error, "set cert_file and key_file");
 }
 
 #[tokio::test]
@@ -131,7 +98,7 @@ async fn a_wrong_password_is_refused() {
     let wrong = "not-the-password-3f9a";
     let url = server.url("rediss", "tenure", wrong, &server.secrets.tls_options());
     let error = refusal(&url, wrong).await;
-    config_error(&error, "authentication failed");
+    expect_config(&error, "authentication failed");
 }
 
 /// The ACL lets `stranger` run the lock commands on `{stranger/*` only: locks under
@@ -147,7 +114,7 @@ async fn a_user_without_rights_on_the_prefix_is_refused() {
         &server.secrets.tls_options(),
     );
     let error = refusal(&url, password).await;
-    config_error(&error, "NOPERM");
+    expect_config(&error, "NOPERM");
     // The same user on its own prefix may lock: the refusal was the ACL, not the user.
     let own = url.replace("prefix=tenure/", "prefix=stranger/");
     let lock = RedisLock::connect(&own).await.unwrap();
@@ -180,7 +147,7 @@ async fn tls_files_are_checked_before_connecting() {
         ("rediss://h?cert_file=/x.pem".to_string(), "go together"),
     ] {
         let error = RedisLock::connect(&url).await.unwrap_err();
-        config_error(&error, says);
+        expect_config(&error, says);
         assert!(!error.to_string().contains("secret-looking"), "{error}");
     }
 }

@@ -17,6 +17,7 @@ pub mod harness;
 pub mod history;
 pub mod proxy;
 pub mod runner;
+pub mod security;
 pub mod servers;
 pub mod suite;
 pub mod url_options;

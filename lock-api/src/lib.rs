@@ -37,6 +37,8 @@ mod lease;
 mod lock;
 mod memory;
 mod options;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod urls;
 
 pub use admin::{Finding, LockAdmin, Problem};

@@ -6,6 +6,9 @@
 //! crash. When running as root, `initdb` and `postgres` run as the `postgres` user (initdb
 //! refuses root); the PID held is the postmaster's own.
 //!
+//! A [secured](Postgres::start_secured) server requires TLS with a client certificate and
+//! a SCRAM password on TCP (`hostssl` only); the harness's own `psql` uses the Unix socket.
+//!
 //! Binaries are looked up in `PATH`, then in the newest `/usr/lib/postgresql/*/bin`.
 
 use std::net::SocketAddr;
@@ -14,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
+use super::tls::TestSecrets;
 use super::{free_port, loopback, NodeCore, Result, ServerError};
 
 const INSTALL: &str = "apt-get install -y postgresql";
@@ -30,7 +34,68 @@ pub struct Postgres {
     core: NodeCore,
     bin_dir: PathBuf,
     data: PathBuf,
+    secrets: Option<PgSecrets>,
     dir: tempfile::TempDir,
+}
+
+/// The schema a [secured](Postgres::start_secured) server creates for the lock objects
+/// (owned by `postgres`; user `tenure` gets only the grants its tests give it).
+pub const SECURED_SCHEMA: &str = "locks";
+
+/// What clients of a [secured](Postgres::start_secured) server need: its CA and the
+/// passwords of roles `tenure` and `stranger` (through `Deref`), and the URLs that use them.
+#[derive(Clone, Debug)]
+pub struct PgSecrets {
+    users: TestSecrets,
+}
+
+impl std::ops::Deref for PgSecrets {
+    type Target = TestSecrets;
+
+    fn deref(&self) -> &TestSecrets {
+        &self.users
+    }
+}
+
+impl PgSecrets {
+    /// A URL of role `tenure` on schema [`SECURED_SCHEMA`] with the TLS options; `hosts` is
+    /// `h:p` or a harness template's `{hosts}`.
+    pub fn url(&self, hosts: &str) -> String {
+        format!(
+            "postgres://tenure:{}@{hosts}/postgres?schema={SECURED_SCHEMA}&{}",
+            self.password,
+            self.tls_options()
+        )
+    }
+
+    /// The TLS parameters of a client: verify the server against the CA (`verify-full`),
+    /// and present the client certificate.
+    pub fn tls_options(&self) -> String {
+        format!(
+            "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+            self.pki.ca().display(),
+            self.pki.client_cert().display(),
+            self.pki.client_key().display()
+        )
+    }
+
+    /// `pg_hba.conf`: the harness's superuser on the Unix socket only; everyone else over
+    /// TLS from loopback, with a client certificate the CA signed and a SCRAM password.
+    fn hba(&self) -> &'static str {
+        "local all postgres trust\n\
+         hostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-ca\n"
+    }
+
+    /// The roles and the schema, run as `postgres` once the server is up.
+    fn setup_sql(&self) -> String {
+        format!(
+            "SET password_encryption = 'scram-sha-256'; \
+             CREATE ROLE tenure LOGIN PASSWORD '{}'; \
+             CREATE ROLE stranger LOGIN PASSWORD '{}'; \
+             CREATE SCHEMA {SECURED_SCHEMA}",
+            self.password, self.stranger_password
+        )
+    }
 }
 
 super::impl_node!(Postgres);
@@ -44,10 +109,23 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start() -> Result<Postgres> {
-        super::retry_on_port_clash(Self::try_start).await
+        super::retry_on_port_clash(|| Self::try_start(false)).await
     }
 
-    async fn try_start() -> Result<Postgres> {
+    /// Like [`start`](Self::start), but the server requires TLS (`ssl=on`, `hostssl`
+    /// only, certificates from a throwaway CA made now) with a client certificate, and a
+    /// SCRAM password: roles `tenure` and `stranger` (passwords in
+    /// [`secrets`](Self::secrets)) may log in, neither has any privilege yet, and schema
+    /// [`SECURED_SCHEMA`] exists, owned by `postgres`. [`psql`](Self::psql) still works
+    /// (as `postgres`, over the Unix socket).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a server started so far is killed when the future is dropped.
+    pub async fn start_secured() -> Result<Postgres> {
+        super::retry_on_port_clash(|| Self::try_start(true)).await
+    }
+
+    async fn try_start(secured: bool) -> Result<Postgres> {
         let bin_dir = bin_dir()?;
         let user = run_as()?;
         let dir = tempfile::Builder::new().prefix("tenure-pg-").tempdir()?;
@@ -61,10 +139,16 @@ impl Postgres {
         }
         let data = root.join("data");
         initdb(&bin_dir, &root, &data, user).await?;
+        let secrets = match secured {
+            true => Some(PgSecrets {
+                users: TestSecrets::generate(&root.join("pki"))?,
+            }),
+            false => None,
+        };
 
         let port = free_port()?;
         let addr = loopback(port);
-        let spec = CommandSpec::new(bin_dir.join("postgres"))
+        let mut spec = CommandSpec::new(bin_dir.join("postgres"))
             .cwd(&root)
             .user(user)
             .env("LC_ALL", "C")
@@ -86,8 +170,29 @@ impl Postgres {
             .arg("max_connections=300")
             .arg("-c")
             .arg("logging_collector=off");
-        let probe_bins = bin_dir.clone();
-        let probe: Probe = Arc::new(move |addr| Box::pin(ready(probe_bins.clone(), addr)));
+        if let Some(secrets) = &secrets {
+            std::fs::write(data.join("pg_hba.conf"), secrets.hba())?;
+            let pki = &secrets.pki;
+            for (setting, file) in [
+                ("ssl_cert_file", pki.server_cert()),
+                ("ssl_key_file", pki.server_key()),
+                ("ssl_ca_file", pki.ca()),
+            ] {
+                if let Some((uid, gid)) = user {
+                    // The server refuses a key it does not own (or root, with 0640).
+                    nix::unistd::chown(
+                        &file,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    )?;
+                }
+                spec = spec.arg("-c").arg(format!("{setting}={}", file.display()));
+            }
+            spec = spec.arg("-c").arg("ssl=on");
+        }
+        let (probe_bins, probe_socket) = (bin_dir.clone(), root.clone());
+        let probe: Probe =
+            Arc::new(move |addr| Box::pin(ready(probe_bins.clone(), probe_socket.clone(), addr)));
         let process = ServerProcess::new(
             format!("postgres on {addr}"),
             spec,
@@ -101,9 +206,13 @@ impl Postgres {
             core: NodeCore::new(process).await?,
             bin_dir,
             data,
+            secrets,
             dir,
         };
         pg.core.process.start().await?;
+        if let Some(secrets) = &pg.secrets {
+            pg.psql(&secrets.setup_sql()).await?;
+        }
         Ok(pg)
     }
 
@@ -117,6 +226,11 @@ impl Postgres {
         format!("postgres://postgres@{}/postgres", self.proxied_addr())
     }
 
+    /// The CA and passwords of a [secured](Self::start_secured) server.
+    pub fn secrets(&self) -> Option<&PgSecrets> {
+        self.secrets.as_ref()
+    }
+
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.data
@@ -127,14 +241,15 @@ impl Postgres {
         self.dir.path()
     }
 
-    /// Run SQL with `psql -X -At` over TCP (direct) and return its trimmed stdout; a
-    /// failing statement is an error carrying psql's stderr. Bounded by 15 s.
+    /// Run SQL as `postgres` with `psql -X -At` over the Unix socket and return its trimmed
+    /// stdout; a failing statement is an error carrying psql's stderr. Bounded by 15 s.
     ///
     /// # Cancel safety
     /// Cancel safe: psql is killed if the future is dropped (the statement may or may not
     /// have run).
     pub async fn psql(&self, sql: &str) -> Result<String> {
-        tokio::time::timeout(PSQL_TIMEOUT, psql(&self.bin_dir, self.addr(), sql))
+        let psql = psql(&self.bin_dir, self.dir.path(), self.addr(), sql);
+        tokio::time::timeout(PSQL_TIMEOUT, psql)
             .await
             .map_err(|_| ServerError::Timeout {
                 what: format!("psql on {}: {sql}", self.addr()),
@@ -265,7 +380,8 @@ async fn initdb(bin_dir: &Path, root: &Path, data: &Path, user: Option<(u32, u32
     Ok(())
 }
 
-async fn ready(bin_dir: PathBuf, addr: SocketAddr) -> Result<bool> {
+/// `pg_isready` over TCP (it needs no password), then `select 1` over the socket.
+async fn ready(bin_dir: PathBuf, socket: PathBuf, addr: SocketAddr) -> Result<bool> {
     let status = tokio::process::Command::new(bin_dir.join("pg_isready"))
         .args(["-q", "-t", "1", "-U", "postgres", "-d", "postgres", "-h"])
         .arg(addr.ip().to_string())
@@ -278,14 +394,15 @@ async fn ready(bin_dir: PathBuf, addr: SocketAddr) -> Result<bool> {
     if !status.success() {
         return Ok(false);
     }
-    Ok(psql(&bin_dir, addr, "select 1").await? == "1")
+    Ok(psql(&bin_dir, &socket, addr, "select 1").await? == "1")
 }
 
-async fn psql(bin_dir: &Path, addr: SocketAddr, sql: &str) -> Result<String> {
+/// `psql` as `postgres` on the Unix socket in `socket` for the server on `addr`'s port.
+async fn psql(bin_dir: &Path, socket: &Path, addr: SocketAddr, sql: &str) -> Result<String> {
     let out = tokio::process::Command::new(bin_dir.join("psql"))
         .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
         .args(["-U", "postgres", "-d", "postgres", "-h"])
-        .arg(addr.ip().to_string())
+        .arg(socket)
         .arg("-p")
         .arg(addr.port().to_string())
         .arg("-c")

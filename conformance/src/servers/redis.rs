@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
-use super::tls::TestPki;
+use super::tls::TestSecrets;
 use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 use crate::clock_shim::ClockShim;
 use crate::proxy::FaultProxy;
@@ -85,7 +85,7 @@ impl RedisOptions {
     }
 
     /// Nodes that require TLS and a password: a TLS port only (`--port 0`), certificates
-    /// from a [`TestPki`] made for the cluster, client certificates required
+    /// from a [`TestPki`](super::tls::TestPki) made for the cluster, client certificates required
     /// (`tls-auth-clients yes`), the `default` user off, and two ACL users allowed
     /// `commands` (e.g. `-@all +get …`): `tenure` on keys and channels `{tenure/*`, and
     /// `stranger` on `{stranger/*` only. Their random passwords and the certificates are
@@ -97,25 +97,26 @@ impl RedisOptions {
     }
 }
 
-/// What clients of a [secured](RedisOptions::secured) cluster need.
-#[derive(Clone)]
+/// What clients of a [secured](RedisOptions::secured) cluster need: its CA and passwords
+/// (through `Deref`), and the URLs that use them.
+#[derive(Clone, Debug)]
 pub struct RedisSecrets {
-    /// The cluster's CA and a client certificate it signed.
-    pub pki: TestPki,
-    /// The password of ACL user `tenure` (keys and channels `{tenure/*`).
-    pub password: String,
-    /// The password of ACL user `stranger` (keys and channels `{stranger/*`).
-    pub stranger_password: String,
+    users: TestSecrets,
     commands: String,
+}
+
+impl std::ops::Deref for RedisSecrets {
+    type Target = TestSecrets;
+
+    fn deref(&self) -> &TestSecrets {
+        &self.users
+    }
 }
 
 impl RedisSecrets {
     fn generate(dir: &Path, commands: &str) -> Result<RedisSecrets> {
-        let password = || format!("{:032x}", rand::random::<u128>());
         Ok(RedisSecrets {
-            pki: TestPki::generate(&dir.join("pki"))?,
-            password: password(),
-            stranger_password: password(),
+            users: TestSecrets::generate(&dir.join("pki"))?,
             commands: commands.to_owned(),
         })
     }
@@ -153,14 +154,6 @@ impl RedisSecrets {
             self.pki.client_cert().display(),
             self.pki.client_key().display()
         )
-    }
-}
-
-impl std::fmt::Debug for RedisSecrets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSecrets")
-            .field("pki", &self.pki)
-            .finish_non_exhaustive()
     }
 }
 

@@ -89,6 +89,39 @@ impl TestPki {
     }
 }
 
+/// A throwaway CA and the random passwords of two users of a secured server: `tenure`,
+/// who may use the lock objects, and `stranger`, who may not. `Debug` shows neither
+/// password.
+#[derive(Clone)]
+pub struct TestSecrets {
+    /// The server's CA and a client certificate it signed.
+    pub pki: TestPki,
+    /// The password of user `tenure`.
+    pub password: String,
+    /// The password of user `stranger`.
+    pub stranger_password: String,
+}
+
+impl TestSecrets {
+    /// A new CA in `dir` (see [`TestPki::generate`]) and two random 128-bit passwords.
+    pub fn generate(dir: &Path) -> Result<TestSecrets> {
+        let password = || format!("{:032x}", rand::random::<u128>());
+        Ok(TestSecrets {
+            pki: TestPki::generate(dir)?,
+            password: password(),
+            stranger_password: password(),
+        })
+    }
+}
+
+impl std::fmt::Debug for TestSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestSecrets")
+            .field("pki", &self.pki)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Writes a private file (a key, passwords) readable by its owner only.
 pub(crate) fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     use std::io::Write;
