@@ -56,7 +56,7 @@ impl EtcdLock {
         if let Some(last) = end.last_mut() {
             *last += 1;
         }
-        let namespace = format!("{}/", self.rpc.config.prefix);
+        let namespace = self.rpc.config.key_prefix();
         let (mut from, mut revision) = (start, 0);
         let mut queues: BTreeMap<String, Queue> = BTreeMap::new();
         loop {

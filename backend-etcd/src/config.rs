@@ -21,6 +21,8 @@ pub const DEFAULT_PORT: u16 = 2379;
 ///
 /// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
 /// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
+/// `cert_file` + `key_file` (a PEM client certificate and its key, for a cluster run with
+/// `--client-cert-auth`; `etcds://` only),
 /// `tls_domain` (the name to verify the server certificate against), `lease` (`session`,
 /// the default: one etcd lease per client and TTL, shared by its locks; or `per-lock`:
 /// a lease granted and revoked for each lock — see [`LeaseMode`]). Any other option
@@ -43,6 +45,10 @@ pub struct EtcdConfig {
     pub request_timeout: Duration,
     /// A PEM CA bundle to trust instead of the system's store.
     pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate, presented with [`key_file`](Self::key_file).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    pub key_file: Option<PathBuf>,
     /// The server name TLS verifies, if not the host's.
     pub tls_domain: Option<String>,
     /// Which etcd leases lock keys live on.
@@ -72,6 +78,8 @@ impl EtcdConfig {
         "connect_timeout_ms",
         "request_timeout_ms",
         "ca_file",
+        "cert_file",
+        "key_file",
         "tls_domain",
         "lease",
     ];
@@ -96,6 +104,8 @@ impl EtcdConfig {
             connect_timeout: Duration::from_millis(2000),
             request_timeout: Duration::from_millis(2000),
             ca_file: None,
+            cert_file: None,
+            key_file: None,
             tls_domain: None,
             lease: LeaseMode::Session,
         };
@@ -111,7 +121,14 @@ impl EtcdConfig {
                 }
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
-                "ca_file" if tls && !value.is_empty() => config.ca_file = Some(value.into()),
+                "ca_file" | "cert_file" | "key_file" => {
+                    let path = Some(url.tls_file(name, value, tls, "etcds")?);
+                    match name {
+                        "ca_file" => config.ca_file = path,
+                        "cert_file" => config.cert_file = path,
+                        _ => config.key_file = path,
+                    }
+                }
                 "tls_domain" if tls && !value.is_empty() => {
                     config.tls_domain = Some(value.to_string())
                 }
@@ -126,13 +143,21 @@ impl EtcdConfig {
                         }
                     }
                 }
-                "ca_file" | "tls_domain" => {
+                "tls_domain" => {
                     return Err(url.error(format!("option {name} needs etcds:// and a value")))
                 }
                 other => return Err(url.unknown_option(other, &[Self::OPTIONS])),
             }
         }
         Ok(config)
+    }
+
+    /// `<prefix>/`: every key this client reads, writes or watches starts with it. On a
+    /// cluster with authentication, the user needs a role granting `readwrite` on this
+    /// prefix (`etcdctl role grant-permission <role> --prefix=true readwrite <prefix>/`),
+    /// and nothing more.
+    pub fn key_prefix(&self) -> String {
+        format!("{}/", self.prefix)
     }
 
     /// The endpoint URLs handed to the etcd client (`http://h:p` or `https://h:p`).
@@ -184,6 +209,8 @@ impl fmt::Debug for EtcdConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .field("tls_domain", &self.tls_domain)
             .field("lease", &self.lease)
             .finish()
@@ -241,6 +268,8 @@ mod tests {
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("ca_file", "/etc/ca.pem"),
+                ("cert_file", "/etc/client.pem"),
+                ("key_file", "/etc/client.key"),
                 ("tls_domain", "etcd.local"),
                 ("lease", "per-lock"),
             ],
@@ -309,6 +338,8 @@ mod tests {
             "etcd://h?connect_timeout_ms=abc",
             "etcd://h?ca_file=/x",
             "etcds://h?ca_file=",
+            "etcd://h?cert_file=/c.pem&key_file=/k.pem",
+            "etcds://h?key_file=",
             "etcd://h w",
             "etcd://h\u{e9}",
             "etcd://%%@h",

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions,
-    SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
 };
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
@@ -45,6 +45,27 @@ impl fmt::Debug for EtcdLock {
     }
 }
 
+/// A connection the server closed at once is the likely sign of a TLS mismatch the
+/// client cannot see (the server's alert is lost on the way up): say what to check. The
+/// error stays `Unavailable`, since a network fault looks the same.
+fn connect_hint(config: &EtcdConfig, error: LockError) -> LockError {
+    let hint = if !config.tls {
+        "if the cluster serves TLS, use etcds://"
+    } else if config.cert_file.is_none() {
+        "if the cluster requires client certificates (--client-cert-auth), set cert_file \
+         and key_file"
+    } else {
+        return error;
+    };
+    match error {
+        LockError::Unavailable { message, source } => LockError::Unavailable {
+            message: format!("{message} ({hint})"),
+            source,
+        },
+        other => other,
+    }
+}
+
 impl EtcdLock {
     /// This backend for URL dispatch ([`Driver`]): `etcd://`, `etcds://`.
     pub const DRIVER: Driver = Driver {
@@ -63,7 +84,7 @@ impl EtcdLock {
     }
 
     /// Connects with an explicit configuration. Every request carries `require_leader`.
-    /// Reading `ca_file` is a short blocking file read.
+    /// Reading the TLS files (`ca_file`, `cert_file`, `key_file`) is a short blocking read.
     ///
     /// # Cancel safety
     /// Cancel-safe: nothing is left behind.
@@ -79,12 +100,18 @@ impl EtcdLock {
             options = options.with_user(user, password);
         }
         if config.tls {
+            let pem = tenure_api::tls::read_pem_files(
+                &config.hosts.join(","),
+                config.ca_file.as_deref(),
+                config.cert_file.as_deref(),
+                config.key_file.as_deref(),
+            )?;
             let mut tls = TlsOptions::new().with_native_roots();
-            if let Some(path) = &config.ca_file {
-                let pem = std::fs::read(path).map_err(|e| {
-                    LockError::Config(format!("{config}: cannot read ca_file {path:?}: {e}"))
-                })?;
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            if let Some(ca) = pem.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = pem.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
             }
             if let Some(domain) = &config.tls_domain {
                 tls = tls.domain_name(domain.clone());
@@ -95,7 +122,8 @@ impl EtcdLock {
         let client = bounded(&config, limit, "connect", async {
             Client::connect(config.endpoints(), Some(options)).await
         })
-        .await?;
+        .await
+        .map_err(|error| connect_hint(&config, error))?;
         let mut cluster = client.cluster_client();
         let list = bounded(&config, limit, "member list", cluster.member_list()).await?;
         let members = list.members().iter().filter(|m| !m.is_learner()).count();

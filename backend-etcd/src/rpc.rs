@@ -163,17 +163,24 @@ mod code {
     pub(super) const CANCELLED: i32 = 1;
     pub(super) const UNKNOWN: i32 = 2;
     pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const INVALID_ARGUMENT: i32 = 3;
     pub(super) const NOT_FOUND: i32 = 5;
+    pub(super) const PERMISSION_DENIED: i32 = 7;
     pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
     pub(super) const ABORTED: i32 = 10;
     pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
 }
 
-/// Unreachable, no leader, timed out or cut off is `Unavailable`; anything else is
+/// Unreachable, no leader, timed out or cut off is `Unavailable`; a refused TLS
+/// handshake, a wrong password or a missing permission is `Config`; anything else is
 /// `Backend`. The client error is kept as the source; no secret is in the message.
 pub(crate) fn convert(config: &EtcdConfig, what: &str, error: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
     let message = format!("{what} on {}: {error}", config.hosts.join(","));
+    if let Some(hint) = refusal(&error) {
+        return LockError::Config(format!("{message} ({hint})"));
+    }
     let transient = match &error {
         E::GRpcStatus(status) => matches!(
             i32::from(status.code()),
@@ -207,15 +214,57 @@ pub(crate) fn convert(config: &EtcdConfig, what: &str, error: etcd_client::Error
     }
 }
 
-/// Whether a request failed before it left the client: its connection was refused.
-pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
+/// Why the server refused this client for good, if it did: what to fix.
+fn refusal(error: &etcd_client::Error) -> Option<&'static str> {
+    use tenure_api::tls::TlsRefusal;
+    if let Some(tls) = inner(error).and_then(tenure_api::tls::tls_refusal) {
+        return Some(match tls {
+            TlsRefusal::UntrustedServer => {
+                "the server's TLS certificate is not trusted: set ca_file to the CA that \
+                 signed it, and connect by a name or address the certificate lists (or set \
+                 tls_domain)"
+            }
+            TlsRefusal::ClientCertificate => {
+                "the server refused the TLS client certificate, or needs one: set cert_file \
+                 and key_file to a certificate its --trusted-ca-file trusts"
+            }
+            _ => {
+                "the server refused the TLS handshake: it may need a client certificate \
+                 (cert_file and key_file) or a TLS version this client lacks"
+            }
+        });
+    }
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return None;
+    };
+    match i32::from(status.code()) {
+        code::PERMISSION_DENIED => Some(
+            "the user's roles do not grant readwrite on the lock prefix: see the README's \
+             least-privilege section",
+        ),
+        code::UNAUTHENTICATED => Some("the cluster requires a user and password: user:password@"),
+        code::INVALID_ARGUMENT if status.message().contains("authentication failed") => {
+            Some("wrong user or password")
+        }
+        _ => None,
+    }
+}
+
+/// The error an `etcd_client::Error` wraps, whose source chain leads to the cause (the
+/// client's own error does not chain its sources).
+fn inner(error: &etcd_client::Error) -> Option<&(dyn std::error::Error + 'static)> {
     use etcd_client::Error as E;
-    let mut source: Option<&(dyn std::error::Error + 'static)> = match error {
+    match error {
         E::GRpcStatus(status) => Some(status),
         E::TransportError(e) => Some(e),
         E::IoError(e) => Some(e),
         _ => None,
-    };
+    }
+}
+
+/// Whether a request failed before it left the client: its connection was refused.
+pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
+    let mut source = inner(error);
     while let Some(e) = source {
         if e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)

@@ -46,15 +46,8 @@ async fn the_right_credentials_lock_and_unlock() {
 #[tokio::test]
 async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     let server = Server::start().await;
-    let elsewhere = tempfile::tempdir().unwrap();
-    let other = TestPki::generate(elsewhere.path()).unwrap();
-    let pki = &server.secrets.pki;
-    let query = format!(
-        "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
-        other.ca().display(),
-        pki.client_cert().display(),
-        pki.client_key().display()
-    );
+    let (_dir, other) = TestPki::unrelated().unwrap();
+    let query = server.secrets.ssl_options_trusting(&other.ca());
     let password = &server.secrets.password;
     let error = refusal(&server.url("tenure", password, &query), password).await;
     expect_config(&error, "certificate");
@@ -84,7 +77,7 @@ async fn a_client_without_a_certificate_is_refused() {
 async fn a_wrong_password_is_refused() {
     let server = Server::start().await;
     let wrong = "not-the-password-3f9a";
-    let url = server.url("tenure", wrong, &server.secrets.tls_options());
+    let url = server.url("tenure", wrong, &server.secrets.ssl_options());
     let error = refusal(&url, wrong).await;
     expect_config(&error, "password authentication failed");
 }
@@ -96,7 +89,7 @@ async fn a_wrong_password_is_refused() {
 async fn a_role_without_grants_is_refused() {
     let server = Server::start().await;
     let password = &server.secrets.stranger_password;
-    let url = server.url("stranger", password, &server.secrets.tls_options());
+    let url = server.url("stranger", password, &server.secrets.ssl_options());
     let error = refusal(&url, password).await;
     expect_config(&error, "permission denied");
     let error = refusal(&format!("{url}&migrate=false"), password).await;
@@ -112,7 +105,7 @@ async fn the_granted_role_cannot_create_objects() {
     let url = server.url(
         "tenure",
         password,
-        &format!("table=other&{}", server.secrets.tls_options()),
+        &format!("table=other&{}", server.secrets.ssl_options()),
     );
     let error = refusal(&url, password).await;
     expect_config(&error, "permission denied for schema locks");

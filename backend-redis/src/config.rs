@@ -140,13 +140,7 @@ impl RedisConfig {
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
                 "ca_file" | "cert_file" | "key_file" => {
-                    if !tls {
-                        return Err(url.error(format!("{name} needs TLS: use rediss://")));
-                    }
-                    if value.is_empty() {
-                        return Err(url.error(format!("{name} is empty")));
-                    }
-                    let path = Some(PathBuf::from(value));
+                    let path = Some(url.tls_file(name, value, tls, "rediss")?);
                     match name {
                         "ca_file" => config.ca_file = path,
                         "cert_file" => config.cert_file = path,
@@ -237,39 +231,23 @@ impl RedisConfig {
         if self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none() {
             return redis::Client::open(self.client_url()).map_err(bad);
         }
-        let read = |name: &str, path: &PathBuf, marker: &str| {
-            let text = std::fs::read(path)
-                .map_err(|e| LockError::Config(format!("{name} {}: {e}", path.display())))?;
-            if !text.windows(marker.len()).any(|w| w == marker.as_bytes()) {
-                return Err(LockError::Config(format!(
-                    "{name} {}: no PEM {marker} block in it",
-                    path.display()
-                )));
-            }
-            Ok(text)
-        };
-        let root_cert = match &self.ca_file {
-            Some(path) => Some(read("ca_file", path, "CERTIFICATE-----")?),
-            None => None,
-        };
-        let client_tls = match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                client_cert: read("cert_file", cert, "CERTIFICATE-----")?,
-                client_key: read("key_file", key, "PRIVATE KEY-----")?,
-            }),
-            (None, None) => None,
-            _ => {
-                return Err(LockError::Config(format!(
-                    "{}: cert_file and key_file go together (a client certificate and its key)",
-                    self.endpoint()
-                )))
-            }
-        };
+        let pem = tenure_api::tls::read_pem_files(
+            &self.endpoint(),
+            self.ca_file.as_deref(),
+            self.cert_file.as_deref(),
+            self.key_file.as_deref(),
+        )?;
+        let client_tls = pem
+            .identity
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            });
         redis::Client::build_with_tls(
             self.client_url(),
             redis::TlsCertificates {
                 client_tls,
-                root_cert,
+                root_cert: pem.ca,
             },
         )
         .map_err(bad)

@@ -58,15 +58,8 @@ async fn the_right_credentials_lock_and_unlock() {
 #[tokio::test]
 async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     let server = Server::start().await;
-    let elsewhere = tempfile::tempdir().unwrap();
-    let other = TestPki::generate(elsewhere.path()).unwrap();
-    let pki = &server.secrets.pki;
-    let query = format!(
-        "ca_file={}&cert_file={}&key_file={}",
-        other.ca().display(),
-        pki.client_cert().display(),
-        pki.client_key().display()
-    );
+    let (_dir, other) = TestPki::unrelated().unwrap();
+    let query = server.secrets.tls_options_trusting(&other.ca());
     let password = &server.secrets.password;
     let error = refusal(&server.url("rediss", "tenure", password, &query), password).await;
     expect_config(&error, "certificate is not trusted: set ca_file");

@@ -28,14 +28,8 @@ async fn refusals_by_every_node_are_config_errors() {
     let good = Redlock::connect(&secrets.url("redlocks", &hosts.join(","))).await;
     assert!(good.is_ok(), "{:?}", good.err());
 
-    let elsewhere = tempfile::tempdir().unwrap();
-    let other = TestPki::generate(elsewhere.path()).unwrap();
-    let wrong_ca = format!(
-        "ca_file={}&cert_file={}&key_file={}",
-        other.ca().display(),
-        secrets.pki.client_cert().display(),
-        secrets.pki.client_key().display()
-    );
+    let (_dir, other) = TestPki::unrelated().unwrap();
+    let wrong_ca = secrets.tls_options_trusting(&other.ca());
     for (url, says) in [
         (
             url("wrong-password-7c1e", &secrets.tls_options()),

@@ -1,8 +1,69 @@
-//! TLS handshake failures that no retry can fix, recognised in any error chain (feature
-//! `tls`). A backend turns them into [`LockError::Config`](crate::LockError::Config) with
-//! a hint naming its own options.
+//! TLS for backends (feature `tls`): the client's PEM files read and checked, and TLS
+//! handshake failures that no retry can fix recognised in any error chain (a backend
+//! turns them into [`LockError::Config`] with a hint naming its own options).
 
 use std::error::Error;
+use std::path::Path;
+
+use crate::LockError;
+
+/// The PEM contents of a client's TLS files (options `ca_file`, `cert_file`, `key_file`).
+#[derive(Clone, Default)]
+pub struct PemFiles {
+    /// The CA certificates to trust instead of the built-in roots.
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate (chain) and its private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for PemFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemFiles")
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+/// Reads the TLS files given: each must hold a PEM block of its kind, and `cert_file` and
+/// `key_file` go together. A problem is [`LockError::Config`] naming the option and the
+/// file (never the file's content), prefixed with `endpoint`.
+pub fn read_pem_files(
+    endpoint: &str,
+    ca_file: Option<&Path>,
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<PemFiles, LockError> {
+    let read = |name: &str, path: &Path, marker: &str| {
+        let text = std::fs::read(path).map_err(|e| {
+            LockError::Config(format!("{endpoint}: {name} {}: {e}", path.display()))
+        })?;
+        if !text.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+            return Err(LockError::Config(format!(
+                "{endpoint}: {name} {}: no PEM {marker} block in it",
+                path.display()
+            )));
+        }
+        Ok(text)
+    };
+    let ca = match ca_file {
+        Some(path) => Some(read("ca_file", path, "CERTIFICATE-----")?),
+        None => None,
+    };
+    let identity = match (cert_file, key_file) {
+        (Some(cert), Some(key)) => Some((
+            read("cert_file", cert, "CERTIFICATE-----")?,
+            read("key_file", key, "PRIVATE KEY-----")?,
+        )),
+        (None, None) => None,
+        _ => {
+            return Err(LockError::Config(format!(
+                "{endpoint}: cert_file and key_file go together (a client certificate and its key)"
+            )))
+        }
+    };
+    Ok(PemFiles { ca, identity })
+}
 
 /// Why a TLS handshake was refused, when retrying cannot help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -428,6 +428,25 @@ impl LockUrl {
         }
     }
 
+    /// Option `name`'s `value` as the path of a TLS file (`ca_file`, `cert_file`,
+    /// `key_file`): allowed on a TLS URL only (`tls`; otherwise the error says to use
+    /// `tls_scheme`), and never empty.
+    pub fn tls_file(
+        &self,
+        name: &str,
+        value: &str,
+        tls: bool,
+        tls_scheme: &str,
+    ) -> Result<std::path::PathBuf, LockError> {
+        if !tls {
+            return Err(self.error(format!("{name} needs TLS: use {tls_scheme}://")));
+        }
+        if value.is_empty() {
+            return Err(self.error(format!("{name} is empty")));
+        }
+        Ok(value.into())
+    }
+
     /// Option `name`'s `value` as a number of milliseconds in `range`.
     pub fn millis(
         &self,

@@ -5,6 +5,10 @@
 //! slow to stop on `SIGTERM`). Readiness is `GET /health` answering `"health":"true"`,
 //! which etcd only does once the cluster has a leader and serves linearizable reads.
 //!
+//! A [secured](EtcdCluster::start_secured) cluster serves clients over TLS only and
+//! requires client certificates (`--client-cert-auth`); its health is probed on a plain
+//! metrics port instead.
+//!
 //! etcd is written in Go and reads the clock without libc: the
 //! [clock shim](crate::clock_shim) cannot shift it.
 
@@ -17,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
+use super::tls::TestSecrets;
 use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 
 const INSTALL: &str = "apt-get install -y etcd-server";
@@ -31,6 +36,7 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct EtcdMember {
     core: NodeCore,
     name: String,
+    secured: bool,
 }
 
 super::impl_node!(EtcdMember);
@@ -43,21 +49,35 @@ impl EtcdMember {
         &self.name
     }
 
-    /// Client URL, direct: `http://127.0.0.1:<port>`.
+    /// Client URL, direct: `http://127.0.0.1:<port>` (`https://` when secured).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr())
+        format!("{}://{}", self.scheme(), self.addr())
     }
 
     /// Client URL of the fault proxy in front of this member.
     pub fn proxied_endpoint(&self) -> String {
-        format!("http://{}", self.proxied_addr())
+        format!("{}://{}", self.scheme(), self.proxied_addr())
     }
 
-    /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, bounded by 1 s.
+    fn scheme(&self) -> &'static str {
+        if self.secured {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, bounded by 1 s. Not
+    /// on a secured member (its client port needs a client certificate).
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn status(&self) -> Result<(u64, u64)> {
+        if self.secured {
+            return Err(ServerError::Unsupported {
+                what: "the status of a secured etcd member".into(),
+            });
+        }
         let what = || format!("etcd {}", self.name);
         let body = tokio::time::timeout(
             HTTP_TIMEOUT,
@@ -83,7 +103,36 @@ impl EtcdMember {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Arc<EtcdMember>>,
+    secrets: Option<EtcdSecrets>,
     dir: tempfile::TempDir,
+}
+
+/// What clients of a [secured](EtcdCluster::start_secured) cluster need: its CA and the
+/// passwords of users `tenure` and `stranger` (through `Deref`; the cluster does not
+/// create them), and the URLs that use them.
+#[derive(Clone, Debug)]
+pub struct EtcdSecrets {
+    users: TestSecrets,
+}
+
+impl std::ops::Deref for EtcdSecrets {
+    type Target = TestSecrets;
+
+    fn deref(&self) -> &TestSecrets {
+        &self.users
+    }
+}
+
+impl EtcdSecrets {
+    /// A URL of user `tenure` on prefix `tenure` with the TLS options; `hosts` is
+    /// `h:p,…` or a harness template's `{hosts}`.
+    pub fn url(&self, hosts: &str) -> String {
+        format!(
+            "etcds://tenure:{}@{hosts}/tenure?{}",
+            self.password,
+            self.tls_options()
+        )
+    }
 }
 
 impl EtcdCluster {
@@ -98,10 +147,28 @@ impl EtcdCluster {
                 what: "an etcd cluster needs at least one member".into(),
             });
         }
-        super::retry_on_port_clash(|| Self::try_start(members)).await
+        super::retry_on_port_clash(|| Self::try_start(members, false)).await
     }
 
-    async fn try_start(n: usize) -> Result<EtcdCluster> {
+    /// Like [`start`](Self::start), but members serve clients over TLS only (certificates
+    /// from a throwaway CA made now, in [`secrets`](Self::secrets)) and require a client
+    /// certificate that CA signed (`--client-cert-auth`). Authentication is not enabled:
+    /// a test creates its users and roles and enables it (with the backend's own client).
+    /// Members are probed on a plain metrics port (`/health`); [`EtcdMember::status`]
+    /// and [`leader_index`](Self::leader_index) do not work.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: members started so far are killed when the future is dropped.
+    pub async fn start_secured(members: usize) -> Result<EtcdCluster> {
+        if members == 0 {
+            return Err(ServerError::Unsupported {
+                what: "an etcd cluster needs at least one member".into(),
+            });
+        }
+        super::retry_on_port_clash(|| Self::try_start(members, true)).await
+    }
+
+    async fn try_start(n: usize, secured: bool) -> Result<EtcdCluster> {
         let bin = super::find_binary("etcd", &[], INSTALL)?;
         let dir = tempfile::Builder::new().prefix("tenure-etcd-").tempdir()?;
         // Unique per cluster (the temp dir's name is "tenure-etcd-XXXXXX").
@@ -119,24 +186,32 @@ impl EtcdCluster {
             .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
+        let secrets = match secured {
+            true => Some(EtcdSecrets {
+                users: TestSecrets::generate(&dir.path().join("pki"))?,
+            }),
+            false => None,
+        };
+        let scheme = if secured { "https" } else { "http" };
         let mut cluster = EtcdCluster {
             members: Vec::with_capacity(n),
+            secrets,
             dir,
         };
         for (i, &(client, peer)) in ports.iter().enumerate() {
             let name = format!("m{i}");
             let addr = loopback(client);
             let root = cluster.dir.path();
-            let spec = CommandSpec::new(&bin)
+            let mut spec = CommandSpec::new(&bin)
                 .cwd(root)
                 .arg("--name")
                 .arg(&name)
                 .arg("--data-dir")
                 .arg(root.join(&name))
                 .arg("--listen-client-urls")
-                .arg(format!("http://{addr}"))
+                .arg(format!("{scheme}://{addr}"))
                 .arg("--advertise-client-urls")
-                .arg(format!("http://{addr}"))
+                .arg(format!("{scheme}://{addr}"))
                 .arg("--listen-peer-urls")
                 .arg(format!("http://127.0.0.1:{peer}"))
                 .arg("--initial-advertise-peer-urls")
@@ -155,7 +230,24 @@ impl EtcdCluster {
                 .arg("zap")
                 .arg("--log-outputs")
                 .arg("stderr");
-            let probe: Probe = Arc::new(|addr| Box::pin(healthy(addr)));
+            let probe: Probe = match &cluster.secrets {
+                Some(secrets) => {
+                    let metrics = loopback(free_port()?);
+                    let pki = &secrets.pki;
+                    spec = spec
+                        .arg("--cert-file")
+                        .arg(pki.server_cert())
+                        .arg("--key-file")
+                        .arg(pki.server_key())
+                        .arg("--trusted-ca-file")
+                        .arg(pki.ca())
+                        .arg("--client-cert-auth")
+                        .arg("--listen-metrics-urls")
+                        .arg(format!("http://{metrics}"));
+                    Arc::new(move |_| Box::pin(healthy(metrics)))
+                }
+                None => Arc::new(|addr| Box::pin(healthy(addr))),
+            };
             let process = ServerProcess::new(
                 format!("etcd {name} on {addr}"),
                 spec,
@@ -167,6 +259,7 @@ impl EtcdCluster {
             let member = EtcdMember {
                 core: NodeCore::new(process).await?,
                 name,
+                secured,
             };
             member.core.process.spawn()?;
             cluster.members.push(Arc::new(member));
@@ -189,6 +282,11 @@ impl EtcdCluster {
     /// Client URLs of the fault proxies in front of all members.
     pub fn proxied_endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.proxied_endpoint()).collect()
+    }
+
+    /// The CA and passwords of a [secured](Self::start_secured) cluster.
+    pub fn secrets(&self) -> Option<&EtcdSecrets> {
+        self.secrets.as_ref()
     }
 
     /// The temporary directory holding every member's data and log.

@@ -64,16 +64,21 @@ impl PgSecrets {
         format!(
             "postgres://tenure:{}@{hosts}/postgres?schema={SECURED_SCHEMA}&{}",
             self.password,
-            self.tls_options()
+            self.ssl_options()
         )
     }
 
     /// The TLS parameters of a client: verify the server against the CA (`verify-full`),
     /// and present the client certificate.
-    pub fn tls_options(&self) -> String {
+    pub fn ssl_options(&self) -> String {
+        self.ssl_options_trusting(&self.pki.ca())
+    }
+
+    /// The same, trusting `ca` instead.
+    pub fn ssl_options_trusting(&self, ca: &Path) -> String {
         format!(
             "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
-            self.pki.ca().display(),
+            ca.display(),
             self.pki.client_cert().display(),
             self.pki.client_key().display()
         )

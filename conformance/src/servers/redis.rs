@@ -145,16 +145,6 @@ impl RedisSecrets {
             self.tls_options()
         )
     }
-
-    /// The TLS query options of a client of the cluster: CA, client certificate and key.
-    pub fn tls_options(&self) -> String {
-        format!(
-            "ca_file={}&cert_file={}&key_file={}",
-            self.pki.ca().display(),
-            self.pki.client_cert().display(),
-            self.pki.client_key().display()
-        )
-    }
 }
 
 /// One `redis-server` process.

@@ -63,6 +63,14 @@ impl TestPki {
         Ok(pki)
     }
 
+    /// A CA unrelated to any server's, in a temporary directory that lives as long as the
+    /// returned guard: what a client that must refuse the server trusts.
+    pub fn unrelated() -> Result<(tempfile::TempDir, TestPki)> {
+        let dir = tempfile::tempdir()?;
+        let pki = TestPki::generate(dir.path())?;
+        Ok((dir, pki))
+    }
+
     /// The CA certificate (PEM): what clients trust.
     pub fn ca(&self) -> PathBuf {
         self.dir.join("ca.pem")
@@ -111,6 +119,24 @@ impl TestSecrets {
             password: password(),
             stranger_password: password(),
         })
+    }
+}
+
+impl TestSecrets {
+    /// The TLS query options of a `rediss://`, `redlocks://` or `etcds://` URL: trust this
+    /// CA, present the client certificate.
+    pub fn tls_options(&self) -> String {
+        self.tls_options_trusting(&self.pki.ca())
+    }
+
+    /// The same, trusting `ca` instead (e.g. an [unrelated](TestPki::unrelated) one).
+    pub fn tls_options_trusting(&self, ca: &Path) -> String {
+        format!(
+            "ca_file={}&cert_file={}&key_file={}",
+            ca.display(),
+            self.pki.client_cert().display(),
+            self.pki.client_key().display()
+        )
     }
 }
 
