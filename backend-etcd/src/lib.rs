@@ -100,6 +100,7 @@ impl EtcdLock {
             options = options.with_user(user, password);
         }
         if config.tls {
+            tenure_api::tls::install_crypto_provider();
             let pem = tenure_api::tls::read_pem_files(
                 &config.hosts.join(","),
                 config.ca_file.as_deref(),

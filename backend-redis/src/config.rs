@@ -226,7 +226,7 @@ impl RedisConfig {
     pub(crate) fn client(&self) -> Result<redis::Client, LockError> {
         let bad = |e: redis::RedisError| LockError::Config(format!("{self}: {e}"));
         if self.tls() {
-            install_crypto_provider();
+            tenure_api::tls::install_crypto_provider();
         }
         if self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none() {
             return redis::Client::open(self.client_url()).map_err(bad);
@@ -302,19 +302,6 @@ fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, 
     };
     credentials.map_err(|()| url.error("the credentials cannot be handed to the client"))?;
     Ok(client)
-}
-
-/// Makes sure rustls has a process-wide crypto provider before a TLS connection: the
-/// Redis client asks for the default one, and rustls cannot pick it by itself when the
-/// application enables none of its providers (or more than one). With the `rustls-ring`
-/// feature (on by default), installs *ring*'s if none is installed yet; an application
-/// that installed its own keeps it. Without the feature, the application provides one.
-fn install_crypto_provider() {
-    #[cfg(feature = "rustls-ring")]
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: a provider is installed either way.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 /// The URL with any password replaced by `***`.

@@ -2,6 +2,7 @@
 //! itself is decoded by [`LockUrl`]).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tenure_api::urls::{alias_names, percent_encode, HostPort, LockUrl};
@@ -17,7 +18,10 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// Parsed from
 /// `zk://[user:password@]host[:port][,host[:port]…][/chroot][?option=value&…]`, where a
 /// host is a name, an IPv4 address or a bracketed IPv6 address (`[::1]:2181`), and the
-/// port defaults to 2181. Locks live under `<chroot>/<prefix>/<encoded key>/`.
+/// port defaults to 2181. Locks live under `<chroot>/<prefix>/<encoded key>/`. `zks://`
+/// connects with TLS to the servers' `secureClientPort`: it needs `ca_file` (the
+/// ZooKeeper client has no built-in roots), and `cert_file` + `key_file` for servers that
+/// require client certificates (`ssl.clientAuth=need`, their default).
 ///
 /// Options (all optional):
 ///
@@ -28,6 +32,8 @@ pub const DEFAULT_PORT: u16 = 2181;
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
 /// | `request_timeout_ms` | 2000 | bound on one request's reply (also read as `op_timeout_ms`) |
 /// | `tick_ms` | 2000 | the servers' `tickTime` (ZooKeeper's default is 2000): the margin kept between a lease's deadline and the earliest moment the leader may expire the session |
+/// | `ca_file` | — | `zks://` only, required: PEM CA certificates to verify the servers with |
+/// | `cert_file`, `key_file` | — | `zks://` only: a PEM client certificate and its key |
 ///
 /// `user:password` enables ZooKeeper's `digest` authentication; the nodes tenure creates
 /// then carry the `auth` ACL (full rights for that identity only, `Acls::creator_all`), so
@@ -41,6 +47,14 @@ pub struct ZkConfig {
     hosts: Vec<HostPort>,
     chroot: String,
     auth: Option<Credentials>,
+    /// True for `zks://`.
+    pub tls: bool,
+    /// PEM CA certificates to verify the servers with (`zks://`).
+    pub ca_file: Option<PathBuf>,
+    /// A PEM client certificate, presented with [`key_file`](Self::key_file).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    pub key_file: Option<PathBuf>,
     /// Path under the chroot holding every lock, without leading or trailing `/`.
     pub prefix: String,
     /// Session timeout asked of the server (it may negotiate another one).
@@ -68,13 +82,17 @@ impl ZkConfig {
         "connect_timeout_ms",
         "request_timeout_ms",
         "tick_ms",
+        "ca_file",
+        "cert_file",
+        "key_file",
     ];
     /// Older option names still read: `op_timeout_ms` is `request_timeout_ms`.
     pub const ALIASES: &[(&str, &str)] = &[("op_timeout_ms", "request_timeout_ms")];
 
     /// Parses a `zk://` URL; anything malformed is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let url = LockUrl::parse(text, "ZooKeeper", &["zk"], DEFAULT_PORT)?;
+        let url = LockUrl::parse(text, "ZooKeeper", &["zk", "zks"], DEFAULT_PORT)?;
+        let tls = url.scheme() == "zks";
         let auth = match (url.user(), url.password()) {
             (None, _) => None,
             (Some(_), None) => return Err(url.error("credentials must be user:password")),
@@ -99,6 +117,10 @@ impl ZkConfig {
             hosts: url.hosts().to_vec(),
             chroot,
             auth,
+            tls,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             prefix: "tenure".into(),
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
@@ -113,6 +135,14 @@ impl ZkConfig {
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "request_timeout_ms" => config.request_timeout = millis(600_000)?,
                 "tick_ms" => config.server_tick = millis(600_000)?,
+                "ca_file" | "cert_file" | "key_file" => {
+                    let path = Some(url.tls_file(name, value, tls, "zks")?);
+                    match name {
+                        "ca_file" => config.ca_file = path,
+                        "cert_file" => config.cert_file = path,
+                        _ => config.key_file = path,
+                    }
+                }
                 other => {
                     let known = [Self::OPTIONS, &alias_names(Self::ALIASES)];
                     return Err(url.unknown_option(other, &known));
@@ -163,7 +193,7 @@ impl ZkConfig {
 
 impl fmt::Display for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("zk://")?;
+        f.write_str(if self.tls { "zks://" } else { "zk://" })?;
         if let Some(auth) = &self.auth {
             write!(f, "{}:***@", percent_encode(&auth.user))?;
         }
@@ -176,7 +206,18 @@ impl fmt::Display for ZkConfig {
             self.connect_timeout.as_millis(),
             self.request_timeout.as_millis(),
             self.server_tick.as_millis()
-        )
+        )?;
+        for (name, path) in [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ] {
+            if let Some(path) = path {
+                let path = path.display().to_string();
+                write!(f, "&{name}={}", percent_encode(&path))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -192,6 +233,9 @@ impl fmt::Debug for ZkConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("server_tick", &self.server_tick)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .finish()
     }
 }
@@ -243,7 +287,7 @@ mod tests {
         );
         tenure_conformance::url_options::assert_strict_options(
             ZkConfig::from_url,
-            "zk://u:pw@h1,h2/app",
+            "zks://u:pw@h1,h2/app",
             &[ZkConfig::OPTIONS],
             &[
                 ("prefix", "other"),
@@ -251,6 +295,9 @@ mod tests {
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("tick_ms", "500"),
+                ("ca_file", "/ca.pem"),
+                ("cert_file", "/client.pem"),
+                ("key_file", "/client.key"),
             ],
         );
     }
@@ -269,9 +316,17 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        let c = parse("zk://u:p@h1,h2:2/r?prefix=a/b&op_timeout_ms=7");
-        let again = parse(&c.to_string().replace("***", "p"));
-        assert_eq!(c, again);
+        for url in [
+            "zk://u:p@h1,h2:2/r?prefix=a/b&op_timeout_ms=7",
+            "zks://h/r?ca_file=/etc/zk%20ca.pem&cert_file=/c.pem&key_file=/k.pem",
+        ] {
+            let c = parse(url);
+            let again = parse(&c.to_string().replace("***", "p"));
+            assert_eq!(c, again);
+        }
+        for bad in ["zk://h?ca_file=/ca.pem", "zks://h?cert_file="] {
+            assert!(ZkConfig::from_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

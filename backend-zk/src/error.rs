@@ -39,8 +39,8 @@ pub(crate) fn session_gone(error: &ZkError) -> bool {
 }
 
 /// Connection and session failures (including a connection's I/O error, see
-/// [`reply_lost`]) are `Unavailable`; an authentication failure is a
-/// `Config` error; anything else is `Backend`. `target` must not carry secrets.
+/// [`reply_lost`]) are `Unavailable`; an authentication failure or an ACL refusing this
+/// client is a `Config` error; anything else is `Backend`. `target` must not carry secrets.
 pub(crate) fn from_zk(what: &str, target: &str, error: ZkError) -> LockError {
     let message = format!("{what} on {target}: {error}");
     match error {
@@ -57,6 +57,11 @@ pub(crate) fn from_zk(what: &str, target: &str, error: ZkError) -> LockError {
             source: Some(Box::new(error)),
         },
         ZkError::AuthFailed => LockError::Config(message),
+        ZkError::NoAuth => LockError::Config(format!(
+            "{message} (an ACL refuses this client: the lock nodes belong to another identity \
+             — another digest user:password, or, on a TLS port, another client certificate — \
+             or the chroot's ACL does not grant it cdrwa)"
+        )),
         _ => LockError::Backend {
             message,
             source: Some(Box::new(error)),

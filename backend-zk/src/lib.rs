@@ -69,7 +69,7 @@ impl ZkLock {
     /// This backend for URL dispatch ([`Driver`]): `zk://`.
     pub const DRIVER: Driver = Driver {
         name: "zk",
-        schemes: &["zk"],
+        schemes: &["zk", "zks"],
         connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
     };
 

@@ -20,7 +20,9 @@ use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use tenure_api::LockError;
 use tokio::sync::watch;
-use zookeeper_client::{Client, Error as ZkError, OneshotWatcher, SessionState, StateWatcher};
+use zookeeper_client::{
+    Client, Error as ZkError, OneshotWatcher, SessionState, StateWatcher, TlsOptions,
+};
 
 use crate::config::ZkConfig;
 use crate::error::{bounded, from_zk};
@@ -147,6 +149,38 @@ impl fmt::Debug for Session {
     }
 }
 
+/// The TLS options of a `zks://` configuration: its CA and client certificate, read now.
+fn tls_options(config: &ZkConfig) -> Result<TlsOptions, LockError> {
+    tenure_api::tls::install_crypto_provider();
+    let endpoint = config.connect_string();
+    if config.ca_file.is_none() {
+        return Err(LockError::Config(format!(
+            "{endpoint}: zks:// needs ca_file (the CA that signed the servers' certificates): \
+             the ZooKeeper client has no built-in roots"
+        )));
+    }
+    let pem = tenure_api::tls::read_pem_files(
+        &endpoint,
+        config.ca_file.as_deref(),
+        config.cert_file.as_deref(),
+        config.key_file.as_deref(),
+    )?;
+    let text = |bytes: Vec<u8>, name: &str| {
+        String::from_utf8(bytes)
+            .map_err(|_| LockError::Config(format!("{endpoint}: {name} is not UTF-8 PEM text")))
+    };
+    let bad = |e: ZkError| LockError::Config(format!("{endpoint}: TLS files: {e}"));
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = pem.ca {
+        tls = tls.with_pem_ca(&text(ca, "ca_file")?).map_err(bad)?;
+    }
+    if let Some((cert, key)) = pem.identity {
+        let (cert, key) = (text(cert, "cert_file")?, text(key, "key_file")?);
+        tls = tls.with_pem_identity(&cert, &key).map_err(bad)?;
+    }
+    Ok(tls)
+}
+
 impl Session {
     /// Establishes a new session, bounded by the configured connect timeout.
     ///
@@ -157,22 +191,39 @@ impl Session {
         if let Some(digest) = config.digest() {
             connector = connector.with_auth("digest", &digest);
         }
+        if config.tls {
+            connector = connector.with_tls(tls_options(config)?);
+        }
         let target = config.connect_string();
+        let connecting = async {
+            match config.tls {
+                true => connector.secure_connect(&target).await,
+                false => connector.connect(&target).await,
+            }
+        };
         let established = Instant::now();
-        let client =
-            match tokio::time::timeout(config.connect_timeout, connector.connect(&target)).await {
-                Ok(Ok(client)) => client,
-                Ok(Err(error)) => return Err(from_zk("connect", &target, error)),
-                Err(_) => {
-                    return Err(LockError::Unavailable {
-                        message: format!(
-                            "connect to {target}: no session within {:?}",
-                            config.connect_timeout
-                        ),
-                        source: None,
-                    })
-                }
-            };
+        let client = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(from_zk("connect", &target, error)),
+            Err(_) => {
+                // The client retries every server until then and keeps no cause (a refused
+                // TLS handshake looks like an unreachable server).
+                let hint = match config.tls {
+                    true => {
+                        " (over zks://: if the servers refuse the TLS handshake, check ca_file, \
+                         and cert_file and key_file where they require client certificates)"
+                    }
+                    false => " (if the servers' client port is TLS-only, use zks://)",
+                };
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "connect to {target}: no session within {:?}{hint}",
+                        config.connect_timeout
+                    ),
+                    source: None,
+                });
+            }
+        };
         let id = client.session_id().0;
         let timeout = client.session_timeout();
         let states = client.state_watcher();

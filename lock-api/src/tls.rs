@@ -7,6 +7,20 @@ use std::path::Path;
 
 use crate::LockError;
 
+/// Makes sure rustls has a process-wide crypto provider before a TLS connection: client
+/// libraries ask for the default one, and rustls cannot pick it by itself when the
+/// application enables none of its providers, or more than one (a build with both *ring*
+/// and aws-lc-rs panics there). With the `rustls-ring` feature (backends turn it on by
+/// default), installs *ring*'s if none is installed yet; an application that installed its
+/// own keeps it. Without the feature, the application provides one.
+pub fn install_crypto_provider() {
+    #[cfg(feature = "rustls-ring")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is installed either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The PEM contents of a client's TLS files (options `ca_file`, `cert_file`, `key_file`).
 #[derive(Clone, Default)]
 pub struct PemFiles {

@@ -1,7 +1,7 @@
 //! A throwaway certificate authority for servers that require TLS, generated when a test
 //! starts (no key is ever committed) and written as PEM files into the server's
 //! temporary directory: the CA, a server certificate for `127.0.0.1` and `localhost`, and
-//! a client certificate, all signed by that CA. [`TestPki::generate`] called twice gives
+//! two client certificates (`tenure`'s and a stranger's), all signed by that CA. [`TestPki::generate`] called twice gives
 //! two unrelated CAs: a client given the other one's `ca.pem` must refuse the server.
 
 use std::path::{Path, PathBuf};
@@ -20,9 +20,9 @@ pub struct TestPki {
 }
 
 impl TestPki {
-    /// A new CA, and a server and a client certificate it signs, written to `dir` as
-    /// `ca.pem`, `server.pem`, `server.key`, `client.pem` and `client.key` (keys readable
-    /// by their owner only, as Postgres requires).
+    /// A new CA, and a server and two client certificates it signs, written to `dir` as
+    /// `ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key`, `stranger.pem` and
+    /// `stranger.key` (keys readable by their owner only, as Postgres requires).
     pub fn generate(dir: &Path) -> Result<TestPki> {
         let failed = |e: rcgen::Error| ServerError::Start {
             what: "the test certificate authority".into(),
@@ -48,15 +48,19 @@ impl TestPki {
             leaf("tenure test server", ExtendedKeyUsagePurpose::ServerAuth).map_err(failed)?;
         let (client, client_key) =
             leaf("tenure test client", ExtendedKeyUsagePurpose::ClientAuth).map_err(failed)?;
+        let (stranger, stranger_key) =
+            leaf("tenure test stranger", ExtendedKeyUsagePurpose::ClientAuth).map_err(failed)?;
         let pki = TestPki {
             dir: dir.to_path_buf(),
         };
         std::fs::write(pki.ca(), ca.pem())?;
         std::fs::write(pki.server_cert(), server)?;
         std::fs::write(pki.client_cert(), client)?;
+        std::fs::write(pki.stranger_cert(), stranger)?;
         for (path, key) in [
             (pki.server_key(), server_key),
             (pki.client_key(), client_key),
+            (pki.stranger_key(), stranger_key),
         ] {
             write_private(&path, &key)?;
         }
@@ -95,6 +99,17 @@ impl TestPki {
     pub fn client_key(&self) -> PathBuf {
         self.dir.join("client.key")
     }
+
+    /// Another client certificate (PEM), for a client that is not `tenure` (servers that
+    /// authenticate clients by certificate tell the two apart).
+    pub fn stranger_cert(&self) -> PathBuf {
+        self.dir.join("stranger.pem")
+    }
+
+    /// The stranger certificate's private key (PEM, PKCS#8).
+    pub fn stranger_key(&self) -> PathBuf {
+        self.dir.join("stranger.key")
+    }
 }
 
 /// A throwaway CA and the random passwords of two users of a secured server: `tenure`,
@@ -127,6 +142,16 @@ impl TestSecrets {
     /// CA, present the client certificate.
     pub fn tls_options(&self) -> String {
         self.tls_options_trusting(&self.pki.ca())
+    }
+
+    /// The same, with the [stranger's](TestPki::stranger_cert) client certificate.
+    pub fn stranger_tls_options(&self) -> String {
+        format!(
+            "ca_file={}&cert_file={}&key_file={}",
+            self.pki.ca().display(),
+            self.pki.stranger_cert().display(),
+            self.pki.stranger_key().display()
+        )
     }
 
     /// The same, trusting `ca` instead (e.g. an [unrelated](TestPki::unrelated) one).
@@ -175,7 +200,7 @@ mod tests {
         assert!(read(one.ca()).starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(read(one.server_key()).contains("PRIVATE KEY-----"));
         assert_ne!(read(one.ca()), read(two.ca()));
-        for key in [one.server_key(), one.client_key()] {
+        for key in [one.server_key(), one.client_key(), one.stranger_key()] {
             let mode = std::fs::metadata(key).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }

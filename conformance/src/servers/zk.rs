@@ -19,6 +19,10 @@
 //! client ports stay direct. ([`sync_limit_ticks`](ZkOptions::sync_limit_ticks) sets how
 //! long a cut-off follower keeps serving before it notices.)
 //!
+//! A [secured](ZkOptions::secured) server gives clients a secure client port only (TLS
+//! with client certificates, Netty); a plain port stays open on loopback for the
+//! harness's own four-letter-word probes.
+//!
 //! The JVM reads the clock without libc: the [clock shim](crate::clock_shim) cannot shift
 //! it.
 
@@ -33,12 +37,14 @@ use tokio::net::TcpStream;
 use crate::proxy::{FaultProxy, ProxyMode, ProxyStats};
 
 use super::process::{CommandSpec, Probe, ServerProcess};
+use super::tls::TestSecrets;
 use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 
 const INSTALL: &str = "apt-get install -y zookeeper";
 const JAVA_INSTALL: &str = "apt-get install -y default-jre-headless";
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_BINDING: &str = "/usr/share/java/slf4j-simple.jar";
+const NETTY_CODEC: &str = "/usr/share/java/netty-codec.jar";
 /// Environment variable overriding the ZooKeeper classpath.
 pub const CLASSPATH_ENV: &str = "TENURE_ZK_CLASSPATH";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -59,6 +65,9 @@ pub struct ZkOptions {
     /// Route member-to-member traffic through fault proxies (default off), so that
     /// [`ZkEnsemble::isolate`] can partition a member.
     pub peer_proxies: bool,
+    /// Clients get a TLS port requiring client certificates (default off): see
+    /// [`ZkOptions::secured`].
+    pub secured: bool,
 }
 
 impl Default for ZkOptions {
@@ -68,6 +77,7 @@ impl Default for ZkOptions {
             tick_time_ms: 2000,
             sync_limit_ticks: 5,
             peer_proxies: false,
+            secured: false,
         }
     }
 }
@@ -96,6 +106,64 @@ impl ZkOptions {
         self.peer_proxies = on;
         self
     }
+
+    /// Servers whose client address ([`ZkNode::addr`]) is a `secureClientPort`: TLS only,
+    /// with a certificate from a throwaway CA made now, and client certificates that CA
+    /// signed required (`ssl.clientAuth=need`). The CA and two passwords (for `digest`
+    /// users `tenure` and `stranger`, which ZooKeeper does not register: a digest identity
+    /// is whatever `user:password` a client adds) are in [`ZkEnsemble::secrets`].
+    pub fn secured(mut self) -> Self {
+        self.secured = true;
+        self
+    }
+}
+
+/// What clients of a [secured](ZkOptions::secured) ensemble need: its CA and passwords
+/// (through `Deref`), and the URLs that use them.
+#[derive(Clone, Debug)]
+pub struct ZkSecrets {
+    users: TestSecrets,
+}
+
+impl std::ops::Deref for ZkSecrets {
+    type Target = TestSecrets;
+
+    fn deref(&self) -> &TestSecrets {
+        &self.users
+    }
+}
+
+impl ZkSecrets {
+    /// A `zks://` URL of digest user `tenure` on chroot `/tenure` with the TLS options;
+    /// `hosts` is `h:p,…` or a harness template's `{hosts}`.
+    pub fn url(&self, hosts: &str) -> String {
+        format!(
+            "zks://tenure:{}@{hosts}/tenure?{}",
+            self.password,
+            self.tls_options()
+        )
+    }
+
+    /// `zoo.cfg` lines for a secure client port on `port` with this CA: the server's
+    /// certificate and key in one PEM key store, the CA as trust store.
+    fn zoo_cfg(&self, port: u16, dir: &Path) -> Result<String> {
+        let pki = &self.pki;
+        let key_store = dir.join("server-keystore.pem");
+        let pem = format!(
+            "{}{}",
+            std::fs::read_to_string(pki.server_key())?,
+            std::fs::read_to_string(pki.server_cert())?
+        );
+        super::tls::write_private(&key_store, &pem)?;
+        Ok(format!(
+            "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n",
+            key_store.display(),
+            pki.ca().display()
+        ))
+    }
 }
 
 /// A proxy carrying the connections server `from` opens to server `to` (indexes into
@@ -112,6 +180,9 @@ struct PeerLink {
 pub struct ZkNode {
     core: NodeCore,
     id: u32,
+    /// The plain client port the four-letter words go to (the client port itself unless
+    /// secured).
+    plain: SocketAddr,
 }
 
 super::impl_node!(ZkNode);
@@ -135,7 +206,7 @@ impl ZkNode {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn four_letter(&self, word: &str) -> Result<String> {
-        four_letter(self.addr(), word).await
+        four_letter(self.plain, word).await
     }
 
     /// The `Mode:` reported by `srvr` (`standalone`, `leader`, `follower`), or `None` while
@@ -155,6 +226,7 @@ pub struct ZkEnsemble {
     nodes: Vec<Arc<ZkNode>>,
     /// Member-to-member proxies (empty unless [`ZkOptions::peer_proxies`]).
     links: Vec<PeerLink>,
+    secrets: Option<ZkSecrets>,
     dir: tempfile::TempDir,
 }
 
@@ -210,12 +282,19 @@ impl ZkEnsemble {
                 }
             }
         }
+        let secrets = match options.secured {
+            true => Some(ZkSecrets {
+                users: TestSecrets::generate(&dir.path().join("pki"))?,
+            }),
+            false => None,
+        };
         let mut ensemble = ZkEnsemble {
             nodes: Vec::with_capacity(n),
             links,
+            secrets,
             dir,
         };
-        for (i, &(client, _, _)) in ports.iter().enumerate() {
+        for (i, &(plain, _, _)) in ports.iter().enumerate() {
             let id = u32::try_from(i + 1).map_err(|_| ServerError::Unsupported {
                 what: "too many ZooKeeper nodes".into(),
             })?;
@@ -224,13 +303,20 @@ impl ZkEnsemble {
             std::fs::create_dir_all(&data)?;
             std::fs::write(data.join("myid"), format!("{id}\n"))?;
             let cfg = root.join(format!("zoo{id}.cfg"));
+            let (client, secure) = match &ensemble.secrets {
+                Some(secrets) => {
+                    let port = free_port()?;
+                    (port, secrets.zoo_cfg(port, &data)?)
+                }
+                None => (plain, String::new()),
+            };
             std::fs::write(
                 &cfg,
                 format!(
                     "tickTime={tick}\ninitLimit=10\nsyncLimit={sync}\ndataDir={data}\n\
-                     clientPort={client}\nclientPortAddress=127.0.0.1\n\
+                     clientPort={plain}\nclientPortAddress=127.0.0.1\n\
                      admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n\
-                     {servers}",
+                     {secure}{servers}",
                     servers = servers[i],
                     tick = options.tick_time_ms,
                     sync = options.sync_limit_ticks,
@@ -238,6 +324,7 @@ impl ZkEnsemble {
                 ),
             )?;
             let addr = loopback(client);
+            let plain = loopback(plain);
             let spec = CommandSpec::new(&java)
                 .cwd(root)
                 .arg("-Xmx256m")
@@ -253,7 +340,7 @@ impl ZkEnsemble {
                 .arg(&classpath)
                 .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
                 .arg(&cfg);
-            let probe: Probe = Arc::new(|addr| Box::pin(serving(addr)));
+            let probe: Probe = Arc::new(move |_| Box::pin(serving(plain)));
             let process = ServerProcess::new(
                 format!("zookeeper {id} on {addr}"),
                 spec,
@@ -265,6 +352,7 @@ impl ZkEnsemble {
             let node = ZkNode {
                 core: NodeCore::new(process).await?,
                 id,
+                plain,
             };
             node.core.process.spawn()?;
             ensemble.nodes.push(Arc::new(node));
@@ -345,6 +433,11 @@ impl ZkEnsemble {
             .filter(move |l| l.from == index || l.to == index))
     }
 
+    /// The CA and passwords of a [secured](ZkOptions::secured) ensemble.
+    pub fn secrets(&self) -> Option<&ZkSecrets> {
+        self.secrets.as_ref()
+    }
+
     /// The temporary directory holding every server's config, data and log.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -407,6 +500,12 @@ fn classpath() -> Result<String> {
     // to stderr, which is captured.
     if Path::new(SLF4J_BINDING).is_file() {
         cp.push(SLF4J_BINDING.into());
+    }
+    // Debian's zookeeper.jar manifest leaves out netty-codec, which the Netty connection
+    // factory of a secure client port needs (the package that ships the jar is installed
+    // with zookeeper).
+    if Path::new(NETTY_CODEC).is_file() {
+        cp.push(NETTY_CODEC.into());
     }
     Ok(cp
         .iter()
