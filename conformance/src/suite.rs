@@ -178,6 +178,7 @@ scenarios![
     acquire_times_out_while_held,
     extend_keeps_the_lease,
     non_owner_cannot_extend_or_release,
+    replayed_lease_cannot_touch_a_later_grant,
     tokens_strictly_increase,
     two_clients_never_share,
     counter_loses_no_update,
@@ -468,6 +469,50 @@ pub async fn non_owner_cannot_extend_or_release(ctx: &Ctx<'_>) -> Outcome {
     );
     a.release(lease).await?;
     Ok(())
+}
+
+/// A lease replayed after its grant ended (released, then the key granted again, here to
+/// the same client) can neither extend nor release the later grant, through its own
+/// client or another: every grant has a fresh owner id, and the backend checks it.
+pub async fn replayed_lease_cannot_touch_a_later_grant(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("k");
+    let old = must_acquire(&a, &key, LONG_TTL).await?;
+    let replay = old.clone();
+    a.release(old).await?;
+    let current = must_acquire(&a, &key, LONG_TTL).await?;
+    ensure!(
+        current.owner() != replay.owner(),
+        "two grants share owner id {}",
+        replay.owner()
+    );
+    for (who, lock) in [("its own client", &a), ("another client", &b)] {
+        let mut stale = replay.clone();
+        match lock.extend(&mut stale, LONG_TTL).await {
+            Err(LockError::LeaseLost { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "replayed extend through {who}: expected LeaseLost, got {other:?}"
+                )))
+            }
+        }
+        match lock.release(replay.clone()).await {
+            Ok(ReleaseOutcome::NotHeld) | Err(LockError::LeaseLost { .. }) => {}
+            other => {
+                return Err(Failure(format!(
+                    "replayed release through {who}: expected NotHeld, got {other:?}"
+                )))
+            }
+        }
+        ensure!(
+            holder(&b, &key).await? == Some(current.owner()),
+            "a replay through {who} disturbed the lock"
+        );
+    }
+    match a.release(current).await? {
+        ReleaseOutcome::Released => Ok(()),
+        other => Err(Failure(format!("the current grant's release: {other:?}"))),
+    }
 }
 
 /// Tokens strictly increase over a sequence of grants to competing clients.

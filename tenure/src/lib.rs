@@ -24,7 +24,7 @@
 //! | `redis://`, `rediss://` | single Redis node | `redis` |
 //! | `redlock://h1:p,h2:p,h3:p`, `redlocks://…` | Redlock | `redlock` |
 //! | `etcd://h1:p,h2:p/prefix`, `etcds://…` | etcd v3 | `etcd` |
-//! | `zk://h1:p,h2:p/chroot` | ZooKeeper | `zk` |
+//! | `zk://h1:p,h2:p/chroot`, `zks://…` | ZooKeeper | `zk` |
 //! | `postgres://user@host/db`, `postgresql://…` | Postgres row lock | `postgres` |
 
 pub mod admin;
@@ -76,7 +76,7 @@ const FEATURES: [(&str, &[&str]); 5] = [
     ("redis", &["redis", "rediss"]),
     ("redlock", &["redlock", "redlocks"]),
     ("etcd", &["etcd", "etcds"]),
-    ("zk", &["zk"]),
+    ("zk", &["zk", "zks"]),
     ("postgres", &["postgres", "postgresql"]),
 ];
 
