@@ -169,12 +169,12 @@ mod code {
     pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
     pub(super) const ABORTED: i32 = 10;
     pub(super) const UNAVAILABLE: i32 = 14;
-    pub(super) const UNAUTHENTICATED: i32 = 16;
 }
 
 /// Unreachable, no leader, timed out or cut off is `Unavailable`; a refused TLS
-/// handshake, a wrong password or a missing permission is `Config`; anything else is
-/// `Backend`. The client error is kept as the source; no secret is in the message.
+/// handshake, a wrong or missing password or a missing permission is `Config`
+/// (`Unauthenticated`, an expired auth token the client refreshes, is not); anything
+/// else is `Backend`. The client error is kept as the source; no secret is in the message.
 pub(crate) fn convert(config: &EtcdConfig, what: &str, error: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
     let message = format!("{what} on {}: {error}", config.hosts.join(","));
@@ -242,9 +242,11 @@ fn refusal(error: &etcd_client::Error) -> Option<&'static str> {
             "the user's roles do not grant readwrite on the lock prefix: see the README's \
              least-privilege section",
         ),
-        code::UNAUTHENTICATED => Some("the cluster requires a user and password: user:password@"),
         code::INVALID_ARGUMENT if status.message().contains("authentication failed") => {
             Some("wrong user or password")
+        }
+        code::INVALID_ARGUMENT if status.message().contains("user name is empty") => {
+            Some("the cluster requires a user and password: user:password@")
         }
         _ => None,
     }

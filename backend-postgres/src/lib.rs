@@ -105,8 +105,6 @@ impl PgLock {
                 "option prefix must not contain a NUL character".into(),
             ));
         }
-        // sqlx tries TLS unless `sslmode=disable` (the default is `prefer`).
-        tenure_api::tls::install_crypto_provider();
         let base = config.connect_options().clone();
         let named = |o: PgConnectOptions| {
             if o.get_application_name().is_some() {

@@ -50,7 +50,7 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     let query = server.secrets.ssl_options_trusting(&other.ca());
     let password = &server.secrets.password;
     let error = refusal(&server.url("tenure", password, &query), password).await;
-    expect_config(&error, "certificate");
+    expect_config(&error, "certificate is not trusted: set sslrootcert");
 }
 
 #[tokio::test]
@@ -70,7 +70,7 @@ async fn a_client_without_a_certificate_is_refused() {
     );
     let password = &server.secrets.password;
     let error = refusal(&server.url("tenure", password, &query), password).await;
-    expect_config(&error, "certificate");
+    expect_config(&error, "connection requires a valid client certificate");
 }
 
 #[tokio::test]
