@@ -427,7 +427,9 @@ impl DistributedLock for ZkLock {
     }
 
     /// The owner of the lowest node (parsed from its name) and its `czxid`; `remaining`
-    /// is `None`: the lock lasts as long as the holder's session.
+    /// is `None`: the lock lasts as long as the holder's session. The server read from is
+    /// first synced with the leader, so every grant made before the call is seen (a
+    /// follower's plain reads may lag: another client's lock could read as free).
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.
@@ -435,6 +437,9 @@ impl DistributedLock for ZkLock {
         let session = self.session().await?;
         let client = session.client()?;
         let dir = self.lock_dir(key);
+        bounded(self.request_timeout(), client.sync("/"))
+            .await
+            .map_err(|e| self.zk_error("inspect sync", e))?;
         for _ in 0..8 {
             let Some(head) = self.children(&client, &dir).await?.into_iter().next() else {
                 return Ok(None);
