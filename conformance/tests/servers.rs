@@ -362,6 +362,27 @@ async fn etcd_three_members_leader_failover() -> TestResult {
     Ok(())
 }
 
+/// A secured cluster's client ports need a client certificate: the leader is found by
+/// what each member's plain metrics port says, and follows a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secured_etcd_leader_is_found_through_metrics() -> TestResult {
+    let c = EtcdCluster::start_secured(3).await?;
+    assert!(
+        c.members()[0].status().await.is_err(),
+        "no plain client port"
+    );
+    let old = c.leader_index().await?;
+    let says: Vec<bool> =
+        futures::future::try_join_all(c.members().iter().map(|m| m.says_leader())).await?;
+    assert_eq!(says.iter().filter(|&&l| l).count(), 1, "{says:?}");
+    assert!(says[old], "{says:?}");
+    c.members()[old].kill().await?;
+    let new = c.leader_index().await?;
+    assert_ne!(new, old);
+    assert!(c.members()[new].says_leader().await?);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zk_standalone() -> TestResult {
     let t = Instant::now();

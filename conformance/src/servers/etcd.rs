@@ -30,13 +30,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const LEADER_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on one HTTP request to a member.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on one `etcdctl` call.
+const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One etcd member.
 #[derive(Debug)]
 pub struct EtcdMember {
     core: NodeCore,
     name: String,
-    secured: bool,
+    /// The plain metrics listener of a secured member (its client port needs a client
+    /// certificate).
+    metrics: Option<SocketAddr>,
 }
 
 super::impl_node!(EtcdMember);
@@ -60,7 +64,7 @@ impl EtcdMember {
     }
 
     fn scheme(&self) -> &'static str {
-        if self.secured {
+        if self.metrics.is_some() {
             "https"
         } else {
             "http"
@@ -73,7 +77,7 @@ impl EtcdMember {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn status(&self) -> Result<(u64, u64)> {
-        if self.secured {
+        if self.metrics.is_some() {
             return Err(ServerError::Unsupported {
                 what: "the status of a secured etcd member".into(),
             });
@@ -97,6 +101,26 @@ impl EtcdMember {
         };
         Ok((num("member_id")?, num("leader")?))
     }
+
+    /// Whether the member says it is the leader (`etcd_server_is_leader` on `/metrics`,
+    /// the plain metrics port of a secured member), bounded by 1 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn says_leader(&self) -> Result<bool> {
+        let addr = self.metrics.unwrap_or_else(|| self.addr());
+        let what = || format!("etcd {} to answer /metrics", self.name);
+        let body = tokio::time::timeout(HTTP_TIMEOUT, http(addr, "GET", "/metrics", ""))
+            .await
+            .map_err(|_| ServerError::Timeout { what: what() })??;
+        body.lines()
+            .find_map(|line| line.strip_prefix("etcd_server_is_leader "))
+            .map(|v| v.trim() == "1")
+            .ok_or_else(|| ServerError::Protocol {
+                what: what(),
+                detail: "no etcd_server_is_leader metric".into(),
+            })
+    }
 }
 
 /// An etcd cluster. Dropping it kills every member and deletes the data.
@@ -108,8 +132,8 @@ pub struct EtcdCluster {
 }
 
 /// What clients of a [secured](EtcdCluster::start_secured) cluster need: its CA and the
-/// passwords of users `tenure` and `stranger` (through `Deref`; the cluster does not
-/// create them), and the URLs that use them.
+/// passwords of users `tenure` and `stranger` (through `Deref`; the cluster creates users
+/// at [`EtcdCluster::enable_auth`]), and the URLs that use them.
 #[derive(Clone, Debug)]
 pub struct EtcdSecrets {
     users: TestSecrets,
@@ -152,10 +176,10 @@ impl EtcdCluster {
 
     /// Like [`start`](Self::start), but members serve clients over TLS only (certificates
     /// from a throwaway CA made now, in [`secrets`](Self::secrets)) and require a client
-    /// certificate that CA signed (`--client-cert-auth`). Authentication is not enabled:
-    /// a test creates its users and roles and enables it (with the backend's own client).
-    /// Members are probed on a plain metrics port (`/health`); [`EtcdMember::status`]
-    /// and [`leader_index`](Self::leader_index) do not work.
+    /// certificate that CA signed (`--client-cert-auth`). Authentication is not enabled
+    /// until [`enable_auth`](Self::enable_auth). Members are probed on a plain metrics
+    /// port (`/health`); [`EtcdMember::status`] does not work, and
+    /// [`leader_index`](Self::leader_index) asks each member's metrics instead.
     ///
     /// # Cancel safety
     /// Cancel safe: members started so far are killed when the future is dropped.
@@ -230,9 +254,11 @@ impl EtcdCluster {
                 .arg("zap")
                 .arg("--log-outputs")
                 .arg("stderr");
+            let mut metrics = None;
             let probe: Probe = match &cluster.secrets {
                 Some(secrets) => {
-                    let metrics = loopback(free_port()?);
+                    let addr = loopback(free_port()?);
+                    metrics = Some(addr);
                     let pki = &secrets.pki;
                     spec = spec
                         .arg("--cert-file")
@@ -243,8 +269,8 @@ impl EtcdCluster {
                         .arg(pki.ca())
                         .arg("--client-cert-auth")
                         .arg("--listen-metrics-urls")
-                        .arg(format!("http://{metrics}"));
-                    Arc::new(move |_| Box::pin(healthy(metrics)))
+                        .arg(format!("http://{addr}"));
+                    Arc::new(move |_| Box::pin(healthy(addr)))
                 }
                 None => Arc::new(|addr| Box::pin(healthy(addr))),
             };
@@ -259,7 +285,7 @@ impl EtcdCluster {
             let member = EtcdMember {
                 core: NodeCore::new(process).await?,
                 name,
-                secured,
+                metrics,
             };
             member.core.process.spawn()?;
             cluster.members.push(Arc::new(member));
@@ -301,6 +327,9 @@ impl EtcdCluster {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn leader_index(&self) -> Result<usize> {
+        if self.secrets.is_some() {
+            return self.self_declared_leader().await;
+        }
         let deadline = Instant::now() + LEADER_TIMEOUT;
         loop {
             let statuses = futures::future::join_all(self.members.iter().map(|m| async move {
@@ -325,6 +354,140 @@ impl EtcdCluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// [`leader_index`](Self::leader_index) on a secured cluster, whose client ports the
+    /// harness cannot query: the only running member that says it leads (two say so
+    /// only while a cut-off old leader has not yet stepped down).
+    async fn self_declared_leader(&self) -> Result<usize> {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        loop {
+            let says = futures::future::join_all(self.members.iter().map(|m| async move {
+                m.is_running() && !m.is_paused() && m.says_leader().await.unwrap_or(false)
+            }))
+            .await;
+            if let [leader] = says
+                .iter()
+                .enumerate()
+                .filter(|(_, &l)| l)
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>()[..]
+            {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Timeout {
+                    what: format!("one etcd member saying it leads (said: {says:?})"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Creates a user and a role of the same name for each of `users`, the role granting
+    /// `readwrite` on the key prefix, then a `root` user with a random password nobody
+    /// learns, and enables authentication: the least privilege the README documents.
+    /// Runs `etcdctl` over TLS with the client certificate of a
+    /// [secured](Self::start_secured) cluster; each call is bounded by 15 s.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: cancelled midway, some users exist and authentication is off.
+    pub async fn enable_auth(&self, users: &[EtcdUser<'_>]) -> Result<()> {
+        let secrets = self
+            .secrets
+            .as_ref()
+            .ok_or_else(|| ServerError::Unsupported {
+                what: "authentication on an etcd cluster without TLS".into(),
+            })?;
+        let root = format!("root:{:032x}", rand::random::<u128>());
+        let mut steps: Vec<Vec<String>> = Vec::new();
+        for user in users {
+            let name = user.name.to_owned();
+            steps.push(vec!["role".into(), "add".into(), name.clone()]);
+            steps.push(vec![
+                "role".into(),
+                "grant-permission".into(),
+                name.clone(),
+                "--prefix=true".into(),
+                "readwrite".into(),
+                user.prefix.to_owned(),
+            ]);
+            steps.push(vec![
+                "user".into(),
+                "add".into(),
+                format!("{name}:{}", user.password),
+                "--interactive=false".into(),
+            ]);
+            steps.push(vec!["user".into(), "grant-role".into(), name.clone(), name]);
+        }
+        for step in [
+            vec!["user", "add", root.as_str(), "--interactive=false"],
+            vec!["role", "add", "root"],
+            vec!["user", "grant-role", "root", "root"],
+            vec!["auth", "enable"],
+        ] {
+            steps.push(step.into_iter().map(String::from).collect());
+        }
+        let bin = super::find_binary("etcdctl", &[], "apt-get install -y etcd-client")?;
+        let pki = &secrets.pki;
+        for step in steps {
+            // The words that name no password, for messages.
+            let shown: Vec<&str> = step
+                .iter()
+                .map(|w| {
+                    if w.contains(':') {
+                        "<user:password>"
+                    } else {
+                        w
+                    }
+                })
+                .collect();
+            let run = tokio::process::Command::new(&bin)
+                .arg(format!("--endpoints={}", self.endpoints().join(",")))
+                .arg(format!("--cacert={}", pki.ca().display()))
+                .arg(format!("--cert={}", pki.client_cert().display()))
+                .arg(format!("--key={}", pki.client_key().display()))
+                .args(&step)
+                .stdin(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .output();
+            let out = tokio::time::timeout(ETCDCTL_TIMEOUT, run)
+                .await
+                .map_err(|_| ServerError::Timeout {
+                    what: format!("etcdctl {}", shown.join(" ")),
+                })??;
+            if !out.status.success() {
+                return Err(ServerError::Protocol {
+                    what: format!("etcdctl {}", shown.join(" ")),
+                    detail: format!(
+                        "{}: {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A user for [`EtcdCluster::enable_auth`].
+#[derive(Clone, Copy)]
+pub struct EtcdUser<'a> {
+    /// The user's (and its role's) name.
+    pub name: &'a str,
+    /// Its password.
+    pub password: &'a str,
+    /// The key prefix its role may read and write.
+    pub prefix: &'a str,
+}
+
+impl std::fmt::Debug for EtcdUser<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
     }
 }
 
