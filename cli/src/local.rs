@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
@@ -60,6 +60,8 @@ pub struct LocalBackend {
     pub nodes: Vec<Arc<dyn Node>>,
     /// Whether the nodes run under the clock shim (Redis only).
     pub clock_shim: bool,
+    /// Whether the servers require TLS and a password ([`LocalOptions::secured`]).
+    pub secured: bool,
     /// The consensus leader (etcd, ZooKeeper).
     pub leader: Option<LeaderFn>,
     /// The links between members, where they can be cut (ZooKeeper).
@@ -95,6 +97,13 @@ pub struct LocalOptions {
     /// Run redis-server under the clock shim, so fault scenarios can jump its clock (it
     /// turns `clock_gettime` into a syscall: leave it off for benchmarks).
     pub clock_shim: bool,
+    /// Servers that require TLS with client certificates from a throwaway CA and a
+    /// password, and clients as a user with only the privileges the README's Security
+    /// section lists: Redis ACL user on its prefix, etcd role on its prefix, ZooKeeper
+    /// digest ACL on its chroot, Postgres role granted [`PgConfig::grant_sql`].
+    ///
+    /// [`PgConfig::grant_sql`]: tenure_postgres::PgConfig::grant_sql
+    pub secured: bool,
 }
 
 /// The backends `start` knows, in matrix order.
@@ -124,35 +133,71 @@ pub async fn start(
     backend: &str,
     options: LocalOptions,
 ) -> Result<LocalBackend, Box<dyn Error + Send + Sync>> {
+    let secured = options.secured;
     let redis = |n| {
-        RedisOptions::default()
+        let options = RedisOptions::default()
             .nodes(n)
-            .clock_shim(options.clock_shim)
+            .clock_shim(options.clock_shim);
+        match secured {
+            true => options.secured(tenure_redis::ACL_COMMANDS),
+            false => options,
+        }
     };
     let mut leader = None;
     let mut peer_links: Option<Arc<dyn PeerLinks>> = None;
     let (name, harness, nodes, clock_shim) = match backend {
-        "redis" => {
-            let cluster = RedisCluster::start(redis(1)).await?;
+        "redis" | "redlock" => {
+            let cluster =
+                RedisCluster::start(redis(if backend == "redis" { 1 } else { 5 })).await?;
             let nodes = nodes(cluster.nodes());
-            let harness = harness("redis", "redis://{hosts}", &nodes)
-                .cut_query("request_timeout_ms=300")
-                .owning(cluster);
-            ("redis", harness, nodes, options.clock_shim)
-        }
-        "redlock" => {
-            let cluster = RedisCluster::start(redis(5)).await?;
-            let nodes = nodes(cluster.nodes());
-            let harness = harness("redlock", "redlock://{hosts}", &nodes).owning(cluster);
-            ("redlock", harness, nodes, options.clock_shim)
+            let template = match cluster.secrets() {
+                Some(secrets) => secrets.url(&format!("{backend}s"), "{hosts}"),
+                None => format!("{backend}://{{hosts}}"),
+            };
+            let harness = harness(backend, &template, &nodes);
+            let harness = match backend {
+                "redis" => harness.cut_query("request_timeout_ms=300"),
+                _ => harness,
+            };
+            let name = if backend == "redis" {
+                "redis"
+            } else {
+                "redlock"
+            };
+            (name, harness.owning(cluster), nodes, options.clock_shim)
         }
         "etcd" => {
-            let cluster = Arc::new(EtcdCluster::start(3).await?);
+            let (cluster, template) = if secured {
+                let cluster = EtcdCluster::start_secured(3).await?;
+                let secrets = cluster.secrets().ok_or("a secured cluster")?.clone();
+                let template = secrets.url("{hosts}");
+                let hosts: Vec<String> = cluster
+                    .members()
+                    .iter()
+                    .map(|m| m.addr().to_string())
+                    .collect();
+                let prefix =
+                    tenure_etcd::EtcdConfig::from_url(&secrets.url(&hosts.join(",")))?.key_prefix();
+                cluster
+                    .enable_auth(&[EtcdUser {
+                        name: "tenure",
+                        password: &secrets.password,
+                        prefix: &prefix,
+                    }])
+                    .await?;
+                (cluster, template)
+            } else {
+                (
+                    EtcdCluster::start(3).await?,
+                    "etcd://{hosts}/tenure".to_owned(),
+                )
+            };
+            let cluster = Arc::new(cluster);
             leader = Some(leader_of(&cluster, |c| {
                 Box::pin(async move { c.leader_index().await.ok() })
             }));
             let nodes = nodes(cluster.members());
-            let harness = harness("etcd", "etcd://{hosts}/tenure", &nodes)
+            let harness = harness("etcd", &template, &nodes)
                 .cut_query("request_timeout_ms=500")
                 // Leases count whole seconds, at least ~1.5 election timeouts.
                 .with_short_ttl(Duration::from_secs(2))
@@ -160,17 +205,24 @@ pub async fn start(
             ("etcd", harness, nodes, false)
         }
         "zk" => {
-            let options = ZkOptions::default()
+            let zk_options = ZkOptions::default()
                 .nodes(3)
                 .tick_time_ms(ZK_TICK_MS)
                 .peer_proxies(true);
-            let ensemble = Arc::new(ZkEnsemble::start(options).await?);
+            let zk_options = match secured {
+                true => zk_options.secured(),
+                false => zk_options,
+            };
+            let ensemble = Arc::new(ZkEnsemble::start(zk_options).await?);
             leader = Some(leader_of(&ensemble, |e| {
                 Box::pin(async move { e.leader_index().await.ok() })
             }));
             peer_links = Some(ensemble.clone());
             let nodes = nodes(ensemble.nodes());
-            let template = format!("zk://{{hosts}}?tick_ms={ZK_TICK_MS}");
+            let template = match ensemble.secrets() {
+                Some(secrets) => format!("{}&tick_ms={ZK_TICK_MS}", secrets.url("{hosts}")),
+                None => format!("zk://{{hosts}}?tick_ms={ZK_TICK_MS}"),
+            };
             let harness = harness("zk", &template, &nodes)
                 .query("session_timeout_ms=4000")
                 .cut_query("session_timeout_ms=1000&request_timeout_ms=300")
@@ -178,9 +230,21 @@ pub async fn start(
             ("zk", harness, nodes, false)
         }
         "postgres" => {
-            let server = Arc::new(Postgres::start().await?);
+            let (server, template) = if secured {
+                let server = Postgres::start_secured().await?;
+                let secrets = server.secrets().ok_or("a secured server")?.clone();
+                let config =
+                    tenure_postgres::PgConfig::from_url(&secrets.url(&server.addr().to_string()))?;
+                server.psql(&config.schema_sql()).await?;
+                server.psql(&config.grant_sql("tenure")?).await?;
+                (server, secrets.url("{hosts}"))
+            } else {
+                let template = "postgres://postgres@{hosts}/postgres".to_owned();
+                (Postgres::start().await?, template)
+            };
+            let server = Arc::new(server);
             let nodes: Vec<Arc<dyn Node>> = vec![server.clone()];
-            let harness = harness("postgres", "postgres://postgres@{hosts}/postgres", &nodes)
+            let harness = harness("postgres", &template, &nodes)
                 // The schema exists once a direct client has connected; a short command
                 // timeout would cut a migration queued behind concurrent ones.
                 .cut_query("request_timeout_ms=300&migrate=false")
@@ -200,6 +264,7 @@ pub async fn start(
         harness,
         nodes,
         clock_shim,
+        secured,
         leader,
         peer_links,
     })

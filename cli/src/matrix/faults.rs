@@ -632,6 +632,9 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             reason: "a single node has no minority to lose".into(),
         }),
         Fault::ReplicaFailover => match backend {
+            "redis" if target.secured => not_injectable(
+                "the harness's primary-replica pair does not run with TLS and ACL users",
+            ),
             "redis" => None,
             "redlock" => Some(Cell::NotApplicable {
                 reason: "independent masters without replicas".into(),

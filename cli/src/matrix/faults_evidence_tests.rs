@@ -7,7 +7,9 @@ use super::*;
 /// the jump reached it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_jump_the_server_never_read_did_not_fire() {
-    let target = target("redis", &Source::Local, 11).await.unwrap();
+    let target = target("redis", &Source::Local { secured: false }, 11)
+        .await
+        .unwrap();
     let node = &target.nodes[0];
     node.pause().unwrap();
     let injected = inject(Fault::ClockJump, &target, 0).await;
@@ -30,7 +32,9 @@ async fn a_clock_jump_the_server_never_read_did_not_fire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_and_pause_evidence_is_observed() {
-    let target = target("postgres", &Source::Local, 12).await.unwrap();
+    let target = target("postgres", &Source::Local { secured: false }, 12)
+        .await
+        .unwrap();
     let node = &target.nodes[0];
     let before = node.pid().unwrap();
     let evidence = inject(Fault::Restart, &target, 0).await.unwrap();

@@ -126,7 +126,9 @@ mod tests {
     /// What a fault can leave behind on a node is repaired, and said.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn repairs_a_stopped_a_dead_and_a_shifted_server() {
-        let target = target("redis", &Source::Local, 1).await.unwrap();
+        let target = target("redis", &Source::Local { secured: false }, 1)
+            .await
+            .unwrap();
         let node = &target.nodes[0];
         assert_eq!(ensure(&target).await, Ok(vec![]), "healthy at start");
 
@@ -158,7 +160,9 @@ mod tests {
     /// server, and says so.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cell_after_a_server_was_left_down_runs_on_a_repaired_one() {
-        let target = target("postgres", &Source::Local, 2).await.unwrap();
+        let target = target("postgres", &Source::Local { secured: false }, 2)
+            .await
+            .unwrap();
         target.nodes[0].kill().await.unwrap();
         let options = MatrixOptions {
             trials: 2,
@@ -186,7 +190,9 @@ mod tests {
     /// A backend that cannot be repaired gives a cell that says exactly what is wrong.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unrepairable_backend_says_what_is_wrong() {
-        let target = target("etcd", &Source::Local, 3).await.unwrap();
+        let target = target("etcd", &Source::Local { secured: false }, 3)
+            .await
+            .unwrap();
         let node = &target.nodes[1];
         let addr = node.addr();
         node.kill().await.unwrap();

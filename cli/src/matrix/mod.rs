@@ -43,6 +43,9 @@ pub struct MatrixOptions {
     /// Whether to run the shared suite and the performance runs (not in a run trimmed to
     /// some fault cells).
     pub suite_and_perf: bool,
+    /// Local servers require TLS, client certificates and a password, and clients have
+    /// only the privileges the README's Security section lists (`--tls`).
+    pub tls: bool,
 }
 
 impl Default for MatrixOptions {
@@ -54,6 +57,7 @@ impl Default for MatrixOptions {
             backends: local::backends().into_iter().map(String::from).collect(),
             faults: Fault::ALL.to_vec(),
             suite_and_perf: true,
+            tls: false,
         }
     }
 }
@@ -79,6 +83,8 @@ pub struct Target {
     leader: Option<LeaderFn>,
     peer_links: Option<Arc<dyn PeerLinks>>,
     clock_shim: bool,
+    /// Local servers that require TLS and a password.
+    secured: bool,
     caps: Capabilities,
     config: expect::Config,
     ttl: Duration,
@@ -385,8 +391,13 @@ impl ClustersConfig {
 /// Where a backend's servers come from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// Start local servers with the conformance launcher.
-    Local,
+    /// Start local servers with the conformance launcher; `secured`: servers that
+    /// require TLS and a password, used with least privilege (see
+    /// [`LocalOptions::secured`]).
+    Local {
+        /// Whether the servers require TLS and a password.
+        secured: bool,
+    },
     /// Use the user's servers at this URL.
     External(String),
 }
@@ -431,10 +442,14 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
 }
 
 async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, String> {
-    let (harness, nodes, leader, peer_links, clock_shim) = match source {
-        Source::Local => {
+    let (harness, nodes, leader, peer_links, clock_shim, secured) = match source {
+        &Source::Local { secured } => {
             let (backend, wrap) = broken_backend(name)?;
-            let local = local::start(backend, LocalOptions { clock_shim: true })
+            let options = LocalOptions {
+                clock_shim: true,
+                secured,
+            };
+            let local = local::start(backend, options)
                 .await
                 .map_err(|e| format!("starting local {backend} servers: {e}"))?;
             let links = local.peer_links;
@@ -444,13 +459,14 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
                 local.leader,
                 links,
                 local.clock_shim,
+                local.secured,
             )
         }
         Source::External(url) => {
             let harness = external_harness(name, url)
                 .await
                 .map_err(|e| e.to_string())?;
-            (harness, Vec::new(), None, None, false)
+            (harness, Vec::new(), None, None, false, false)
         }
     };
     let caps = {
@@ -489,6 +505,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         leader,
         peer_links,
         clock_shim,
+        secured,
         caps,
         config,
         ttl,
@@ -735,13 +752,17 @@ async fn faults(
 }
 
 fn servers_text(target: &Target) -> String {
-    match target.nodes.len() {
+    let servers: String = match target.nodes.len() {
         0 => format!(
             "{} host(s) of the user's cluster",
             target.harness.targets().len()
         ),
         1 => "1 local server".into(),
         n => format!("{n} local servers"),
+    };
+    match target.secured {
+        true => servers + " requiring TLS, a client certificate and a password",
+        false => servers,
     }
 }
 

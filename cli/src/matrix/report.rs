@@ -392,6 +392,14 @@ pub fn markdown(matrix: &Matrix) -> String {
             "release"
         }
     );
+    if matrix.options.tls {
+        let _ = writeln!(
+            out,
+            "Secured servers (`--tls`): every server required TLS with a client certificate \
+             and a password; clients had only the privileges of the README's Security \
+             section.\n"
+        );
+    }
     let _ = writeln!(
         out,
         "SAFE: mutual exclusion held · F-SAFE: two holders, the stale write was rejected by \

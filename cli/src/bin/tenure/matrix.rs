@@ -33,8 +33,13 @@ pub(crate) struct MatrixArgs {
     #[arg(long, hide = true)]
     list_broken: bool,
     /// Run against your own clusters: a TOML file whose `backends` table lists URLs.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tls")]
     clusters: Option<PathBuf>,
+    /// Start local servers that require TLS (certificates from a throwaway CA, client
+    /// certificates too) and a password, and connect as a user with only the privileges
+    /// the README's Security section lists.
+    #[arg(long)]
+    tls: bool,
     /// Directory for matrix.md, matrix.json and matrix.html.
     #[arg(long, default_value = ".")]
     out: PathBuf,
@@ -82,6 +87,7 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
     options.trials = args.trials.unwrap_or(options.trials);
     options.rounds = args.rounds.unwrap_or(options.rounds);
     options.perf_secs = args.perf_secs.unwrap_or(options.perf_secs);
+    options.tls = args.tls;
     if !args.faults.is_empty() {
         let wanted = args
             .faults
@@ -110,7 +116,10 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
             .backends
             .iter()
             .chain(args.backends.iter().filter(|b| b.starts_with("broken:")))
-            .map(|name| (name.clone(), Source::Local))
+            .map(|name| {
+                let secured = args.tls;
+                (name.clone(), Source::Local { secured })
+            })
             .collect(),
     };
     for name in args.backends.iter() {

@@ -1,0 +1,37 @@
+//! `tenure matrix --quick --tls` end to end: the same checks as `matrix.rs` (see
+//! [`quick_matrix`]), on servers that require TLS, client certificates and a password, as
+//! users with least privilege. No password reaches a report or the terminal.
+
+mod quick_matrix;
+
+#[test]
+fn quick_matrix_over_tls_with_least_privilege() {
+    let written = quick_matrix::run_and_check(true);
+    assert_eq!(written.json["options"]["tls"], true);
+    for backend in written.json["backends"].as_array().unwrap() {
+        let servers = backend["servers"].as_str().unwrap();
+        assert!(
+            servers.ends_with("requiring TLS, a client certificate and a password"),
+            "{servers}"
+        );
+    }
+    let (_, markdown) = &written.files[0];
+    assert!(markdown.contains("Secured servers (`--tls`)"), "{markdown}");
+    // The harness's passwords are 32 lowercase hex digits, in every local URL: no such
+    // run may be shown, redacted or not.
+    let texts = written
+        .files
+        .iter()
+        .map(|(name, text)| (*name, text.as_str()));
+    for (name, text) in texts.chain([("stdout", &*written.stdout), ("stderr", &*written.stderr)]) {
+        let longest_hex_run = text
+            .split(|c: char| !matches!(c, '0'..='9' | 'a'..='f'))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            longest_hex_run < 32,
+            "{name} shows something like a password"
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! `tenure matrix --quick` end to end on local servers: every backend × every scenario
+//! and fault has a verdict, every fault that ran fired, and every verdict is one the
+//! reviewed table of `tenure_cli::matrix::expect` allows for that backend's configuration.
+//! Shared by `matrix.rs` (plain servers) and `matrix_tls.rs` (`--tls`), which are separate
+//! test binaries so the two runs never share the machine's two cores.
+
+use std::process::Command;
+
+use serde_json::Value;
+use tenure_cli::matrix::expect::{expect, Config};
+use tenure_cli::matrix::Fault;
+
+/// The configurations `tenure matrix` starts locally (default fence modes).
+fn local_config(backend: &str) -> Config {
+    let (url, nodes) = match backend {
+        "redis" => ("redis://local", 1),
+        "redlock" => ("redlock://local", 5),
+        "etcd" => ("etcd://local", 3),
+        "zk" => ("zk://local", 3),
+        "postgres" => ("postgres://local", 1),
+        other => panic!("no local configuration for {other}"),
+    };
+    Config::of(backend, url, nodes).unwrap()
+}
+
+/// Runs `tenure matrix --quick` (with `--tls` if `tls`) and checks every cell; returns
+/// what it wrote and printed.
+pub(crate) fn run_and_check(tls: bool) -> Written {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        // Exit status on ⚠ is tested in matrix_exit.rs; here each cell is checked below.
+        .args(["matrix", "--quick", "--allow-mismatch", "--out"])
+        .arg(out_dir.path())
+        .args(tls.then_some("--tls"))
+        .env_remove("TENURE_URL")
+        .output()
+        .expect("tenure runs");
+    let report = std::fs::read_to_string(out_dir.path().join("matrix.md")).unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.path().join("matrix.json")).unwrap())
+            .unwrap();
+    let backends = json["backends"].as_array().unwrap();
+    let names: Vec<&str> = backends
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["redis", "redlock", "etcd", "zk", "postgres"]);
+    let scenarios = tenure_conformance::scenarios().len();
+    for backend in backends {
+        let name = backend["backend"].as_str().unwrap();
+        assert!(backend["error"].is_null(), "{name}: {}", backend["error"]);
+        let suite = backend["suite"].as_array().unwrap();
+        assert_eq!(suite.len(), scenarios, "{name}");
+        for scenario in suite {
+            assert_ne!(scenario["result"], "failed", "{name}: {scenario}");
+        }
+        let faults = backend["faults"].as_array().unwrap();
+        assert_eq!(faults.len(), Fault::ALL.len(), "{name}");
+        let config = local_config(name);
+        for (fault, kind) in faults.iter().zip(Fault::ALL) {
+            let cell = &fault["cell"];
+            let title = kind.title();
+            assert_eq!(fault["title"], title, "{name}");
+            // The verdicts the table allows, and none other was observed (no ⚠).
+            let table = expect(&config, kind);
+            let allowed: Vec<&str> = table.verdicts.iter().map(|v| v.label()).collect();
+            assert_eq!(
+                fault["expected"],
+                serde_json::json!(allowed),
+                "{name} / {title}"
+            );
+            let observed: Vec<&str> = cell["counts"]
+                .as_object()
+                .map(|c| c.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            assert!(
+                observed.iter().all(|v| allowed.contains(v)),
+                "⚠ {name} / {title}: observed {observed:?}, the table allows {allowed:?} \
+                 ({}): {cell}",
+                table.reason
+            );
+            match cell["status"].as_str().unwrap() {
+                "ran" => {
+                    let counted: u64 = cell["counts"]
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .map(|n| n.as_u64().unwrap())
+                        .sum();
+                    let trials = cell["trials"].as_u64().unwrap();
+                    assert_eq!(trials, 3, "{name}: {fault}");
+                    assert_eq!(counted + cell["not_fired"].as_u64().unwrap(), trials);
+                    // The fault took effect in at least one trial.
+                    assert!(
+                        counted > 0,
+                        "{name} / {title}: no trial fired ({}): {cell}",
+                        cell["not_fired"]
+                    );
+                }
+                "not-injectable" | "not-applicable" => {
+                    assert!(!cell["reason"].as_str().unwrap().is_empty())
+                }
+                other => panic!("{name}: status {other}"),
+            }
+        }
+        let verdicts = |fault: &str| -> Vec<String> {
+            let cell = &faults.iter().find(|f| f["fault"] == fault).unwrap()["cell"];
+            cell["counts"]
+                .as_object()
+                .map(|c| c.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        // Every lease lock is violated by a holder paused past its TTL; fencing contains it.
+        assert_eq!(verdicts("paused-holder"), ["F-SAFE"], "{name}");
+        // A late grant is never believed: deadlines count from when the request was sent;
+        // a release frees the lock on arrival, however late its reply.
+        assert_eq!(verdicts("delayed-reply"), ["SAFE"], "{name}");
+        assert_eq!(verdicts("blackhole"), ["SAFE"], "{name}");
+        // A holder partitioned into a minority cannot prove its lease: ZooKeeper proves
+        // grants and renewals through the leader, Redlock renews only on a majority.
+        if matches!(name, "zk" | "redlock") {
+            assert_eq!(verdicts("minority-partition"), ["SAFE"], "{name}");
+        }
+        assert_eq!(verdicts("connection-cut"), ["SAFE"], "{name}");
+        if matches!(name, "etcd" | "zk" | "postgres") {
+            for fault in faults {
+                assert!(!verdicts(fault["fault"].as_str().unwrap()).contains(&"UNSAFE".into()));
+            }
+        }
+        assert_eq!(backend["perf"].as_array().unwrap().len(), 3, "{name}");
+        for check in backend["checks"].as_array().unwrap() {
+            assert!(check["consistent"] != false, "⚠ {name}: {check}");
+        }
+    }
+    // Seeds 001/004: a Redis failover or a restart without persistence loses the grant;
+    // the clock-floored fence counter keeps either from going uncontained. (Each double
+    // grant itself is asserted deterministically in backend-redis/tests/faults.rs.)
+    let redis = backends[0]["faults"].as_array().unwrap();
+    for fault in ["replica-failover", "restart"] {
+        let cell = &redis.iter().find(|f| f["fault"] == fault).unwrap()["cell"];
+        if tls && fault == "replica-failover" {
+            // The primary-replica pair runs without TLS: not this mode's servers.
+            assert_eq!(cell["status"], "not-injectable", "{fault}: {cell}");
+            continue;
+        }
+        assert_eq!(cell["status"], "ran", "{fault}: {cell}");
+        assert!(cell["counts"]["UNSAFE"].is_null(), "{fault}: {cell}");
+    }
+    assert!(json["seed_claims"].as_array().unwrap().len() >= 5);
+    // No backend error, and no ⚠ (checked per cell above).
+    assert!(out.status.success(), "{stderr}\n{report}");
+    let mut written = Written {
+        files: Vec::new(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: stderr.into_owned(),
+        json: json.clone(),
+    };
+    for file in ["matrix.md", "matrix.json", "matrix.html"] {
+        let text = std::fs::read_to_string(out_dir.path().join(file)).unwrap();
+        for name in &names {
+            assert!(text.contains(name), "{file} lacks {name}");
+        }
+        written.files.push((file, text));
+    }
+    written
+}
+
+/// What a run wrote and printed.
+#[allow(dead_code)] // Each test binary reads the fields it checks.
+pub(crate) struct Written {
+    /// `(name, content)` of matrix.md, matrix.json, matrix.html.
+    pub(crate) files: Vec<(&'static str, String)>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) json: Value,
+}
