@@ -13,7 +13,8 @@ use tenure_api::LockError;
 /// (TLS). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `request_timeout_ms` (default 1000; also read as `command_timeout_ms`), `fence` (`clock`, the default, or `counter`: see
-/// [`FenceMode`]). Over TLS (`rediss://`): `ca_file` (a PEM bundle of the certificate
+/// [`FenceMode`]), `wait_replicas` and `wait_timeout_ms` (see
+/// [`wait_replicas`](Self::wait_replicas)). Over TLS (`rediss://`): `ca_file` (a PEM bundle of the certificate
 /// authorities to trust instead of the built-in web roots, for a private CA), and
 /// `cert_file` with `key_file` (PEM client certificate and key, for a server that requires
 /// client certificates: Redis's `tls-auth-clients yes`); the files are read at connect, and
@@ -41,6 +42,18 @@ pub struct RedisConfig {
     pub request_timeout: Duration,
     /// How the per-key fence counter advances.
     pub fence: FenceMode,
+    /// Replicas that must confirm each grant, extension and fence raise before it counts
+    /// (0, the default: none). tenure sends `WAIT wait_replicas wait_timeout` in one
+    /// pipeline with the write, on the same connection; a grant fewer replicas confirmed
+    /// is released and reported as [`LockError::Unavailable`], an extension is not
+    /// counted (the lease keeps its old deadline). This narrows the window in which a
+    /// failover to an asynchronous replica loses a grant; it does not close it (a replica
+    /// that did not confirm can still be promoted, and `WAIT` does not make the write
+    /// durable on disk).
+    pub wait_replicas: u32,
+    /// How long `WAIT` waits for the replicas (default 100 ms; 1 ms..=60 s, shorter than
+    /// [`request_timeout`](Self::request_timeout)).
+    pub wait_timeout: Duration,
     /// TLS only: the certificate authorities (PEM) to trust instead of the web roots.
     pub ca_file: Option<PathBuf>,
     /// TLS only: the client certificate chain (PEM), with [`key_file`](Self::key_file).
@@ -48,6 +61,12 @@ pub struct RedisConfig {
     /// TLS only: the client certificate's private key (PEM).
     pub key_file: Option<PathBuf>,
 }
+
+/// [`RedisConfig::wait_timeout`] unless the URL says otherwise.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The most replicas [`RedisConfig::wait_replicas`] may ask for.
+pub const MAX_WAIT_REPLICAS: u32 = 1000;
 
 /// How the per-key fence counter advances on each grant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,6 +111,8 @@ impl RedisConfig {
         "connect_timeout_ms",
         "request_timeout_ms",
         "fence",
+        "wait_replicas",
+        "wait_timeout_ms",
         "ca_file",
         "cert_file",
         "key_file",
@@ -128,10 +149,13 @@ impl RedisConfig {
             connect_timeout: Duration::from_millis(1000),
             request_timeout: Duration::from_millis(1000),
             fence: FenceMode::default(),
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             ca_file: None,
             cert_file: None,
             key_file: None,
         };
+        let mut wait_timeout_set = false;
         let mut handed_on = Vec::new();
         for (name, value) in url.options_aliased(Self::ALIASES)? {
             let millis = || url.millis(name, value, 1..=600_000);
@@ -139,6 +163,22 @@ impl RedisConfig {
                 "prefix" => config.prefix = value.to_string(),
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
+                "wait_replicas" => {
+                    config.wait_replicas = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=MAX_WAIT_REPLICAS).contains(n))
+                        .ok_or_else(|| {
+                            url.error(format!(
+                                "wait_replicas={value:?}: expected a number of replicas in \
+                                 1..={MAX_WAIT_REPLICAS}"
+                            ))
+                        })?
+                }
+                "wait_timeout_ms" => {
+                    config.wait_timeout = url.millis(name, value, 1..=60_000)?;
+                    wait_timeout_set = true;
+                }
                 "ca_file" | "cert_file" | "key_file" => {
                     let path = Some(url.tls_file(name, value, tls, "rediss")?);
                     match name {
@@ -173,9 +213,13 @@ impl RedisConfig {
                 }
             }
         }
+        if wait_timeout_set && config.wait_replicas == 0 {
+            return Err(url.error("wait_timeout_ms needs wait_replicas"));
+        }
         if !handed_on.is_empty() {
             config.url.query_pairs_mut().extend_pairs(handed_on);
         }
+        config.validate_wait()?;
         Ok(config)
     }
 
@@ -185,8 +229,9 @@ impl RedisConfig {
     }
 
     /// Checks the settings a caller may have set directly on the public fields: the
-    /// connect and request timeouts within 1 ms..=600 s (as the URL options), and TLS files
-    /// only over TLS. A violation is [`LockError::Config`]. (That a client certificate
+    /// connect and request timeouts within 1 ms..=600 s (as the URL options), the replica
+    /// wait as its URL options allow, and TLS files only over TLS. A violation is
+    /// [`LockError::Config`]. (That a client certificate
     /// comes with its key is checked when the files are read, at connect.)
     pub fn validate(&self) -> Result<(), LockError> {
         let range = Duration::from_millis(1)..=Duration::from_secs(600);
@@ -201,7 +246,39 @@ impl RedisConfig {
                 )));
             }
         }
+        self.validate_wait()?;
         self.validate_tls()
+    }
+
+    /// `wait_replicas` within 0..=[`MAX_WAIT_REPLICAS`]; when set, `wait_timeout` within
+    /// 1 ms..=60 s and shorter than the request timeout, which must also cover the
+    /// `WAIT`'s reply.
+    fn validate_wait(&self) -> Result<(), LockError> {
+        if self.wait_replicas == 0 {
+            return Ok(());
+        }
+        let endpoint = self.endpoint();
+        if self.wait_replicas > MAX_WAIT_REPLICAS {
+            return Err(LockError::Config(format!(
+                "wait_replicas {} for {endpoint} must be at most {MAX_WAIT_REPLICAS}",
+                self.wait_replicas
+            )));
+        }
+        let range = Duration::from_millis(1)..=Duration::from_secs(60);
+        if !range.contains(&self.wait_timeout) {
+            return Err(LockError::Config(format!(
+                "wait_timeout {:?} for {endpoint} must be within 1ms..=60s",
+                self.wait_timeout
+            )));
+        }
+        if self.wait_timeout >= self.request_timeout {
+            return Err(LockError::Config(format!(
+                "wait_timeout {:?} for {endpoint} must be shorter than request_timeout {:?} \
+                 (the request waits for the replicas)",
+                self.wait_timeout, self.request_timeout
+            )));
+        }
+        Ok(())
     }
 
     /// Whether the connection is TLS (`rediss://`).
@@ -277,6 +354,8 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("fence", &self.fence)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
             .field("ca_file", &self.ca_file)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
@@ -349,6 +428,9 @@ mod tests {
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("fence", "counter"),
+                ("wait_replicas", "1"),
+                // Only with wait_replicas (its own effect: replica_waits_are_parsed…).
+                ("wait_timeout_ms", "50&wait_replicas=1"),
                 ("ca_file", "/ca.pem"),
                 ("cert_file", "/client.pem"),
                 ("key_file", "/client.key"),
@@ -416,6 +498,43 @@ mod tests {
     }
 
     #[test]
+    fn replica_waits_are_parsed_and_validated() {
+        let off = RedisConfig::from_url("redis://h").unwrap();
+        assert_eq!(off.wait_replicas, 0);
+        let on = RedisConfig::from_url(
+            "redis://h?wait_replicas=2&wait_timeout_ms=250&request_timeout_ms=2000",
+        )
+        .unwrap();
+        assert_eq!(on.wait_replicas, 2);
+        assert_eq!(on.wait_timeout, Duration::from_millis(250));
+        let defaulted = RedisConfig::from_url("redis://h?wait_replicas=1").unwrap();
+        assert_eq!(defaulted.wait_timeout, crate::DEFAULT_WAIT_TIMEOUT);
+        // WAIT's reply must come within the request timeout.
+        let err = RedisConfig::from_url("redis://h?wait_replicas=1&wait_timeout_ms=1000")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shorter than request_timeout"), "{err}");
+        let err = RedisConfig::from_url("redis://h?wait_timeout_ms=50")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("wait_timeout_ms needs wait_replicas"), "{err}");
+        for (replicas, wait) in [
+            (1, Duration::ZERO),
+            (1, Duration::from_secs(61)),
+            (1, on.request_timeout),
+            (crate::MAX_WAIT_REPLICAS + 1, Duration::from_millis(10)),
+        ] {
+            let mut bad = on.clone();
+            bad.wait_replicas = replicas;
+            bad.wait_timeout = wait;
+            assert!(
+                matches!(bad.validate(), Err(LockError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_urls_are_config_errors() {
         for bad in [
             "",
@@ -426,6 +545,14 @@ mod tests {
             "redis://h/notadb",
             "redis://h?fence=",
             "redis://h?fence=lamport",
+            "redis://h?wait_replicas=0",
+            "redis://h?wait_replicas=-1",
+            "redis://h?wait_replicas=two",
+            "redis://h?wait_replicas=1001",
+            "redis://h?wait_timeout_ms=50",
+            "redis://h?wait_replicas=1&wait_timeout_ms=0",
+            "redis://h?wait_replicas=1&wait_timeout_ms=1000",
+            "redis://h?wait_replicas=1&wait_timeout_ms=300&request_timeout_ms=300",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(bad), Err(LockError::Config(_))),

@@ -17,7 +17,7 @@ use tenure_api::{
     LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
-pub use config::{redact, FenceMode, RedisConfig};
+pub use config::{redact, FenceMode, RedisConfig, DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS};
 use error::{bounded, classify};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
@@ -170,9 +170,49 @@ impl RedisLock {
         invocation: redis::ScriptInvocation<'_>,
         limit: Duration,
     ) -> Result<T, LockError> {
+        let (value, _) = self.run_script(what, &invocation, limit, 0).await?;
+        Ok(value)
+    }
+
+    /// Runs a script that writes, then checks that [`RedisConfig::wait_replicas`]
+    /// replicas have the write: the value, and `Err` naming what `what` did and how many
+    /// replicas confirmed it when too few did (`Ok` at once without `wait_replicas`).
+    async fn call_confirmed<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        invocation: redis::ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Result<(T, Result<(), String>), LockError> {
+        let wanted = self.config.wait_replicas;
+        let (value, confirmed) = self.run_script(what, &invocation, limit, wanted).await?;
+        let confirmed = match confirmed {
+            Some(got) if got < i64::from(wanted) => Err(format!(
+                "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
+                 confirmed it within {:?}",
+                self.config.endpoint(),
+                self.config.wait_timeout
+            )),
+            _ => Ok(()),
+        };
+        Ok((value, confirmed))
+    }
+
+    /// Runs a script, waiting at most `limit` in all (reconnect and retry included).
+    /// With `replicas` > 0, `WAIT replicas wait_timeout` follows in the same pipeline, so
+    /// on the same connection (`WAIT` counts that connection's writes: sent separately,
+    /// after a reconnect, it would confirm nothing yet report every replica); the second
+    /// value is its answer.
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+        limit: Duration,
+        replicas: u32,
+    ) -> Result<(T, Option<i64>), LockError> {
         let deadline = Instant::now() + limit;
         let mut conn = self.conn.clone();
-        let mut result = bounded(limit, invocation.invoke_async(&mut conn)).await;
+        let wait = self.config.wait_timeout;
+        let mut result = bounded(limit, send(invocation, replicas, wait, &mut conn)).await;
         // The first command after the server came back fails on the dead socket while the
         // manager reconnects. Every script is idempotent for its owner (a repeated acquire
         // is recognised, extend and release compare the owner), so one retry is safe.
@@ -182,7 +222,7 @@ impl RedisLock {
         {
             let left = deadline.saturating_duration_since(Instant::now());
             if !left.is_zero() {
-                result = bounded(left, invocation.invoke_async(&mut conn)).await;
+                result = bounded(left, send(invocation, replicas, wait, &mut conn)).await;
             }
         }
         result.map_err(|e| classify(&self.config, what, e))
@@ -255,9 +295,21 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(millis(ttl))
             .arg(fence.map_or("none", FenceMode::as_str));
-        let (granted, value): (i64, i64) = self.call_within("acquire", invocation, limit).await?;
+        let ((granted, value), confirmed): ((i64, i64), _) =
+            self.call_confirmed("acquire", invocation, limit).await?;
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
+        }
+        if let Err(why) = confirmed {
+            // Too few replicas have it: a failover could lose it. Given back, not held.
+            let released = match self.release_owner(key, owner).await {
+                Ok(_) => "released".to_owned(),
+                Err(e) => format!("its release failed ({e}); it expires within its TTL"),
+            };
+            return Err(LockError::Unavailable {
+                message: format!("{why}: grant refused and {released}"),
+                source: None,
+            });
         }
         let count = u64::try_from(value)
             .map_err(|_| LockError::backend(format!("server returned fence {value}")))?;
@@ -282,7 +334,18 @@ impl RedisLock {
             .key(Self::fence_key(&lock_key))
             .arg(&owner.hex()[..])
             .arg(millis(ttl));
-        Ok(self.call::<i64>("extend", invocation).await? == 1)
+        let limit = self.config.request_timeout;
+        let (extended, confirmed) = self
+            .call_confirmed::<i64>("extend", invocation, limit)
+            .await?;
+        if extended != 1 {
+            return Ok(false);
+        }
+        confirmed.map_err(|why| LockError::Unavailable {
+            message: format!("{why}: the extension does not count"),
+            source: None,
+        })?;
+        Ok(true)
     }
 
     /// Deletes `owner`'s lock and announces it on the key's release channel (waking the
@@ -343,7 +406,15 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
-        Ok(self.call::<i64>("raise fence", invocation).await? == 1)
+        let limit = self.config.request_timeout;
+        let (ours, confirmed) = self
+            .call_confirmed::<i64>("raise fence", invocation, limit)
+            .await?;
+        confirmed.map_err(|message| LockError::Unavailable {
+            message,
+            source: None,
+        })?;
+        Ok(ours == 1)
     }
 
     /// One run of the acquire script for `owner`, waiting at most `limit` for its reply.
@@ -700,6 +771,33 @@ impl DistributedLock for RedisLock {
             clock_dependent: true,
         }
     }
+}
+
+/// Sends `invocation`, followed by `WAIT replicas wait` in the same pipeline when
+/// `replicas` > 0 (its answer is the second value). A server that does not have the
+/// script yet gets it loaded, then the whole pipeline again.
+async fn send<T: redis::FromRedisValue>(
+    invocation: &redis::ScriptInvocation<'_>,
+    replicas: u32,
+    wait: Duration,
+    conn: &mut ConnectionManager,
+) -> redis::RedisResult<(T, Option<i64>)> {
+    if replicas == 0 {
+        return invocation.invoke_async(conn).await.map(|v| (v, None));
+    }
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation)
+        .cmd("WAIT")
+        .arg(replicas)
+        .arg(millis(wait));
+    let sent = match pipe.query_async::<(T, i64)>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+            invocation.load_async(conn).await?;
+            pipe.query_async(conn).await
+        }
+        other => other,
+    };
+    sent.map(|(value, confirmed)| (value, Some(confirmed)))
 }
 
 fn millis(ttl: Duration) -> u64 {

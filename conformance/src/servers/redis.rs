@@ -267,6 +267,22 @@ impl RedisNode {
             })
     }
 
+    /// On a primary: the offset its first replica has acknowledged (`offset=` of `slave0`
+    /// in `INFO replication`), `None` without a replica.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn acknowledged_offset(&self) -> Result<Option<i64>> {
+        let info = self.command(&["INFO", "replication"]).await?;
+        let text = info.as_text().ok_or_else(|| self.protocol(&info))?;
+        Ok(info_field(&text, "slave0").and_then(|replica| {
+            replica
+                .split(',')
+                .find_map(|part| part.strip_prefix("offset="))
+                .and_then(|v| v.parse().ok())
+        }))
+    }
+
     fn protocol(&self, r: &Resp) -> ServerError {
         ServerError::Protocol {
             what: self.core.process.what().to_owned(),
@@ -579,16 +595,25 @@ impl RedisReplicaPair {
     }
 
     /// Wait (up to 20 s) until the replica has processed everything the primary had
-    /// written when this was called.
+    /// written when this was called, and the primary knows it: the replica's
+    /// acknowledged offset (what `WAIT` counts) has reached it too. (Right after the
+    /// initial sync a replica can acknowledge offset 0 for a second: a `WAIT` then times
+    /// out.) It publishes a message first, which advances the offset without a key.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait_synced(&self) -> Result<()> {
+        // A message (replicated, and no key) so that there is something to acknowledge:
+        // a replica still loading the initial sync acknowledges offset 0.
+        self.primary
+            .command(&["PUBLISH", "tenure-harness:synced", "1"])
+            .await?;
         let target = self.primary.replication_offset().await?;
         let deadline = Instant::now() + REPLICATION_TIMEOUT;
         loop {
             let got = self.replica.replication_offset().await;
-            if matches!(got, Ok(o) if o >= target) {
+            let acked = self.primary.acknowledged_offset().await;
+            if matches!((&got, &acked), (Ok(o), Ok(Some(a))) if *o >= target && *a >= target) {
                 return Ok(());
             }
             if Instant::now() >= deadline {

@@ -1,0 +1,117 @@
+//! `?wait_replicas=N`: a grant, an extension and a fence raise count only once `WAIT`
+//! says N replicas have them — on a real primary with a real replica, whose replication
+//! link the test cuts (and checks it cut).
+
+use std::time::{Duration, Instant};
+
+use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_conformance::proxy::ProxyMode;
+use tenure_conformance::servers::redis::RedisReplicaPair;
+use tenure_redis::RedisLock;
+
+const TTL: Duration = Duration::from_secs(10);
+const WAIT_MS: u64 = 300;
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("replicas/{name}")).unwrap()
+}
+
+/// A client of the pair's primary that asks one replica to confirm every write.
+async fn confirming(pair: &RedisReplicaPair) -> RedisLock {
+    let url = format!(
+        "{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
+        pair.primary().url()
+    );
+    RedisLock::connect(&url).await.unwrap()
+}
+
+/// Cuts the replication link and checks the cut took: a write on the primary does not
+/// reach the replica.
+async fn cut_replication(pair: &RedisReplicaPair) {
+    pair.replication_link().set_mode(ProxyMode::Blackhole);
+    let probe = "replication-probe";
+    let set = pair.primary().command(&["SET", probe, "1"]).await.unwrap();
+    assert!(set.is_ok(), "{set:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = pair.replica().command(&["GET", probe]).await.unwrap();
+    assert!(
+        seen.is_nil(),
+        "the fault fired: the replica got no write ({seen:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_counts_once_the_replica_has_it() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    pair.wait_synced().await.unwrap();
+    let lock = confirming(&pair).await;
+    let k = key("confirmed");
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    // Read on the replica right away: WAIT made the grant reach it before the reply.
+    let on_replica = pair
+        .replica()
+        .command(&["GET", &lock.lock_key(&k)])
+        .await
+        .unwrap();
+    let value = on_replica.as_text().expect("the replica has the lock key");
+    assert!(value.starts_with(&lease.owner().to_string()), "{value}");
+    let mut lease = lease;
+    lock.extend(&mut lease, TTL).await.unwrap();
+    assert_eq!(
+        lock.release(lease).await.unwrap(),
+        tenure_api::ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_no_replica_confirms_is_refused_and_released() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    pair.wait_synced().await.unwrap();
+    let lock = confirming(&pair).await;
+    cut_replication(&pair).await;
+    let k = key("unconfirmed");
+    let started = Instant::now();
+    let refused = lock.try_acquire(&k, TTL).await;
+    let took = started.elapsed();
+    match &refused {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("0 of the 1 replicas wait_replicas asks for")
+                && message.contains("grant refused and released"),
+            "{message}"
+        ),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(took >= Duration::from_millis(WAIT_MS), "WAIT ran: {took:?}");
+    let on_primary = pair
+        .primary()
+        .command(&["GET", &lock.lock_key(&k)])
+        .await
+        .unwrap();
+    assert!(
+        on_primary.is_nil(),
+        "the refused grant was released: {on_primary:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_no_replica_confirms_does_not_count() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    pair.wait_synced().await.unwrap();
+    let lock = confirming(&pair).await;
+    let k = key("extension");
+    let mut lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let deadline = lease.valid_until();
+    cut_replication(&pair).await;
+    match lock.extend(&mut lease, TTL * 3).await {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("extend") && message.contains("the extension does not count"),
+            "{message}"
+        ),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(
+        lease.valid_until(),
+        deadline,
+        "the lease keeps its deadline"
+    );
+}
