@@ -221,6 +221,9 @@ mod tests {
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
                 ("fence", "counter"),
+                ("wait_replicas", "1"),
+                // Only with wait_replicas (see tenure-redis's replica_waits_are_parsed…).
+                ("wait_timeout_ms", "50&wait_replicas=1"),
                 ("ca_file", "/ca.pem"),
                 ("cert_file", "/client.pem"),
                 ("key_file", "/client.key"),
