@@ -3,13 +3,14 @@
 mod admin;
 mod config;
 mod error;
+mod releases;
 pub mod scripts;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
@@ -19,11 +20,13 @@ use tenure_api::{
 
 pub use config::{redact, FenceMode, RedisConfig, DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS};
 use error::{bounded, classify};
+pub use releases::ReleaseWatch;
+use releases::{Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
 /// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
-/// and the release channel (`SUBSCRIBE`, `PING`). Give the user the keys and channels of
+/// and the release channel (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`). Give the user the keys and channels of
 /// its prefix too — for `prefix=app/`, keys `{app/…}`, `{app/…}:fence` and channel
 /// `{app/…}:released`:
 ///
@@ -37,12 +40,14 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +
     +incr +persist +del +publish +subscribe +unsubscribe +ping";
 
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
-/// one auto-reconnecting connection.
+/// one auto-reconnecting connection, and all waiters share one subscriber connection
+/// (opened at the first wait, again after it closes).
 #[derive(Clone)]
 pub struct RedisLock {
     config: RedisConfig,
     client: redis::Client,
     conn: ConnectionManager,
+    subscriber: Arc<tokio::sync::Mutex<Option<Subscriber>>>,
 }
 
 impl fmt::Debug for RedisLock {
@@ -133,6 +138,7 @@ impl RedisLock {
             config,
             client,
             conn,
+            subscriber: Arc::default(),
         })
     }
 
@@ -492,59 +498,76 @@ impl RedisLock {
     /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
     /// `SUBSCRIBE`, each also bounded by its own timeout): a message arrives each time a
     /// holder of `key` releases it on this server ([`release_owner`](Self::release_owner)).
-    /// A refused subscription (e.g. an ACL without `SUBSCRIBE`) is an error, not a silent
-    /// connection that never hears anything.
+    /// The subscription is on the client's one subscriber connection, shared by all its
+    /// waiters and opened by the first (again after it closed). A refused subscription
+    /// (e.g. an ACL without `SUBSCRIBE`) is an error, not a silent subscription that
+    /// never hears anything.
     ///
     /// # Cancel safety
-    /// Cancel-safe: the connection is dropped with the future.
+    /// Cancel-safe: a subscription confirmed after the future was dropped is left again.
     pub async fn subscribe_releases(
         &self,
         key: &LockKey,
         limit: Duration,
-    ) -> Result<redis::aio::PubSub, LockError> {
+    ) -> Result<ReleaseWatch, LockError> {
         let deadline = Instant::now() + limit;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let channel = Self::channel(&self.lock_key(key));
-        let mut pubsub = bounded(
-            self.config.connect_timeout.min(left()),
-            self.client.get_async_pubsub(),
-        )
-        .await
-        .map_err(|e| classify(&self.config, "subscribe", e))?;
-        bounded(
-            self.config.request_timeout.min(left()),
-            pubsub.subscribe(&channel),
-        )
-        .await
-        .map_err(|e| classify(&self.config, "subscribe", e))?;
-        // The client hands back any reply to SUBSCRIBE as success, even a refusal such as
-        // an ACL's NOPERM. On RESP2 a subscribed connection answers PING with an array
-        // (`pong`, ``), an unsubscribed one with a plain PONG: that confirms it. (RESP3
-        // answers both the same way; there, SUBSCRIBE is trusted.)
-        if self.client.get_connection_info().redis.protocol == redis::ProtocolVersion::RESP2 {
-            let pong: redis::Value =
-                bounded(self.config.request_timeout.min(left()), pubsub.ping())
+        let what = "subscribe";
+        let subscriber = {
+            let mut current = bounded(left(), async { Ok(self.subscriber.lock().await) })
+                .await
+                .map_err(|e| classify(&self.config, what, e))?;
+            match current.as_ref() {
+                Some(open) if open.is_open() => open.clone(),
+                _ => {
+                    let pubsub = bounded(
+                        self.config.connect_timeout.min(left()),
+                        self.client.get_async_pubsub(),
+                    )
                     .await
-                    .map_err(|e| classify(&self.config, "subscribe", e))?;
-            match pong {
-                redis::Value::Array(ref items)
-                    if items.first() == Some(&redis::Value::BulkString(b"pong".to_vec())) => {}
-                redis::Value::ServerError(e) => {
-                    return Err(classify(&self.config, "subscribe", e.into()))
-                }
-                other => {
-                    return Err(LockError::Backend {
-                        message: format!(
-                            "subscribe on {}: the subscription to {channel} did not take \
-                             (PING answered {other:?}); is SUBSCRIBE allowed for this user?",
-                            self.config.endpoint()
-                        ),
-                        source: None,
-                    })
+                    .map_err(|e| classify(&self.config, what, e))?;
+                    let (sink, stream) = pubsub.split();
+                    // RESP3 answers PING the same way subscribed or not: SUBSCRIBE is
+                    // trusted there.
+                    let resp2 = self.client.get_connection_info().redis.protocol
+                        == redis::ProtocolVersion::RESP2;
+                    let opened =
+                        Subscriber::start(sink, stream, resp2, self.config.request_timeout);
+                    *current = Some(opened.clone());
+                    opened
                 }
             }
-        }
-        Ok(pubsub)
+        };
+        let channel = Self::channel(&self.lock_key(key));
+        let limit = self.config.request_timeout.min(left());
+        subscriber
+            .watch(channel.clone(), limit)
+            .await
+            .map_err(|refused| match refused {
+                Refused::Redis(e) => classify(&self.config, what, e),
+                Refused::TimedOut(limit) => LockError::Unavailable {
+                    message: format!(
+                        "subscribe on {}: no answer to SUBSCRIBE {channel} within {limit:?}",
+                        self.config.endpoint()
+                    ),
+                    source: None,
+                },
+                Refused::Closed => LockError::Unavailable {
+                    message: format!(
+                        "subscribe on {}: the subscriber connection closed",
+                        self.config.endpoint()
+                    ),
+                    source: None,
+                },
+                Refused::NotSubscribed(answer) => LockError::Backend {
+                    message: format!(
+                        "subscribe on {}: the subscription to {channel} did not take \
+                         ({answer}); is SUBSCRIBE allowed for this user?",
+                        self.config.endpoint()
+                    ),
+                    source: None,
+                },
+            })
     }
 }
 
@@ -693,10 +716,8 @@ impl DistributedLock for RedisLock {
             let sleep = tokio::time::sleep(wait);
             match pubsub.as_mut() {
                 Some(sub) => {
-                    let mut messages = sub.on_message();
                     tokio::select! {
-                        message = messages.next() => if message.is_none() {
-                            drop(messages);
+                        released = sub.released() => if !released {
                             pubsub = None; // connection lost: resubscribe next round
                         },
                         _ = sleep => {}

@@ -438,15 +438,13 @@ async fn blackholed_holder_reports_loss_before_the_server_frees_the_key() {
 /// withdrawal of a grant nobody was told about is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_announced_and_a_withdrawal_is_not() {
-    use futures::StreamExt;
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let lock = connect(&cluster.urls()[0]).await;
     let k = key("announced");
-    let subscription = lock
+    let mut subscription = lock
         .subscribe_releases(&k, Duration::from_secs(10))
         .await
         .unwrap();
-    let mut messages = subscription.into_on_message();
     let lease = acquire_eventually(&lock, &k, Duration::from_secs(10))
         .await
         .expect("free key");
@@ -457,9 +455,9 @@ async fn a_release_is_announced_and_a_withdrawal_is_not() {
         .unwrap()
         .expect("withdrawn: free");
     assert!(lock.release_owner(&k, lease.owner()).await.unwrap());
-    let first = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
-    assert!(matches!(first, Ok(Some(_))), "the release was announced");
-    let second = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), subscription.released()).await;
+    assert!(matches!(first, Ok(true)), "the release was announced");
+    let second = tokio::time::timeout(Duration::from_millis(500), subscription.released()).await;
     assert!(
         second.is_err(),
         "one message: the withdrawal was not announced"

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use futures::StreamExt;
 use tenure_api::{
     deadline, default_drift, poll_acquire_woken, validate_ttl, AcquireOptions, Backend, Backoff,
     Capabilities, DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken,
@@ -724,9 +723,8 @@ impl Inner {
                         .await;
                     settle.send_modify(|n| *n += 1);
                     drop(settle);
-                    let Ok(pubsub) = pubsub else { return };
-                    let mut messages = pubsub.into_on_message();
-                    while messages.next().await.is_some() {
+                    let Ok(mut watch) = pubsub else { return };
+                    while watch.released().await {
                         count.send_modify(|n| *n = n.wrapping_add(1));
                     }
                 })
