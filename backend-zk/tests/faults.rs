@@ -714,6 +714,53 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
     );
 }
 
+/// `inspect` through a follower that is cut off from its leader but still serves reads
+/// (for `syncLimit` ticks): a lock granted on the majority side after the cut must not
+/// read as free. Plain reads there are stale; `inspect` syncs with the leader first, which
+/// cannot complete, so it fails instead of answering wrong. (On main before c8aa6ee it
+/// answered `Ok(None)`: the quick matrix once caught that as "non-owner disturbed the
+/// lock".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_through_a_cut_off_follower_never_reads_a_held_lock_as_free() {
+    let _serial = SERIAL.lock().await;
+    let options = ZkOptions::default()
+        .nodes(3)
+        .tick_time_ms(TICK_MS)
+        .sync_limit_ticks(20)
+        .peer_proxies(true);
+    let zk = ZkEnsemble::start(options).await.unwrap();
+    let leader = zk.leader_index().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let majority: Vec<String> = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| zk.nodes()[i].connect_string())
+        .collect();
+    let inspector = connect(&zk.nodes()[follower].connect_string(), SESSION, OP).await;
+    let holder = connect(&majority.join(","), SESSION, OP).await;
+    let k = key("inspect-cut-off-follower");
+    assert_eq!(inspector.inspect(&k).await.unwrap(), None, "free at first");
+
+    zk.isolate(follower).unwrap();
+    let lease = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let seen = inspector.inspect(&k).await;
+    assert!(
+        zk.peer_link_stats(follower).unwrap().bytes_blackholed > 0,
+        "the fault fired: member traffic of the follower was dropped"
+    );
+    assert_eq!(
+        zk.nodes()[follower].mode().await.unwrap().as_deref(),
+        Some("follower"),
+        "the cut-off member still serves as a follower (the read could be stale)"
+    );
+    match seen {
+        Ok(Some(info)) => assert_eq!(info.owner, lease.owner(), "{info:?}"),
+        Ok(None) => panic!("a held lock read as free through a stale follower"),
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+    }
+    zk.heal();
+    holder.release(lease).await.unwrap();
+}
+
 /// Someone keeps deleting the waiter's lock node right after its creation (a janitor on
 /// the directory; an unparsable sequence looks the same to the queue: our node is not
 /// in it). Every pass re-queues; the call must still give up at its wait deadline.
