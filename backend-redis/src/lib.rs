@@ -31,13 +31,15 @@ use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 /// `{app/…}:released`:
 ///
 /// ```text
-/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping
+/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait
 /// ```
+///
+/// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas).)
 ///
 /// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
 /// (it scans keys). The secured-server tests run the whole suite as such a user.
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
-    +incr +persist +del +publish +subscribe +unsubscribe +ping";
+    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait";
 
 /// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
 /// one auto-reconnecting connection, and all waiters share one subscriber connection
@@ -301,16 +303,29 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(millis(ttl))
             .arg(fence.map_or("none", FenceMode::as_str));
-        let ((granted, value), confirmed): ((i64, i64), _) =
-            self.call_confirmed("acquire", invocation, limit).await?;
+        let started = Instant::now();
+        let replied = self.call_confirmed("acquire", invocation, limit).await;
+        let left = || limit.saturating_sub(started.elapsed());
+        let ((granted, value), confirmed): ((i64, i64), _) = match replied {
+            Ok(replied) => replied,
+            Err(e) if self.config.wait_replicas > 0 => {
+                // The script may have granted before WAIT failed (a pipeline reports its
+                // first error): give that grant back rather than leave it to its TTL.
+                self.release_in_background(key, owner, Some(left())).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if granted != 1 {
             return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
         }
         if let Err(why) = confirmed {
-            // Too few replicas have it: a failover could lose it. Given back, not held.
-            let released = match self.release_owner(key, owner).await {
-                Ok(_) => "released".to_owned(),
-                Err(e) => format!("its release failed ({e}); it expires within its TTL"),
+            // Too few replicas have it: a failover could lose it. Given back, not held,
+            // waiting for the release no longer than the call's own limit.
+            let released = match self.release_in_background(key, owner, Some(left())).await {
+                Some(Ok(_)) => "released".to_owned(),
+                Some(Err(e)) => format!("its release failed ({e}); it expires within its TTL"),
+                None => "its release is under way".to_owned(),
             };
             return Err(LockError::Unavailable {
                 message: format!("{why}: grant refused and {released}"),
@@ -806,6 +821,17 @@ async fn send<T: redis::FromRedisValue>(
     if replicas == 0 {
         return invocation.invoke_async(conn).await.map(|v| (v, None));
     }
+    // Boxed: the pipeline's future would otherwise enlarge every call's, confirmed or not.
+    Box::pin(send_confirmed(invocation, replicas, wait, conn)).await
+}
+
+/// [`send`] with `WAIT`.
+async fn send_confirmed<T: redis::FromRedisValue>(
+    invocation: &redis::ScriptInvocation<'_>,
+    replicas: u32,
+    wait: Duration,
+    conn: &mut ConnectionManager,
+) -> redis::RedisResult<(T, Option<i64>)> {
     let mut pipe = redis::pipe();
     pipe.invoke_script(invocation)
         .cmd("WAIT")

@@ -6,7 +6,10 @@
 //! channel when its first waiter arrives and unsubscribes it when its last one leaves,
 //! and counts each channel's messages for the waiters. Requests are handled in order by
 //! that task, so a waiter's subscription is confirmed before it is told so, and an
-//! unsubscription can never overtake a later subscription to the same channel.
+//! unsubscription can never overtake a later subscription to the same channel. While
+//! channels are subscribed, the task pings the server every [`KEEPALIVE`]: an idle
+//! connection dropped silently on the way (a NAT, a load balancer) is noticed, and its
+//! waiters subscribe again on a new one.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,12 +18,19 @@ use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
+/// How often the task pings a connection with subscriptions.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// What a waiter asks the subscriber task.
 enum Request {
     /// Subscribe `channel` (unless it already is) and count one more waiter on it.
+    ///
+    /// The answer is the waiter's [`ReleaseWatch`], made by the task with `requests`:
+    /// a waiter that gave up before reading it drops it unread, which leaves the channel.
     Watch {
         channel: String,
-        reply: oneshot::Sender<Result<watch::Receiver<u64>, Refused>>,
+        requests: mpsc::UnboundedSender<Request>,
+        reply: oneshot::Sender<Result<ReleaseWatch, Refused>>,
     },
     /// One waiter of `channel` left: unsubscribe it when it was the last.
     Leave { channel: String },
@@ -101,7 +111,8 @@ impl Subscriber {
     /// Subscribes to `channel` for one more waiter, within `limit`.
     ///
     /// # Cancel safety
-    /// Cancel safe: a subscription confirmed after the caller left is left again.
+    /// Cancel safe: a subscription confirmed after the caller left is left again (its
+    /// [`ReleaseWatch`] is dropped unread).
     pub(crate) async fn watch(
         &self,
         channel: String,
@@ -110,20 +121,16 @@ impl Subscriber {
         let (reply, answer) = oneshot::channel();
         self.requests
             .send(Request::Watch {
-                channel: channel.clone(),
+                channel,
+                requests: self.requests.clone(),
                 reply,
             })
             .map_err(|_| Refused::Closed)?;
-        let messages = match tokio::time::timeout(limit, answer).await {
-            Err(_) => return Err(Refused::TimedOut(limit)),
-            Ok(Err(_)) => return Err(Refused::Closed),
-            Ok(Ok(answer)) => answer?,
-        };
-        Ok(ReleaseWatch {
-            messages,
-            channel,
-            requests: self.requests.clone(),
-        })
+        match tokio::time::timeout(limit, answer).await {
+            Err(_) => Err(Refused::TimedOut(limit)),
+            Ok(Err(_)) => Err(Refused::Closed),
+            Ok(Ok(answer)) => answer,
+        }
     }
 }
 
@@ -146,7 +153,8 @@ struct Channel {
     waiters: usize,
 }
 
-/// The subscriber task: requests in order, messages counted per channel.
+/// The subscriber task: requests in order, messages counted per channel, a ping every
+/// [`KEEPALIVE`] while channels are subscribed.
 async fn run(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
@@ -157,6 +165,9 @@ async fn run(
     let mut channels: HashMap<String, Channel> = HashMap::new();
     // A refusal found by the ping check: every later request gets it too.
     let mut refused: Option<String> = None;
+    let mut keepalive =
+        tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let request = tokio::select! {
             message = stream.next() => match message {
@@ -168,6 +179,16 @@ async fn run(
                 }
                 None => return, // the connection closed: every watch sees its sender go
             },
+            _ = keepalive.tick() => {
+                if channels.is_empty() {
+                    continue;
+                }
+                let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+                if !matches!(pong, Ok(Ok(_))) {
+                    return; // no answer: the waiters subscribe again on a new connection
+                }
+                continue;
+            }
             request = requests.recv() => match request {
                 Some(request) => request,
                 None => return,
@@ -175,8 +196,12 @@ async fn run(
         };
         let leave = match request {
             Request::Leave { channel } => channel,
-            Request::Watch { channel, reply } => {
-                let answer = match channels.get_mut(&channel) {
+            Request::Watch {
+                channel,
+                requests,
+                reply,
+            } => {
+                let messages = match channels.get_mut(&channel) {
                     Some(known) => {
                         known.waiters += 1;
                         Ok(known.messages.subscribe())
@@ -187,13 +212,11 @@ async fn run(
                             Ok(()) => {
                                 ping_check = false;
                                 let (messages, seen) = watch::channel(0);
-                                channels.insert(
-                                    channel.clone(),
-                                    Channel {
-                                        messages,
-                                        waiters: 1,
-                                    },
-                                );
+                                let known = Channel {
+                                    messages,
+                                    waiters: 1,
+                                };
+                                channels.insert(channel.clone(), known);
                                 Ok(seen)
                             }
                             Err(Refused::NotSubscribed(why)) => {
@@ -208,11 +231,14 @@ async fn run(
                         },
                     },
                 };
-                match reply.send(answer) {
-                    // The waiter gave up before the answer: it never watches.
-                    Err(Ok(_)) => channel,
-                    Ok(()) | Err(Err(_)) => continue,
-                }
+                // A waiter that has given up drops its watch unread: that leaves the
+                // channel again (a request this task reads later).
+                let _ = reply.send(messages.map(|messages| ReleaseWatch {
+                    messages,
+                    channel,
+                    requests,
+                }));
+                continue;
             }
         };
         let Some(known) = channels.get_mut(&leave) else {
@@ -267,19 +293,15 @@ async fn subscribe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A subscriber connection whose server stops answering (an idle connection dropped
-    /// silently on the way) is given up, so the next waiter opens another instead of
-    /// queueing behind it for good.
-    #[tokio::test]
-    async fn a_connection_that_stops_answering_is_given_up() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // Answers `+OK` to each command of the connection's set-up, then nothing from the
-        // first SUBSCRIBE on.
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = silent.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut socket, _) = silent.accept().await.unwrap();
+    /// A server that answers `+OK` to each command of a connection's set-up; from the
+    /// first `SUBSCRIBE` on, it answers that one (if `confirm`) and then nothing more.
+    async fn falling_silent(confirm: bool) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
             let mut buf = vec![0u8; 4096];
             let mut answering = true;
             loop {
@@ -288,26 +310,54 @@ mod tests {
                     return;
                 }
                 let chunk = &buf[..n];
-                answering &= !chunk.windows(9).any(|w| w == b"SUBSCRIBE");
-                if answering {
-                    // One reply per command: each RESP command starts a line with `*`.
-                    let commands = chunk
-                        .iter()
-                        .enumerate()
-                        .filter(|&(i, &b)| b == b'*' && (i == 0 || chunk[i - 1] == b'\n'))
-                        .count();
-                    let _ = socket.write_all(&b"+OK\r\n".repeat(commands)).await;
+                if !answering {
+                    continue;
                 }
+                if chunk.windows(9).any(|w| w == b"SUBSCRIBE") {
+                    answering = false;
+                    if confirm {
+                        let reply = b"*3\r\n$9\r\nsubscribe\r\n$7\r\nchannel\r\n:1\r\n";
+                        let _ = socket.write_all(reply).await;
+                    }
+                    continue;
+                }
+                // One reply per command: each RESP command starts a line with `*`.
+                let commands = chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &b)| b == b'*' && (i == 0 || chunk[i - 1] == b'\n'))
+                    .count();
+                let _ = socket.write_all(&b"+OK\r\n".repeat(commands)).await;
             }
         });
+        addr
+    }
+
+    async fn subscriber(addr: std::net::SocketAddr, timeout: Duration) -> Subscriber {
         let client = redis::Client::open(format!("redis://{addr}")).unwrap();
         let pubsub = tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub())
             .await
-            .expect("connects without waiting for a reply")
+            .expect("set up")
             .unwrap();
         let (sink, stream) = pubsub.split();
+        Subscriber::start(sink, stream, false, timeout)
+    }
+
+    async fn ends(subscriber: &Subscriber, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while subscriber.is_open() {
+            assert!(tokio::time::Instant::now() < deadline, "the task ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A subscriber connection whose server stops answering (an idle connection dropped
+    /// silently on the way) is given up, so the next waiter opens another instead of
+    /// queueing behind it for good.
+    #[tokio::test]
+    async fn a_connection_that_stops_answering_is_given_up() {
         let timeout = Duration::from_millis(100);
-        let subscriber = Subscriber::start(sink, stream, true, timeout);
+        let subscriber = subscriber(falling_silent(false).await, timeout).await;
         let refused = subscriber
             .watch("channel".into(), Duration::from_secs(5))
             .await
@@ -316,11 +366,23 @@ mod tests {
             matches!(refused, Refused::TimedOut(t) if t == timeout),
             "{refused:?}"
         );
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while subscriber.is_open() {
-            assert!(tokio::time::Instant::now() < deadline, "the task ended");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        server.abort();
+        ends(&subscriber, Duration::from_secs(5)).await;
+    }
+
+    /// A connection that goes silent after its subscriptions took is found by the
+    /// keep-alive ping, and its waiters are told (they subscribe again elsewhere).
+    #[tokio::test]
+    async fn a_silent_connection_with_subscriptions_is_found_by_the_keepalive() {
+        let timeout = Duration::from_millis(100);
+        let subscriber = subscriber(falling_silent(true).await, timeout).await;
+        let mut watch = subscriber
+            .watch("channel".into(), Duration::from_secs(5))
+            .await
+            .expect("the subscription took");
+        let told = tokio::time::timeout(KEEPALIVE * 2, watch.released())
+            .await
+            .expect("told within two keep-alive periods");
+        assert!(!told, "told the connection is gone, not of a release");
+        ends(&subscriber, Duration::from_secs(1)).await;
     }
 }

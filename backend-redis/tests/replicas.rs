@@ -16,11 +16,27 @@ fn key(name: &str) -> LockKey {
     LockKey::new(format!("replicas/{name}")).unwrap()
 }
 
-/// A client of the pair's primary that asks one replica to confirm every write.
+/// A client of the pair's primary that asks one replica to confirm every write, as an
+/// ACL user with exactly [`tenure_redis::ACL_COMMANDS`] on its prefix (the README's
+/// least privilege: `WAIT` included).
 async fn confirming(pair: &RedisReplicaPair) -> RedisLock {
+    let mut setuser = vec![
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~{tenure:*",
+        "resetchannels",
+        "&{tenure:*",
+    ];
+    setuser.extend(tenure_redis::ACL_COMMANDS.split_whitespace());
+    let reply = pair.primary().command(&setuser).await.unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
     let url = format!(
-        "{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
-        pair.primary().url()
+        "redis://locker:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
+        pair.primary().addr()
     );
     RedisLock::connect(&url).await.unwrap()
 }
@@ -114,4 +130,49 @@ async fn an_extension_no_replica_confirms_does_not_count() {
         deadline,
         "the lease keeps its deadline"
     );
+}
+
+/// A pipeline reports its first error: when `WAIT` itself fails after the script granted
+/// (here a user the ACL refuses `WAIT`), the grant is given back, not left to its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_wait_fails_is_given_back() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    let mut setuser = vec![
+        "ACL",
+        "SETUSER",
+        "nowait",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~{tenure:*",
+        "resetchannels",
+        "&{tenure:*",
+    ];
+    setuser.extend(tenure_redis::ACL_COMMANDS.split_whitespace());
+    setuser.push("-wait");
+    let reply = pair.primary().command(&setuser).await.unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
+    let url = format!(
+        "redis://nowait:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
+        pair.primary().addr()
+    );
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let k = key("wait-refused");
+    match lock.try_acquire(&k, TTL).await {
+        Err(LockError::Config(message)) => assert!(message.contains("NOPERM"), "{message}"),
+        other => panic!("expected the ACL's refusal of WAIT, got {other:?}"),
+    }
+    let lock_key = lock.lock_key(&k);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let held = pair.primary().command(&["GET", &lock_key]).await.unwrap();
+        if held.is_nil() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the grant WAIT could not confirm was given back (not left for its {TTL:?} TTL)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -67,7 +67,8 @@ impl RedlockConfig {
     ///   different node. Names are not resolved: `localhost` and `127.0.0.1` count as
     ///   different nodes, as do two DNS names of one server — a quorum counted over such
     ///   a list is only as real as the list;
-    /// - `node_timeout`, if set, within 1 ms..=60 s (as the URL option);
+    /// - `node_timeout`, if set, within 1 ms..=60 s (as the URL option), and longer than
+    ///   the nodes' `wait_timeout` when they ask replicas to confirm (`wait_replicas`);
     /// - each node's `connect_timeout` and `request_timeout` within 1 ms..=600 s (as the
     ///   Redis URL options).
     ///
@@ -93,6 +94,14 @@ impl RedlockConfig {
                 return Err(LockError::Config(format!(
                     "node_timeout {bound:?} must be within 1ms..={MAX_NODE_TIMEOUT:?}"
                 )));
+            }
+            if let Some(wait) = self.replica_wait() {
+                if bound <= wait {
+                    return Err(LockError::Config(format!(
+                        "node_timeout {bound:?} must be longer than wait_timeout {wait:?} \
+                         (each node's request waits for its replicas)"
+                    )));
+                }
             }
         }
         for node in &self.nodes {
@@ -128,6 +137,7 @@ impl RedlockConfig {
         let mut config = Self::new(nodes)?;
         config.node_timeout = node_timeout;
         config.fencing = fencing;
+        config.validate()?;
         Ok(config)
     }
 
@@ -137,10 +147,23 @@ impl RedlockConfig {
     }
 
     /// The per-node bound for a lease of `ttl`: `node_timeout` if set, else ttl/100
-    /// within [`MIN_NODE_TIMEOUT`]..=[`MAX_NODE_TIMEOUT`]. Never overflows.
+    /// within [`MIN_NODE_TIMEOUT`]..=[`MAX_NODE_TIMEOUT`], plus the longest
+    /// `wait_timeout` of nodes that ask replicas to confirm (their `WAIT` is part of the
+    /// request). Never overflows.
     pub fn node_timeout_for(&self, ttl: Duration) -> Duration {
-        self.node_timeout
-            .unwrap_or_else(|| (ttl / 100).clamp(MIN_NODE_TIMEOUT, MAX_NODE_TIMEOUT))
+        self.node_timeout.unwrap_or_else(|| {
+            (ttl / 100).clamp(MIN_NODE_TIMEOUT, MAX_NODE_TIMEOUT)
+                + self.replica_wait().unwrap_or_default()
+        })
+    }
+
+    /// The longest `wait_timeout` among nodes with `wait_replicas`, if any has it.
+    fn replica_wait(&self) -> Option<Duration> {
+        self.nodes
+            .iter()
+            .filter(|node| node.wait_replicas > 0)
+            .map(|node| node.wait_timeout)
+            .max()
     }
 }
 
@@ -232,6 +255,26 @@ mod tests {
         );
         let err = RedlockConfig::from_url("redlock://:hunter2@a,b,c?bogus=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn node_timeouts_cover_the_replica_wait() {
+        let c =
+            RedlockConfig::from_url("redlock://a,b,c?wait_replicas=1&wait_timeout_ms=300").unwrap();
+        assert_eq!(
+            c.node_timeout_for(Duration::from_secs(30)),
+            Duration::from_millis(300 + 300)
+        );
+        let err = RedlockConfig::from_url(
+            "redlock://a,b,c?wait_replicas=1&wait_timeout_ms=300&node_timeout_ms=300",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("longer than wait_timeout"), "{err}");
+        assert!(RedlockConfig::from_url(
+            "redlock://a,b,c?wait_replicas=1&wait_timeout_ms=300&node_timeout_ms=301"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -718,14 +718,29 @@ impl Inner {
                 let (inner, key) = (self.clone(), key.clone());
                 let (count, settle) = (count.clone(), settle.clone());
                 tokio::spawn(async move {
-                    let pubsub = inner
-                        .on_node(i, limit, |node| node.subscribe_releases(&key, limit))
-                        .await;
+                    let subscribe =
+                        || inner.on_node(i, limit, |node| node.subscribe_releases(&key, limit));
+                    let subscribed = subscribe().await;
                     settle.send_modify(|n| *n += 1);
                     drop(settle);
-                    let Ok(mut watch) = pubsub else { return };
-                    while watch.released().await {
-                        count.send_modify(|n| *n = n.wrapping_add(1));
+                    let Ok(mut watch) = subscribed else { return };
+                    // The node's subscriber connection is shared by the client's waiters:
+                    // when it closes, subscribe again (on a new one), after a pause.
+                    loop {
+                        while watch.released().await {
+                            count.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                        tokio::time::sleep(limit).await;
+                        match subscribe().await {
+                            Ok(again) => {
+                                watch = again;
+                                // A release while no connection listened would be lost:
+                                // the waiter tries again now.
+                                count.send_modify(|n| *n = n.wrapping_add(1));
+                            }
+                            Err(e) if e.is_retryable() => continue,
+                            Err(_) => return,
+                        }
                     }
                 })
             })

@@ -399,66 +399,67 @@ impl EtcdCluster {
             .ok_or_else(|| ServerError::Unsupported {
                 what: "authentication on an etcd cluster without TLS".into(),
             })?;
-        let root = format!("root:{:032x}", rand::random::<u128>());
-        let mut steps: Vec<Vec<String>> = Vec::new();
+        let root_password = format!("{:032x}", rand::random::<u128>());
+        // Each step's arguments, and the password `user add` reads on its stdin (never
+        // on the command line, where `ps` would show it).
+        let mut steps: Vec<(Vec<String>, Option<&str>)> = Vec::new();
+        let words = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
         for user in users {
-            let name = user.name.to_owned();
-            steps.push(vec!["role".into(), "add".into(), name.clone()]);
-            steps.push(vec![
-                "role".into(),
-                "grant-permission".into(),
-                name.clone(),
-                "--prefix=true".into(),
-                "readwrite".into(),
-                user.prefix.to_owned(),
-            ]);
-            steps.push(vec![
-                "user".into(),
-                "add".into(),
-                format!("{name}:{}", user.password),
-                "--interactive=false".into(),
-            ]);
-            steps.push(vec!["user".into(), "grant-role".into(), name.clone(), name]);
+            let name = user.name;
+            steps.push((words(&["role", "add", name]), None));
+            let grant = [
+                "role",
+                "grant-permission",
+                name,
+                "--prefix=true",
+                "readwrite",
+            ];
+            let mut grant = words(&grant);
+            grant.push(user.prefix.to_owned());
+            steps.push((grant, None));
+            let add = words(&["user", "add", name, "--interactive=false"]);
+            steps.push((add, Some(user.password)));
+            steps.push((words(&["user", "grant-role", name, name]), None));
         }
-        for step in [
-            vec!["user", "add", root.as_str(), "--interactive=false"],
-            vec!["role", "add", "root"],
-            vec!["user", "grant-role", "root", "root"],
-            vec!["auth", "enable"],
-        ] {
-            steps.push(step.into_iter().map(String::from).collect());
-        }
+        steps.push((
+            words(&["user", "add", "root", "--interactive=false"]),
+            Some(&root_password),
+        ));
+        steps.push((words(&["role", "add", "root"]), None));
+        steps.push((words(&["user", "grant-role", "root", "root"]), None));
+        steps.push((words(&["auth", "enable"]), None));
         let bin = super::find_binary("etcdctl", &[], "apt-get install -y etcd-client")?;
         let pki = &secrets.pki;
-        for step in steps {
-            // The words that name no password, for messages.
-            let shown: Vec<&str> = step
-                .iter()
-                .map(|w| {
-                    if w.contains(':') {
-                        "<user:password>"
-                    } else {
-                        w
+        for (step, password) in steps {
+            let what = || format!("etcdctl {}", step.join(" "));
+            let run = async {
+                let mut child = tokio::process::Command::new(&bin)
+                    // The caller's ETCDCTL_* settings would add to (or fight) the flags.
+                    .env_clear()
+                    .arg(format!("--endpoints={}", self.endpoints().join(",")))
+                    .arg(format!("--cacert={}", pki.ca().display()))
+                    .arg(format!("--cert={}", pki.client_cert().display()))
+                    .arg(format!("--key={}", pki.client_key().display()))
+                    .args(&step)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()?;
+                if let Some(mut stdin) = child.stdin.take() {
+                    use tokio::io::AsyncWriteExt;
+                    if let Some(password) = password {
+                        stdin.write_all(format!("{password}\n").as_bytes()).await?;
                     }
-                })
-                .collect();
-            let run = tokio::process::Command::new(&bin)
-                .arg(format!("--endpoints={}", self.endpoints().join(",")))
-                .arg(format!("--cacert={}", pki.ca().display()))
-                .arg(format!("--cert={}", pki.client_cert().display()))
-                .arg(format!("--key={}", pki.client_key().display()))
-                .args(&step)
-                .stdin(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .output();
+                }
+                child.wait_with_output().await
+            };
             let out = tokio::time::timeout(ETCDCTL_TIMEOUT, run)
                 .await
-                .map_err(|_| ServerError::Timeout {
-                    what: format!("etcdctl {}", shown.join(" ")),
-                })??;
+                .map_err(|_| ServerError::Timeout { what: what() })??;
             if !out.status.success() {
                 return Err(ServerError::Protocol {
-                    what: format!("etcdctl {}", shown.join(" ")),
+                    what: what(),
                     detail: format!(
                         "{}: {}",
                         out.status,
