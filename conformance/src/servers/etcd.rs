@@ -177,7 +177,8 @@ impl EtcdCluster {
     /// Like [`start`](Self::start), but members serve clients over TLS only (certificates
     /// from a throwaway CA made now, in [`secrets`](Self::secrets)) and require a client
     /// certificate that CA signed (`--client-cert-auth`). Authentication is not enabled
-    /// until [`enable_auth`](Self::enable_auth). Members are probed on a plain metrics
+    /// until [`enable_auth`](Self::enable_auth); passwords are hashed at bcrypt's lowest
+    /// cost (`--bcrypt-cost 4`: they are throwaway). Members are probed on a plain metrics
     /// port (`/health`); [`EtcdMember::status`] does not work, and
     /// [`leader_index`](Self::leader_index) asks each member's metrics instead.
     ///
@@ -268,6 +269,12 @@ impl EtcdCluster {
                         .arg("--trusted-ca-file")
                         .arg(pki.ca())
                         .arg("--client-cert-auth")
+                        // Throwaway passwords: the cheapest bcrypt, so that a loaded
+                        // machine authenticates many clients at once in time (at the
+                        // default cost 10, half of a matrix cell's 20 trials could not
+                        // connect their holder within 2 s).
+                        .arg("--bcrypt-cost")
+                        .arg("4")
                         .arg("--listen-metrics-urls")
                         .arg(format!("http://{addr}"));
                     Arc::new(move |_| Box::pin(healthy(addr)))
