@@ -20,22 +20,19 @@ fn key(name: &str) -> LockKey {
 /// ACL user with exactly [`tenure_redis::ACL_COMMANDS`] on its prefix (the README's
 /// least privilege: `WAIT` included).
 async fn confirming(pair: &RedisReplicaPair) -> RedisLock {
-    let mut setuser = vec![
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">pw",
-        "resetkeys",
-        "~{tenure:*",
-        "resetchannels",
-        "&{tenure:*",
-    ];
+    confirming_as(pair, "locker", &[]).await
+}
+
+/// [`confirming`] as ACL user `user`, whose rule ends with `amend` (e.g. `-wait`).
+async fn confirming_as(pair: &RedisReplicaPair, user: &str, amend: &[&str]) -> RedisLock {
+    let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw", "resetkeys"];
+    setuser.extend(["~{tenure:*", "resetchannels", "&{tenure:*"]);
     setuser.extend(tenure_redis::ACL_COMMANDS.split_whitespace());
+    setuser.extend(amend);
     let reply = pair.primary().command(&setuser).await.unwrap();
     assert!(reply.is_ok(), "{reply:?}");
     let url = format!(
-        "redis://locker:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
+        "redis://{user}:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
         pair.primary().addr()
     );
     RedisLock::connect(&url).await.unwrap()
@@ -137,26 +134,7 @@ async fn an_extension_no_replica_confirms_does_not_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_whose_wait_fails_is_given_back() {
     let pair = RedisReplicaPair::start().await.unwrap();
-    let mut setuser = vec![
-        "ACL",
-        "SETUSER",
-        "nowait",
-        "on",
-        ">pw",
-        "resetkeys",
-        "~{tenure:*",
-        "resetchannels",
-        "&{tenure:*",
-    ];
-    setuser.extend(tenure_redis::ACL_COMMANDS.split_whitespace());
-    setuser.push("-wait");
-    let reply = pair.primary().command(&setuser).await.unwrap();
-    assert!(reply.is_ok(), "{reply:?}");
-    let url = format!(
-        "redis://nowait:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
-        pair.primary().addr()
-    );
-    let lock = RedisLock::connect(&url).await.unwrap();
+    let lock = confirming_as(&pair, "nowait", &["-wait"]).await;
     let k = key("wait-refused");
     match lock.try_acquire(&k, TTL).await {
         Err(LockError::Config(message)) => assert!(message.contains("NOPERM"), "{message}"),

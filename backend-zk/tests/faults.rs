@@ -613,6 +613,25 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
     assert_safe(&history);
 }
 
+/// Three members whose links can be cut, with syncLimit = 20 ticks (4 s: a cut-off
+/// follower serves reads well past a session): the ensemble, its leader's index, a
+/// follower's index, and the other two members' connect strings.
+async fn partitionable_ensemble() -> (ZkEnsemble, usize, usize, Vec<String>) {
+    let options = ZkOptions::default()
+        .nodes(3)
+        .tick_time_ms(TICK_MS)
+        .sync_limit_ticks(20)
+        .peer_proxies(true);
+    let zk = ZkEnsemble::start(options).await.unwrap();
+    let leader = zk.leader_index().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let majority = (0..3)
+        .filter(|&i| i != follower)
+        .map(|i| zk.nodes()[i].connect_string())
+        .collect();
+    (zk, leader, follower, majority)
+}
+
 /// The holder talks to one follower only; that follower is then cut off from the other
 /// two members (quorum and election links black-holed) while its client port still
 /// answers. The leader, on the majority side, hears nothing more of the holder's session,
@@ -623,19 +642,7 @@ async fn sixteen_waiters_are_served_in_fifo_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() {
     let _serial = SERIAL.lock().await;
-    // syncLimit = 20 ticks (4 s): the cut-off follower serves well past the session.
-    let options = ZkOptions::default()
-        .nodes(3)
-        .tick_time_ms(TICK_MS)
-        .sync_limit_ticks(20)
-        .peer_proxies(true);
-    let zk = ZkEnsemble::start(options).await.unwrap();
-    let leader = zk.leader_index().await.unwrap();
-    let follower = (leader + 1) % 3;
-    let majority: Vec<String> = (0..3)
-        .filter(|&i| i != follower)
-        .map(|i| zk.nodes()[i].connect_string())
-        .collect();
+    let (zk, leader, follower, majority) = partitionable_ensemble().await;
     let session = Duration::from_millis(2000);
     let history = History::new();
     let holder = recorded(
@@ -723,18 +730,7 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_through_a_cut_off_follower_never_reads_a_held_lock_as_free() {
     let _serial = SERIAL.lock().await;
-    let options = ZkOptions::default()
-        .nodes(3)
-        .tick_time_ms(TICK_MS)
-        .sync_limit_ticks(20)
-        .peer_proxies(true);
-    let zk = ZkEnsemble::start(options).await.unwrap();
-    let leader = zk.leader_index().await.unwrap();
-    let follower = (leader + 1) % 3;
-    let majority: Vec<String> = (0..3)
-        .filter(|&i| i != follower)
-        .map(|i| zk.nodes()[i].connect_string())
-        .collect();
+    let (zk, _, follower, majority) = partitionable_ensemble().await;
     let inspector = connect(&zk.nodes()[follower].connect_string(), SESSION, OP).await;
     let holder = connect(&majority.join(","), SESSION, OP).await;
     let k = key("inspect-cut-off-follower");
