@@ -50,7 +50,7 @@ impl PgLock {
             let started = tokio::time::timeout(
                 config.request_timeout,
                 // To the end of the reply (see `lock_row`).
-                sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut conn),
+                sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(conn.listener()),
             )
             .await;
             let error = match started {
@@ -117,7 +117,7 @@ impl PgLock {
                 // held lease's socket watch to mistake for an unsolicited message.
                 sqlx::query(AssertSqlSafe(sql.as_str()))
                     .bind(row_key)
-                    .fetch_all(&mut *conn),
+                    .fetch_all(conn.listener()),
             )
             .await
             .map(|rows| rows.map(|rows| rows.into_iter().next()));
@@ -146,7 +146,7 @@ impl PgLock {
                         let set = format!("SET LOCAL lock_timeout = {}", timeout_ms(remaining));
                         self.bounded(
                             "set lock_timeout",
-                            (&mut *conn).execute(sqlx::raw_sql(AssertSqlSafe(set))),
+                            conn.listener().execute(sqlx::raw_sql(AssertSqlSafe(set))),
                         )
                         .await?;
                     }

@@ -11,6 +11,7 @@ use sqlx::{Connection, Executor};
 use tenure_api::LockError;
 
 use crate::error::{bounded_for, client_check_rejected, map_err};
+use crate::socket::Socket;
 use crate::{Inner, PgConfig, PgLock};
 
 /// A pool connection idle for longer is pinged before use. sqlx pings every connection as
@@ -79,7 +80,23 @@ pub(crate) fn autocommit_pool(
 /// A dedicated connection. A [`PgListener`] (on a one-connection pool of its own) rather
 /// than a bare connection, because its `try_recv` reads the socket while the transaction
 /// sits idle: that is how a held lease learns at once that the server closed it.
-pub(crate) type Dedicated = PgListener;
+pub(crate) struct Dedicated {
+    listener: PgListener,
+    /// Its socket, where it can be found: peeked at to tell a message from the server
+    /// from a stale wake-up (see `held::Watch`).
+    pub(crate) socket: Option<Socket>,
+}
+
+impl Dedicated {
+    /// The connection, to run statements on.
+    pub(crate) fn listener(&mut self) -> &mut PgListener {
+        &mut self.listener
+    }
+}
+
+/// The server's view of where the connection comes from, which is this end's local
+/// address unless something (a proxy, NAT) sits between.
+const CLIENT_ADDRESS: &str = "SELECT host(inet_client_addr()), inet_client_port()";
 
 impl PgLock {
     /// Runs `future` for at most `request_timeout`, mapping errors.
@@ -176,7 +193,34 @@ impl PgLock {
         // Closing the pool now makes the connection close (not wait in the pool) once the
         // listener lets go of it.
         drop(pool.close());
-        Ok(conn)
+        let seen = tokio::time::timeout(
+            config.request_timeout,
+            // To the end of the reply (see `lock_row`).
+            sqlx::query_as::<_, (Option<String>, Option<i32>)>(CLIENT_ADDRESS).fetch_all(&mut conn),
+        )
+        .await
+        .map(|rows| rows.map(|rows| rows.into_iter().next()));
+        let socket = match seen {
+            Ok(Ok(Some((Some(host), Some(port))))) => host
+                .parse::<std::net::IpAddr>()
+                .ok()
+                .zip(u16::try_from(port).ok())
+                .and_then(|local| Socket::find(local.into(), options.get_port())),
+            // A Unix-domain socket has no address.
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => return Err((map_err(config, "connect", e), false)),
+            Err(_) => {
+                let limit = config.request_timeout;
+                return Err((
+                    LockError::no_reply("connect", &config.endpoint(), limit),
+                    false,
+                ));
+            }
+        };
+        Ok(Dedicated {
+            listener: conn,
+            socket,
+        })
     }
 
     /// The most recently used cached connection, if it was used recently enough.
@@ -263,7 +307,7 @@ impl Drop for Inner {
 /// `ROLLBACK`, then back to the reuse cache; on failure the connection is closed.
 pub(crate) async fn rollback_and_recycle(inner: &Inner, mut conn: Dedicated) {
     let limit = inner.config.request_timeout;
-    match tokio::time::timeout(limit, (&mut conn).execute("ROLLBACK")).await {
+    match tokio::time::timeout(limit, conn.listener().execute("ROLLBACK")).await {
         Ok(Ok(_)) => PgLock::recycle(inner, conn),
         _ => discard(conn),
     }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use crate::client::{discard, rollback_and_recycle, Dedicated};
 use crate::error::map_err;
+use crate::socket::Socket;
 use crate::sql::{keepalives, timeout_ms};
 use crate::{Inner, PgConfig, PgLock};
 
@@ -99,7 +100,7 @@ impl HeldTask {
                         let config = &inner.config;
                         let committed = tokio::time::timeout(
                             config.request_timeout,
-                            (&mut conn).execute("COMMIT"),
+                            conn.listener().execute("COMMIT"),
                         )
                         .await;
                         drop(self.slot.take());
@@ -145,7 +146,7 @@ impl HeldTask {
                     }
                     break;
                 }
-                closed = Watch::new(conn.try_recv()) => {
+                closed = Watch::new(conn.socket, conn.listener().try_recv()) => {
                     let why = match closed {
                         Watched::Closed(Err(e)) => e.to_string(),
                         Watched::Closed(Ok(None)) => "the server closed it".to_string(),
@@ -196,18 +197,25 @@ impl HeldTask {
 pub(crate) enum Watched<T> {
     /// `try_recv` returned: the connection is closed (or a notification came).
     Closed(T),
-    /// The socket woke the watch, yet `try_recv` still waits: the server sent a message
-    /// nobody asked for. To a session idle in its transaction the server sends nothing
-    /// unless it is ending it: the `FATAL` it sends *before* releasing the session's locks
-    /// (`pg_terminate_backend`, shutdown, idle timeout). `try_recv` skips error messages
-    /// and only returns at end of stream, after the locks are free; this catches the
-    /// earlier message. (A spurious wake-up would end a healthy lease early: safe.)
+    /// The server sent a message nobody asked for. To a session idle in its transaction
+    /// it sends nothing unless it is ending it: the `FATAL` it sends *before* releasing the
+    /// session's locks (`pg_terminate_backend`, shutdown, idle timeout). `try_recv` skips
+    /// error messages and only returns at end of stream, after the locks are free; this
+    /// catches the earlier message.
     Unsolicited,
 }
 
-/// Wraps `try_recv` and tells apart polls caused by its own (socket) wake-ups.
+/// Watches an idle held connection: `try_recv`, and whether the server sent anything.
+///
+/// With the connection's [`Socket`], unread bytes are seen by peeking before `try_recv`
+/// reads them. Without it (the server sees the client through a proxy or NAT), a wake-up
+/// by the socket after which `try_recv` still waits is taken for a message. That guess
+/// can be wrong: on a multi-threaded runtime a readiness event may be delivered after the
+/// reply it reported was read (a stale wake-up), which then ends a healthy lease early —
+/// the safe direction, but a loss all the same; the socket makes it exact.
 struct Watch<F> {
     inner: std::pin::Pin<Box<F>>,
+    socket: Option<Socket>,
     woken: Arc<AtomicBool>,
 }
 
@@ -228,9 +236,10 @@ impl std::task::Wake for WatchWaker {
 }
 
 impl<F> Watch<F> {
-    fn new(inner: F) -> Self {
+    fn new(socket: Option<Socket>, inner: F) -> Self {
         Self {
             inner: Box::pin(inner),
+            socket,
             woken: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -243,6 +252,9 @@ impl<F: Future> Future for Watch<F> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
+        if self.socket.is_some_and(Socket::has_unread) {
+            return std::task::Poll::Ready(Watched::Unsolicited);
+        }
         let woken = self.woken.swap(false, Ordering::SeqCst);
         let waker = std::task::Waker::from(Arc::new(WatchWaker {
             woken: self.woken.clone(),
@@ -251,7 +263,9 @@ impl<F: Future> Future for Watch<F> {
         let mut own = std::task::Context::from_waker(&waker);
         match self.inner.as_mut().poll(&mut own) {
             std::task::Poll::Ready(out) => std::task::Poll::Ready(Watched::Closed(out)),
-            std::task::Poll::Pending if woken => std::task::Poll::Ready(Watched::Unsolicited),
+            std::task::Poll::Pending if woken && self.socket.is_none() => {
+                std::task::Poll::Ready(Watched::Unsolicited)
+            }
             std::task::Poll::Pending => std::task::Poll::Pending,
         }
     }
@@ -275,7 +289,7 @@ pub(crate) async fn refresh(
         .bind(timeout_ms(ttl).to_string())
         .bind(keepalives(ttl).0.to_string())
         // To the end of the reply (see `lock_row`).
-        .fetch_all(&mut *conn),
+        .fetch_all(conn.listener()),
     )
     .await
     .map(|rows| rows.and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)));

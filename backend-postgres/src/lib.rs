@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod fenced;
 mod held;
+mod socket;
 mod sql;
 
 use std::collections::{HashMap, VecDeque};

@@ -1035,3 +1035,47 @@ async fn advisory_locking_takes_no_row_and_excludes_every_other_client() {
         .expect("free again");
     other.release(lease).await.unwrap();
 }
+
+/// Without a fault, a held lease is never reported lost: the socket watch between
+/// extends must not take a stale readiness wake-up (an event the runtime delivers after
+/// the reply it reported was read) for the server's `FATAL`. Many leases extended every
+/// few milliseconds on two worker threads make such wake-ups frequent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_leases_are_never_reported_lost() {
+    let server = Postgres::start().await.unwrap();
+    for mode in ["row", "advisory"] {
+        let lock = Arc::new(
+            PgLock::connect(&format!(
+                "{}?pool_size=2&max_held=32&locking={mode}",
+                server.url()
+            ))
+            .await
+            .unwrap(),
+        );
+        let holders: Vec<_> = (0..32)
+            .map(|i| {
+                let lock = lock.clone();
+                tokio::spawn(async move {
+                    let k = key(&format!("healthy-{mode}-{i}"));
+                    let mut lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+                    let until = Instant::now() + Duration::from_secs(3);
+                    let mut extends = 0;
+                    while Instant::now() < until {
+                        if let Err(e) = lock.extend(&mut lease, TTL).await {
+                            return Err(format!("{k} lost after {extends} extends: {e}"));
+                        }
+                        extends += 1;
+                        tokio::time::sleep(Duration::from_millis(1 + (extends % 3))).await;
+                    }
+                    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+                    Ok(extends)
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for holder in holders {
+            total += holder.await.unwrap().unwrap();
+        }
+        assert!(total > 1000, "only {total} extends ran in {mode} mode");
+    }
+}
