@@ -201,13 +201,21 @@ impl PgLock {
         .await
         .map(|rows| rows.map(|rows| rows.into_iter().next()));
         let socket = match seen {
-            Ok(Ok(Some((Some(host), Some(port))))) => host
-                .parse::<std::net::IpAddr>()
-                .ok()
-                .zip(u16::try_from(port).ok())
-                .and_then(|local| Socket::find(local.into(), options.get_port())),
-            // A Unix-domain socket has no address.
+            Ok(Ok(Some((Some(host), Some(port))))) => {
+                let local = host.parse::<std::net::IpAddr>().ok();
+                match local.zip(u16::try_from(port).ok()) {
+                    Some(local) => {
+                        let dialled = options.get_port();
+                        let find = move || Socket::find(local.into(), dialled);
+                        tokio::task::spawn_blocking(find).await.ok().flatten()
+                    }
+                    None => None,
+                }
+            }
+            // A Unix-domain socket has no address; a server refusing the query only
+            // leaves the watch without its socket.
             Ok(Ok(_)) => None,
+            Ok(Err(e)) if e.as_database_error().is_some() => None,
             Ok(Err(e)) => return Err((map_err(config, "connect", e), false)),
             Err(_) => {
                 let limit = config.request_timeout;

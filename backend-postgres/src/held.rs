@@ -208,11 +208,17 @@ pub(crate) enum Watched<T> {
 /// Watches an idle held connection: `try_recv`, and whether the server sent anything.
 ///
 /// With the connection's [`Socket`], unread bytes are seen by peeking before `try_recv`
-/// reads them. Without it (the server sees the client through a proxy or NAT), a wake-up
-/// by the socket after which `try_recv` still waits is taken for a message. That guess
-/// can be wrong: on a multi-threaded runtime a readiness event may be delivered after the
-/// reply it reported was read (a stale wake-up), which then ends a healthy lease early —
-/// the safe direction, but a loss all the same; the socket makes it exact.
+/// reads them, and wake-ups are not trusted. Without it (the server sees the client
+/// through a proxy or NAT, a Unix-domain socket), a wake-up by the socket after which
+/// `try_recv` still waits is taken for a message. That guess can be wrong: on a
+/// multi-threaded runtime a readiness event may be delivered after the reply it reported
+/// was read (a stale wake-up), which then ends a healthy lease early — the safe
+/// direction, but a loss all the same.
+///
+/// What the peek cannot see: a `FATAL` that sqlx read together with the previous reply,
+/// or one that lands in the microseconds between a peek and `try_recv`'s read. `try_recv`
+/// swallows those, and the loss is reported at the end of the stream, once the server
+/// has released the lock.
 struct Watch<F> {
     inner: std::pin::Pin<Box<F>>,
     socket: Option<Socket>,

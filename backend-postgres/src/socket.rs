@@ -9,34 +9,40 @@
 use std::net::SocketAddr;
 
 /// The descriptor of a dedicated connection's TCP socket. It is only peeked at, never
-/// read or closed; valid while its connection is open.
+/// read or closed. Valid while sqlx keeps that connection: sqlx closes it only when a
+/// `try_recv` ends at the end of the stream, after which the connection is discarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) struct Socket(#[cfg(unix)] std::os::fd::RawFd);
 
 impl Socket {
     /// The only TCP socket of this process whose local address is `local` and whose peer
-    /// port is `peer_port`; `None` if there is none or more than one.
+    /// port is `peer_port`; `None` if there is none or more than one. IPv4-mapped IPv6
+    /// addresses count as the IPv4 address. One or two system calls per open descriptor:
+    /// call it off the runtime's workers.
     #[cfg(unix)]
     pub(crate) fn find(local: SocketAddr, peer_port: u16) -> Option<Self> {
         use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
-        let address = |storage: SockaddrStorage| -> Option<SocketAddr> {
-            match (storage.as_sockaddr_in(), storage.as_sockaddr_in6()) {
-                (Some(v4), _) => Some(SocketAddr::from(std::net::SocketAddrV4::from(*v4))),
-                (_, Some(v6)) => Some(SocketAddr::from(std::net::SocketAddrV6::from(*v6))),
-                _ => None,
-            }
+        let address = |storage: SockaddrStorage| -> Option<(std::net::IpAddr, u16)> {
+            let addr = match (storage.as_sockaddr_in(), storage.as_sockaddr_in6()) {
+                (Some(v4), _) => SocketAddr::from(std::net::SocketAddrV4::from(*v4)),
+                (_, Some(v6)) => SocketAddr::from(std::net::SocketAddrV6::from(*v6)),
+                _ => return None,
+            };
+            Some((addr.ip().to_canonical(), addr.port()))
         };
+        let local = Some((local.ip().to_canonical(), local.port()));
         let listing = ["/proc/self/fd", "/dev/fd"]
             .iter()
             .find_map(|dir| std::fs::read_dir(dir).ok())?;
         let mut found = listing
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
             .filter(|&fd| {
-                getsockname(fd).ok().and_then(address) == Some(local)
+                getsockname(fd).ok().and_then(address) == local
                     && getpeername(fd)
                         .ok()
                         .and_then(address)
-                        .is_some_and(|peer| peer.port() == peer_port)
+                        .is_some_and(|(_, port)| port == peer_port)
             });
         match (found.next(), found.next()) {
             (Some(fd), None) => Some(Self(fd)),
