@@ -558,3 +558,82 @@ fn a_missing_command_exits_127() {
     );
     assert_eq!(out.status.code(), Some(127));
 }
+
+/// `run --key pool --permits 2 --wait WAIT -- CMD…`
+fn pool_run<'a>(wait: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--key",
+        "pool",
+        "--permits",
+        "2",
+        "--wait",
+        wait,
+        "--",
+    ];
+    args.extend_from_slice(cmd);
+    args
+}
+
+/// `--permits 2`: two runs of one key at once, each on its own permit (named by
+/// TENURE_KEY), a third is busy; a finished run's permit goes to the next.
+fn permits_admit_that_many_runs(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = |name: &str| {
+        let file = dir.path().join(name);
+        let script = format!(
+            "echo \"$TENURE_KEY\" > {}.tmp && mv {0}.tmp {0} && sleep 300",
+            file.display()
+        );
+        let run = Tenure::spawn(&mut tenure(url, &pool_run("20s", &["sh", "-c", &script])));
+        (run, file)
+    };
+    let (first, first_file) = holder("first");
+    let (second, second_file) = holder("second");
+    let started = Instant::now();
+    let permit = |file: &PathBuf| loop {
+        if let Ok(key) = std::fs::read_to_string(file) {
+            return key.trim().to_owned();
+        }
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(20), "a run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (a, b) = (permit(&first_file), permit(&second_file));
+    let named = a.starts_with("pool#permit-") && b.starts_with("pool#permit-");
+    assert!(named, "TENURE_KEY: {a} {b}");
+    assert_ne!(a, b, "two runs on one permit");
+
+    let busy = output(url, &pool_run("0s", &["true"]));
+    assert_eq!(
+        busy.status.code(),
+        Some(75),
+        "a third run: {}",
+        stderr(&busy)
+    );
+
+    kill(first.pid(), Signal::SIGTERM).unwrap();
+    let stopped = first.wait().status.code();
+    assert_eq!(stopped, Some(128 + Signal::SIGTERM as i32));
+    let next = output(url, &pool_run("10s", &["sh", "-c", "echo \"$TENURE_KEY\""]));
+    assert_eq!(next.status.code(), Some(0), "{}", stderr(&next));
+    assert_eq!(
+        String::from_utf8_lossy(&next.stdout).trim(),
+        a,
+        "the freed permit"
+    );
+    drop(second);
+
+    let refused = output(
+        url,
+        &["run", "--key", "pool", "--permits", "0", "--", "true"],
+    );
+    assert_eq!(refused.status.code(), Some(78));
+    let err = stderr(&refused);
+    assert!(err.contains("1 to 64 permits, not 0"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_permits_admit_that_many_runs() {
+    on_redis(|url| permits_admit_that_many_runs(&url)).await;
+}

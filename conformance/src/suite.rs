@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tenure_api::{
     renewal_interval, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease,
-    LockError, LockExt, LockGuard, LockKey, OwnerId, ReleaseOutcome,
+    LockError, LockExt, LockGuard, LockKey, OwnerId, ReleaseOutcome, Semaphore,
 };
 
 use crate::history::{FencedRegister, History};
@@ -193,6 +193,9 @@ scenarios![
     lost_fires_when_the_link_is_cut[LinkCut],
     waiters_are_served_fifo[Fifo],
     many_keys_stress,
+    semaphore_admits_its_permits_and_no_more,
+    semaphore_permit_of_a_crashed_holder_comes_back,
+    semaphore_waiter_gets_a_released_permit,
 ];
 
 const LONG_TTL: Duration = Duration::from_secs(30);
@@ -955,5 +958,142 @@ pub async fn many_keys_stress(ctx: &Ctx<'_>) -> Outcome {
             "`{key}` still held after the stress"
         );
     }
+    Ok(())
+}
+
+/// A [`Semaphore`] of `permits` on a fresh client.
+async fn semaphore(ctx: &Ctx<'_>, permits: u32) -> Result<Semaphore, Failure> {
+    Ok(Semaphore::new(ctx.client().await?, permits)?)
+}
+
+/// A semaphore of 3 admits exactly 3 holders at once, one per permit; under contention
+/// never more than 3 hold, and each permit's tokens strictly increase.
+pub async fn semaphore_admits_its_permits_and_no_more(ctx: &Ctx<'_>) -> Outcome {
+    const PERMITS: u32 = 3;
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 4;
+    let name = ctx.key("jobs");
+    let mut first = Vec::new();
+    for _ in 0..PERMITS {
+        let s = semaphore(ctx, PERMITS).await?;
+        let lease = s.try_acquire(&name, LONG_TTL).await?;
+        let lease = lease.ok_or_else(|| Failure("a free permit was refused".into()))?;
+        first.push((s, lease));
+    }
+    let mut keys: Vec<_> = first.iter().map(|(_, l)| l.key().clone()).collect();
+    keys.sort();
+    keys.dedup();
+    ensure!(keys.len() == 3, "3 holders share permits: {keys:?}");
+    let extra = semaphore(ctx, PERMITS).await?;
+    ensure!(
+        extra.try_acquire(&name, LONG_TTL).await?.is_none(),
+        "a 4th holder was admitted by a semaphore of 3"
+    );
+    ensure!(
+        extra.holders(&name).await?.len() == 3,
+        "holders() does not list the 3 holders"
+    );
+    for (s, lease) in first {
+        s.release(lease).await?;
+    }
+
+    let inside = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let tokens = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let s = semaphore(ctx, PERMITS).await?;
+        let (name, inside, most, tokens) =
+            (name.clone(), inside.clone(), most.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(20));
+            for _ in 0..ROUNDS {
+                let lease = s.acquire(&name, &opts).await?;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let before = tokens
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(lease.key().clone(), lease.token());
+                ensure!(
+                    before.is_none_or(|t| t < lease.token()),
+                    "{}: token {} after {before:?}",
+                    lease.key(),
+                    lease.token()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                s.release(lease).await?;
+            }
+            Ok::<(), Failure>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| Failure(format!("task: {e}")))??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(most <= 3, "{most} holders at once with 3 permits");
+    Ok(())
+}
+
+/// A crashed holder's permits come back when its leases end.
+pub async fn semaphore_permit_of_a_crashed_holder_comes_back(ctx: &Ctx<'_>) -> Outcome {
+    let name = ctx.key("jobs");
+    let ttl = ctx.short_ttl();
+    {
+        let doomed = semaphore(ctx, 2).await?;
+        for _ in 0..2 {
+            let lease = doomed.try_acquire(&name, ttl).await?;
+            ensure!(lease.is_some(), "a free permit was refused");
+            std::mem::forget(lease);
+        }
+    } // the client is gone, its permits never released
+    let survivor = semaphore(ctx, 2).await?;
+    let opts = AcquireOptions::new(LONG_TTL).wait(ttl * 4 + Duration::from_secs(3));
+    let lease = survivor
+        .acquire(&name, &opts)
+        .await
+        .map_err(|e| Failure(format!("the crashed holder's permits never came back: {e}")))?;
+    survivor.release(lease).await?;
+    Ok(())
+}
+
+/// A waiter on a full semaphore gets the permit another holder releases, long before
+/// the holders' TTL.
+pub async fn semaphore_waiter_gets_a_released_permit(ctx: &Ctx<'_>) -> Outcome {
+    let name = ctx.key("jobs");
+    let (a, b) = (semaphore(ctx, 2).await?, semaphore(ctx, 2).await?);
+    let first = a.try_acquire(&name, LONG_TTL).await?;
+    let second = a.try_acquire(&name, LONG_TTL).await?;
+    let (Some(first), Some(second)) = (first, second) else {
+        return Err(Failure("a free permit was refused".into()));
+    };
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(20));
+        let lease = b.acquire(&name, &opts).await;
+        (b, lease)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ensure!(
+        !waiter.is_finished(),
+        "the waiter was admitted to a full semaphore"
+    );
+    let released = second.key().clone();
+    a.release(second).await?;
+    let (b, lease) = waiter.await.map_err(|e| Failure(format!("waiter: {e}")))?;
+    let lease = lease.map_err(|e| Failure(format!("the waiter never got the permit: {e}")))?;
+    ensure!(
+        *lease.key() == released,
+        "the waiter got {} while only {released} was free",
+        lease.key()
+    );
+    ensure!(
+        started.elapsed() < LONG_TTL / 2,
+        "the waiter waited {:?}: as if for the TTL",
+        started.elapsed()
+    );
+    b.release(lease).await?;
+    a.release(first).await?;
     Ok(())
 }

@@ -37,6 +37,7 @@ mod lease;
 mod lock;
 mod memory;
 mod options;
+mod semaphore;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod urls;
@@ -56,3 +57,4 @@ pub use lease::{
 pub use lock::{poll_acquire, poll_acquire_woken, DistributedLock};
 pub use memory::MemoryLock;
 pub use options::{validate_ttl, AcquireOptions, Backoff, MAX_TTL, MIN_TTL};
+pub use semaphore::Semaphore;

@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use tenure::{
     AcquireOptions, Config, ExpiryKind, FencingToken, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome,
+    OwnerId, ReleaseOutcome, Semaphore,
 };
 
 mod bench;
@@ -70,6 +71,11 @@ enum Command {
         /// finishes sooner (a job scheduled on several hosts runs once per period).
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
         hold_at_least: Duration,
+        /// Admit up to N runs of KEY at once, fleet-wide (1 to 64): each run holds one
+        /// permit, KEY#permit-I, which TENURE_KEY names; TENURE_FENCE orders that
+        /// permit's runs. Every run of KEY must give the same N.
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
@@ -243,9 +249,14 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             lock: args,
             grace,
             hold_at_least,
+            permits,
             cmd,
         } => {
             let (key, opts) = args.options(&config)?;
+            let lock = match permits {
+                Some(permits) => Arc::new(Semaphore::new(lock, permits)?),
+                None => lock,
+            };
             let options = run::RunOptions {
                 grace,
                 hold_at_least,
