@@ -134,11 +134,12 @@ impl PgLock {
                 Ok(Ok(None)) if attempt == 0 => {
                     // First use of this key: create its row in autocommit, outside our
                     // transaction, then look again (a new statement sees the new row).
+                    let mut pooled = self.pooled().await?;
                     self.bounded(
                         "insert lock row",
                         sqlx::query(AssertSqlSafe(self.inner.sql.ensure_row.as_str()))
                             .bind(row_key)
-                            .execute(&self.inner.pool),
+                            .execute(&mut *pooled),
                     )
                     .await?;
                     if let Some(_wait) = wait {
@@ -239,7 +240,8 @@ impl PgLock {
             },
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let record = || {
+        let record = || async {
+            let mut conn = self.pooled().await?;
             self.bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
@@ -248,8 +250,9 @@ impl PgLock {
                     .bind(&xid)
                     .bind(pid)
                     .bind(ttl_ms)
-                    .fetch_optional(&self.inner.pool),
+                    .fetch_optional(&mut *conn),
             )
+            .await
         };
         let mut token: Result<Option<i64>, LockError> = record().await;
         if token.as_ref().is_err_and(LockError::is_retryable) {

@@ -76,12 +76,13 @@ impl PgLock {
              ORDER BY h.key",
             config.holder_table()
         );
+        let mut conn = self.pooled().await?;
         let rows = self
             .bounded(
                 "list holders",
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(format!("{}{prefix}", config.prefix))
-                    .fetch_all(self.pool()),
+                    .fetch_all(&mut *conn),
             )
             .await?;
         rows.iter()

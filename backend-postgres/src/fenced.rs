@@ -90,13 +90,11 @@ impl FencedTable {
     /// # Cancel safety
     /// Cancel-safe: DDL in autocommit either happened or not.
     pub async fn create(&self, lock: &PgLock) -> Result<(), LockError> {
-        lock.bounded(
-            "create fenced table",
-            lock.pool()
-                .execute(sqlx::raw_sql(AssertSqlSafe(self.create_sql()))),
-        )
-        .await
-        .map(|_| ())
+        let mut conn = lock.pooled().await?;
+        let create = conn.execute(sqlx::raw_sql(AssertSqlSafe(self.create_sql())));
+        lock.bounded("create fenced table", create)
+            .await
+            .map(|_| ())
     }
 
     /// Writes `value` to resource `id` with `token`, unless a newer token has written.
@@ -111,6 +109,7 @@ impl FencedTable {
         value: &str,
     ) -> Result<FencedWrite, LockError> {
         let token = to_i64(token)?;
+        let mut conn = lock.pooled().await?;
         let applied: Option<i64> = lock
             .bounded(
                 "fenced write",
@@ -118,9 +117,10 @@ impl FencedTable {
                     .bind(id)
                     .bind(token)
                     .bind(value)
-                    .fetch_optional(lock.pool()),
+                    .fetch_optional(&mut *conn),
             )
             .await?;
+        drop(conn);
         if applied.is_some() {
             return Ok(FencedWrite::Accepted);
         }
@@ -145,12 +145,13 @@ impl FencedTable {
             "SELECT last_fence, value FROM {} WHERE id = $1",
             self.name()
         );
+        let mut conn = lock.pooled().await?;
         let row: Option<(i64, String)> = lock
             .bounded(
                 "fenced read",
                 sqlx::query_as(AssertSqlSafe(sql))
                     .bind(id)
-                    .fetch_optional(lock.pool()),
+                    .fetch_optional(&mut *conn),
             )
             .await?;
         row.map(|(fence, value)| {

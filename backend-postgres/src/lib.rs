@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
+use sqlx::Connection;
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::{
     default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
@@ -27,7 +29,7 @@ use tenure_api::{
 use tokio::sync::{oneshot, Semaphore};
 
 use client::{autocommit_pool, close_unused, Dedicated, RecentFailure};
-use error::map_err;
+use error::{bounded_for, map_err};
 use held::{Entry, Request};
 use sql::Statements;
 
@@ -148,7 +150,7 @@ impl PgLock {
             lock.migrate().await?;
         } else {
             // Fail early if the server cannot be reached.
-            lock.bounded("connect", lock.inner.pool.acquire()).await?;
+            lock.pooled().await?;
         }
         Ok(lock)
     }
@@ -164,39 +166,49 @@ impl PgLock {
     /// Cancel-safe: the transaction is rolled back if the future is dropped.
     pub async fn migrate(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
-        let work = async {
-            let present: bool = sqlx::query_scalar(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-                 AND to_regclass($3) IS NOT NULL",
+        let mut conn = self.pooled().await?;
+        let present: bool = self
+            .bounded(
+                "migrate",
+                sqlx::query_scalar(
+                    "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                     AND to_regclass($3) IS NOT NULL",
+                )
+                .bind(config.lock_table())
+                .bind(config.holder_table())
+                .bind(config.fence_sequence())
+                .fetch_one(&mut *conn),
             )
-            .bind(config.lock_table())
-            .bind(config.holder_table())
-            .bind(config.fence_sequence())
-            .fetch_one(&self.inner.pool)
             .await?;
-            if present {
-                return Ok(());
-            }
-            let mut tx = self.inner.pool.begin().await?;
+        if present {
+            return Ok(());
+        }
+        let mut tx = self.bounded("migrate", conn.begin()).await?;
+        self.bounded(
+            "migrate",
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(format!("tenure-postgres:{}", config.lock_table()))
-                .execute(&mut *tx)
-                .await?;
-            let schema_exists: bool =
+                .execute(&mut *tx),
+        )
+        .await?;
+        let schema_exists: bool = self
+            .bounded(
+                "migrate",
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
                     .bind(config.schema())
-                    .fetch_one(&mut *tx)
-                    .await?;
-            if !schema_exists {
-                // The name passed `validate_ident` and is quoted.
-                let ddl = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", config.schema());
-                tx.execute(sqlx::raw_sql(AssertSqlSafe(ddl))).await?;
-            }
-            tx.execute(sqlx::raw_sql(AssertSqlSafe(self.inner.sql.migrate.clone())))
-                .await?;
-            tx.commit().await
-        };
-        self.bounded("migrate", work).await
+                    .fetch_one(&mut *tx),
+            )
+            .await?;
+        if !schema_exists {
+            // The name passed `validate_ident` and is quoted.
+            let ddl = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", config.schema());
+            let create = tx.execute(sqlx::raw_sql(AssertSqlSafe(ddl)));
+            self.bounded("migrate", create).await?;
+        }
+        let ddl = self.inner.sql.migrate.clone();
+        let create = tx.execute(sqlx::raw_sql(AssertSqlSafe(ddl)));
+        self.bounded("migrate", create).await?;
+        self.bounded("migrate", tx.commit()).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -238,9 +250,16 @@ impl PgLock {
         self.inner.pool.close().await;
     }
 
-    /// The autocommit pool (for helpers such as [`FencedTable`]).
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.inner.pool
+    /// A connection of the autocommit pool: an idle one, or a new one. Opening it is
+    /// bounded by `connect_timeout`; the statements run on it are each bounded by
+    /// `request_timeout` ([`bounded`](Self::bounded)).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a half-open connection is dropped.
+    pub(crate) async fn pooled(&self) -> Result<PoolConnection<Postgres>, LockError> {
+        let config = &self.inner.config;
+        let limit = config.connect_timeout;
+        bounded_for(config, limit, "connect", self.inner.pool.acquire()).await
     }
 
     /// Whether dedicated connections ask the server to check for closed client sockets
@@ -341,16 +360,19 @@ impl DistributedLock for PgLock {
         if changed {
             // Keep inspect's remaining time right; the lease is extended either way.
             let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-            let _ = self
-                .bounded(
+            let record = async {
+                let mut conn = self.pooled().await?;
+                self.bounded(
                     "record ttl",
                     sqlx::query(AssertSqlSafe(self.inner.sql.update_ttl.as_str()))
                         .bind(lease.handle().path.as_str())
                         .bind(ttl_ms)
                         .bind(entry.xid.as_str())
-                        .execute(&self.inner.pool),
+                        .execute(&mut *conn),
                 )
-                .await;
+                .await
+            };
+            let _ = record.await;
         }
         lease.renewed(sent, ttl, default_drift(ttl));
         Ok(())
@@ -386,12 +408,13 @@ impl DistributedLock for PgLock {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        let mut conn = self.pooled().await?;
         let row = self
             .bounded(
                 "inspect",
                 sqlx::query(AssertSqlSafe(self.inner.sql.inspect.as_str()))
                     .bind(self.row_key(key))
-                    .fetch_optional(&self.inner.pool),
+                    .fetch_optional(&mut *conn),
             )
             .await?;
         let Some(row) = row else { return Ok(None) };

@@ -1079,3 +1079,32 @@ async fn healthy_leases_are_never_reported_lost() {
         assert!(total > 1000, "only {total} extends ran in {mode} mode");
     }
 }
+
+/// Opening a connection is bounded by `connect_timeout_ms`, not by the per-statement
+/// `request_timeout_ms` (a TLS and password handshake takes several round trips): a server
+/// that never answers is given up on after the connect timeout, with `migrate` on (it
+/// connects first) and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_is_bounded_by_connect_timeout_not_request_timeout() {
+    use tenure_conformance::proxy::ProxyMode;
+    let server = Postgres::start().await.unwrap();
+    server.proxy().set_mode(ProxyMode::Blackhole);
+    for migrate in ["true", "false"] {
+        let url = format!(
+            "{}?request_timeout_ms=100&connect_timeout_ms=1500&migrate={migrate}",
+            server.proxied_url()
+        );
+        let started = Instant::now();
+        let error = PgLock::connect(&url).await.unwrap_err();
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1400) && waited < Duration::from_secs(10),
+            "migrate={migrate}: gave up after {waited:?}, not the connect timeout: {error}"
+        );
+        assert!(error.is_retryable(), "{error}");
+    }
+    assert!(
+        server.proxy().stats().accepted >= 2,
+        "the fault fired: both clients reached the black hole"
+    );
+}
