@@ -69,6 +69,24 @@ pub enum Grant {
     Held(Duration),
 }
 
+/// Armed while an acquire script is in flight: dropped there (the caller gave up on the
+/// acquire), it releases the owner's possible grant in a task of its own, so the lock is
+/// not held by nobody until its TTL. The attempt forgets it once the reply is in.
+struct InFlight<'a> {
+    lock: &'a RedisLock,
+    key: &'a LockKey,
+    owner: OwnerId,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let (lock, key, owner) = (self.lock.clone(), self.key.clone(), self.owner);
+            tokio::spawn(async move { lock.release_owner(&key, owner).await });
+        }
+    }
+}
+
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
@@ -454,7 +472,14 @@ impl RedisLock {
         release_wait: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
-        let token = match self.grant_within(key, owner, ttl, limit).await? {
+        let in_flight = InFlight {
+            lock: self,
+            key,
+            owner,
+        };
+        let granted = self.grant_within(key, owner, ttl, limit).await;
+        std::mem::forget(in_flight);
+        let token = match granted? {
             Grant::Held(pttl) => return Ok(Attempt::Held { pttl }),
             Grant::Granted(token) => token,
         };
@@ -593,9 +618,10 @@ impl DistributedLock for RedisLock {
     /// the result is [`LockError::Unavailable`] — not `Ok(None)`, as nobody else holds it.
     ///
     /// # Cancel safety
-    /// If dropped after the script was sent, the lock may be held by nobody until its TTL.
-    /// (When the call itself fails without knowing whether the script ran — a timeout, a
-    /// dropped connection — it releases that owner's lock in the background.)
+    /// Cancel-safe: dropped while the script is in flight, it releases that owner's
+    /// possible grant in the background (owner-checked, behind the script on the same
+    /// connection), as it does when the call fails without knowing whether the script ran
+    /// (a timeout, a dropped connection).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let owner = OwnerId::random();

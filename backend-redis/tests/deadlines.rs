@@ -278,3 +278,53 @@ async fn a_waiter_that_cannot_subscribe_polls_and_gets_the_lock_after_release() 
     );
     waiter.release(lease).await.unwrap();
 }
+
+/// An acquire dropped while its script is in flight (granted on the server, the reply
+/// held by the proxy) leaves no grant behind: the lock is released in the background,
+/// not held by nobody until its TTL. (A semaphore's blocking acquire drops the waits that
+/// lost the race this way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_in_flight_leaves_no_grant() {
+    let (_cluster, proxy, lock, observer) = behind_a_proxy().await;
+    let ttl = Duration::from_secs(30);
+    let delay = Duration::from_millis(800);
+    for (i, blocking) in [false, true].into_iter().enumerate() {
+        let k = key(&format!("dropped-in-flight-{i}"));
+        proxy.set_mode(ProxyMode::Delay {
+            up: Duration::ZERO,
+            down: delay,
+        });
+        let started = Instant::now();
+        let attempt = {
+            let (lock, k) = (lock.clone(), k.clone());
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
+            tokio::spawn(async move {
+                match blocking {
+                    true => lock.acquire(&k, &opts).await.map(Some),
+                    false => lock.try_acquire(&k, ttl).await,
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let granted = observer.inspect(&k).await.unwrap();
+        assert!(
+            granted.is_some(),
+            "the fault fired: the script ran on the server"
+        );
+        attempt.abort();
+        assert!(attempt.await.unwrap_err().is_cancelled());
+        assert!(
+            started.elapsed() < delay,
+            "dropped while its reply was held"
+        );
+        proxy.set_mode(ProxyMode::Pass);
+        let started = Instant::now();
+        while observer.inspect(&k).await.unwrap().is_some() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "blocking={blocking}: the dropped acquire's grant is still held"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
