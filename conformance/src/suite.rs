@@ -989,9 +989,16 @@ pub async fn semaphore_admits_its_permits_and_no_more(ctx: &Ctx<'_>) -> Outcome 
         extra.try_acquire(&name, LONG_TTL).await?.is_none(),
         "a 4th holder was admitted by a semaphore of 3"
     );
+    let mut listed: Vec<_> = extra
+        .holders(&name)
+        .await?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    listed.sort();
     ensure!(
-        extra.holders(&name).await?.len() == 3,
-        "holders() does not list the 3 holders"
+        listed == keys,
+        "holders() lists {listed:?}, not the 3 held permits {keys:?}"
     );
     for (s, lease) in first {
         s.release(lease).await?;
@@ -1075,10 +1082,12 @@ pub async fn semaphore_waiter_gets_a_released_permit(ctx: &Ctx<'_>) -> Outcome {
         (b, lease)
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    ensure!(
-        !waiter.is_finished(),
-        "the waiter was admitted to a full semaphore"
-    );
+    if waiter.is_finished() {
+        let (_, early) = waiter.await.map_err(|e| Failure(format!("waiter: {e}")))?;
+        return Err(Failure(format!(
+            "the waiter returned while the semaphore was full: {early:?}"
+        )));
+    }
     let released = second.key().clone();
     a.release(second).await?;
     let (b, lease) = waiter.await.map_err(|e| Failure(format!("waiter: {e}")))?;

@@ -25,11 +25,17 @@ use crate::{
 /// concurrent holders could not fence anything: their writes legitimately interleave.)
 ///
 /// Every client of a name must use the same `permits`: one configured with more admits
-/// up to its own count. Costs: a `try_acquire` tries the permits from a random one on, one
-/// request each, until one is free (`permits` requests when all are held); a blocking
+/// up to its own count. Names ending in `#permit-<i>` are the permits' own: a plain lock
+/// on `K#permit-0` competes with permit 0 of `K` (and a plain lock on `K` with none).
+///
+/// Costs: a `try_acquire` tries the permits from a random one on, one request each, until
+/// one is free (`permits` requests when all are held); a blocking
 /// [`acquire`](DistributedLock::acquire) then waits on every permit at once, each as the
-/// backend waits for a lock (push where it has one), and takes the first granted. Waiters
-/// are not served in arrival order across permits.
+/// backend waits for a lock (push where it has one), and takes the first granted,
+/// dropping the other waits (which backends leave no grant behind for). Each of those
+/// waits costs what a lock waiter costs: on Postgres a dedicated connection and a
+/// `max_waiting` slot, on ZooKeeper a queue node, on etcd a watch. Waiters are not served
+/// in arrival order across permits.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -94,14 +100,17 @@ impl Semaphore {
             .collect()
     }
 
-    /// The holder of each held permit of `name`, in permit order.
+    /// Each held permit of `name` with its holder, in permit order.
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.
-    pub async fn holders(&self, name: &LockKey) -> Result<Vec<HolderInfo>, LockError> {
+    pub async fn holders(&self, name: &LockKey) -> Result<Vec<(LockKey, HolderInfo)>, LockError> {
         let mut holders = Vec::new();
         for permit in 0..self.permits {
-            holders.extend(self.lock.inspect(&self.permit_key(name, permit)?).await?);
+            let key = self.permit_key(name, permit)?;
+            if let Some(holder) = self.lock.inspect(&key).await? {
+                holders.push((key, holder));
+            }
         }
         Ok(holders)
     }
@@ -128,24 +137,28 @@ impl DistributedLock for Semaphore {
     }
 
     /// Takes a free permit, or waits up to `opts.wait` on every permit at once and takes
-    /// the first granted.
+    /// the first granted. As with a lock, a retryable error is waited out within the
+    /// wait, and returned instead of [`LockError::Timeout`] if it was the last word.
     ///
     /// # Cancel safety
     /// As the lock's `acquire`, for each permit: the waits not granted are dropped.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = std::time::Instant::now();
-        if let Some(lease) = self.try_acquire(key, opts.ttl).await? {
-            return Ok(lease);
-        }
+        let mut failed = match self.try_acquire(key, opts.ttl).await {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => None,
+            Err(e) if e.is_retryable() => Some(e),
+            Err(e) => return Err(e),
+        };
         let wait = opts
             .wait
             .checked_sub(started.elapsed())
             .unwrap_or(Duration::ZERO);
         if wait.is_zero() {
-            return Err(LockError::Timeout {
+            return Err(failed.unwrap_or(LockError::Timeout {
                 waited: started.elapsed(),
-            });
+            }));
         }
         let opts = opts.clone().wait(wait);
         let permits = self.permit_keys(key)?;
@@ -153,7 +166,6 @@ impl DistributedLock for Semaphore {
             .iter()
             .map(|permit| self.lock.acquire(permit, &opts))
             .collect();
-        let mut failed = None;
         while let Some(result) = waits.next().await {
             match result {
                 Ok(lease) => return Ok(lease),
@@ -184,7 +196,8 @@ impl DistributedLock for Semaphore {
     }
 
     /// A holder of `key` (the first held permit's; see [`Semaphore::holders`] for all of
-    /// them), or `None` when every permit is free.
+    /// them), or `None` when every permit is free. `Some` does not mean full: other
+    /// permits may be free.
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.

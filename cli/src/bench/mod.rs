@@ -77,6 +77,9 @@ pub struct BenchOptions {
     pub ttl: Duration,
     /// Also measure the floor, interleaved.
     pub floor: bool,
+    /// Bench a [`Semaphore`](tenure::Semaphore) of this many permits per key instead of
+    /// the lock (the floor stays the plain lock's).
+    pub permits: Option<u32>,
 }
 
 impl Default for BenchOptions {
@@ -85,6 +88,7 @@ impl Default for BenchOptions {
             secs: 5.0,
             ttl: Duration::from_secs(10),
             floor: false,
+            permits: None,
         }
     }
 }
@@ -100,6 +104,9 @@ pub struct BenchLine {
     /// `tenure` (the library), `floor` (plain client) or `poll10ms` (contended floor).
     #[serde(rename = "impl")]
     pub implementation: &'static str,
+    /// On library lines of a semaphore bench: its permits per key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
     /// Measured seconds.
     pub secs: f64,
     /// Completed cycles.
@@ -139,8 +146,17 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
     for line in rounds {
         let same = |g: &&mut Vec<&BenchLine>| {
             let first = g[0];
-            (first.backend.as_str(), first.mode, first.implementation)
-                == (line.backend.as_str(), line.mode, line.implementation)
+            (
+                first.backend.as_str(),
+                first.mode,
+                first.implementation,
+                first.permits,
+            ) == (
+                line.backend.as_str(),
+                line.mode,
+                line.implementation,
+                line.permits,
+            )
         };
         match groups.iter_mut().find(same) {
             Some(group) => group.push(line),
@@ -159,6 +175,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 backend: group[0].backend.clone(),
                 mode: group[0].mode,
                 implementation: group[0].implementation,
+                permits: group[0].permits,
                 secs: group.iter().map(|l| l.secs).sum(),
                 cycles: group.iter().map(|l| l.cycles).sum(),
                 cycles_per_s: all(&|l| l.cycles_per_s),
@@ -283,6 +300,7 @@ impl Stats {
             backend: backend.to_owned(),
             mode,
             implementation,
+            permits: None,
             secs: (secs * 1000.0).round() / 1000.0,
             cycles: self.cycles,
             cycles_per_s: per_s(self.cycles),
@@ -393,9 +411,10 @@ fn backend_name(url: &str) -> String {
 async fn library_lockers(
     url: &str,
     mode: Mode,
-    ttl: Duration,
+    options: BenchOptions,
     wait: Wait,
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
+    let ttl = options.ttl;
     // Contended: 16 separate clients, as 16 processes would be. Otherwise one client.
     let clients = if mode == Mode::Contended {
         mode.tasks()
@@ -410,10 +429,13 @@ async fn library_lockers(
     };
     let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let lock = match &shared {
+        let mut lock = match &shared {
             Some(lock) => lock.clone(),
             None => tenure::connect(url).await?,
         };
+        if let Some(permits) = options.permits {
+            lock = Arc::new(tenure::Semaphore::new(lock, permits)?);
+        }
         lockers.push(Arc::new(Library { lock, ttl, wait }));
     }
     Ok(lockers)
@@ -444,11 +466,11 @@ pub async fn run(
     } else {
         Wait::None
     };
-    let library = library_lockers(url, mode, options.ttl, wait).await?;
+    let library = library_lockers(url, mode, options, wait).await?;
     let floor = match (options.floor, mode) {
         (false, _) => None,
         (true, Mode::Contended) => Some((
-            library_lockers(url, mode, options.ttl, Wait::Poll10ms).await?,
+            library_lockers(url, mode, options, Wait::Poll10ms).await?,
             "poll10ms",
         )),
         (true, _) => Some((
@@ -476,6 +498,7 @@ pub async fn run(
         }
     }
     let mut line = ours.line(&backend, mode, "tenure");
+    line.permits = options.permits;
     let mut lines = Vec::new();
     if let Some((_, implementation)) = floor {
         let floor_line = theirs.line(&backend, mode, implementation);
@@ -595,6 +618,7 @@ mod tests {
             backend: "redis".into(),
             mode: Mode::Seq,
             implementation,
+            permits: None,
             secs: 1.0,
             cycles: cycles_per_s as u64,
             cycles_per_s,
@@ -629,6 +653,23 @@ mod tests {
         assert_eq!((ours.rounds, ours.cycles, ours.errors), (3, 450, 3));
         assert_eq!(floor.cycles_per_s, 250.0);
         assert_eq!(floor.ratio, None);
+    }
+
+    #[test]
+    fn medians_keep_a_semaphore_bench_apart_from_the_lock() {
+        let semaphore = BenchLine {
+            permits: Some(4),
+            ..line("tenure", 50.0, None)
+        };
+        let rounds = [line("tenure", 100.0, None), semaphore.clone(), semaphore];
+        let lines = medians(&rounds);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!((lines[0].permits, lines[0].rounds), (None, 1));
+        assert_eq!((lines[1].permits, lines[1].rounds), (Some(4), 2));
+        let json = serde_json::to_string(&lines[1]).unwrap();
+        assert!(json.contains("\"permits\":4"), "{json}");
+        let json = serde_json::to_string(&lines[0]).unwrap();
+        assert!(!json.contains("permits"), "{json}");
     }
 
     #[test]

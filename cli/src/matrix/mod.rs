@@ -857,7 +857,7 @@ pub async fn run(
         let perf_options = BenchOptions {
             secs: options.perf_secs,
             ttl: Duration::from_secs(10),
-            floor: false,
+            ..BenchOptions::default()
         };
         for mode in Mode::ALL {
             match bench::run(&target.harness.url(), mode, perf_options).await {

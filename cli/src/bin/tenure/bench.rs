@@ -37,6 +37,10 @@ pub(crate) struct BenchArgs {
     /// Print JSON lines (DESIGN.md §6) instead of a Markdown table.
     #[arg(long)]
     json: bool,
+    /// Bench a semaphore of N permits per key instead of the lock (1 to 64); the floor
+    /// stays the plain lock's.
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
 }
 
 /// One printed result.
@@ -55,6 +59,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         secs: args.secs,
         ttl: args.ttl,
         floor: args.floor,
+        permits: args.permits,
     };
     let mut rows = Vec::new();
     let mut cycles = Vec::new();
@@ -149,9 +154,13 @@ fn print_table(rows: &[Row]) {
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
             let fairness = l.fairness.map_or(String::new(), |f| format!("{f:.2}"));
+            let implementation = match l.permits {
+                Some(n) => format!("{} ({n} permits)", l.implementation),
+                None => l.implementation.to_owned(),
+            };
             println!(
-                "| {} | {} | {} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |",
-                l.backend, l.mode, l.implementation, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
+                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |",
+                l.backend, l.mode, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
             );
         }
     }
