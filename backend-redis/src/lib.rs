@@ -80,9 +80,31 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let (lock, key, owner) = (self.lock.clone(), self.key.clone(), self.owner);
-            tokio::spawn(async move { lock.release_owner(&key, owner).await });
+        self.lock.release_detached(self.key, self.owner);
+    }
+}
+
+/// A grant `owner` may hold on `key` after an attempt whose outcome is unknown (a
+/// timeout, a dropped connection): released in the background when dropped armed — the
+/// caller gave up on the acquire, or the acquire ended without a lease.
+struct PossibleGrant {
+    lock: RedisLock,
+    key: LockKey,
+    owner: OwnerId,
+    armed: bool,
+}
+
+impl PossibleGrant {
+    /// The owner's grant, if any, turned out to be known (a lease, or held by another).
+    fn settle(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PossibleGrant {
+    fn drop(&mut self) {
+        if self.armed {
+            self.lock.release_detached(&self.key, self.owner);
         }
     }
 }
@@ -516,6 +538,15 @@ impl RedisLock {
         Ok(Attempt::Late { error, settled })
     }
 
+    /// Releases `owner`'s lock of `key` (owner-checked) in a task of its own, from a
+    /// `Drop`: without a runtime to run it (dropped outside one), the TTL frees the lock.
+    fn release_detached(&self, key: &LockKey, owner: OwnerId) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let (lock, key) = (self.clone(), key.clone());
+            tokio::spawn(async move { lock.release_owner(&key, owner).await });
+        }
+    }
+
     /// Releases `owner`'s lock in a task of its own (bounded by the request timeout, and
     /// running to its end even if the caller goes away), waiting up to `wait` for the
     /// outcome (`None`: until it is done). `None` if it has not finished by then.
@@ -663,9 +694,9 @@ impl DistributedLock for RedisLock {
     /// errors ([`LockError::Config`], [`LockError::Backend`]) end the call at once.
     ///
     /// # Cancel safety
-    /// As `try_acquire`; the subscription is dropped with the future. When the call gives
-    /// up after an attempt whose outcome is unknown, it releases that owner's lock in the
-    /// background.
+    /// Cancel-safe: the subscription is dropped with the future, and a grant that an
+    /// attempt may have left (dropped in flight, or failed without knowing whether the
+    /// script ran) is released in the background — also when the call gives up on it.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = Instant::now();
@@ -687,7 +718,7 @@ impl DistributedLock for RedisLock {
         let mut failures = 0u32;
         let mut polls = 0u32;
         // An attempt for `owner` failed in flight: the server may hold the lock for it.
-        let mut maybe_ours = false;
+        let mut maybe_ours: Option<PossibleGrant> = None;
         // Why the lock is not ours yet, if not "held by another".
         let mut why: Option<LockError> = None;
         loop {
@@ -696,10 +727,17 @@ impl DistributedLock for RedisLock {
                 break;
             }
             let retry_in = match self.attempt(key, owner, opts.ttl, limit, Some(limit)).await {
-                Ok(Attempt::Granted(lease)) => return Ok(lease),
+                Ok(Attempt::Granted(lease)) => {
+                    if let Some(possible) = maybe_ours {
+                        possible.settle();
+                    }
+                    return Ok(lease);
+                }
                 Ok(Attempt::Held { pttl }) => {
                     failures = 0;
-                    maybe_ours = false;
+                    if let Some(possible) = maybe_ours.take() {
+                        possible.settle();
+                    }
                     why = None;
                     // Held: subscribe to its release, then try again at once, as it may
                     // have been released before the subscription took effect. A failed
@@ -731,24 +769,26 @@ impl DistributedLock for RedisLock {
                         owner = OwnerId::random();
                     }
                     failures += 1;
-                    maybe_ours = false;
+                    if let Some(possible) = maybe_ours.take() {
+                        possible.settle();
+                    }
                     why = Some(error);
                     opts.backoff.delay(failures)
                 }
                 Err(e) if e.is_retryable() => {
                     failures += 1;
-                    maybe_ours = true;
+                    maybe_ours.get_or_insert_with(|| PossibleGrant {
+                        lock: self.clone(),
+                        key: key.clone(),
+                        owner,
+                        armed: true,
+                    });
                     pubsub = None;
                     why = Some(e);
                     opts.backoff.delay(failures)
                 }
-                Err(e) => {
-                    if maybe_ours {
-                        self.release_in_background(key, owner, Some(Duration::ZERO))
-                            .await;
-                    }
-                    return Err(e);
-                }
+                // A possible grant of ours is released as `maybe_ours` drops.
+                Err(e) => return Err(e),
             };
             let wait = retry_in.min(left());
             if wait.is_zero() {
@@ -767,10 +807,7 @@ impl DistributedLock for RedisLock {
                 None => sleep.await,
             }
         }
-        if maybe_ours {
-            self.release_in_background(key, owner, Some(Duration::ZERO))
-                .await;
-        }
+        drop(maybe_ours); // releases a possible grant of ours
         Err(why.unwrap_or(LockError::Timeout {
             waited: started.elapsed(),
         }))

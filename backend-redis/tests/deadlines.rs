@@ -328,3 +328,52 @@ async fn an_acquire_dropped_in_flight_leaves_no_grant() {
         }
     }
 }
+
+/// A blocking acquire dropped while it backs off after an unanswered attempt (its script
+/// granted on the server, the reply later than the request timeout) leaves no grant: the
+/// possible grant of its owner id is released in the background, not held by nobody until
+/// its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_after_an_unanswered_attempt_leaves_no_grant() {
+    let (_cluster, proxy, _patient, observer) = behind_a_proxy().await;
+    let lock = RedisLock::connect(&format!("redis://{}?command_timeout_ms=200", proxy.addr()))
+        .await
+        .unwrap();
+    warm_up(&lock).await;
+    let k = key("dropped-after-timeout");
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: Duration::from_millis(600),
+    });
+    let backoff = tenure_api::Backoff {
+        initial: Duration::from_secs(2),
+        max: Duration::from_secs(2),
+        jitter: 0.0,
+    };
+    let opts = AcquireOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .backoff(backoff);
+    let attempt = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move { lock.acquire(&k, &opts).await })
+    };
+    // The first attempt times out at 200 ms; the acquire then backs off for 2 s.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let granted = observer.inspect(&k).await.unwrap();
+    assert!(
+        granted.is_some(),
+        "the fault fired: the script ran, its reply came too late"
+    );
+    assert!(!attempt.is_finished(), "still waiting, backing off");
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    proxy.set_mode(ProxyMode::Pass);
+    let started = Instant::now();
+    while observer.inspect(&k).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the dropped acquire's possible grant is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
