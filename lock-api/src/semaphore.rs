@@ -145,7 +145,7 @@ impl DistributedLock for Semaphore {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = std::time::Instant::now();
-        let mut failed = match self.try_acquire(key, opts.ttl).await {
+        let tried = match self.try_acquire(key, opts.ttl).await {
             Ok(Some(lease)) => return Ok(lease),
             Ok(None) => None,
             Err(e) if e.is_retryable() => Some(e),
@@ -156,7 +156,7 @@ impl DistributedLock for Semaphore {
             .checked_sub(started.elapsed())
             .unwrap_or(Duration::ZERO);
         if wait.is_zero() {
-            return Err(failed.unwrap_or(LockError::Timeout {
+            return Err(tried.unwrap_or(LockError::Timeout {
                 waited: started.elapsed(),
             }));
         }
@@ -166,6 +166,8 @@ impl DistributedLock for Semaphore {
             .iter()
             .map(|permit| self.lock.acquire(permit, &opts))
             .collect();
+        // The waits' own last words: a wait that saw its permit held ends in Timeout.
+        let mut failed = None;
         while let Some(result) = waits.next().await {
             match result {
                 Ok(lease) => return Ok(lease),

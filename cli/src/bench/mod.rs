@@ -78,7 +78,8 @@ pub struct BenchOptions {
     /// Also measure the floor, interleaved.
     pub floor: bool,
     /// Bench a [`Semaphore`](tenure::Semaphore) of this many permits per key instead of
-    /// the lock (the floor stays the plain lock's).
+    /// the lock. The `seq` and `par64` floors stay the plain client's; the `contended`
+    /// floor polls the same semaphore.
     pub permits: Option<u32>,
 }
 
@@ -501,7 +502,10 @@ pub async fn run(
     line.permits = options.permits;
     let mut lines = Vec::new();
     if let Some((_, implementation)) = floor {
-        let floor_line = theirs.line(&backend, mode, implementation);
+        let mut floor_line = theirs.line(&backend, mode, implementation);
+        if mode == Mode::Contended {
+            floor_line.permits = options.permits;
+        }
         let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
         if throughput(&floor_line) > 0.0 {
             line.ratio =

@@ -37,8 +37,8 @@ pub(crate) struct BenchArgs {
     /// Print JSON lines (DESIGN.md §6) instead of a Markdown table.
     #[arg(long)]
     json: bool,
-    /// Bench a semaphore of N permits per key instead of the lock (1 to 64); the floor
-    /// stays the plain lock's.
+    /// Bench a semaphore of N permits per key instead of the lock (1 to 64); the seq and
+    /// par64 floors stay the plain client's, the contended floor polls the semaphore.
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
 }
