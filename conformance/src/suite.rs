@@ -466,9 +466,11 @@ pub async fn non_owner_cannot_extend_or_release(ctx: &Ctx<'_>) -> Outcome {
             )))
         }
     }
+    let seen = holder(&b, &key).await?;
     ensure!(
-        holder(&b, &key).await? == Some(lease.owner()),
-        "non-owner disturbed the lock"
+        seen == Some(lease.owner()),
+        "non-owner disturbed the lock: the holder is {seen:?}, not {}",
+        lease.owner()
     );
     a.release(lease).await?;
     Ok(())

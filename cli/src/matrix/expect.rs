@@ -304,7 +304,7 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              arrival",
         ),
 
-        // --- the server's wall clock jumps forward by 2 × TTL ------------------------
+        // --- the server's wall clock jumps forward by 2 × the lease TTL + 1 s ----------
         (Fault::ClockJump, Redis { .. }) => e(
             F_SAFE,
             "Redis expires keys by its wall clock: the jump frees the key while the \

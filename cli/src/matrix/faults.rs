@@ -34,7 +34,8 @@ pub enum Fault {
     /// The server's replies to the holder arrive late: to its acquire, after the TTL; in
     /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
-    /// The server's wall clock jumps forward by twice the TTL.
+    /// The server's wall clock jumps forward by twice the holders' lease TTL (see
+    /// [`clock_jump_ttl`]) plus a second.
     ClockJump,
     /// The server holding the lock crashes and restarts (Redis: without persistence).
     Restart,
@@ -1146,9 +1147,13 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     // Bare leases are taken all at once, just before the injection, so that each still
     // runs when the fault lands.
     let guard = fault != Fault::ClockJump;
+    let ttl = match guard {
+        true => target.ttl,
+        false => clock_jump_ttl(target),
+    };
     let holds = clients
         .iter()
-        .map(|(record, lock, _, _)| hold(record, lock.clone(), target.ttl, guard));
+        .map(|(record, lock, _, _)| hold(record, lock.clone(), ttl, guard));
     let taken = if guard {
         // Renewing holders keep their locks: one after another spares the two cores.
         let mut taken = Vec::with_capacity(clients.len());
@@ -1283,7 +1288,7 @@ async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence,
     let node = &target.nodes[index];
     match fault {
         Fault::ClockJump => {
-            let jump = i64::try_from((target.ttl * 2).as_millis()).unwrap_or(i64::MAX) + 1000;
+            let jump = clock_jump_offset_ms(target);
             set_clock(node.as_ref(), jump).await?;
             Ok(Evidence(format!(
                 "the server read its +{} s clock offset",
@@ -1329,6 +1334,24 @@ async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence,
         }
         other => Err(format!("{other:?} is not injected on one server")),
     }
+}
+
+/// The lease TTL of a clock-jump trial's holders: the trial TTL, but at least
+/// [`CLOCK_JUMP_MIN_TTL`]. The jump is judged only where it lands while the holder still
+/// believes it holds, and landing takes the server's reading its new offset plus its
+/// cron's 100 ms: with Redis's 500 ms trial TTL a loaded machine (TLS handshakes, every
+/// backend's trials on two cores) left too little of the lease for that.
+pub(crate) fn clock_jump_ttl(target: &Target) -> Duration {
+    target.ttl.max(CLOCK_JUMP_MIN_TTL)
+}
+
+/// See [`clock_jump_ttl`].
+const CLOCK_JUMP_MIN_TTL: Duration = Duration::from_secs(3);
+
+/// How far a clock jump moves the server's clock: past every holder's lease on the
+/// server (twice the lease TTL, plus a second).
+pub(crate) fn clock_jump_offset_ms(target: &Target) -> i64 {
+    i64::try_from((clock_jump_ttl(target) * 2).as_millis()).unwrap_or(i64::MAX) + 1000
 }
 
 /// Shifts a node's clock and waits until the server has read the new offset (the shim's
