@@ -142,6 +142,7 @@ impl PgLock {
                             .execute(&mut *pooled),
                     )
                     .await?;
+                    drop(pooled);
                     if let Some(_wait) = wait {
                         let remaining = deadline.saturating_duration_since(Instant::now());
                         let set = format!("SET LOCAL lock_timeout = {}", timeout_ms(remaining));
