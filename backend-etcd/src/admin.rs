@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use tenure_api::admin::{percent_decode, undecodable};
 use tenure_api::{
-    FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, OwnerId, Problem,
+    parse_holder_text, FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem,
 };
 
 use crate::rpc::is_lease_gone;
@@ -113,7 +113,7 @@ impl LockAdmin for EtcdLock {
             let (Some(key), Some(head)) = (queue.key, queue.entries.first()) else {
                 continue;
             };
-            let Ok(owner) = OwnerId::parse(head.value_str().unwrap_or_default()) else {
+            let Ok((owner, label)) = parse_holder_text(head.value_str().unwrap_or_default()) else {
                 continue;
             };
             let remaining = match head.lease() {
@@ -129,6 +129,7 @@ impl LockAdmin for EtcdLock {
                     owner,
                     token: u64::try_from(head.create_revision()).ok().map(FencingToken),
                     remaining,
+                    label,
                 },
             ));
         }
@@ -166,7 +167,7 @@ impl LockAdmin for EtcdLock {
                             kv.lease()
                         ),
                     ),
-                    Some(_) if OwnerId::parse(kv.value_str().unwrap_or_default()).is_err() => (
+                    Some(_) if parse_holder_text(kv.value_str().unwrap_or_default()).is_err() => (
                         Problem::Malformed,
                         "the value is not an owner id".to_string(),
                     ),

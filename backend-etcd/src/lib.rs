@@ -16,9 +16,9 @@ use etcd_client::{
     PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
 };
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
-    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, parse_holder_text, validate_ttl, AcquireOptions, Backend, Capabilities,
+    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
+    LockError, LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
@@ -244,9 +244,9 @@ impl DistributedLock for EtcdLock {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let owner = OwnerId::random();
-        let mut ticket = match self.enqueue(key, owner, ttl).await {
+        let mut ticket = match self.enqueue(key, owner, ttl, None).await {
             // The session's lease ended unnoticed: once more, on a new session.
-            Err(LockError::LeaseLost { .. }) => self.enqueue(key, owner, ttl).await?,
+            Err(LockError::LeaseLost { .. }) => self.enqueue(key, owner, ttl, None).await?,
             other => other?,
         };
         if !ticket.first {
@@ -273,6 +273,7 @@ impl DistributedLock for EtcdLock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
+        let label = opts.label.as_deref();
         let queue = self.queue_prefix(key);
         let started = Instant::now();
         let deadline = opts.wait_deadline(started);
@@ -286,11 +287,11 @@ impl DistributedLock for EtcdLock {
                     // behind it (a session deletes it instead).
                     let queued = match (failures, self.rpc.config.lease) {
                         (0, _) | (_, LeaseMode::Session) => {
-                            self.enqueue(key, owner, opts.ttl).await
+                            self.enqueue(key, owner, opts.ttl, label).await
                         }
                         _ => match self.adopt_orphan(&queue, owner, opts.ttl).await {
                             Ok(Some(orphan)) => Ok(orphan),
-                            Ok(None) => self.enqueue(key, owner, opts.ttl).await,
+                            Ok(None) => self.enqueue(key, owner, opts.ttl, label).await,
                             Err(e) => Err(e),
                         },
                     };
@@ -506,7 +507,7 @@ impl DistributedLock for EtcdLock {
         let Some(head) = reply.kvs().first() else {
             return Ok(None);
         };
-        let owner = OwnerId::parse(head.value_str().unwrap_or_default())?;
+        let (owner, label) = parse_holder_text(head.value_str().unwrap_or_default())?;
         let token = u64::try_from(head.create_revision())
             .map_err(|_| LockError::backend("negative create revision"))?;
         let ttl = self.lease_left(head.lease()).await?;
@@ -514,6 +515,7 @@ impl DistributedLock for EtcdLock {
             owner,
             token: Some(FencingToken(token)),
             remaining: Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0))),
+            label,
         }))
     }
 
@@ -529,6 +531,7 @@ impl DistributedLock for EtcdLock {
             fairness: Fairness::Fifo,
             failures_tolerated: (self.members - 1) / 2,
             clock_dependent: false,
+            labels: true,
         }
     }
 }
@@ -542,5 +545,9 @@ fn is_ours(current: &KeyValue, lease: &Lease) -> bool {
 fn is_ours_on(current: &KeyValue, lease: &Lease, lease_id: i64) -> bool {
     current.create_revision() == lease.token().get() as i64
         && current.lease() == lease_id
-        && current.value() == lease.owner().to_string().as_bytes()
+        && current
+            .value_str()
+            .ok()
+            .and_then(|text| parse_holder_text(text).ok())
+            .is_some_and(|(owner, _)| owner == lease.owner())
 }

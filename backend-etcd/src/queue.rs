@@ -8,7 +8,9 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, LeaseClient, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
+use tenure_api::{
+    default_drift, holder_text, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId,
+};
 
 use crate::rpc::{convert, delete_on_lease, is_lease_gone};
 use crate::session::Session;
@@ -157,6 +159,7 @@ impl EtcdLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
     ) -> Result<Ticket, LockError> {
         let queue = self.queue_prefix(key);
         // Key names are never reused: the owner id is random per acquisition, and each
@@ -176,7 +179,7 @@ impl EtcdLock {
             .and_then([
                 TxnOp::put(
                     ticket.key.as_str(),
-                    owner.to_string(),
+                    holder_text(owner, label),
                     Some(PutOptions::new().with_lease(lease_id)),
                 ),
                 TxnOp::get(

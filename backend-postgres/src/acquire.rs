@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::{
-    default_drift, FencingToken, Lease, LeaseHandle, LeaseTie, LockError, LockKey, LossNotice,
-    OwnerId,
+    default_drift, holder_text, FencingToken, Lease, LeaseHandle, LeaseTie, LockError, LockKey,
+    LossNotice, OwnerId,
 };
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -168,12 +168,14 @@ impl PgLock {
     }
 
     /// One attempt: `wait = None` is `NOWAIT`; `Some(w)` waits in the server's queue for up
-    /// to `w`. `Ok(None)`: held by another (or the wait ran out).
+    /// to `w`. `Ok(None)`: held by another (or the wait ran out). The holder's record
+    /// keeps `label` with the owner id ([`holder_text`]).
     pub(crate) async fn attempt(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
         wait: Option<Duration>,
     ) -> Result<Option<Lease>, LockError> {
         let config = &self.inner.config;
@@ -241,13 +243,14 @@ impl PgLock {
             },
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let holder = holder_text(owner, label);
         let record = || async {
             let mut conn = self.pooled().await?;
             self.bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
                     .bind(&row_key)
-                    .bind(owner.to_string())
+                    .bind(&holder)
                     .bind(&xid)
                     .bind(pid)
                     .bind(ttl_ms)

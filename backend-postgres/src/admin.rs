@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Row};
 use tenure_api::{
-    FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, OwnerId, Problem,
+    parse_holder_text, FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem,
 };
 
 use crate::error::map_err;
@@ -118,12 +118,14 @@ impl LockAdmin for PgLock {
             .await?
             .iter()
             .filter_map(|h| {
+                let (owner, label) = parse_holder_text(&h.owner).ok()?;
                 Some((
                     self.lock_key_of(&h.row_key)?,
                     HolderInfo {
-                        owner: OwnerId::parse(&h.owner).ok()?,
+                        owner,
                         token: u64::try_from(h.token).ok().map(FencingToken),
                         remaining: h.remaining(),
+                        label,
                     },
                 ))
             })

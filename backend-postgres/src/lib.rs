@@ -22,9 +22,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
 use sqlx::Connection;
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
-    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
-    LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, parse_holder_text, validate_ttl, AcquireOptions, Backend, Capabilities,
+    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
+    LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 use tokio::sync::{oneshot, Semaphore};
 
@@ -278,7 +278,7 @@ impl DistributedLock for PgLock {
     /// may skip numbers; they never repeat).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.attempt(key, OwnerId::random(), ttl, None).await
+        self.attempt(key, OwnerId::random(), ttl, None, None).await
     }
 
     /// Waits in the server's lock queue (blocking `FOR UPDATE` under `lock_timeout`), so
@@ -301,7 +301,10 @@ impl DistributedLock for PgLock {
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let wait = (!remaining.is_zero()).then_some(remaining);
-            match self.attempt(key, owner, opts.ttl, wait).await {
+            match self
+                .attempt(key, owner, opts.ttl, opts.label.as_deref(), wait)
+                .await
+            {
                 Ok(Some(lease)) => return Ok(lease),
                 Ok(None) => {
                     return Err(LockError::Timeout {
@@ -422,8 +425,10 @@ impl DistributedLock for PgLock {
         let owner: String = row.try_get(0).map_err(|e| map_err(config, "inspect", e))?;
         let token: i64 = row.try_get(1).map_err(|e| map_err(config, "inspect", e))?;
         let remaining: Option<i64> = row.try_get(2).map_err(|e| map_err(config, "inspect", e))?;
+        let (owner, label) = parse_holder_text(&owner)?;
         Ok(Some(HolderInfo {
-            owner: OwnerId::parse(&owner)?,
+            owner,
+            label,
             token: u64::try_from(token).ok().map(FencingToken),
             remaining: remaining
                 .and_then(|ms| u64::try_from(ms).ok())
@@ -441,6 +446,7 @@ impl DistributedLock for PgLock {
             fairness: Fairness::Fifo,
             failures_tolerated: 0,
             clock_dependent: false,
+            labels: true,
         }
     }
 }

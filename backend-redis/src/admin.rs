@@ -52,12 +52,13 @@ pub(crate) struct ScannedLock {
 impl ScannedLock {
     /// The holder this entry describes, if it is a well-formed live lock.
     fn holder(&self) -> Option<(LockKey, HolderInfo)> {
-        let (owner, token) = parse_lock_value(self.value.as_deref()?).ok()?;
+        let value = parse_lock_value(self.value.as_deref()?).ok()?;
         Some((
             self.key.clone()?,
             HolderInfo {
-                owner,
-                token: Some(token),
+                owner: value.owner,
+                token: Some(value.token),
+                label: value.label,
                 remaining: u64::try_from(self.pttl)
                     .ok()
                     .map(std::time::Duration::from_millis),

@@ -287,8 +287,9 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
     ) -> Result<Grant, LockError> {
-        self.grant_within(key, owner, ttl, self.config.request_timeout)
+        self.grant_within(key, owner, ttl, label, self.config.request_timeout)
             .await
     }
 
@@ -306,8 +307,9 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
     ) -> Result<Grant, LockError> {
-        self.run_grant(key, owner, ttl, None, self.config.request_timeout)
+        self.run_grant(key, owner, ttl, label, None, self.config.request_timeout)
             .await
     }
 
@@ -317,9 +319,10 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
         limit: Duration,
     ) -> Result<Grant, LockError> {
-        self.run_grant(key, owner, ttl, Some(self.config.fence), limit)
+        self.run_grant(key, owner, ttl, label, Some(self.config.fence), limit)
             .await
     }
 
@@ -330,6 +333,7 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
         fence: Option<FenceMode>,
         limit: Duration,
     ) -> Result<Grant, LockError> {
@@ -343,6 +347,9 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(millis(ttl))
             .arg(fence.map_or("none", FenceMode::as_str));
+        if let Some(label) = label {
+            invocation.arg(label);
+        }
         let started = Instant::now();
         let replied = self.call_confirmed("acquire", invocation, limit).await;
         let left = || limit.saturating_sub(started.elapsed());
@@ -490,6 +497,7 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
         limit: Duration,
         release_wait: Option<Duration>,
     ) -> Result<Attempt, LockError> {
@@ -499,7 +507,7 @@ impl RedisLock {
             key,
             owner,
         };
-        let granted = self.grant_within(key, owner, ttl, limit).await;
+        let granted = self.grant_within(key, owner, ttl, label, limit).await;
         std::mem::forget(in_flight);
         let token = match granted? {
             Grant::Held(pttl) => return Ok(Attempt::Held { pttl }),
@@ -536,6 +544,32 @@ impl RedisLock {
             source: None,
         };
         Ok(Attempt::Late { error, settled })
+    }
+
+    /// One attempt with a fresh owner id, as [`DistributedLock::try_acquire`] (with the
+    /// grant's label), releasing a grant whose reply was lost.
+    async fn try_once(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        label: Option<&str>,
+    ) -> Result<Option<Lease>, LockError> {
+        let owner = OwnerId::random();
+        let limit = self.config.request_timeout;
+        match self.attempt(key, owner, ttl, label, limit, None).await {
+            Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
+            Ok(Attempt::Held { .. }) => Ok(None),
+            Ok(Attempt::Late { error, .. }) => Err(error),
+            Err(e) => {
+                if e.is_retryable() {
+                    // The script may have run without its reply reaching us: free what
+                    // may be a grant to an owner nobody will ever use.
+                    self.release_in_background(key, owner, Some(Duration::ZERO))
+                        .await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Releases `owner`'s lock of `key` (owner-checked) in a task of its own, from a
@@ -655,22 +689,7 @@ impl DistributedLock for RedisLock {
     /// (a timeout, a dropped connection).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        let owner = OwnerId::random();
-        let limit = self.config.request_timeout;
-        match self.attempt(key, owner, ttl, limit, None).await {
-            Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
-            Ok(Attempt::Held { .. }) => Ok(None),
-            Ok(Attempt::Late { error, .. }) => Err(error),
-            Err(e) => {
-                if e.is_retryable() {
-                    // The script may have run without its reply reaching us: free what
-                    // may be a grant to an owner nobody will ever use.
-                    self.release_in_background(key, owner, Some(Duration::ZERO))
-                        .await;
-                }
-                Err(e)
-            }
-        }
+        self.try_once(key, ttl, None).await
     }
 
     /// Tries; while the lock is held, subscribes to the key's release channel (then tries
@@ -701,8 +720,9 @@ impl DistributedLock for RedisLock {
         opts.validate()?;
         let started = Instant::now();
         let request_timeout = self.config.request_timeout;
+        let label = opts.label.as_deref();
         if opts.wait.is_zero() {
-            return match self.try_acquire(key, opts.ttl).await? {
+            return match self.try_once(key, opts.ttl, label).await? {
                 Some(lease) => Ok(lease),
                 None => Err(LockError::Timeout {
                     waited: started.elapsed(),
@@ -726,7 +746,8 @@ impl DistributedLock for RedisLock {
             if limit.is_zero() {
                 break;
             }
-            let retry_in = match self.attempt(key, owner, opts.ttl, limit, Some(limit)).await {
+            let attempt = self.attempt(key, owner, opts.ttl, label, limit, Some(limit));
+            let retry_in = match attempt.await {
                 Ok(Attempt::Granted(lease)) => {
                     if let Some(possible) = maybe_ours {
                         possible.settle();
@@ -846,10 +867,11 @@ impl DistributedLock for RedisLock {
         invocation.key(self.lock_key(key));
         let (value, pttl): (Option<String>, i64) = self.call("inspect", invocation).await?;
         let Some(value) = value else { return Ok(None) };
-        let (owner, token) = parse_lock_value(&value)?;
+        let value = parse_lock_value(&value)?;
         Ok(Some(HolderInfo {
-            owner,
-            token: Some(token),
+            owner: value.owner,
+            token: Some(value.token),
+            label: value.label,
             // PTTL -1 would mean a lock without expiry: report it as such (None).
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
         }))
@@ -868,6 +890,7 @@ impl DistributedLock for RedisLock {
             fairness: Fairness::None,
             failures_tolerated: 0,
             clock_dependent: true,
+            labels: true,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The Lua scripts behind the Redis protocol, shared with the Redlock backend.
 //!
 //! Layout per lock key `K` (both keys share the hash tag, so a Redis Cluster keeps them
-//! in one slot): `{K}` holds `"<owner>:<count>"` with a PX expiry; `{K}:fence` is the fence
+//! in one slot): `{K}` holds `"<owner>:<count>"`, or `"<owner>:<count>:<label>"` for a
+//! grant with a label, with a PX expiry; `{K}:fence` is the fence
 //! counter. Releases are published on the lock key's channel. The fencing token handed
 //! out is the count with 10 low bits of the owner id appended ([`token_for`]), so that two
 //! holders of one double grant get different tokens.
@@ -37,7 +38,8 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
 /// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
-/// clock-floored counter, `none` for no counter, anything else for `INCR`).
+/// clock-floored counter, `none` for no counter, anything else for `INCR`), and
+/// optionally a label stored after the count (a retry keeps the label first stored).
 /// Returns `{1, count}` when granted, `{0, pttl}` when held by another.
 ///
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
@@ -59,7 +61,7 @@ if current then
     if ARGV[3] == 'clock' and redis.call('PTTL', KEYS[2]) >= 0 then
       redis.call('PEXPIRE', KEYS[2], fence_expiry(ARGV[2]))
     end
-    return {1, tonumber(string.sub(current, sep + 1))}
+    return {1, tonumber(string.match(current, '^[^:]*:(%d+)'))}
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -84,7 +86,9 @@ else
   redis.call('PERSIST', KEYS[2])
   token = string.format('%d', n)
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+local value = ARGV[1] .. ':' .. token
+if ARGV[4] and ARGV[4] ~= '' then value = value .. ':' .. ARGV[4] end
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return {1, tonumber(token)}
 "#;
 
@@ -126,7 +130,8 @@ return 0
 "#;
 
 /// The write round of a quorum max-register (Redlock fencing): raises the fence counter
-/// to at least the token and, if the lock is still ours, records the token in it.
+/// to at least the token and, if the lock is still ours, records the token in it (keeping
+/// its label).
 /// KEYS: lock, fence. ARGV: owner, token, and optionally the fence mode. Returns 1 if the
 /// lock is still ours, else 0.
 ///
@@ -152,7 +157,8 @@ elseif token > fence then
 end
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
-  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
+  local label = string.match(current, '^[^:]*:%d+(.*)$') or ''
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2] .. label, 'KEEPTTL')
   return 1
 end
 return 0
@@ -223,18 +229,31 @@ pub fn count_of(token: tenure_api::FencingToken) -> u64 {
     token.get() >> OWNER_BITS
 }
 
-/// Splits a stored lock value (`"<owner>:<count>"`) into owner and fencing token.
-pub fn parse_lock_value(
-    value: &str,
-) -> Result<(tenure_api::OwnerId, tenure_api::FencingToken), tenure_api::LockError> {
-    let (owner, count) = value
-        .split_once(':')
-        .ok_or_else(|| tenure_api::LockError::backend(format!("malformed lock value {value:?}")))?;
-    let count = count
-        .parse::<u64>()
-        .map_err(|_| tenure_api::LockError::backend(format!("malformed token in {value:?}")))?;
+/// A stored lock value, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockValue {
+    /// Who holds the lock.
+    pub owner: tenure_api::OwnerId,
+    /// The grant's fencing token.
+    pub token: tenure_api::FencingToken,
+    /// The grant's label, if it had one.
+    pub label: Option<String>,
+}
+
+/// Parses a stored lock value (`"<owner>:<count>"` or `"<owner>:<count>:<label>"`).
+pub fn parse_lock_value(value: &str) -> Result<LockValue, tenure_api::LockError> {
+    let malformed = |what| tenure_api::LockError::backend(format!("malformed {what} in {value:?}"));
+    let mut parts = value.splitn(3, ':');
+    let (Some(owner), Some(count)) = (parts.next(), parts.next()) else {
+        return Err(malformed("lock value"));
+    };
+    let count = count.parse::<u64>().map_err(|_| malformed("token"))?;
     let owner = tenure_api::OwnerId::parse(owner)?;
-    Ok((owner, token_for(count, owner)?))
+    Ok(LockValue {
+        owner,
+        token: token_for(count, owner)?,
+        label: parts.next().map(str::to_owned),
+    })
 }
 
 #[cfg(test)]
@@ -263,7 +282,15 @@ mod tests {
         assert!(top.get() < 1 << 63, "fits a signed 64-bit column");
         assert!(token_for(0, a).is_err() && token_for(MAX_COUNT + 1, a).is_err());
         let value = format!("{a}:7");
-        assert_eq!(parse_lock_value(&value).unwrap(), (a, ta));
+        let parsed = parse_lock_value(&value).unwrap();
+        assert_eq!((parsed.owner, parsed.token, parsed.label), (a, ta, None));
+        let labelled = parse_lock_value(&format!("{a}:7:host:1")).unwrap();
+        assert_eq!(
+            labelled.label.as_deref(),
+            Some("host:1"),
+            "a label may hold ':'"
+        );
         assert!(parse_lock_value(&format!("{a}:0")).is_err());
+        assert!(parse_lock_value(&format!("{a}:x:label")).is_err());
     }
 }

@@ -145,12 +145,13 @@ async fn grant(
     key: &LockKey,
     owner: OwnerId,
     ttl: Duration,
+    label: Option<&str>,
     fencing: bool,
 ) -> Result<Grant, LockError> {
     if fencing {
-        node.grant(key, owner, ttl).await
+        node.grant(key, owner, ttl, label).await
     } else {
-        node.grant_unfenced(key, owner, ttl).await
+        node.grant_unfenced(key, owner, ttl, label).await
     }
 }
 
@@ -264,6 +265,7 @@ impl Inner {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<Arc<str>>,
     ) -> Result<Option<Lease>, LockError> {
         let quorum = self.config.quorum();
         let limit = self.config.node_timeout_for(ttl);
@@ -274,13 +276,16 @@ impl Inner {
         let (replies, mut received) = mpsc::unbounded_channel();
         for i in 0..self.nodes.len() {
             let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
-            let (inner, key) = (self.clone(), key.clone());
+            let (inner, key, label) = (self.clone(), key.clone(), label.clone());
             let (replies, mut decision) = (replies.clone(), decision.clone());
             spawn(async move {
                 ticket.wait_turn().await;
                 let fencing = inner.config.fencing;
+                let label = label.as_deref();
                 let reply = inner
-                    .on_node(i, limit, |node| grant(node, &key, owner, ttl, fencing))
+                    .on_node(i, limit, |node| {
+                        grant(node, &key, owner, ttl, label, fencing)
+                    })
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
                 let _ = replies.send(reply);
@@ -403,7 +408,7 @@ impl DistributedLock for Redlock {
     /// round and releases whatever it was granted, so no stray key is left behind.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.detached_round(key, OwnerId::random(), ttl).await
+        self.detached_round(key, OwnerId::random(), ttl, None).await
     }
 
     /// Retries rounds after random delays (jittered backoff) until `opts.wait` has passed.
@@ -426,13 +431,14 @@ impl DistributedLock for Redlock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
+        let label: Option<Arc<str>> = opts.label.as_deref().map(Arc::from);
         let limit = self.inner.config.node_timeout_for(opts.ttl);
         let watch = Arc::new(std::sync::OnceLock::new());
         let mut pauses = 0u32;
         poll_acquire_woken(
             &SystemClock,
             opts,
-            || self.detached_round(key, owner, opts.ttl),
+            || self.detached_round(key, owner, opts.ttl, label.clone()),
             || {
                 pauses += 1;
                 let subscribe = pauses > POLLS_BEFORE_SUBSCRIBING;
@@ -613,6 +619,8 @@ impl DistributedLock for Redlock {
                     // count, and none of them is the lease's token.
                     token: token.filter(|_| inner.config.fencing),
                     remaining: same.iter().filter_map(|h| h.remaining).min(),
+                    // One owner id is one grant, made with one label.
+                    label: candidate.label.clone(),
                 }));
             }
         }
@@ -640,6 +648,7 @@ impl DistributedLock for Redlock {
             fairness: Fairness::None,
             failures_tolerated: (nodes - 1) / 2,
             clock_dependent: true,
+            labels: true,
         }
     }
 }
@@ -762,11 +771,12 @@ impl Redlock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<Arc<str>>,
     ) -> Result<Option<Lease>, LockError> {
         let (inner, key) = (self.inner.clone(), key.clone());
         let (reply, answer) = tokio::sync::oneshot::channel();
         spawn(async move {
-            let result = inner.round(&key, owner, ttl).await;
+            let result = inner.round(&key, owner, ttl, label).await;
             if let Err(Ok(Some(orphan))) = reply.send(result) {
                 let limit = inner.config.node_timeout_for(ttl);
                 // The node tasks finish on their own; nobody needs their answers.

@@ -207,7 +207,7 @@ impl DistributedLock for ZkLock {
         let session = self.session().await?;
         let client = session.client()?;
         let dir = self.lock_dir(key);
-        let mut pending = Pending::new(&session, dir.clone(), owner, self.request_timeout());
+        let mut pending = Pending::new(&session, dir.clone(), owner, None, self.request_timeout());
         let retry_until = Instant::now() + self.request_timeout();
         let (node, created) = self.enqueue(&client, &mut pending, retry_until).await?;
         pending.node = Some(node.clone());
@@ -253,13 +253,14 @@ impl DistributedLock for ZkLock {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
+        let label = opts.label.as_deref();
         let started = Instant::now();
         let deadline = opts.wait_deadline(started);
         let mut pending = None;
         let mut failures = 0u32;
         loop {
             match self
-                .wait_in_queue(key, owner, opts.ttl, deadline, &mut pending)
+                .wait_in_queue(key, owner, opts.ttl, label, deadline, &mut pending)
                 .await
             {
                 Ok(lease) => {
@@ -445,15 +446,22 @@ impl DistributedLock for ZkLock {
                 return Ok(None);
             };
             let path = format!("{dir}/{}", head.name);
-            match bounded(self.request_timeout(), client.check_stat(&path)).await {
-                Ok(Some(stat)) => {
+            match bounded(self.request_timeout(), client.get_data(&path)).await {
+                Ok((data, stat)) => {
+                    let label = match data.is_empty() {
+                        true => None,
+                        false => Some(String::from_utf8(data).map_err(|_| {
+                            LockError::backend(format!("lock node {path} has a non-UTF-8 label"))
+                        })?),
+                    };
                     return Ok(Some(HolderInfo {
                         owner: head.owner,
                         token: u64::try_from(stat.czxid).ok().map(FencingToken),
                         remaining: None,
-                    }))
+                        label,
+                    }));
                 }
-                Ok(None) => continue, // released between the two reads
+                Err(ZkError::NoNode) => continue, // released between the two reads
                 Err(e) => return Err(self.zk_error("inspect", e)),
             }
         }
@@ -473,6 +481,7 @@ impl DistributedLock for ZkLock {
             fairness: Fairness::Fifo,
             failures_tolerated: (members - 1) / 2,
             clock_dependent: false,
+            labels: true,
         }
     }
 }

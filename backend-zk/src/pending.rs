@@ -19,6 +19,8 @@ pub(crate) struct Pending {
     pub(crate) session_id: i64,
     pub(crate) dir: String,
     pub(crate) owner: OwnerId,
+    /// The grant's label: the node's data.
+    pub(crate) label: Option<String>,
     request_timeout: Duration,
     /// Our node, once known: a retry in this session checks it is still there and
     /// waits on it rather than queueing again.
@@ -33,6 +35,7 @@ impl Pending {
         session: &Arc<Session>,
         dir: String,
         owner: OwnerId,
+        label: Option<&str>,
         request_timeout: Duration,
     ) -> Self {
         Self {
@@ -40,6 +43,7 @@ impl Pending {
             session_id: session.id(),
             dir,
             owner,
+            label: label.map(str::to_owned),
             request_timeout,
             node: None,
             uncertain: false,

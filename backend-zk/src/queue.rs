@@ -113,6 +113,7 @@ impl ZkLock {
         let owner = pending.owner;
         let path = format!("{dir}/{}", node_prefix(owner));
         let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
+        let data = pending.label.as_deref().unwrap_or_default().as_bytes();
         let mut dir_retries = 0;
         loop {
             if pending.uncertain {
@@ -126,7 +127,7 @@ impl ZkLock {
                 }
             }
             let sent = Instant::now();
-            match bounded(self.request_timeout(), client.create(&path, &[], &options)).await {
+            match bounded(self.request_timeout(), client.create(&path, data, &options)).await {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", node_prefix(owner));
                     if LockNode::parse(&name).is_none() {
@@ -326,6 +327,7 @@ impl ZkLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        label: Option<&str>,
         deadline: Instant,
         pending: &mut Option<Pending>,
     ) -> Result<Lease, Stop> {
@@ -340,6 +342,7 @@ impl ZkLock {
                 &session,
                 self.lock_dir(key),
                 owner,
+                label,
                 self.request_timeout(),
             ));
         }

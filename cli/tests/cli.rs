@@ -326,10 +326,17 @@ fn wait_precedence_flag_env_file(url: &str) {
     assert!(waited < Duration::from_secs(2), "flag over env: {waited:?}");
 }
 
-/// `acquire` prints a lease; `inspect` sees it; `extend` and `release` take it on stdin;
-/// a second `release` says it is no longer held (exit 76).
+/// `acquire` prints a lease; `inspect` sees it with its label; `extend` and `release`
+/// take it on stdin; a second `release` says it is no longer held (exit 76).
 fn scripted_acquire_extend_release(url: &str) {
-    let acquired = output(&["--url", url, "acquire", "--key", "script", "--ttl", "30s"]);
+    let acquire = ["--url", url, "acquire", "--key", "script", "--ttl", "30s"];
+    let refused = output(&[&acquire[..], &["--label", "two\nlines"]].concat());
+    assert_eq!(
+        refused.status.code(),
+        Some(78),
+        "a control character in the label"
+    );
+    let acquired = output(&[&acquire[..], &["--label", "host-a:cron"]].concat());
     assert_eq!(
         acquired.status.code(),
         Some(0),
@@ -340,6 +347,10 @@ fn scripted_acquire_extend_release(url: &str) {
     assert!(lease.contains("\"token\":"), "{lease}");
     let inspected = stdout(&output(&["--url", url, "inspect", "script"]));
     assert!(inspected.contains("\"held\":true"), "{inspected}");
+    assert!(
+        inspected.contains("\"label\":\"host-a:cron\""),
+        "{inspected}"
+    );
     for (command, expected) in [("extend", 0), ("release", 0), ("release", 76)] {
         let mut child = tenure(&["--url", url, command])
             .stdin(Stdio::piped())

@@ -637,3 +637,65 @@ fn permits_admit_that_many_runs(url: &str) {
 async fn on_redis_permits_admit_that_many_runs() {
     on_redis(|url| permits_admit_that_many_runs(&url)).await;
 }
+
+/// `tenure elect`: the first candidate leads and runs its command with the term as
+/// TENURE_FENCE, `inspect` shows its value; the second stands by without running its
+/// command until the leader stops, then leads with a higher term.
+fn elect_runs_only_the_leader(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = |value: &str| {
+        let file = dir.path().join(value);
+        let script = format!(
+            "echo \"$TENURE_FENCE\" > {}.tmp && mv {0}.tmp {0} && sleep 300",
+            file.display()
+        );
+        let args = [
+            "elect", "--name", "svc", "--value", value, "--ttl", "5s", "--", "sh", "-c", &script,
+        ];
+        (Tenure::spawn(&mut tenure(url, &args)), file)
+    };
+    let term = |file: &PathBuf| {
+        let started = Instant::now();
+        loop {
+            if let Ok(term) = std::fs::read_to_string(file) {
+                return term.trim().parse::<u64>().expect("TENURE_FENCE is a term");
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "never led");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let leader_value = || {
+        let shown = output(url, &["inspect", "svc"]);
+        let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+        shown["label"].as_str().map(str::to_owned)
+    };
+    let (a, a_file) = candidate("host-a");
+    let a_term = term(&a_file);
+    assert_eq!(leader_value().as_deref(), Some("host-a"));
+    let (b, b_file) = candidate("host-b");
+    // b is queued or polling: give it time to (wrongly) start its command.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !b_file.exists(),
+        "the standby ran its command while host-a led"
+    );
+    assert_eq!(leader_value().as_deref(), Some("host-a"));
+
+    kill(a.pid(), Signal::SIGTERM).unwrap();
+    assert_eq!(a.wait().status.code(), Some(128 + Signal::SIGTERM as i32));
+    let b_term = term(&b_file);
+    assert!(b_term > a_term, "term {b_term} after {a_term}");
+    assert_eq!(leader_value().as_deref(), Some("host-b"));
+    drop(b);
+
+    let refused = output(
+        url,
+        &["elect", "--name", "svc", "--value", "", "--", "true"],
+    );
+    assert_eq!(refused.status.code(), Some(78), "{}", stderr(&refused));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_elect_runs_only_the_leader() {
+    on_redis(|url| elect_runs_only_the_leader(&url)).await;
+}

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tenure_api::{
-    renewal_interval, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, Lease,
-    LockError, LockExt, LockGuard, LockKey, OwnerId, ReleaseOutcome, Semaphore,
+    renewal_interval, AcquireOptions, Capabilities, DistributedLock, Election, ExpiryKind,
+    Fairness, FencingKind, Leader, Lease, LockError, LockExt, LockGuard, LockKey, OwnerId,
+    ReleaseOutcome, Semaphore,
 };
 
 use crate::history::{FencedRegister, History};
@@ -63,6 +64,11 @@ pub enum Requirement {
     Fifo,
     /// The harness can cut a client's link.
     LinkCut,
+    /// The backend records labels ([`Capabilities::labels`]).
+    Labels,
+    /// The backend holds elections: labels for the leader's value, fencing tokens for
+    /// its terms ([`Election::new`]).
+    Elections,
 }
 
 impl Requirement {
@@ -72,6 +78,8 @@ impl Requirement {
             Self::TtlExpiry => caps.expiry != ExpiryKind::SessionHeartbeat,
             Self::Fifo => caps.fairness == Fairness::Fifo,
             Self::LinkCut => harness.can_cut_links(),
+            Self::Labels => caps.labels,
+            Self::Elections => caps.labels && caps.fencing != FencingKind::None,
         }
     }
 }
@@ -196,6 +204,10 @@ scenarios![
     semaphore_admits_its_permits_and_no_more,
     semaphore_permit_of_a_crashed_holder_comes_back,
     semaphore_waiter_gets_a_released_permit,
+    labels_are_reported_while_held[Labels],
+    bad_labels_are_refused_and_grant_nothing[Labels],
+    election_has_one_leader_at_a_time[Elections],
+    election_observers_see_each_leader_in_order[Elections],
 ];
 
 const LONG_TTL: Duration = Duration::from_secs(30);
@@ -1107,4 +1119,215 @@ pub async fn semaphore_waiter_gets_a_released_permit(ctx: &Ctx<'_>) -> Outcome {
     b.release(lease).await?;
     a.release(first).await?;
     Ok(())
+}
+
+/// A grant's label is what `inspect` reports while it is held — also a label full of the
+/// separators backends store it with, a longest one, one granted after a wait, and a
+/// permit's — and a grant without a label reports none.
+pub async fn labels_are_reported_while_held(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let key = ctx.key("labelled");
+    let mut longest = "é".repeat(tenure_api::MAX_LABEL / 2 - 1);
+    longest.push_str("::");
+    for label in [
+        "worker-1",
+        "host:4711:pid:9 {x}#permit-0 ",
+        longest.as_str(),
+    ] {
+        let opts = AcquireOptions::new(LONG_TTL)
+            .wait(Duration::ZERO)
+            .label(label);
+        let lease = a.acquire(&key, &opts).await?;
+        let seen = a
+            .inspect(&key)
+            .await?
+            .ok_or_else(|| Failure("held, inspected as free".into()))?;
+        ensure!(
+            seen.owner == lease.owner(),
+            "inspect named {} for {}",
+            seen.owner,
+            lease.owner()
+        );
+        ensure!(
+            seen.label.as_deref() == Some(label),
+            "label {label:?} read back as {:?}",
+            seen.label
+        );
+        a.release(lease).await?;
+    }
+    let plain = must_acquire(&a, &key, LONG_TTL).await?;
+    let seen = a.inspect(&key).await?.map(|h| h.label);
+    ensure!(
+        seen == Some(None),
+        "an unlabelled grant inspected as {seen:?}"
+    );
+    // A waiter's label is the one recorded when its turn comes.
+    let waiter = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let opts = AcquireOptions::new(LONG_TTL)
+                .wait(Duration::from_secs(20))
+                .label("standby");
+            b.acquire(&key, &opts).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.release(plain).await?;
+    let waited = waiter
+        .await
+        .map_err(|e| Failure(format!("waiter: {e}")))??;
+    let seen = a.inspect(&key).await?;
+    ensure!(
+        seen.as_ref().and_then(|h| h.label.as_deref()) == Some("standby"),
+        "the waiter's grant inspected as {seen:?}"
+    );
+    b.release(waited).await?;
+    // A permit carries its holder's label too.
+    let permits = semaphore(ctx, 2).await?;
+    let name = ctx.key("labelled-permits");
+    let opts = AcquireOptions::new(LONG_TTL)
+        .wait(Duration::ZERO)
+        .label("uploader");
+    let permit = permits.acquire(&name, &opts).await?;
+    let holders = permits.holders(&name).await?;
+    ensure!(
+        holders.len() == 1 && holders[0].1.label.as_deref() == Some("uploader"),
+        "the permit's holders read {holders:?}"
+    );
+    permits.release(permit).await?;
+    Ok(())
+}
+
+/// An empty label, one too long and one with a control character are refused as invalid
+/// input, and leave the key free.
+pub async fn bad_labels_are_refused_and_grant_nothing(ctx: &Ctx<'_>) -> Outcome {
+    let lock = ctx.client().await?;
+    let key = ctx.key("badly-labelled");
+    let long = "x".repeat(tenure_api::MAX_LABEL + 1);
+    for label in ["", long.as_str(), "line\nbreak", "nul\0"] {
+        let opts = AcquireOptions::new(LONG_TTL)
+            .wait(Duration::ZERO)
+            .label(label);
+        match lock.acquire(&key, &opts).await {
+            Err(LockError::InvalidInput(_)) => {}
+            other => return Err(Failure(format!("label {label:?}: {other:?}"))),
+        }
+        let holder = holder(&lock, &key).await?;
+        ensure!(
+            holder.is_none(),
+            "a refused label left `{key}` held by {holder:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Three candidates campaign for one name three times each: one leader at a time, each
+/// reported by `leader` with its value and term while it leads, and the terms strictly
+/// increase from leader to leader.
+pub async fn election_has_one_leader_at_a_time(ctx: &Ctx<'_>) -> Outcome {
+    let name = ctx.key("leader");
+    let leading = Arc::new(AtomicU64::new(0));
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let mut candidates = Vec::new();
+    for i in 0..3 {
+        let election = Election::new(ctx.client().await?)?;
+        let (name, leading, terms) = (name.clone(), leading.clone(), terms.clone());
+        candidates.push(tokio::spawn(async move {
+            let value = format!("candidate-{i}");
+            for _ in 0..3 {
+                let leadership = election
+                    .campaign(&name, &value, Duration::from_secs(20))
+                    .await?;
+                let others = leading.fetch_add(1, Ordering::SeqCst);
+                terms
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((leadership.term(), others));
+                let seen = election.leader(&name).await?;
+                let expected = (value.as_str(), leadership.term());
+                if seen.as_ref().map(|l| (l.value.as_str(), l.term)) != Some(expected) {
+                    return Err(Failure(format!("{value} leads; leader() said {seen:?}")));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                leading.fetch_sub(1, Ordering::SeqCst);
+                leadership.resign().await?;
+            }
+            Ok::<_, Failure>(())
+        }));
+    }
+    for candidate in candidates {
+        candidate
+            .await
+            .map_err(|e| Failure(format!("candidate: {e}")))??;
+    }
+    let terms = terms.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    ensure!(terms.len() == 9, "{} terms of 9", terms.len());
+    ensure!(
+        terms.iter().all(|(_, others)| *others == 0),
+        "two leaders at once: {terms:?}"
+    );
+    ensure!(
+        terms.windows(2).all(|w| w[0].0 < w[1].0),
+        "terms did not increase from leader to leader: {terms:?}"
+    );
+    Ok(())
+}
+
+/// An observer sees the vacancy, then leaders a, b and c in that order, with their terms
+/// (each leader resigns once it has been observed).
+pub async fn election_observers_see_each_leader_in_order(ctx: &Ctx<'_>) -> Outcome {
+    let name = ctx.key("observed");
+    let election = Election::new(ctx.client().await?)?;
+    let mut changes = Election::new(ctx.client().await?)?.observe(&name, Duration::from_millis(50));
+    let first = next_change(&mut changes).await?;
+    ensure!(first.is_none(), "a fresh name observed as led by {first:?}");
+    let (observed, mut observed_rx) = tokio::sync::watch::channel(0usize);
+    let leaders = tokio::spawn(async move {
+        let mut terms = Vec::new();
+        for (i, value) in ["a", "b", "c"].into_iter().enumerate() {
+            let leadership = election
+                .campaign(&name, value, Duration::from_secs(10))
+                .await?;
+            terms.push(leadership.term());
+            let seen = observed_rx.wait_for(|n| *n > i);
+            if tokio::time::timeout(Duration::from_secs(20), seen)
+                .await
+                .is_err()
+            {
+                return Err(Failure(format!("leader {value} was not observed in 20 s")));
+            }
+            leadership.resign().await?;
+        }
+        Ok::<_, Failure>(terms)
+    });
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        if let Some(leader) = next_change(&mut changes).await? {
+            seen.push((leader.value, leader.term));
+            observed.send_replace(seen.len());
+        }
+    }
+    let terms = leaders
+        .await
+        .map_err(|e| Failure(format!("leaders: {e}")))??;
+    let expected: Vec<(String, _)> = ["a", "b", "c"]
+        .iter()
+        .map(|v| v.to_string())
+        .zip(terms)
+        .collect();
+    ensure!(seen == expected, "observed {seen:?}, led {expected:?}");
+    Ok(())
+}
+
+/// The next change an observer gives, within 20 s.
+async fn next_change(
+    changes: &mut futures::stream::BoxStream<'static, Result<Option<Leader>, LockError>>,
+) -> Result<Option<Leader>, Failure> {
+    use futures::StreamExt;
+    match tokio::time::timeout(Duration::from_secs(20), changes.next()).await {
+        Ok(Some(Ok(change))) => Ok(change),
+        Ok(Some(Err(e))) => Err(Failure(format!("observing failed: {e}"))),
+        Ok(None) => Err(Failure("the observation ended".into())),
+        Err(_) => Err(Failure("no change observed within 20 s".into())),
+    }
 }

@@ -108,6 +108,11 @@ pub struct Capabilities {
     /// holder's pauses being shorter than the TTL, whatever this says; fencing contains
     /// that.
     pub clock_dependent: bool,
+    /// Whether a grant records the label passed in [`AcquireOptions::label`](crate::AcquireOptions::label)
+    /// and [`inspect`](crate::DistributedLock::inspect) reports it (what an
+    /// [`Election`](crate::Election) publishes its leader's value with). A backend without
+    /// labels refuses an acquire that carries one.
+    pub labels: bool,
 }
 
 impl fmt::Display for Capabilities {
@@ -115,7 +120,7 @@ impl fmt::Display for Capabilities {
         write!(
             f,
             "{}: fencing {:?}, expiry {:?}, replication {:?}, wait {:?}, fairness {:?}, \
-             tolerates {} failure(s), {}",
+             tolerates {} failure(s), {}{}",
             self.backend,
             self.fencing,
             self.expiry,
@@ -127,7 +132,8 @@ impl fmt::Display for Capabilities {
                 "clock-dependent"
             } else {
                 "clock-independent"
-            }
+            },
+            if self.labels { "" } else { ", no labels" }
         )
     }
 }

@@ -332,6 +332,23 @@ pub fn default_drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// How backends that keep one text per grant store its holder: the owner id's hex form,
+/// then `:` and the label if the grant has one ([`crate::AcquireOptions::label`]).
+pub fn holder_text(owner: OwnerId, label: Option<&str>) -> String {
+    match label {
+        Some(label) => format!("{owner}:{label}"),
+        None => owner.to_string(),
+    }
+}
+
+/// Parses what [`holder_text`] wrote: the owner id and the label, if any.
+pub fn parse_holder_text(text: &str) -> Result<(OwnerId, Option<String>), LockError> {
+    match text.split_once(':') {
+        Some((owner, label)) => Ok((OwnerId::parse(owner)?, Some(label.to_owned()))),
+        None => Ok((OwnerId::parse(text)?, None)),
+    }
+}
+
 /// What [`crate::DistributedLock::release`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
@@ -350,4 +367,7 @@ pub struct HolderInfo {
     pub token: Option<FencingToken>,
     /// Time left before the server frees the lock, where it has a TTL.
     pub remaining: Option<Duration>,
+    /// The label the holder acquired with ([`AcquireOptions::label`](crate::AcquireOptions::label)),
+    /// if any.
+    pub label: Option<String>,
 }

@@ -30,6 +30,7 @@ pub mod admin;
 mod capabilities;
 mod clock;
 mod driver;
+mod election;
 mod error;
 mod guard;
 mod key;
@@ -47,14 +48,17 @@ pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use driver::{Backend, Driver};
+pub use election::{Election, Leader, Leadership};
 pub use error::{bounded, BoxError, LockError};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;
 pub use lease::{
-    deadline, default_drift, FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, LeaseTie,
-    LossNotice, OwnerId, ReleaseOutcome,
+    deadline, default_drift, holder_text, parse_holder_text, FencingToken, HolderInfo, Lease,
+    LeaseDropped, LeaseHandle, LeaseTie, LossNotice, OwnerId, ReleaseOutcome,
 };
 pub use lock::{poll_acquire, poll_acquire_woken, DistributedLock};
 pub use memory::MemoryLock;
-pub use options::{validate_ttl, AcquireOptions, Backoff, MAX_TTL, MIN_TTL};
+pub use options::{
+    validate_label, validate_ttl, AcquireOptions, Backoff, MAX_LABEL, MAX_TTL, MIN_TTL,
+};
 pub use semaphore::Semaphore;

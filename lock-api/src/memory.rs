@@ -44,6 +44,7 @@ struct Holder {
     owner: OwnerId,
     token: FencingToken,
     expires_at: Instant,
+    label: Option<String>,
 }
 
 impl Holder {
@@ -52,6 +53,7 @@ impl Holder {
             owner: self.owner,
             token: Some(self.token),
             remaining: Some(self.expires_at.saturating_duration_since(now)),
+            label: self.label.clone(),
         }
     }
 }
@@ -109,7 +111,13 @@ impl State {
         }
     }
 
-    fn grant(&mut self, key: &LockKey, ttl: Duration, now: Instant) -> Lease {
+    fn grant(
+        &mut self,
+        key: &LockKey,
+        ttl: Duration,
+        label: Option<String>,
+        now: Instant,
+    ) -> Lease {
         self.last_token += 1;
         let token = FencingToken(self.last_token);
         let owner = OwnerId::random();
@@ -117,6 +125,7 @@ impl State {
             owner,
             token,
             expires_at: now + ttl,
+            label,
         });
         Lease::new(key.clone(), owner, token, now, ttl, Duration::ZERO)
     }
@@ -220,7 +229,7 @@ impl DistributedLock for MemoryLock {
         let lease = state
             .entry(key, now)
             .is_idle()
-            .then(|| state.grant(key, ttl, now));
+            .then(|| state.grant(key, ttl, None, now));
         state.forget_if_idle(key);
         Ok(lease)
     }
@@ -252,7 +261,7 @@ impl DistributedLock for MemoryLock {
                         entry.waiters.pop_front();
                         slot.queued = false;
                     }
-                    let lease = state.grant(key, opts.ttl, now);
+                    let lease = state.grant(key, opts.ttl, opts.label.clone(), now);
                     // The next waiter timed its sleep by the previous holder (or by its own
                     // deadline): wake it to time itself by this grant's expiry instead.
                     if let Some(entry) = state.keys.get(key) {
@@ -343,6 +352,7 @@ impl DistributedLock for MemoryLock {
             fairness: Fairness::Fifo,
             failures_tolerated: 0,
             clock_dependent: false,
+            labels: true,
         }
     }
 }

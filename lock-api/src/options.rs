@@ -20,6 +20,27 @@ pub fn validate_ttl(ttl: Duration) -> Result<Duration, LockError> {
     }
 }
 
+/// The longest label ([`AcquireOptions::label`]) accepted, in bytes.
+pub const MAX_LABEL: usize = 256;
+
+/// Checks a label is 1 to [`MAX_LABEL`] bytes without control characters (which some
+/// stores refuse and which would garble what `inspect` prints); otherwise
+/// [`LockError::InvalidInput`]. (No label at all is `None`, not an empty one.)
+pub fn validate_label(label: &str) -> Result<(), LockError> {
+    if label.is_empty() || label.len() > MAX_LABEL {
+        return Err(LockError::InvalidInput(format!(
+            "a label is 1 to {MAX_LABEL} bytes, this one has {}",
+            label.len()
+        )));
+    }
+    if label.chars().any(char::is_control) {
+        return Err(LockError::InvalidInput(format!(
+            "label {label:?} has a control character"
+        )));
+    }
+    Ok(())
+}
+
 /// Options for [`crate::DistributedLock::acquire`].
 ///
 /// ```
@@ -38,6 +59,13 @@ pub struct AcquireOptions {
     pub wait: Duration,
     /// Retry pacing for backends that poll (and for retries after transient errors).
     pub backoff: Backoff,
+    /// A short text recorded with the grant, for [`crate::DistributedLock::inspect`] to
+    /// report as [`crate::HolderInfo::label`] (who holds it, in words: a host name, an
+    /// address; an [`Election`](crate::Election)'s leader value). At most [`MAX_LABEL`]
+    /// bytes without control characters ([`validate_label`]). Only backends whose
+    /// [`Capabilities::labels`](crate::Capabilities::labels) is true take one; the others
+    /// refuse the acquire.
+    pub label: Option<String>,
 }
 
 impl AcquireOptions {
@@ -47,6 +75,7 @@ impl AcquireOptions {
             ttl,
             wait: Duration::from_secs(10),
             backoff: Backoff::default(),
+            label: None,
         }
     }
 
@@ -62,10 +91,29 @@ impl AcquireOptions {
         self
     }
 
-    /// Checks the TTL (see [`validate_ttl`]) and the backoff (see [`Backoff::validate`]).
+    /// Sets the label recorded with the grant.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Checks the TTL (see [`validate_ttl`]), the backoff (see [`Backoff::validate`]) and
+    /// the label (see [`validate_label`]).
     pub fn validate(&self) -> Result<(), LockError> {
         validate_ttl(self.ttl)?;
-        self.backoff.validate()
+        self.backoff.validate()?;
+        self.label.as_deref().map_or(Ok(()), validate_label)
+    }
+
+    /// For a backend without labels: [`LockError::InvalidInput`] naming `backend` if these
+    /// options carry a label, since recording none would silently drop it.
+    pub fn refuse_label(&self, backend: &str) -> Result<(), LockError> {
+        match &self.label {
+            Some(_) => Err(LockError::InvalidInput(format!(
+                "the {backend} backend does not record labels: acquire without one"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// When a wait that starts at `started` ends. A wait too long to be represented (such
@@ -138,5 +186,37 @@ impl Backoff {
         // f64 rounding may land just above `base`: never exceed it.
         Duration::try_from_secs_f64(base.as_secs_f64() * keep.clamp(0.0, 1.0))
             .map_or(base, |delay| delay.min(base))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_checked_with_the_options() {
+        let opts = |label: &str| AcquireOptions::default().label(label).validate();
+        assert!(opts("host-a:4711 ✓").is_ok());
+        assert!(opts(&"é".repeat(MAX_LABEL / 2)).is_ok(), "256 bytes");
+        for bad in ["", "tab\there", "\u{7f}", &"x".repeat(MAX_LABEL + 1)] {
+            assert!(
+                matches!(opts(bad), Err(LockError::InvalidInput(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(AcquireOptions::default().refuse_label("x").is_ok());
+        let refused = AcquireOptions::default().label("a").refuse_label("acme");
+        assert!(matches!(refused, Err(LockError::InvalidInput(m)) if m.contains("acme")));
+    }
+
+    #[test]
+    fn holder_texts_round_trip_with_and_without_a_label() {
+        let owner = crate::OwnerId::random();
+        for label in [None, Some("a"), Some("a:b::c")] {
+            let text = crate::holder_text(owner, label);
+            let parsed = crate::parse_holder_text(&text).unwrap();
+            assert_eq!(parsed, (owner, label.map(str::to_owned)));
+        }
+        assert!(crate::parse_holder_text("not-an-owner:label").is_err());
     }
 }

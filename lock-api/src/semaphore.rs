@@ -100,6 +100,34 @@ impl Semaphore {
             .collect()
     }
 
+    /// One attempt at each permit of `name` in turn until one is granted: `Ok(None)` when
+    /// all are held. An error from one permit is returned only if no other was granted.
+    /// A labelled attempt is the lock's `acquire` without a wait, since `try_acquire`
+    /// takes no label.
+    async fn try_permits(
+        &self,
+        name: &LockKey,
+        once: &AcquireOptions,
+    ) -> Result<Option<Lease>, LockError> {
+        let mut failed = None;
+        for permit in self.permit_keys(name)? {
+            let attempt = match once.label {
+                None => self.lock.try_acquire(&permit, once.ttl).await,
+                Some(_) => match self.lock.acquire(&permit, once).await {
+                    Ok(lease) => Ok(Some(lease)),
+                    Err(LockError::Timeout { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                },
+            };
+            match attempt {
+                Ok(Some(lease)) => return Ok(Some(lease)),
+                Ok(None) => {}
+                Err(e) => failed = Some(e),
+            }
+        }
+        failed.map_or(Ok(None), Err)
+    }
+
     /// Each held permit of `name` with its holder, in permit order.
     ///
     /// # Cancel safety
@@ -125,15 +153,8 @@ impl DistributedLock for Semaphore {
     /// As the lock's `try_acquire`, for the one permit being asked for.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        let mut failed = None;
-        for permit in self.permit_keys(key)? {
-            match self.lock.try_acquire(&permit, ttl).await {
-                Ok(Some(lease)) => return Ok(Some(lease)),
-                Ok(None) => {}
-                Err(e) => failed = Some(e),
-            }
-        }
-        failed.map_or(Ok(None), Err)
+        self.try_permits(key, &AcquireOptions::new(ttl).wait(Duration::ZERO))
+            .await
     }
 
     /// Takes a free permit, or waits up to `opts.wait` on every permit at once and takes
@@ -145,7 +166,10 @@ impl DistributedLock for Semaphore {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = std::time::Instant::now();
-        let tried = match self.try_acquire(key, opts.ttl).await {
+        let tried = match self
+            .try_permits(key, &opts.clone().wait(Duration::ZERO))
+            .await
+        {
             Ok(Some(lease)) => return Ok(lease),
             Ok(None) => None,
             Err(e) if e.is_retryable() => Some(e),

@@ -183,7 +183,8 @@ async fn pg_conn(config: &tenure_postgres::PgConfig) -> Result<sqlx::PgConnectio
 async fn warm_up(lock: &RedisLock) -> Result<(), LockError> {
     let key = LockKey::new("tenure-broken/warm-up")?;
     let owner = OwnerId::random();
-    lock.grant(&key, owner, Duration::from_secs(1)).await?;
+    lock.grant(&key, owner, Duration::from_secs(1), None)
+        .await?;
     lock.extend_owner(&key, owner, Duration::from_secs(1))
         .await?;
     lock.release_owner(&key, owner).await?;
@@ -388,7 +389,7 @@ impl Broken {
                     Flaw::FixedValue => sent,
                     _ => replied,
                 };
-                match self.redis().0.grant(key, owner, ttl).await? {
+                match self.redis().0.grant(key, owner, ttl, None).await? {
                     Grant::Granted(token) => Ok(Some(self.lease(
                         key,
                         owner,
@@ -406,7 +407,7 @@ impl Broken {
                 let grants = futures::future::join_all(
                     nodes
                         .iter()
-                        .map(|n| tokio::time::timeout(bound, n.grant(key, owner, ttl))),
+                        .map(|n| tokio::time::timeout(bound, n.grant(key, owner, ttl, None))),
                 )
                 .await;
                 let replied = Instant::now();

@@ -35,7 +35,7 @@ pub enum Fault {
     /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
     /// The server's wall clock jumps forward by twice the holders' lease TTL (see
-    /// [`clock_jump_ttl`]) plus a second.
+    /// `clock_jump_ttl`) plus a second.
     ClockJump,
     /// The server holding the lock crashes and restarts (Redis: without persistence).
     Restart,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use tenure::{
-    AcquireOptions, Config, ExpiryKind, FencingToken, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Semaphore,
+    AcquireOptions, Config, Election, ExpiryKind, FencingToken, Lease, LeaseHandle, LockError,
+    LockKey, OwnerId, ReleaseOutcome, Semaphore,
 };
 
 mod bench;
@@ -80,6 +80,33 @@ enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
+    /// Hot standby: wait until this process leads NAME (an election, see
+    /// `tenure_api::Election`), run CMD while it leads, stop CMD when the leadership is lost.
+    /// VALUE is the leader's value, shown by `tenure inspect NAME` as its label;
+    /// TENURE_FENCE is the term (send it with every write), TENURE_KEY the name. Waits
+    /// without bound unless --wait says otherwise. Exits as `tenure run` does (76 when
+    /// the leadership was lost): restart it (systemd `Restart=always`) to stand by again.
+    Elect {
+        /// The name led.
+        #[arg(long)]
+        name: String,
+        /// The leader's value (1 to 256 bytes, no control characters).
+        #[arg(long)]
+        value: String,
+        /// Leadership TTL: how long a leader that stops renewing keeps the name (default:
+        /// TENURE_TTL, else the config file's ttl, else 30s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+        /// How long to wait for the leadership (default: without bound).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+        /// Time between SIGTERM and SIGKILL when the command must stop (as for `run`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        grace: Option<Duration>,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
     /// Internal: the process that runs CMD for `tenure run` (see run.rs).
     #[command(name = "__keeper", hide = true)]
     Keeper {
@@ -114,7 +141,7 @@ enum Command {
     },
     /// Release a lease printed by `acquire` (read from stdin).
     Release,
-    /// Show who holds KEY: owner, fencing token, remaining time. With --prefix, one JSON
+    /// Show who holds KEY: owner, fencing token, remaining time, label. With --prefix, one JSON
     /// line per held lock whose key starts with PREFIX ("" for all).
     Inspect {
         /// The lock key.
@@ -142,6 +169,10 @@ struct LockArgs {
     /// wait, else 10s).
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
+    /// A text recorded with the grant that `tenure inspect` shows while it is held (who
+    /// holds it: a host name, a job id), 1 to 256 bytes without control characters.
+    #[arg(long)]
+    label: Option<String>,
 }
 
 /// A lease as `tenure acquire` prints it (the handle fields carry backend data such as
@@ -217,6 +248,11 @@ fn config(cli: &Cli) -> Result<Config, LockError> {
         lock.apply(&mut config);
         config.session_timeout_from_ttl();
     }
+    if let Command::Elect { ttl, wait, .. } = &cli.command {
+        config.ttl = ttl.unwrap_or(config.ttl);
+        config.wait = wait.unwrap_or(Duration::MAX);
+        config.session_timeout_from_ttl();
+    }
     Ok(config)
 }
 
@@ -227,9 +263,12 @@ impl LockArgs {
         config.wait = self.wait.unwrap_or(config.wait);
     }
 
-    /// The key, and the TTL and wait of `config` (which [`config`] gave the flags).
+    /// The key, the TTL and wait of `config` (which [`config`] gave the flags), and the
+    /// label.
     fn options(&self, config: &Config) -> Result<(LockKey, AcquireOptions), LockError> {
-        Ok((LockKey::new(self.key.clone())?, config.acquire_options()))
+        let mut opts = config.acquire_options();
+        opts.label.clone_from(&self.label);
+        Ok((LockKey::new(self.key.clone())?, opts))
     }
 }
 
@@ -262,6 +301,23 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                 hold_at_least,
             };
             run::run_under_lock(lock, key, opts, options, cmd).await
+        }
+        Command::Elect {
+            name,
+            value,
+            grace,
+            cmd,
+            ..
+        } => {
+            // Refuses backends that cannot hold elections (no labels, no terms).
+            Election::new(lock.clone())?;
+            let name = LockKey::new(name)?;
+            let opts = config.acquire_options().label(value);
+            let options = run::RunOptions {
+                grace,
+                hold_at_least: Duration::ZERO,
+            };
+            run::run_under_lock(lock, name, opts, options, cmd).await
         }
         Command::Acquire { lock: args } => {
             let (key, opts) = args.options(&config)?;
@@ -325,6 +381,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                     "owner": h.owner.to_string(),
                     "token": h.token.map(FencingToken::get),
                     "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
+                    "label": h.label,
                 });
                 println!("{shown}");
             }

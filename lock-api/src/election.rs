@@ -1,0 +1,319 @@
+//! Leader election on any lock: one leader per name, its term a fencing token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+
+use crate::{
+    validate_ttl, AcquireOptions, DistributedLock, FencingKind, FencingToken, LockError, LockExt,
+    LockGuard, LockKey, LostSignal, OwnerId, ReleaseOutcome,
+};
+
+/// Leader election for names on any [`DistributedLock`] that records labels and hands out
+/// fencing tokens: leading `name` is holding the lock `name`, the leader's value is the
+/// grant's [label](AcquireOptions::label), and its **term is the grant's fencing token**.
+///
+/// A [`Leadership`] is a renewing [`LockGuard`]: while it is not lost, no other candidate's
+/// term overlaps its own on the server (under the backend's assumptions, which the decision
+/// matrix measures); it is reported lost at its deadline at the latest, before the server
+/// can elect another leader. Under a fault that breaks those assumptions (a paused leader,
+/// a failover), two leaders can *believe* at once, and the term contains it: pass the term
+/// with every write and have the resource refuse terms lower than the highest it has seen.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tenure_api::{Election, LockKey, MemoryLock};
+///
+/// # tokio_test_block_on(async {
+/// let election = Election::new(Arc::new(MemoryLock::new()))?;
+/// let name = LockKey::new("scheduler")?;
+/// let leadership = election.campaign(&name, "host-a:8080", Duration::from_secs(5)).await?;
+/// let leader = election.leader(&name).await?.expect("a leader");
+/// assert_eq!((leader.value.as_str(), leader.term), ("host-a:8080", leadership.term()));
+/// leadership.resign().await?;
+/// assert!(election.leader(&name).await?.is_none());
+/// # Ok::<(), tenure_api::LockError>(())
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Election {
+    lock: Arc<dyn DistributedLock>,
+    ttl: Duration,
+}
+
+/// Who leads a name: the value it campaigned with, its term, its owner id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// The value the leader campaigned with.
+    pub value: String,
+    /// The leader's term: the fencing token of its grant.
+    pub term: FencingToken,
+    /// The owner id of the leader's grant.
+    pub owner: OwnerId,
+}
+
+impl Election {
+    /// The default TTL of a leadership's lease: how long a leader that stops renewing
+    /// (crashed, paused, cut off) keeps the name before another can be elected.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+
+    /// Elections on `lock`. [`LockError::Config`] if the backend records no labels (the
+    /// leader's value) or has no fencing tokens (the terms).
+    pub fn new(lock: Arc<dyn DistributedLock>) -> Result<Self, LockError> {
+        let caps = lock.capabilities();
+        if !caps.labels {
+            return Err(LockError::Config(format!(
+                "the {} backend does not record labels, which hold an election's leader value",
+                caps.backend
+            )));
+        }
+        if caps.fencing == FencingKind::None {
+            return Err(LockError::Config(format!(
+                "an election's terms are fencing tokens, and this {} configuration has none \
+                 (for Redlock: fencing=true)",
+                caps.backend
+            )));
+        }
+        Ok(Self {
+            lock,
+            ttl: Self::DEFAULT_TTL,
+        })
+    }
+
+    /// Sets the leadership lease's TTL (see [`DEFAULT_TTL`](Self::DEFAULT_TTL));
+    /// [`LockError::InvalidInput`] outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL).
+    pub fn with_ttl(mut self, ttl: Duration) -> Result<Self, LockError> {
+        self.ttl = validate_ttl(ttl)?;
+        Ok(self)
+    }
+
+    /// Campaigns for `name` with `value` (a [label](crate::validate_label): 1 to 256 bytes,
+    /// no control characters), waiting up to `wait` (`Duration::MAX`: without bound) for
+    /// the current leader to resign or lose its term — woken by push where the backend
+    /// has it, and in arrival order where it is FIFO. [`LockError::Timeout`] if the name
+    /// was still led when the wait ran out.
+    ///
+    /// # Cancel safety
+    /// As [`DistributedLock::acquire`]: a dropped campaign leaves no candidate behind.
+    pub async fn campaign(
+        &self,
+        name: &LockKey,
+        value: &str,
+        wait: Duration,
+    ) -> Result<Leadership, LockError> {
+        let opts = AcquireOptions::new(self.ttl).wait(wait).label(value);
+        let guard = self.lock.lock(name, &opts).await?;
+        Ok(Leadership {
+            guard,
+            value: value.to_owned(),
+        })
+    }
+
+    /// The current leader of `name`, or `None` while nobody leads it.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    pub async fn leader(&self, name: &LockKey) -> Result<Option<Leader>, LockError> {
+        let Some(holder) = self.lock.inspect(name).await? else {
+            return Ok(None);
+        };
+        let (Some(value), Some(term)) = (holder.label, holder.token) else {
+            return Err(LockError::backend(format!(
+                "`{name}` is held by {} without a leader value or term: a plain lock, not a \
+                 leadership",
+                holder.owner
+            )));
+        };
+        Ok(Some(Leader {
+            value,
+            term,
+            owner: holder.owner,
+        }))
+    }
+
+    /// The leadership of `name` as it changes: the current state first, then each new
+    /// leader or vacancy, read every `every`. Terms in the stream strictly increase (a
+    /// reading older than one already given is skipped), so a leader that holds the name
+    /// for at least `every` is always seen, in order; one that comes and goes between two
+    /// readings can be missed. A failed reading is an `Err` item, and the stream goes on.
+    pub fn observe(
+        &self,
+        name: &LockKey,
+        every: Duration,
+    ) -> BoxStream<'static, Result<Option<Leader>, LockError>> {
+        struct Observer {
+            election: Election,
+            name: LockKey,
+            every: Duration,
+            /// What was last given (`None` before the first reading).
+            shown: Option<Option<FencingToken>>,
+            /// The highest term given so far.
+            highest: Option<FencingToken>,
+        }
+        let observer = Observer {
+            election: self.clone(),
+            name: name.clone(),
+            every,
+            shown: None,
+            highest: None,
+        };
+        stream::unfold(observer, |mut o| async move {
+            loop {
+                if o.shown.is_some() {
+                    tokio::time::sleep(o.every).await;
+                }
+                let reading = o.election.leader(&o.name).await;
+                let term = match &reading {
+                    Err(_) => return Some((reading, o)),
+                    Ok(leader) => leader.as_ref().map(|l| l.term),
+                };
+                if term.is_some() && term < o.highest {
+                    continue; // a stale reading: that term was over already
+                }
+                if o.shown != Some(term) {
+                    o.shown = Some(term);
+                    o.highest = o.highest.max(term);
+                    return Some((reading, o));
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+/// A won election: the renewing lease on the name, its term and value. Lost when a
+/// renewal fails or its deadline passes; it never re-campaigns on its own.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LockGuard,
+    value: String,
+}
+
+impl Leadership {
+    /// The name led.
+    pub fn name(&self) -> &LockKey {
+        self.guard.key()
+    }
+
+    /// This leadership's term: send it with every write the leader makes.
+    pub fn term(&self) -> FencingToken {
+        self.guard.fencing_token()
+    }
+
+    /// The value campaigned with.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// True once the leadership is lost (or its deadline has passed).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Completes when the leadership is lost, at its deadline at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn lost(&self) {
+        self.guard.lost().await
+    }
+
+    /// A handle that resolves on loss, to pass to the leader's work.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.guard.lost_signal()
+    }
+
+    /// Steps down, freeing the name for the next candidate.
+    /// [`ReleaseOutcome::NotHeld`] if the term had already ended.
+    ///
+    /// # Cancel safety
+    /// If dropped, the name is released in the background, as when a `Leadership` is
+    /// dropped.
+    pub async fn resign(self) -> Result<ReleaseOutcome, LockError> {
+        self.guard.release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Capabilities, HolderInfo, Lease, MemoryLock};
+
+    /// A memory lock declaring other capabilities.
+    #[derive(Debug)]
+    struct Declaring(MemoryLock, Capabilities);
+
+    #[async_trait]
+    impl DistributedLock for Declaring {
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> Result<Option<Lease>, LockError> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+            self.0.inspect(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.1
+        }
+    }
+
+    #[test]
+    fn backends_without_labels_or_terms_are_refused() {
+        let memory = MemoryLock::new().capabilities();
+        let no_labels = Capabilities {
+            labels: false,
+            ..memory
+        };
+        let no_fence = Capabilities {
+            fencing: FencingKind::None,
+            ..memory
+        };
+        for (caps, why) in [(no_labels, "labels"), (no_fence, "fencing")] {
+            let lock = Arc::new(Declaring(MemoryLock::new(), caps));
+            match Election::new(lock) {
+                Err(LockError::Config(message)) => assert!(message.contains(why), "{message}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        assert!(Election::new(Arc::new(MemoryLock::new())).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_plain_lock_on_the_name_is_no_leader() {
+        let lock = Arc::new(MemoryLock::new());
+        let election = Election::new(lock.clone()).unwrap();
+        let name = LockKey::new("plain").unwrap();
+        let lease = lock
+            .try_acquire(&name, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(matches!(
+            election.leader(&name).await,
+            Err(LockError::Backend { .. })
+        ));
+        lock.release(lease.unwrap()).await.unwrap();
+        assert_eq!(election.leader(&name).await.unwrap(), None);
+        assert!(election.clone().with_ttl(Duration::ZERO).is_err());
+        let bad = election.campaign(&name, "two\nlines", Duration::ZERO).await;
+        assert!(matches!(bad, Err(LockError::InvalidInput(_))), "{bad:?}");
+    }
+}
