@@ -228,6 +228,12 @@ impl Leadership {
         self.guard.lost_signal()
     }
 
+    /// The renewing guard of the leadership's lease, for code written for a [`LockGuard`]
+    /// (releasing it resigns).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Steps down, freeing the name for the next candidate.
     /// [`ReleaseOutcome::NotHeld`] if the term had already ended.
     ///

@@ -240,34 +240,42 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
     let single = config.nodes < 3;
     match (fault, config.protocol) {
         // --- a holder paused past its TTL, then writing with its token ---------------
-        (Fault::PausedHolder, Redis { .. }) => e(
+        // (A semaphore's permit is a lock of its own, and an election's leadership is
+        // its lock: the same protocol, the same verdicts.)
+        (Fault::PausedLeader, Redlock { fence: None }) => e(
+            NOT_APPLICABLE,
+            "no fencing tokens, so no terms: Election refuses this configuration",
+        ),
+        (Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader, Redis { .. }) => e(
             F_SAFE,
             "the key's TTL runs out during the pause and the contender is granted; its token \
              comes from the same counter, larger, so the woken holder's write is rejected",
         ),
-        (Fault::PausedHolder, Redlock { fence: None }) => e(
+        (Fault::PausedHolder | Fault::PausedPermitHolder, Redlock { fence: None }) => e(
             UNFENCED_VIOLATION,
             "every node's TTL runs out during the pause and the contender is granted; with \
              fencing=false tokens promise no order, so nothing is sure to stop the woken \
              holder's write",
         ),
-        (Fault::PausedHolder, Redlock { .. }) => e(
-            F_SAFE,
-            "every node's TTL runs out during the pause; the contender's majority shares a \
+        (Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader, Redlock { .. }) => {
+            e(
+                F_SAFE,
+                "every node's TTL runs out during the pause; the contender's majority shares a \
              node with the holder's fence round, so its token is larger and the woken \
              holder's write is rejected",
-        ),
-        (Fault::PausedHolder, Etcd) => e(
+            )
+        }
+        (Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader, Etcd) => e(
             F_SAFE,
             "the leader expires the paused holder's lease; the contender's revision is \
              larger, so the woken holder's write is rejected",
         ),
-        (Fault::PausedHolder, Zk) => e(
+        (Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader, Zk) => e(
             F_SAFE,
             "the paused holder's session expires; the contender's node has a larger czxid, \
              so the woken holder's write is rejected",
         ),
-        (Fault::PausedHolder, Postgres) => e(
+        (Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader, Postgres) => e(
             F_SAFE,
             "idle_in_transaction_session_timeout ends the paused holder's transaction; the \
              contender's committed nextval is larger, so the woken holder's write is rejected",

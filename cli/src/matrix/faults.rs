@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tenure_api::{
-    AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey, ReleaseOutcome,
+    AcquireOptions, DistributedLock, Election, FencingKind, Lease, LockError, LockExt, LockKey,
+    ReleaseOutcome, Semaphore,
 };
 use tenure_conformance::history::{Report, Violation};
 use tenure_conformance::proxy::ProxyMode;
@@ -31,6 +32,12 @@ use super::Target;
 pub enum Fault {
     /// The holder's process stops (GC pause, SIGSTOP) past its TTL, then writes.
     PausedHolder,
+    /// As [`PausedHolder`](Self::PausedHolder), for the holder of a permit of a
+    /// two-permit [`Semaphore`] whose other permit is held throughout.
+    PausedPermitHolder,
+    /// As [`PausedHolder`](Self::PausedHolder), for an [`Election`]'s leader; the
+    /// contender campaigns.
+    PausedLeader,
     /// The server's replies to the holder arrive late: to its acquire, after the TTL; in
     /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
@@ -59,8 +66,10 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 13] = [
         Fault::PausedHolder,
+        Fault::PausedPermitHolder,
+        Fault::PausedLeader,
         Fault::DelayedReply,
         Fault::ClockJump,
         Fault::Restart,
@@ -77,6 +86,8 @@ impl Fault {
     pub fn title(self) -> &'static str {
         match self {
             Fault::PausedHolder => "holder paused past TTL",
+            Fault::PausedPermitHolder => "semaphore: holder paused past TTL",
+            Fault::PausedLeader => "election: leader paused past TTL",
             Fault::DelayedReply => "delayed replies",
             Fault::ClockJump => "server clock jump",
             Fault::Restart => "restart (Redis: no persistence)",
@@ -500,8 +511,16 @@ async fn contend_for(
     key: &LockKey,
     ttl: Duration,
 ) -> Contended {
-    let opts = AcquireOptions::new(ttl).wait(patience(target));
-    let result = lock.acquire(key, &opts).await;
+    contend_with(lock, key, &AcquireOptions::new(ttl).wait(patience(target))).await
+}
+
+/// [`contend`] with these options.
+async fn contend_with(
+    lock: &Arc<dyn DistributedLock>,
+    key: &LockKey,
+    opts: &AcquireOptions,
+) -> Contended {
+    let result = lock.acquire(key, opts).await;
     let at = Instant::now();
     match result {
         Ok(lease) => Contended {
@@ -629,6 +648,12 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             "postgres" => "the harness runs no clock shim under postgres",
             _ => "servers not started under the clock shim",
         }),
+        Fault::PausedLeader if target.caps.fencing == FencingKind::None => {
+            Some(Cell::NotApplicable {
+                reason: "no fencing tokens, so no terms: Election refuses this configuration"
+                    .into(),
+            })
+        }
         Fault::MinorityLoss if target.nodes.len() < 3 => Some(Cell::NotApplicable {
             reason: "a single node has no minority to lose".into(),
         }),
@@ -678,9 +703,20 @@ struct ClientTrial<'a> {
 
 /// One trial of a fault on the holder's own links.
 async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
-    let record = Record::new(target.key(fault, 0, index));
-    if fault == Fault::PausedHolder {
-        return paused_holder(target, record).await;
+    let mut record = Record::new(target.key(fault, 0, index));
+    match fault {
+        Fault::PausedHolder => return paused_holder(target, record, Primitive::Lock).await,
+        Fault::PausedPermitHolder => {
+            // The witness asks the semaphore: refused while the contender holds the
+            // permit and the other permit is held.
+            match target.client().await {
+                Ok(c) => record.witness = Some(Primitive::Permit.wrap(c)),
+                Err(e) => return setup_failed("witness", e),
+            }
+            return paused_holder(target, record, Primitive::Permit).await;
+        }
+        Fault::PausedLeader => return paused_holder(target, record, Primitive::Leadership).await,
+        _ => {}
     }
     let query = match fault {
         Fault::DelayedReply | Fault::LostReply => target.patient_query.as_str(),
@@ -719,6 +755,8 @@ struct Woken {
     deadline: Instant,
     /// Whether its write, made at once on waking, was accepted.
     write_accepted: bool,
+    /// The key its lease was on (a semaphore's: the permit's).
+    key: LockKey,
 }
 
 /// A holder paused past its TTL: a real `LockGuard` whose client runs on a runtime of
@@ -727,10 +765,30 @@ struct Woken {
 /// The contender asks meanwhile; once it has its answer the holder wakes, writes with
 /// its token at once, and its watchdog then acts on what it finds. Fired: the frozen
 /// thread saw its stop outlast the lease's deadline and span the contender's answer.
-async fn paused_holder(target: &Target, record: Record) -> Trial {
+///
+/// With a [`Primitive`] other than the lock, the holder holds a semaphore's permit (the
+/// semaphore's other permit held by an unrecorded client throughout, so the contender
+/// waits for the holder's) or an election's leadership (the contender campaigns).
+async fn paused_holder(target: &Target, record: Record, primitive: Primitive) -> Trial {
     let contender = match target.client().await {
-        Ok(c) => record.client(CONTENDER, c),
+        Ok(c) => primitive.wrap(record.client(CONTENDER, c)),
         Err(e) => return setup_failed("contender", e),
+    };
+    // The semaphore's other permit, held past the trial's end.
+    let filler = match primitive {
+        Primitive::Permit => {
+            let opts = AcquireOptions::new(patience(target) * 4).wait(Duration::from_secs(10));
+            let taken = async {
+                let lock = primitive.wrap(target.client().await?);
+                let lease = lock.acquire(&record.key, &opts).await?;
+                Ok::<_, LockError>((lock, lease))
+            };
+            match taken.await {
+                Ok(filler) => Some(filler),
+                Err(e) => return setup_failed("the other permit's holder", e),
+            }
+        }
+        _ => None,
     };
     let (ready_tx, ready) = oneshot::channel::<Result<(), LockError>>();
     let (freeze_tx, freeze) = oneshot::channel::<()>();
@@ -754,8 +812,18 @@ async fn paused_holder(target: &Target, record: Record) -> Trial {
         runtime.block_on(async move {
             let taken = async {
                 let lock = history.recorded(HOLDER, thread_target.client().await?);
-                let opts = AcquireOptions::new(thread_target.ttl).wait(Duration::from_secs(10));
-                lock.lock(&key, &opts).await
+                let wait = Duration::from_secs(10);
+                match primitive {
+                    Primitive::Leadership => Ok(Election::new(lock)?
+                        .with_ttl(thread_target.ttl)?
+                        .campaign(&key, "holder", wait)
+                        .await?
+                        .into_guard()),
+                    _ => {
+                        let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
+                        primitive.wrap(lock).lock(&key, &opts).await
+                    }
+                }
             };
             let guard = match taken.await {
                 Ok(g) => g,
@@ -789,6 +857,7 @@ async fn paused_holder(target: &Target, record: Record) -> Trial {
                 frozen: (stopped, resumed),
                 deadline,
                 write_accepted,
+                key: guard.key().clone(),
             });
             let _ = guard.release().await;
         });
@@ -799,7 +868,12 @@ async fn paused_holder(target: &Target, record: Record) -> Trial {
         Err(_) => return setup_failed("holder", LockError::backend("the holder's thread ended")),
     }
     let _ = freeze_tx.send(());
-    let outcome = contend(target, &contender, &record.key).await;
+    let opts = AcquireOptions::new(target.ttl * 4).wait(patience);
+    let opts = match primitive {
+        Primitive::Leadership => opts.label("contender"),
+        _ => opts,
+    };
+    let outcome = contend_with(&contender, &record.key, &opts).await;
     if let Some(lease) = &outcome.granted {
         let _ = record.register.write(lease.token(), 1);
     }
@@ -810,15 +884,51 @@ async fn paused_holder(target: &Target, record: Record) -> Trial {
         return setup_failed("holder", LockError::backend("the holder's thread ended"));
     };
     let (stopped, resumed) = woken.frozen;
-    let fired = resumed >= woken.deadline && stopped <= outcome.at && outcome.at <= resumed;
+    // A semaphore's contender must have waited for the paused holder's own permit.
+    let same_key = outcome
+        .granted
+        .as_ref()
+        .is_none_or(|lease| *lease.key() == woken.key);
+    let fired =
+        resumed >= woken.deadline && stopped <= outcome.at && outcome.at <= resumed && same_key;
     let holder = Holder {
         lock: contender.clone(),
         ending: Ending::Nothing,
         stale_write: Some(woken.write_accepted),
     };
-    record
+    let trial = record
         .judge(target, holder, &contender, outcome, fired)
-        .await
+        .await;
+    if let Some((lock, lease)) = filler {
+        let _ = lock.release(lease).await;
+    }
+    trial
+}
+
+/// What a paused-holder trial holds.
+#[derive(Clone, Copy, Debug)]
+enum Primitive {
+    /// The lock itself.
+    Lock,
+    /// A permit of a two-permit [`Semaphore`].
+    Permit,
+    /// An [`Election`]'s leadership.
+    Leadership,
+}
+
+impl Primitive {
+    /// `lock` as this primitive's clients use it: a [`Semaphore`] of two permits for
+    /// [`Permit`](Self::Permit), else the lock itself (an election is its lock, with
+    /// labels).
+    fn wrap(self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        match self {
+            Primitive::Permit => match Semaphore::new(lock.clone(), 2) {
+                Ok(semaphore) => Arc::new(semaphore),
+                Err(_) => lock, // 2 permits are always accepted
+            },
+            Primitive::Lock | Primitive::Leadership => lock,
+        }
+    }
 }
 
 impl ClientTrial<'_> {

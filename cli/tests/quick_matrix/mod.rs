@@ -113,6 +113,9 @@ pub(crate) fn run_and_check(tls: bool) -> Written {
         };
         // Every lease lock is violated by a holder paused past its TTL; fencing contains it.
         assert_eq!(verdicts("paused-holder"), ["F-SAFE"], "{name}");
+        // So are a semaphore's permit and an election's leadership: each is a lease.
+        assert_eq!(verdicts("paused-permit-holder"), ["F-SAFE"], "{name}");
+        assert_eq!(verdicts("paused-leader"), ["F-SAFE"], "{name}");
         // A late grant is never believed: deadlines count from when the request was sent;
         // a release frees the lock on arrival, however late its reply.
         assert_eq!(verdicts("delayed-reply"), ["SAFE"], "{name}");
