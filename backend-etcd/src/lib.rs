@@ -388,7 +388,7 @@ impl DistributedLock for EtcdLock {
             lease.renewed(at, ttl, default_drift(ttl));
             return Ok(());
         }
-        self.check_owned(lease).await?;
+        let current = self.check_owned(lease).await?;
         // A longer TTL than the lease holds: re-attach the key to a longer lease. Once the
         // move is sent the key may live on it, so the new lease is never revoked on drop,
         // only once the key is known not to be on it (a dropped call leaves it to its TTL,
@@ -404,7 +404,8 @@ impl DistributedLock for EtcdLock {
             ])
             .and_then([TxnOp::put(
                 path.as_str(),
-                lease.owner().to_string(),
+                // The value as it is: the owner and the grant's label.
+                current.value(),
                 Some(PutOptions::new().with_lease(new_id)),
             )]);
         let moved = match self.rpc.txn("extend txn", txn).await {

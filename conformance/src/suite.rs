@@ -1122,8 +1122,8 @@ pub async fn semaphore_waiter_gets_a_released_permit(ctx: &Ctx<'_>) -> Outcome {
 }
 
 /// A grant's label is what `inspect` reports while it is held — also a label full of the
-/// separators backends store it with, a longest one, one granted after a wait, and a
-/// permit's — and a grant without a label reports none.
+/// separators backends store it with, a longest one, after an extension to a longer TTL,
+/// one granted after a wait, and a permit's — and a grant without a label reports none.
 pub async fn labels_are_reported_while_held(ctx: &Ctx<'_>) -> Outcome {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let key = ctx.key("labelled");
@@ -1137,7 +1137,9 @@ pub async fn labels_are_reported_while_held(ctx: &Ctx<'_>) -> Outcome {
         let opts = AcquireOptions::new(LONG_TTL)
             .wait(Duration::ZERO)
             .label(label);
-        let lease = a.acquire(&key, &opts).await?;
+        let mut lease = a.acquire(&key, &opts).await?;
+        // Extensions keep it, also to a longer TTL (which etcd makes by a new lease).
+        a.extend(&mut lease, LONG_TTL * 2).await?;
         let seen = a
             .inspect(&key)
             .await?

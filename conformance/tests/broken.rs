@@ -116,6 +116,7 @@ impl DistributedLock for Broken {
     }
 
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        opts.refuse_label("broken")?;
         tenure_api::poll_acquire(&tenure_api::SystemClock, opts, || self.grant(key, opts.ttl)).await
     }
 
@@ -181,6 +182,7 @@ impl DistributedLock for Broken {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: "broken",
+            labels: false,
             ..self.inner.capabilities()
         }
     }

@@ -150,6 +150,8 @@ impl Election {
             election: Election,
             name: LockKey,
             every: Duration,
+            /// Whether a reading was made (every later one waits `every` first).
+            read: bool,
             /// What was last given (`None` before the first reading).
             shown: Option<Option<FencingToken>>,
             /// The highest term given so far.
@@ -159,21 +161,25 @@ impl Election {
             election: self.clone(),
             name: name.clone(),
             every,
+            read: false,
             shown: None,
             highest: None,
         };
         stream::unfold(observer, |mut o| async move {
             loop {
-                if o.shown.is_some() {
+                if o.read {
                     tokio::time::sleep(o.every).await;
                 }
+                o.read = true;
                 let reading = o.election.leader(&o.name).await;
                 let term = match &reading {
                     Err(_) => return Some((reading, o)),
                     Ok(leader) => leader.as_ref().map(|l| l.term),
                 };
-                if term.is_some() && term < o.highest {
-                    continue; // a stale reading: that term was over already
+                if term.is_some() && term <= o.highest && o.shown != Some(term) {
+                    // A stale reading (that term was over already), or the leader seen
+                    // again after a vacancy read in between: given once only.
+                    continue;
                 }
                 if o.shown != Some(term) {
                     o.shown = Some(term);
@@ -280,6 +286,81 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             self.1
         }
+    }
+
+    /// A memory lock whose `inspect` answers from a script.
+    #[derive(Debug)]
+    struct Scripted(
+        MemoryLock,
+        std::sync::Mutex<Vec<Result<Option<u64>, LockError>>>,
+    );
+
+    #[async_trait]
+    impl DistributedLock for Scripted {
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            ttl: Duration,
+        ) -> Result<Option<Lease>, LockError> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+            self.0.acquire(key, opts).await
+        }
+        async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, _key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+            let next = self.1.lock().unwrap().remove(0)?;
+            Ok(next.map(|term| HolderInfo {
+                owner: OwnerId([0; 16]),
+                token: Some(FencingToken(term)),
+                remaining: None,
+                label: Some(format!("leader-{term}")),
+            }))
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observers_give_each_term_once_in_order_and_wait_between_failed_readings() {
+        use futures::StreamExt;
+        let down = || Err(LockError::backend("down"));
+        let script = vec![
+            down(),
+            down(),
+            Ok(Some(2)),
+            Ok(Some(2)),
+            Ok(None), // a vacancy read between two readings of one term
+            Ok(Some(2)),
+            Ok(Some(1)), // stale
+            Ok(Some(3)),
+            Ok(None),
+        ];
+        let lock = Arc::new(Scripted(MemoryLock::new(), std::sync::Mutex::new(script)));
+        let every = Duration::from_millis(50);
+        let started = tokio::time::Instant::now();
+        let changes: Vec<_> = Election::new(lock)
+            .unwrap()
+            .observe(&LockKey::new("n").unwrap(), every)
+            .take(6)
+            .map(|c| {
+                c.map(|l| l.map(|l| (l.term.get(), l.value)))
+                    .map_err(|_| ())
+            })
+            .collect()
+            .await;
+        let leader = |t: u64| Ok(Some((t, format!("leader-{t}"))));
+        assert_eq!(
+            changes,
+            [Err(()), Err(()), leader(2), Ok(None), leader(3), Ok(None)]
+        );
+        assert_eq!(started.elapsed(), every * 8, "one reading per interval");
     }
 
     #[test]

@@ -482,6 +482,7 @@ impl DistributedLock for Broken {
 
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         if self.own_acquire() {
+            opts.refuse_label("broken")?;
             return poll_acquire(&SystemClock, opts, || self.attempt(key, opts.ttl)).await;
         }
         let lease = self.inner.acquire(key, opts).await?;
@@ -619,7 +620,11 @@ impl DistributedLock for Broken {
         self.inner.inspect(key).await
     }
 
+    /// The backend's, except that a flaw with an acquire of its own records no labels.
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Capabilities {
+            labels: self.inner.capabilities().labels && !self.own_acquire(),
+            ..self.inner.capabilities()
+        }
     }
 }
