@@ -547,6 +547,48 @@ fn bench_repeat_reports_medians_and_contended_fairness() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+/// `bench --election`: campaigns and resignations, marked as an election's lines; in
+/// `contended` every one of 16 candidates leads in turn. With `--permits`: refused.
+#[test]
+fn bench_election_campaigns_and_hands_leadership_over() {
+    let out = output(&[
+        "--url",
+        "memory://",
+        "bench",
+        "--election",
+        "--mode",
+        "seq,contended",
+        "--secs",
+        "0.3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["election"], true, "{line}");
+        assert!(line["cycles"].as_u64().unwrap() > 0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+    }
+    assert!(
+        lines[1]["fairness"].as_f64().unwrap() > 0.0,
+        "a candidate never led: {}",
+        lines[1]
+    );
+    let out = output(&[
+        "--url",
+        "memory://",
+        "bench",
+        "--election",
+        "--permits",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
 /// `bench --held` reports how many leases a backend allowed and its error past the limit
 /// (Postgres: one connection per held lock, up to `max_held`), instead of failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,11 @@ pub struct BenchOptions {
     /// the lock. The `seq` and `par64` floors stay the plain client's; the `contended`
     /// floor polls the same semaphore.
     pub permits: Option<u32>,
+    /// Bench an [`Election`](tenure::Election) instead of the lock: a cycle is a campaign
+    /// and a resignation (`contended`: 16 candidates for one name, so a hand-off is a
+    /// change of leader). The `seq` and `par64` floors stay the plain client's; the
+    /// `contended` floor campaigns in a 10 ms polling loop.
+    pub election: bool,
 }
 
 impl Default for BenchOptions {
@@ -90,6 +95,7 @@ impl Default for BenchOptions {
             ttl: Duration::from_secs(10),
             floor: false,
             permits: None,
+            election: false,
         }
     }
 }
@@ -108,6 +114,9 @@ pub struct BenchLine {
     /// On library lines of a semaphore bench: its permits per key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub permits: Option<u32>,
+    /// On library lines of an election bench: true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub election: bool,
     /// Measured seconds.
     pub secs: f64,
     /// Completed cycles.
@@ -152,11 +161,13 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 first.mode,
                 first.implementation,
                 first.permits,
+                first.election,
             ) == (
                 line.backend.as_str(),
                 line.mode,
                 line.implementation,
                 line.permits,
+                line.election,
             )
         };
         match groups.iter_mut().find(same) {
@@ -177,6 +188,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 mode: group[0].mode,
                 implementation: group[0].implementation,
                 permits: group[0].permits,
+                election: group[0].election,
                 secs: group.iter().map(|l| l.secs).sum(),
                 cycles: group.iter().map(|l| l.cycles).sum(),
                 cycles_per_s: all(&|l| l.cycles_per_s),
@@ -262,6 +274,45 @@ impl Locker for Library {
     }
 }
 
+/// An election's candidate: a campaign, then a resignation (`seq`, `par64`: one attempt,
+/// the name is fresh; `contended`: a wait; the contended floor: a 10 ms polling loop).
+struct Candidate {
+    election: tenure::Election,
+    wait: Wait,
+}
+
+#[async_trait]
+impl Locker for Candidate {
+    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+        let name = LockKey::new(key).map_err(|e| e.to_string())?;
+        let campaign = |wait| self.election.campaign(&name, "tenure-bench", wait);
+        let leadership = match self.wait {
+            Wait::None => match campaign(Duration::ZERO).await {
+                Err(LockError::Timeout { .. }) => return Err("a fresh name was led".into()),
+                other => other.map_err(|e| e.to_string())?,
+            },
+            Wait::Push => campaign(Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?,
+            Wait::Poll10ms => loop {
+                match campaign(Duration::ZERO).await {
+                    Ok(leadership) => break leadership,
+                    Err(LockError::Timeout { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            },
+        };
+        held();
+        leadership
+            .resign()
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Counts and latencies of one implementation, over all its slices.
 struct Stats {
     histogram: Histogram<u64>,
@@ -302,6 +353,7 @@ impl Stats {
             mode,
             implementation,
             permits: None,
+            election: false,
             secs: (secs * 1000.0).round() / 1000.0,
             cycles: self.cycles,
             cycles_per_s: per_s(self.cycles),
@@ -437,6 +489,11 @@ async fn library_lockers(
         if let Some(permits) = options.permits {
             lock = Arc::new(tenure::Semaphore::new(lock, permits)?);
         }
+        if options.election {
+            let election = tenure::Election::new(lock)?.with_ttl(ttl)?;
+            lockers.push(Arc::new(Candidate { election, wait }));
+            continue;
+        }
         lockers.push(Arc::new(Library { lock, ttl, wait }));
     }
     Ok(lockers)
@@ -500,11 +557,13 @@ pub async fn run(
     }
     let mut line = ours.line(&backend, mode, "tenure");
     line.permits = options.permits;
+    line.election = options.election;
     let mut lines = Vec::new();
     if let Some((_, implementation)) = floor {
         let mut floor_line = theirs.line(&backend, mode, implementation);
         if mode == Mode::Contended {
             floor_line.permits = options.permits;
+            floor_line.election = options.election;
         }
         let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
         if throughput(&floor_line) > 0.0 {
@@ -623,6 +682,7 @@ mod tests {
             mode: Mode::Seq,
             implementation,
             permits: None,
+            election: false,
             secs: 1.0,
             cycles: cycles_per_s as u64,
             cycles_per_s,
@@ -674,6 +734,22 @@ mod tests {
         assert!(json.contains("\"permits\":4"), "{json}");
         let json = serde_json::to_string(&lines[0]).unwrap();
         assert!(!json.contains("permits"), "{json}");
+        let election = BenchLine {
+            election: true,
+            ..line("tenure", 70.0, None)
+        };
+        let lines = medians(&[line("tenure", 100.0, None), election]);
+        assert_eq!(
+            lines.len(),
+            2,
+            "an election's line is not the lock's: {lines:?}"
+        );
+        assert!(serde_json::to_string(&lines[1])
+            .unwrap()
+            .contains("\"election\":true"));
+        assert!(!serde_json::to_string(&lines[0])
+            .unwrap()
+            .contains("election"));
     }
 
     #[test]

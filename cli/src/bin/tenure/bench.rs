@@ -41,6 +41,11 @@ pub(crate) struct BenchArgs {
     /// par64 floors stay the plain client's, the contended floor polls the semaphore.
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
+    /// Bench an election instead of the lock: a cycle is a campaign and a resignation
+    /// (contended: 16 candidates, a hand-off is a change of leader); the contended floor
+    /// campaigns in a 10 ms polling loop.
+    #[arg(long, conflicts_with = "permits")]
+    election: bool,
 }
 
 /// One printed result.
@@ -60,6 +65,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         ttl: args.ttl,
         floor: args.floor,
         permits: args.permits,
+        election: args.election,
     };
     let mut rows = Vec::new();
     let mut cycles = Vec::new();
@@ -154,9 +160,10 @@ fn print_table(rows: &[Row]) {
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
             let fairness = l.fairness.map_or(String::new(), |f| format!("{f:.2}"));
-            let implementation = match l.permits {
-                Some(n) => format!("{} ({n} permits)", l.implementation),
-                None => l.implementation.to_owned(),
+            let implementation = match (l.permits, l.election) {
+                (Some(n), _) => format!("{} ({n} permits)", l.implementation),
+                (None, true) => format!("{} (election)", l.implementation),
+                (None, false) => l.implementation.to_owned(),
             };
             println!(
                 "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |",
