@@ -502,25 +502,19 @@ async fn zookeeper_session_follows_the_ttl_so_a_killed_holder_frees_the_lock_soo
     );
 }
 
-#[test]
-fn bench_repeat_reports_medians_and_contended_fairness() {
-    let out = output(&[
-        "--url",
-        "memory://",
-        "bench",
-        "--mode",
-        "seq,contended",
-        "--secs",
-        "0.2",
-        "--repeat",
-        "3",
-        "--json",
-    ]);
+/// `tenure --url memory:// bench ARGS… --json`, which must succeed: its JSON lines.
+fn memory_bench(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = output(&[&["--url", "memory://", "bench"], args, &["--json"]].concat());
     assert!(out.status.success(), "{out:?}");
-    let lines: Vec<serde_json::Value> = stdout(&out)
+    stdout(&out)
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+        .collect()
+}
+
+#[test]
+fn bench_repeat_reports_medians_and_contended_fairness() {
+    let lines = memory_bench(&["--mode", "seq,contended", "--secs", "0.2", "--repeat", "3"]);
     assert_eq!(
         lines.len(),
         2,
@@ -551,22 +545,7 @@ fn bench_repeat_reports_medians_and_contended_fairness() {
 /// `contended` every one of 16 candidates leads in turn. With `--permits`: refused.
 #[test]
 fn bench_election_campaigns_and_hands_leadership_over() {
-    let out = output(&[
-        "--url",
-        "memory://",
-        "bench",
-        "--election",
-        "--mode",
-        "seq,contended",
-        "--secs",
-        "0.3",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let lines: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+    let lines = memory_bench(&["--election", "--mode", "seq,contended", "--secs", "0.3"]);
     assert_eq!(lines.len(), 2, "{lines:?}");
     for line in &lines {
         assert_eq!(line["election"], true, "{line}");

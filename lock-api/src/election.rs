@@ -258,64 +258,53 @@ mod tests {
     use super::*;
     use crate::{Capabilities, HolderInfo, Lease, MemoryLock};
 
-    /// A memory lock declaring other capabilities.
+    /// A memory lock declaring `caps`, whose `inspect` answers from `script` (terms of
+    /// leaders named `leader-<term>`) until it runs out.
     #[derive(Debug)]
-    struct Declaring(MemoryLock, Capabilities);
+    struct Fake {
+        memory: MemoryLock,
+        caps: Capabilities,
+        script: std::sync::Mutex<Vec<Result<Option<u64>, LockError>>>,
+    }
 
-    #[async_trait]
-    impl DistributedLock for Declaring {
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            ttl: Duration,
-        ) -> Result<Option<Lease>, LockError> {
-            self.0.try_acquire(key, ttl).await
-        }
-        async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-            self.0.acquire(key, opts).await
-        }
-        async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
-            self.0.extend(lease, ttl).await
-        }
-        async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-            self.0.release(lease).await
-        }
-        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
-            self.0.inspect(key).await
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.1
+    impl Fake {
+        fn new(caps: Capabilities, script: Vec<Result<Option<u64>, LockError>>) -> Arc<Self> {
+            let (memory, script) = (MemoryLock::new(), std::sync::Mutex::new(script));
+            Arc::new(Self {
+                memory,
+                caps,
+                script,
+            })
         }
     }
 
-    /// A memory lock whose `inspect` answers from a script.
-    #[derive(Debug)]
-    struct Scripted(
-        MemoryLock,
-        std::sync::Mutex<Vec<Result<Option<u64>, LockError>>>,
-    );
-
     #[async_trait]
-    impl DistributedLock for Scripted {
+    impl DistributedLock for Fake {
         async fn try_acquire(
             &self,
             key: &LockKey,
             ttl: Duration,
         ) -> Result<Option<Lease>, LockError> {
-            self.0.try_acquire(key, ttl).await
+            self.memory.try_acquire(key, ttl).await
         }
         async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-            self.0.acquire(key, opts).await
+            self.memory.acquire(key, opts).await
         }
         async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
-            self.0.extend(lease, ttl).await
+            self.memory.extend(lease, ttl).await
         }
         async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-            self.0.release(lease).await
+            self.memory.release(lease).await
         }
-        async fn inspect(&self, _key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
-            let next = self.1.lock().unwrap().remove(0)?;
-            Ok(next.map(|term| HolderInfo {
+        async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+            let next = {
+                let mut script = self.script.lock().unwrap();
+                (!script.is_empty()).then(|| script.remove(0))
+            };
+            let Some(next) = next else {
+                return self.memory.inspect(key).await;
+            };
+            Ok(next?.map(|term| HolderInfo {
                 owner: OwnerId([0; 16]),
                 token: Some(FencingToken(term)),
                 remaining: None,
@@ -323,7 +312,7 @@ mod tests {
             }))
         }
         fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
+            self.caps
         }
     }
 
@@ -342,7 +331,7 @@ mod tests {
             Ok(Some(3)),
             Ok(None),
         ];
-        let lock = Arc::new(Scripted(MemoryLock::new(), std::sync::Mutex::new(script)));
+        let lock = Fake::new(MemoryLock::new().capabilities(), script);
         let every = Duration::from_millis(50);
         let started = tokio::time::Instant::now();
         let changes: Vec<_> = Election::new(lock)
@@ -375,8 +364,7 @@ mod tests {
             ..memory
         };
         for (caps, why) in [(no_labels, "labels"), (no_fence, "fencing")] {
-            let lock = Arc::new(Declaring(MemoryLock::new(), caps));
-            match Election::new(lock) {
+            match Election::new(Fake::new(caps, Vec::new())) {
                 Err(LockError::Config(message)) => assert!(message.contains(why), "{message}"),
                 other => panic!("{why}: {other:?}"),
             }
