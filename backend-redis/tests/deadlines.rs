@@ -318,14 +318,12 @@ async fn an_acquire_dropped_in_flight_leaves_no_grant() {
             "dropped while its reply was held"
         );
         proxy.set_mode(ProxyMode::Pass);
-        let started = Instant::now();
-        while observer.inspect(&k).await.unwrap().is_some() {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "blocking={blocking}: the dropped acquire's grant is still held"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert_freed_within_5s(
+            &observer,
+            &k,
+            &format!("blocking={blocking}: the dropped acquire's grant"),
+        )
+        .await;
     }
 }
 
@@ -368,11 +366,16 @@ async fn an_acquire_dropped_after_an_unanswered_attempt_leaves_no_grant() {
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());
     proxy.set_mode(ProxyMode::Pass);
+    assert_freed_within_5s(&observer, &k, "the dropped acquire's possible grant").await;
+}
+
+/// Waits until `observer` sees `k` free; fails if `what` is still held after 5 s.
+async fn assert_freed_within_5s(observer: &RedisLock, k: &LockKey, what: &str) {
     let started = Instant::now();
-    while observer.inspect(&k).await.unwrap().is_some() {
+    while observer.inspect(k).await.unwrap().is_some() {
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "the dropped acquire's possible grant is still held"
+            "{what} is still held"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

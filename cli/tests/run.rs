@@ -559,6 +559,31 @@ fn a_missing_command_exits_127() {
     assert_eq!(out.status.code(), Some(127));
 }
 
+/// A command that writes `$VAR` to `file` (whole, by a rename) once it runs, then sleeps.
+fn reporting(var: &str, file: &Path) -> String {
+    format!(
+        "echo \"${var}\" > {0}.tmp && mv {0}.tmp {0} && sleep 300",
+        file.display()
+    )
+}
+
+/// What a [`reporting`] command wrote to `file`, waiting up to 20 s for it to run.
+fn reported(file: &Path) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            return text.trim().to_owned();
+        }
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(20),
+            "{} never ran",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `run --key pool --permits 2 --wait WAIT -- CMD…`
 fn pool_run<'a>(wait: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
@@ -581,25 +606,13 @@ fn permits_admit_that_many_runs(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let holder = |name: &str| {
         let file = dir.path().join(name);
-        let script = format!(
-            "echo \"$TENURE_KEY\" > {}.tmp && mv {0}.tmp {0} && sleep 300",
-            file.display()
-        );
+        let script = reporting("TENURE_KEY", &file);
         let run = Tenure::spawn(&mut tenure(url, &pool_run("20s", &["sh", "-c", &script])));
         (run, file)
     };
     let (first, first_file) = holder("first");
     let (second, second_file) = holder("second");
-    let started = Instant::now();
-    let permit = |file: &PathBuf| loop {
-        if let Ok(key) = std::fs::read_to_string(file) {
-            return key.trim().to_owned();
-        }
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_secs(20), "a run never started");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (a, b) = (permit(&first_file), permit(&second_file));
+    let (a, b) = (reported(&first_file), reported(&second_file));
     let named = a.starts_with("pool#permit-") && b.starts_with("pool#permit-");
     assert!(named, "TENURE_KEY: {a} {b}");
     assert_ne!(a, b, "two runs on one permit");
@@ -645,24 +658,16 @@ fn elect_runs_only_the_leader(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let candidate = |value: &str| {
         let file = dir.path().join(value);
-        let script = format!(
-            "echo \"$TENURE_FENCE\" > {}.tmp && mv {0}.tmp {0} && sleep 300",
-            file.display()
-        );
+        let script = reporting("TENURE_FENCE", &file);
         let args = [
             "elect", "--name", "svc", "--value", value, "--ttl", "5s", "--", "sh", "-c", &script,
         ];
         (Tenure::spawn(&mut tenure(url, &args)), file)
     };
     let term = |file: &PathBuf| {
-        let started = Instant::now();
-        loop {
-            if let Ok(term) = std::fs::read_to_string(file) {
-                return term.trim().parse::<u64>().expect("TENURE_FENCE is a term");
-            }
-            assert!(started.elapsed() < Duration::from_secs(20), "never led");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        reported(file)
+            .parse::<u64>()
+            .expect("TENURE_FENCE is a term")
     };
     let leader_value = || {
         let shown = output(url, &["inspect", "svc"]);

@@ -106,12 +106,21 @@ impl Election {
         value: &str,
         wait: Duration,
     ) -> Result<Leadership, LockError> {
-        let opts = AcquireOptions::new(self.ttl).wait(wait).label(value);
-        let guard = self.lock.lock(name, &opts).await?;
+        let guard = self
+            .lock
+            .lock(name, &self.campaign_options(value, wait))
+            .await?;
         Ok(Leadership {
             guard,
             value: value.to_owned(),
         })
+    }
+
+    /// What a campaign acquires the name with: this election's TTL, `wait`, and `value` as
+    /// the grant's label. For code that holds the name its own way (`tenure elect` runs a
+    /// command under it) and is still a candidate of this election.
+    pub fn campaign_options(&self, value: &str, wait: Duration) -> AcquireOptions {
+        AcquireOptions::new(self.ttl).wait(wait).label(value)
     }
 
     /// The current leader of `name`, or `None` while nobody leads it.

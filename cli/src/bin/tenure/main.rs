@@ -310,9 +310,9 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             ..
         } => {
             // Refuses backends that cannot hold elections (no labels, no terms).
-            Election::new(lock.clone())?;
+            let election = Election::new(lock.clone())?.with_ttl(config.ttl)?;
             let name = LockKey::new(name)?;
-            let opts = config.acquire_options().label(value);
+            let opts = election.campaign_options(&value, config.wait);
             let options = run::RunOptions {
                 grace,
                 hold_at_least: Duration::ZERO,
