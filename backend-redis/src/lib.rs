@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
-    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LeaseHandle, LockError,
-    LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    default_drift, validate_keys, validate_ttl, AcquireOptions, Backend, Capabilities,
+    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
+    LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
 pub use config::{redact, FenceMode, RedisConfig, DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS};
@@ -74,22 +74,22 @@ pub enum Grant {
 /// not held by nobody until its TTL. The attempt forgets it once the reply is in.
 struct InFlight<'a> {
     lock: &'a RedisLock,
-    key: &'a LockKey,
+    keys: &'a [LockKey],
     owner: OwnerId,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.lock.release_detached(self.key, self.owner);
+        self.lock.release_detached(self.keys, self.owner);
     }
 }
 
-/// A grant `owner` may hold on `key` after an attempt whose outcome is unknown (a
+/// A grant `owner` may hold on one of `keys` after an attempt whose outcome is unknown (a
 /// timeout, a dropped connection): released in the background when dropped armed — the
 /// caller gave up on the acquire, or the acquire ended without a lease.
 struct PossibleGrant {
     lock: RedisLock,
-    key: LockKey,
+    keys: Vec<LockKey>,
     owner: OwnerId,
     armed: bool,
 }
@@ -104,7 +104,7 @@ impl PossibleGrant {
 impl Drop for PossibleGrant {
     fn drop(&mut self) {
         if self.armed {
-            self.lock.release_detached(&self.key, self.owner);
+            self.lock.release_detached(&self.keys, self.owner);
         }
     }
 }
@@ -289,8 +289,10 @@ impl RedisLock {
         ttl: Duration,
         label: Option<&str>,
     ) -> Result<Grant, LockError> {
-        self.grant_within(key, owner, ttl, label, self.config.request_timeout)
-            .await
+        let limit = self.config.request_timeout;
+        let keys = std::slice::from_ref(key);
+        let (grant, _) = self.grant_within(keys, owner, ttl, label, limit).await?;
+        Ok(grant)
     }
 
     /// [`grant`](Self::grant) without the fence counter: the lock key alone, and a token
@@ -309,39 +311,46 @@ impl RedisLock {
         ttl: Duration,
         label: Option<&str>,
     ) -> Result<Grant, LockError> {
-        self.run_grant(key, owner, ttl, label, None, self.config.request_timeout)
-            .await
+        let limit = self.config.request_timeout;
+        let keys = std::slice::from_ref(key);
+        let (grant, _) = self.run_grant(keys, owner, ttl, label, None, limit).await?;
+        Ok(grant)
     }
 
-    /// [`grant`](Self::grant), waiting at most `limit` for the reply.
+    /// [`grant`](Self::grant) of the first free of `keys` (or the one `owner` already
+    /// holds), waiting at most `limit` for the reply: the grant, and which key it is for
+    /// (0 when all are held).
     async fn grant_within(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
         limit: Duration,
-    ) -> Result<Grant, LockError> {
-        self.run_grant(key, owner, ttl, label, Some(self.config.fence), limit)
+    ) -> Result<(Grant, usize), LockError> {
+        self.run_grant(keys, owner, ttl, label, Some(self.config.fence), limit)
             .await
     }
 
-    /// Runs the acquire script with the key's fence counter of this kind (`None`: without
-    /// one, see [`grant_unfenced`](Self::grant_unfenced)), waiting at most `limit`.
+    /// Runs the acquire script over `keys` with their fence counters of this kind
+    /// (`None`: without, see [`grant_unfenced`](Self::grant_unfenced)), waiting at most
+    /// `limit`: the grant, and the index in `keys` of the key granted.
     async fn run_grant(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
         fence: Option<FenceMode>,
         limit: Duration,
-    ) -> Result<Grant, LockError> {
-        let lock_key = self.lock_key(key);
+    ) -> Result<(Grant, usize), LockError> {
         let mut invocation = SCRIPTS.acquire.prepare_invoke();
-        invocation.key(&lock_key);
-        if fence.is_some() {
-            invocation.key(Self::fence_key(&lock_key));
+        for key in keys {
+            let lock_key = self.lock_key(key);
+            invocation.key(&lock_key);
+            if fence.is_some() {
+                invocation.key(Self::fence_key(&lock_key));
+            }
         }
         invocation
             .arg(&owner.hex()[..])
@@ -353,23 +362,35 @@ impl RedisLock {
         let started = Instant::now();
         let replied = self.call_confirmed("acquire", invocation, limit).await;
         let left = || limit.saturating_sub(started.elapsed());
-        let ((granted, value), confirmed): ((i64, i64), _) = match replied {
+        let ((granted, value, index), confirmed): ((i64, i64, i64), _) = match replied {
             Ok(replied) => replied,
             Err(e) if self.config.wait_replicas > 0 => {
                 // The script may have granted before WAIT failed (a pipeline reports its
                 // first error): give that grant back rather than leave it to its TTL.
-                self.release_in_background(key, owner, Some(left())).await;
+                self.release_in_background(keys, owner, Some(left())).await;
                 return Err(e);
             }
             Err(e) => return Err(e),
         };
         if granted != 1 {
-            return Ok(Grant::Held(Duration::from_millis(value.max(0) as u64)));
+            let pttl = Duration::from_millis(value.max(0) as u64);
+            return Ok((Grant::Held(pttl), 0));
         }
+        let Some(index) = usize::try_from(index).ok().filter(|&i| i < keys.len()) else {
+            self.release_in_background(keys, owner, Some(left())).await;
+            return Err(LockError::backend(format!(
+                "acquire script granted lock {index} of {}",
+                keys.len()
+            )));
+        };
+        let granted = std::slice::from_ref(&keys[index]);
         if let Err(why) = confirmed {
             // Too few replicas have it: a failover could lose it. Given back, not held,
             // waiting for the release no longer than the call's own limit.
-            let released = match self.release_in_background(key, owner, Some(left())).await {
+            let released = match self
+                .release_in_background(granted, owner, Some(left()))
+                .await
+            {
                 Some(Ok(_)) => "released".to_owned(),
                 Some(Err(e)) => format!("its release failed ({e}); it expires within its TTL"),
                 None => "its release is under way".to_owned(),
@@ -381,7 +402,7 @@ impl RedisLock {
         }
         let count = u64::try_from(value)
             .map_err(|_| LockError::backend(format!("server returned fence {value}")))?;
-        token_for(count, owner).map(Grant::Granted)
+        Ok((token_for(count, owner).map(Grant::Granted)?, index))
     }
 
     /// Pushes the expiry of `owner`'s lock to `ttl`; `false` if it is not `owner`'s. A
@@ -494,7 +515,7 @@ impl RedisLock {
     /// background.
     async fn attempt(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
@@ -504,14 +525,14 @@ impl RedisLock {
         let sent = Instant::now();
         let in_flight = InFlight {
             lock: self,
-            key,
+            keys,
             owner,
         };
-        let granted = self.grant_within(key, owner, ttl, label, limit).await;
+        let granted = self.grant_within(keys, owner, ttl, label, limit).await;
         std::mem::forget(in_flight);
-        let token = match granted? {
-            Grant::Held(pttl) => return Ok(Attempt::Held { pttl }),
-            Grant::Granted(token) => token,
+        let (token, key) = match granted? {
+            (Grant::Held(pttl), _) => return Ok(Attempt::Held { pttl }),
+            (Grant::Granted(token), index) => (token, &keys[index]),
         };
         let lease = Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl))
             .with_handle(LeaseHandle {
@@ -525,7 +546,10 @@ impl RedisLock {
         // The reply came after the lease's own deadline (sent + ttl − drift): the lock may
         // already be free on the server, or be for a while yet, but it is no lease we can
         // use. Give it back (owner-checked) so that nobody waits for it, and report it.
-        let released = self.release_in_background(key, owner, release_wait).await;
+        let granted = std::slice::from_ref(key);
+        let released = self
+            .release_in_background(granted, owner, release_wait)
+            .await;
         let (settled, released) = match released {
             Some(Ok(_)) => (true, "it was released".to_owned()),
             Some(Err(e)) => (
@@ -546,17 +570,18 @@ impl RedisLock {
         Ok(Attempt::Late { error, settled })
     }
 
-    /// One attempt with a fresh owner id, as [`DistributedLock::try_acquire`] (with the
-    /// grant's label), releasing a grant whose reply was lost.
+    /// One attempt at the first free of `keys` with a fresh owner id, as
+    /// [`DistributedLock::try_acquire`] (with the grant's label), releasing a grant whose
+    /// reply was lost.
     async fn try_once(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         ttl: Duration,
         label: Option<&str>,
     ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let limit = self.config.request_timeout;
-        match self.attempt(key, owner, ttl, label, limit, None).await {
+        match self.attempt(keys, owner, ttl, label, limit, None).await {
             Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
             Ok(Attempt::Held { .. }) => Ok(None),
             Ok(Attempt::Late { error, .. }) => Err(error),
@@ -564,7 +589,7 @@ impl RedisLock {
                 if e.is_retryable() {
                     // The script may have run without its reply reaching us: free what
                     // may be a grant to an owner nobody will ever use.
-                    self.release_in_background(key, owner, Some(Duration::ZERO))
+                    self.release_in_background(keys, owner, Some(Duration::ZERO))
                         .await;
                 }
                 Err(e)
@@ -572,32 +597,185 @@ impl RedisLock {
         }
     }
 
-    /// Releases `owner`'s lock of `key` (owner-checked) in a task of its own, from a
+    /// Releases `owner`'s locks of `keys` (owner-checked) in a task of its own, from a
     /// `Drop`: without a runtime to run it (dropped outside one), the TTL frees the lock.
-    fn release_detached(&self, key: &LockKey, owner: OwnerId) {
+    fn release_detached(&self, keys: &[LockKey], owner: OwnerId) {
         if tokio::runtime::Handle::try_current().is_ok() {
-            let (lock, key) = (self.clone(), key.clone());
-            tokio::spawn(async move { lock.release_owner(&key, owner).await });
+            let (lock, keys) = (self.clone(), keys.to_vec());
+            tokio::spawn(async move { lock.release_each(&keys, owner).await });
         }
     }
 
-    /// Releases `owner`'s lock in a task of its own (bounded by the request timeout, and
-    /// running to its end even if the caller goes away), waiting up to `wait` for the
-    /// outcome (`None`: until it is done). `None` if it has not finished by then.
+    /// Releases `owner`'s lock of each of `keys`, one after the other, each whatever
+    /// became of the others: whether one was released, or the first error.
+    async fn release_each(&self, keys: &[LockKey], owner: OwnerId) -> Result<bool, LockError> {
+        let mut released = Ok(false);
+        for key in keys {
+            match (self.release_owner(key, owner).await, &mut released) {
+                (Ok(true), Ok(any)) => *any = true,
+                (Err(e), Ok(_)) => released = Err(e),
+                _ => {}
+            }
+        }
+        released
+    }
+
+    /// Releases `owner`'s locks of `keys` in a task of its own (each bounded by the
+    /// request timeout, and running to its end even if the caller goes away), waiting up
+    /// to `wait` for the outcome (`None`: until it is done). `None` if it has not finished
+    /// by then.
     async fn release_in_background(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: OwnerId,
         wait: Option<Duration>,
     ) -> Option<Result<bool, LockError>> {
-        let this = self.clone();
-        let key = key.clone();
-        let task = tokio::spawn(async move { this.release_owner(&key, owner).await });
+        let (this, keys) = (self.clone(), keys.to_vec());
+        let task = tokio::spawn(async move { this.release_each(&keys, owner).await });
         let joined = match wait {
             None => Some(task.await),
             Some(wait) => tokio::time::timeout(wait, task).await.ok(),
         };
         joined.map(|r| r.unwrap_or_else(|e| Err(LockError::backend(format!("release task: {e}")))))
+    }
+
+    /// [`DistributedLock::acquire`] of the first free of `keys` (see
+    /// [`DistributedLock::acquire_any`]): each attempt is one script call over all of
+    /// them, and a wait subscribes to each key's release channel.
+    async fn acquire_keys(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let started = Instant::now();
+        let request_timeout = self.config.request_timeout;
+        let label = opts.label.as_deref();
+        if opts.wait.is_zero() {
+            return match self.try_once(keys, opts.ttl, label).await? {
+                Some(lease) => Ok(lease),
+                None => Err(LockError::Timeout {
+                    waited: started.elapsed(),
+                }),
+            };
+        }
+        let deadline = opts.wait_deadline(started);
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let mut owner = OwnerId::random();
+        let mut pubsub = None;
+        // A subscription refused for good (e.g. an ACL without SUBSCRIBE): poll instead.
+        let mut subscribe_refused = false;
+        let mut failures = 0u32;
+        let mut polls = 0u32;
+        // An attempt for `owner` failed in flight: the server may hold the lock for it.
+        let mut maybe_ours: Option<PossibleGrant> = None;
+        // Why the lock is not ours yet, if not "held by another".
+        let mut why: Option<LockError> = None;
+        loop {
+            let limit = left().min(request_timeout);
+            if limit.is_zero() {
+                break;
+            }
+            let attempt = self.attempt(keys, owner, opts.ttl, label, limit, Some(limit));
+            let retry_in = match attempt.await {
+                Ok(Attempt::Granted(lease)) => {
+                    if let Some(possible) = maybe_ours {
+                        possible.settle();
+                    }
+                    return Ok(lease);
+                }
+                Ok(Attempt::Held { pttl }) => {
+                    failures = 0;
+                    if let Some(possible) = maybe_ours.take() {
+                        possible.settle();
+                    }
+                    why = None;
+                    // Held: subscribe to its release, then try again at once, as it may
+                    // have been released before the subscription took effect. A failed
+                    // subscription is kept as the reason should the wait run out on it,
+                    // and the wait goes on by polling.
+                    if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
+                        match self.subscribe_each(keys, left()).await {
+                            Ok(sub) => {
+                                pubsub = Some(sub);
+                                continue;
+                            }
+                            Err(e) => {
+                                subscribe_refused = !e.is_retryable();
+                                why = Some(e);
+                            }
+                        }
+                    }
+                    let pttl = pttl.max(Duration::from_millis(1));
+                    if pubsub.is_some() {
+                        pttl
+                    } else {
+                        polls += 1;
+                        pttl.min(opts.backoff.delay(polls))
+                    }
+                }
+                Ok(Attempt::Late { error, settled }) => {
+                    if !settled {
+                        // A release for `owner` may still land: never reuse it.
+                        owner = OwnerId::random();
+                    }
+                    failures += 1;
+                    if let Some(possible) = maybe_ours.take() {
+                        possible.settle();
+                    }
+                    why = Some(error);
+                    opts.backoff.delay(failures)
+                }
+                Err(e) if e.is_retryable() => {
+                    failures += 1;
+                    maybe_ours.get_or_insert_with(|| PossibleGrant {
+                        lock: self.clone(),
+                        keys: keys.to_vec(),
+                        owner,
+                        armed: true,
+                    });
+                    pubsub = None;
+                    why = Some(e);
+                    opts.backoff.delay(failures)
+                }
+                // A possible grant of ours is released as `maybe_ours` drops.
+                Err(e) => return Err(e),
+            };
+            let wait = retry_in.min(left());
+            if wait.is_zero() {
+                break;
+            }
+            let sleep = tokio::time::sleep(wait);
+            match pubsub.as_mut() {
+                Some(watches) => {
+                    tokio::select! {
+                        released = any_released(watches) => if !released {
+                            pubsub = None; // connection lost: resubscribe next round
+                        },
+                        _ = sleep => {}
+                    }
+                }
+                None => sleep.await,
+            }
+        }
+        drop(maybe_ours); // releases a possible grant of ours
+        Err(why.unwrap_or(LockError::Timeout {
+            waited: started.elapsed(),
+        }))
+    }
+
+    /// [`subscribe_releases`](Self::subscribe_releases) to each of `keys`, all within
+    /// `limit`: every subscription, or the first error.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as each subscription.
+    async fn subscribe_each(
+        &self,
+        keys: &[LockKey],
+        limit: Duration,
+    ) -> Result<Vec<ReleaseWatch>, LockError> {
+        futures::future::try_join_all(keys.iter().map(|key| self.subscribe_releases(key, limit)))
+            .await
     }
 
     /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
@@ -689,7 +867,7 @@ impl DistributedLock for RedisLock {
     /// (a timeout, a dropped connection).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.try_once(key, ttl, None).await
+        self.try_once(std::slice::from_ref(key), ttl, None).await
     }
 
     /// Tries; while the lock is held, subscribes to the key's release channel (then tries
@@ -717,121 +895,7 @@ impl DistributedLock for RedisLock {
     /// attempt may have left (dropped in flight, or failed without knowing whether the
     /// script ran) is released in the background — also when the call gives up on it.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        opts.validate()?;
-        let started = Instant::now();
-        let request_timeout = self.config.request_timeout;
-        let label = opts.label.as_deref();
-        if opts.wait.is_zero() {
-            return match self.try_once(key, opts.ttl, label).await? {
-                Some(lease) => Ok(lease),
-                None => Err(LockError::Timeout {
-                    waited: started.elapsed(),
-                }),
-            };
-        }
-        let deadline = opts.wait_deadline(started);
-        let left = || deadline.saturating_duration_since(Instant::now());
-        let mut owner = OwnerId::random();
-        let mut pubsub = None;
-        // A subscription refused for good (e.g. an ACL without SUBSCRIBE): poll instead.
-        let mut subscribe_refused = false;
-        let mut failures = 0u32;
-        let mut polls = 0u32;
-        // An attempt for `owner` failed in flight: the server may hold the lock for it.
-        let mut maybe_ours: Option<PossibleGrant> = None;
-        // Why the lock is not ours yet, if not "held by another".
-        let mut why: Option<LockError> = None;
-        loop {
-            let limit = left().min(request_timeout);
-            if limit.is_zero() {
-                break;
-            }
-            let attempt = self.attempt(key, owner, opts.ttl, label, limit, Some(limit));
-            let retry_in = match attempt.await {
-                Ok(Attempt::Granted(lease)) => {
-                    if let Some(possible) = maybe_ours {
-                        possible.settle();
-                    }
-                    return Ok(lease);
-                }
-                Ok(Attempt::Held { pttl }) => {
-                    failures = 0;
-                    if let Some(possible) = maybe_ours.take() {
-                        possible.settle();
-                    }
-                    why = None;
-                    // Held: subscribe to its release, then try again at once, as it may
-                    // have been released before the subscription took effect. A failed
-                    // subscription is kept as the reason should the wait run out on it,
-                    // and the wait goes on by polling.
-                    if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
-                        match self.subscribe_releases(key, left()).await {
-                            Ok(sub) => {
-                                pubsub = Some(sub);
-                                continue;
-                            }
-                            Err(e) => {
-                                subscribe_refused = !e.is_retryable();
-                                why = Some(e);
-                            }
-                        }
-                    }
-                    let pttl = pttl.max(Duration::from_millis(1));
-                    if pubsub.is_some() {
-                        pttl
-                    } else {
-                        polls += 1;
-                        pttl.min(opts.backoff.delay(polls))
-                    }
-                }
-                Ok(Attempt::Late { error, settled }) => {
-                    if !settled {
-                        // A release for `owner` may still land: never reuse it.
-                        owner = OwnerId::random();
-                    }
-                    failures += 1;
-                    if let Some(possible) = maybe_ours.take() {
-                        possible.settle();
-                    }
-                    why = Some(error);
-                    opts.backoff.delay(failures)
-                }
-                Err(e) if e.is_retryable() => {
-                    failures += 1;
-                    maybe_ours.get_or_insert_with(|| PossibleGrant {
-                        lock: self.clone(),
-                        key: key.clone(),
-                        owner,
-                        armed: true,
-                    });
-                    pubsub = None;
-                    why = Some(e);
-                    opts.backoff.delay(failures)
-                }
-                // A possible grant of ours is released as `maybe_ours` drops.
-                Err(e) => return Err(e),
-            };
-            let wait = retry_in.min(left());
-            if wait.is_zero() {
-                break;
-            }
-            let sleep = tokio::time::sleep(wait);
-            match pubsub.as_mut() {
-                Some(sub) => {
-                    tokio::select! {
-                        released = sub.released() => if !released {
-                            pubsub = None; // connection lost: resubscribe next round
-                        },
-                        _ = sleep => {}
-                    }
-                }
-                None => sleep.await,
-            }
-        }
-        drop(maybe_ours); // releases a possible grant of ours
-        Err(why.unwrap_or(LockError::Timeout {
-            waited: started.elapsed(),
-        }))
+        self.acquire_keys(std::slice::from_ref(key), opts).await
     }
 
     /// # Cancel safety
@@ -877,6 +941,22 @@ impl DistributedLock for RedisLock {
         }))
     }
 
+    /// As [`acquire`](DistributedLock::acquire), over several keys: each attempt is one
+    /// script call that takes the first free key (or the one this call's owner id already
+    /// holds, after a lost reply), and a wait subscribes to every key's release channel
+    /// and tries again on any release.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire): a grant an attempt may have left is
+    /// released (owner-checked) on every key.
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        self.acquire_keys(validate_keys(keys)?, opts).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: "redis",
@@ -893,6 +973,16 @@ impl DistributedLock for RedisLock {
             labels: true,
         }
     }
+}
+
+/// Waits for a release message on any of `watches`: `false` when the subscriber
+/// connection is gone.
+///
+/// # Cancel safety
+/// Cancel-safe, as [`ReleaseWatch::released`].
+async fn any_released(watches: &mut [ReleaseWatch]) -> bool {
+    let waits = watches.iter_mut().map(|watch| Box::pin(watch.released()));
+    futures::future::select_all(waits).await.0
 }
 
 /// Sends `invocation`, followed by `WAIT replicas wait` in the same pipeline when

@@ -36,60 +36,79 @@ use redis::Script;
 /// by far more than any sane clock error.
 pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
-/// Takes the lock if free (or if it is already ours: a retried acquire whose reply was
-/// lost). KEYS: lock, fence. ARGV: owner, ttl ms, fence mode (`clock` for the
-/// clock-floored counter, `none` for no counter, anything else for `INCR`), and
-/// optionally a label stored after the count (a retry keeps the label first stored).
-/// Returns `{1, count}` when granted, `{0, pttl}` when held by another.
+/// Takes the first free of one or more locks (or the one already ours: a retried acquire
+/// whose reply was lost). KEYS: per lock, the lock key then its fence key (the lock keys
+/// alone in `none` mode). ARGV: owner, ttl ms, fence mode (`clock` for the clock-floored
+/// counter, `none` for no counter, anything else for `INCR`), and optionally a label
+/// stored after the count (a retry keeps the label first stored). Returns
+/// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
+/// when every lock is held by another (`pttl`: the shortest remaining time among them).
+///
+/// An owner already holding one of the locks gets that one back, never a second: every
+/// lock is checked for the owner before a free one is taken.
 ///
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
 /// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
 /// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
 /// passed: the count is the server's time in µs, backed by no counter.
 pub const ACQUIRE: &str = r#"
-local function fence_expiry(ttl)
+local function fence_expiry(fence, ttl)
   local want = math.max(2 * tonumber(ttl), 86400000)
-  local left = redis.call('PTTL', KEYS[2])
+  local left = redis.call('PTTL', fence)
   if left > want then want = left end
   return string.format('%d', want)
 end
-local current = redis.call('GET', KEYS[1])
-if current then
-  local sep = string.find(current, ':', 1, true)
-  if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    if ARGV[3] == 'clock' and redis.call('PTTL', KEYS[2]) >= 0 then
-      redis.call('PEXPIRE', KEYS[2], fence_expiry(ARGV[2]))
+local step = 2
+if ARGV[3] == 'none' then step = 1 end
+local values = {}
+for i = 1, #KEYS, step do
+  local current = redis.call('GET', KEYS[i])
+  values[i] = current
+  if current then
+    local sep = string.find(current, ':', 1, true)
+    if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      if ARGV[3] == 'clock' and redis.call('PTTL', KEYS[i + 1]) >= 0 then
+        redis.call('PEXPIRE', KEYS[i + 1], fence_expiry(KEYS[i + 1], ARGV[2]))
+      end
+      return {1, tonumber(string.match(current, '^[^:]*:(%d+)')), (i - 1) / step}
     end
-    return {1, tonumber(string.match(current, '^[^:]*:(%d+)'))}
   end
-  return {0, redis.call('PTTL', KEYS[1])}
 end
-local token
-if ARGV[3] == 'none' then
-  local now = redis.call('TIME')
-  token = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]))
-elseif ARGV[3] == 'clock' then
-  local now = redis.call('TIME')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, floor)
-  token = string.format('%d', token)
-  redis.call('SET', KEYS[2], token, 'PX', fence_expiry(ARGV[2]))
-else
-  -- INCR replies with an integer, which reaches Lua as a double: format it with %d, as
-  -- tostring() prints only 14 significant digits (1e14 and up come out as 1.2345e+14).
-  local n = redis.call('INCR', KEYS[2])
-  if n >= 9007199254740992 then
-    return redis.error_reply('TENURE fence counter ' .. KEYS[2] .. ' reached 2^53')
+local shortest = -2
+for i = 1, #KEYS, step do
+  if not values[i] then
+    local lock, fence = KEYS[i], KEYS[i + 1]
+    local token
+    if ARGV[3] == 'none' then
+      local now = redis.call('TIME')
+      token = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]))
+    elseif ARGV[3] == 'clock' then
+      local now = redis.call('TIME')
+      local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, floor)
+      token = string.format('%d', token)
+      redis.call('SET', fence, token, 'PX', fence_expiry(fence, ARGV[2]))
+    else
+      -- INCR replies with an integer, which reaches Lua as a double: format it with %d,
+      -- as tostring() prints only 14 significant digits (1e14 and up: 1.2345e+14).
+      local n = redis.call('INCR', fence)
+      if n >= 9007199254740992 then
+        return redis.error_reply('TENURE fence counter ' .. fence .. ' reached 2^53')
+      end
+      -- A plain counter must never expire (also when the key was used in clock mode).
+      redis.call('PERSIST', fence)
+      token = string.format('%d', n)
+    end
+    local value = ARGV[1] .. ':' .. token
+    if ARGV[4] and ARGV[4] ~= '' then value = value .. ':' .. ARGV[4] end
+    redis.call('SET', lock, value, 'PX', ARGV[2])
+    return {1, tonumber(token), (i - 1) / step}
   end
-  -- A plain counter must never expire (also when the key was used in clock mode).
-  redis.call('PERSIST', KEYS[2])
-  token = string.format('%d', n)
+  local pttl = redis.call('PTTL', KEYS[i])
+  if shortest < 0 or (pttl >= 0 and pttl < shortest) then shortest = pttl end
 end
-local value = ARGV[1] .. ':' .. token
-if ARGV[4] and ARGV[4] ~= '' then value = value .. ':' .. ARGV[4] end
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-return {1, tonumber(token)}
+return {0, shortest, -1}
 "#;
 
 /// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so

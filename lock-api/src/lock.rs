@@ -74,6 +74,85 @@ pub trait DistributedLock: Send + Sync + Debug {
 
     /// The guarantees this backend, in this configuration, declares.
     fn capabilities(&self) -> Capabilities;
+
+    /// Takes whichever of `keys` is free first, waiting up to `opts.wait` as
+    /// [`acquire`](Self::acquire) does, and returns its lease ([`Lease::key`] says which).
+    /// Free keys are tried in the order given. What a [`Semaphore`](crate::Semaphore)'s
+    /// permits are made of.
+    ///
+    /// [`LockError::Timeout`] when every key stayed held; when a key's last attempt failed
+    /// with a retryable error instead, that error is returned, so that "unreachable" is
+    /// never reported as "held". An empty `keys` is [`LockError::InvalidInput`].
+    ///
+    /// The provided method tries each key in turn (a labelled try is an `acquire` with a
+    /// zero wait, as `try_acquire` takes no label), then waits on every key at once with
+    /// [`acquire`](Self::acquire) and keeps the first grant. A backend overrides it where
+    /// it can do better: Redis tries every key in one script call and wakes on any key's
+    /// release.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire), for each key: the waits not granted are dropped.
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let keys = validate_keys(keys)?;
+        let started = std::time::Instant::now();
+        let mut failed = None;
+        for key in keys {
+            let attempt = match opts.label {
+                None => self.try_acquire(key, opts.ttl).await,
+                Some(_) => match self.acquire(key, &opts.clone().wait(Duration::ZERO)).await {
+                    Ok(lease) => Ok(Some(lease)),
+                    Err(LockError::Timeout { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                },
+            };
+            match attempt {
+                Ok(Some(lease)) => return Ok(lease),
+                Ok(None) => {}
+                Err(e) if e.is_retryable() => failed = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        let timeout = |started: std::time::Instant| LockError::Timeout {
+            waited: started.elapsed(),
+        };
+        let Some(wait) = opts
+            .wait
+            .checked_sub(started.elapsed())
+            .filter(|w| !w.is_zero())
+        else {
+            return Err(failed.unwrap_or_else(|| timeout(started)));
+        };
+        let opts = opts.clone().wait(wait);
+        let mut waits: futures::stream::FuturesUnordered<_> =
+            keys.iter().map(|key| self.acquire(key, &opts)).collect();
+        // The waits' own last words: a wait that saw its key held ends in Timeout.
+        let mut failed = None;
+        while let Some(result) = futures::StreamExt::next(&mut waits).await {
+            match result {
+                Ok(lease) => return Ok(lease),
+                Err(LockError::Timeout { .. }) => {}
+                Err(e) if e.is_retryable() => failed = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(failed.unwrap_or_else(|| timeout(started)))
+    }
+}
+
+/// `keys`, or [`LockError::InvalidInput`] when there are none: for implementations of
+/// [`DistributedLock::acquire_any`].
+pub fn validate_keys(keys: &[LockKey]) -> Result<&[LockKey], LockError> {
+    if keys.is_empty() {
+        return Err(LockError::InvalidInput(
+            "acquire_any needs at least one key".into(),
+        ));
+    }
+    Ok(keys)
 }
 
 #[async_trait]
@@ -95,6 +174,13 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
     }
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
+    }
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        (**self).acquire_any(keys, opts).await
     }
 }
 
@@ -163,5 +249,46 @@ where
         let (sleep, woken) = (clock.sleep_until(now + pause), released());
         futures::pin_mut!(sleep, woken);
         futures::future::select(sleep, woken).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryLock;
+
+    #[tokio::test]
+    async fn acquire_any_takes_the_first_free_key_or_waits_for_any() {
+        let lock = Arc::new(MemoryLock::new());
+        let ttl = Duration::from_secs(30);
+        let keys: Vec<LockKey> = ["a", "b", "c"].map(|k| LockKey::new(k).unwrap()).into();
+        let now = AcquireOptions::new(ttl).wait(Duration::ZERO);
+        let empty = lock.acquire_any(&[], &now).await.unwrap_err();
+        assert!(matches!(empty, LockError::InvalidInput(_)), "{empty:?}");
+        let a = lock.try_acquire(&keys[0], ttl).await.unwrap().unwrap();
+        let b = lock.acquire_any(&keys, &now).await.unwrap();
+        assert_eq!(b.key(), &keys[1], "the first free key, in order");
+        let c = lock
+            .acquire_any(&keys, &now.clone().label("c"))
+            .await
+            .unwrap();
+        assert_eq!(c.key(), &keys[2]);
+        let holder = lock.inspect(&keys[2]).await.unwrap().unwrap();
+        assert_eq!(holder.label.as_deref(), Some("c"), "the label is kept");
+        let full = lock.acquire_any(&keys, &now).await.unwrap_err();
+        assert!(matches!(full, LockError::Timeout { .. }), "{full:?}");
+        let waiter = tokio::spawn({
+            let (lock, keys) = (lock.clone(), keys.clone());
+            async move {
+                let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(60));
+                lock.acquire_any(&keys, &opts).await
+            }
+        });
+        lock.release(b).await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert_eq!(got.key(), &keys[1], "the key released");
+        for lease in [a, c, got] {
+            lock.release(lease).await.unwrap();
+        }
     }
 }

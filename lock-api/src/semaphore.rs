@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::{
     validate_ttl, AcquireOptions, Capabilities, DistributedLock, Fairness, HolderInfo, Lease,
@@ -28,14 +27,18 @@ use crate::{
 /// up to its own count. Names ending in `#permit-<i>` are the permits' own: a plain lock
 /// on `K#permit-0` competes with permit 0 of `K` (and a plain lock on `K` with none).
 ///
-/// Costs: a `try_acquire` tries the permits from a random one on, one request each, until
-/// one is free (`permits` requests when all are held); a blocking
-/// [`acquire`](DistributedLock::acquire) then waits on every permit at once, each as the
-/// backend waits for a lock (push where it has one), and takes the first granted,
-/// dropping the other waits (which backends leave no grant behind for). Each of those
-/// waits costs what a lock waiter costs: on Postgres a dedicated connection and a
-/// `max_waiting` slot, on ZooKeeper a queue node, on etcd a watch. Waiters are not served
-/// in arrival order across permits.
+/// Costs: the permits are taken with the lock's
+/// [`acquire_any`](DistributedLock::acquire_any) over the permit keys, from a random one
+/// on, so that clients spread over the permits. On Redis that is one script call per
+/// attempt whatever the count, and a waiter subscribes to every permit's release channel
+/// (on the client's one subscriber connection) and tries again on any release. Elsewhere
+/// a `try_acquire` tries the permits one request each until one is free (`permits`
+/// requests when all are held), and a blocking [`acquire`](DistributedLock::acquire) then
+/// waits on every permit at once, each as the backend waits for a lock (push where it
+/// has one), and takes the first granted, dropping the other waits (which backends leave
+/// no grant behind for). Each of those waits costs what a lock waiter costs: on Postgres
+/// a dedicated connection and a `max_waiting` slot, on ZooKeeper a queue node, on etcd a
+/// watch. Waiters are not served in arrival order across permits.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -100,34 +103,6 @@ impl Semaphore {
             .collect()
     }
 
-    /// One attempt at each permit of `name` in turn until one is granted: `Ok(None)` when
-    /// all are held. An error from one permit is returned only if no other was granted.
-    /// A labelled attempt is the lock's `acquire` without a wait, since `try_acquire`
-    /// takes no label.
-    async fn try_permits(
-        &self,
-        name: &LockKey,
-        once: &AcquireOptions,
-    ) -> Result<Option<Lease>, LockError> {
-        let mut failed = None;
-        for permit in self.permit_keys(name)? {
-            let attempt = match once.label {
-                None => self.lock.try_acquire(&permit, once.ttl).await,
-                Some(_) => match self.lock.acquire(&permit, once).await {
-                    Ok(lease) => Ok(Some(lease)),
-                    Err(LockError::Timeout { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                },
-            };
-            match attempt {
-                Ok(Some(lease)) => return Ok(Some(lease)),
-                Ok(None) => {}
-                Err(e) => failed = Some(e),
-            }
-        }
-        failed.map_or(Ok(None), Err)
-    }
-
     /// Each held permit of `name` with its holder, in permit order.
     ///
     /// # Cancel safety
@@ -150,59 +125,26 @@ impl DistributedLock for Semaphore {
     /// permit is returned only if no other permit was granted.
     ///
     /// # Cancel safety
-    /// As the lock's `try_acquire`, for the one permit being asked for.
+    /// As the lock's [`acquire_any`](DistributedLock::acquire_any).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.try_permits(key, &AcquireOptions::new(ttl).wait(Duration::ZERO))
-            .await
+        let once = AcquireOptions::new(ttl).wait(Duration::ZERO);
+        match self.lock.acquire_any(&self.permit_keys(key)?, &once).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Takes a free permit, or waits up to `opts.wait` on every permit at once and takes
-    /// the first granted. As with a lock, a retryable error is waited out within the
-    /// wait, and returned instead of [`LockError::Timeout`] if it was the last word.
+    /// Takes a free permit, or waits up to `opts.wait` for any permit of `key` and takes
+    /// the first granted: the lock's [`acquire_any`](DistributedLock::acquire_any) over
+    /// the permits. As with a lock, a retryable error is waited out within the wait, and
+    /// returned instead of [`LockError::Timeout`] if it was the last word.
     ///
     /// # Cancel safety
-    /// As the lock's `acquire`, for each permit: the waits not granted are dropped.
+    /// As the lock's [`acquire_any`](DistributedLock::acquire_any).
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        opts.validate()?;
-        let started = std::time::Instant::now();
-        let tried = match self
-            .try_permits(key, &opts.clone().wait(Duration::ZERO))
-            .await
-        {
-            Ok(Some(lease)) => return Ok(lease),
-            Ok(None) => None,
-            Err(e) if e.is_retryable() => Some(e),
-            Err(e) => return Err(e),
-        };
-        let wait = opts
-            .wait
-            .checked_sub(started.elapsed())
-            .unwrap_or(Duration::ZERO);
-        if wait.is_zero() {
-            return Err(tried.unwrap_or(LockError::Timeout {
-                waited: started.elapsed(),
-            }));
-        }
-        let opts = opts.clone().wait(wait);
-        let permits = self.permit_keys(key)?;
-        let mut waits: FuturesUnordered<_> = permits
-            .iter()
-            .map(|permit| self.lock.acquire(permit, &opts))
-            .collect();
-        // The waits' own last words: a wait that saw its permit held ends in Timeout.
-        let mut failed = None;
-        while let Some(result) = waits.next().await {
-            match result {
-                Ok(lease) => return Ok(lease),
-                Err(LockError::Timeout { .. }) => {}
-                Err(e) if e.is_retryable() => failed = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(failed.unwrap_or(LockError::Timeout {
-            waited: started.elapsed(),
-        }))
+        self.lock.acquire_any(&self.permit_keys(key)?, opts).await
     }
 
     /// Extends the permit the lease holds.

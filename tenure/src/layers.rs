@@ -63,6 +63,14 @@ impl DistributedLock for DriftMargin {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        Ok(self.tightened(self.inner.acquire_any(keys, opts).await?))
+    }
 }
 
 /// Wraps a lock in another [`DistributedLock`] — tower's `Layer`, for locks — so that
@@ -170,6 +178,13 @@ mod tests {
             "the margin is extra"
         );
         assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+        let keys = [LockKey::new("a").unwrap(), LockKey::new("b").unwrap()];
+        let any = lock
+            .acquire_any(&keys, &AcquireOptions::new(ttl))
+            .await
+            .unwrap();
+        let budget = any.valid_until() - any.acquired_at();
+        assert!(budget <= ttl - Duration::from_millis(300), "{budget:?}");
     }
 
     #[tokio::test]
