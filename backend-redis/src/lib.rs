@@ -606,12 +606,13 @@ impl RedisLock {
         }
     }
 
-    /// Releases `owner`'s lock of each of `keys`, one after the other, each whatever
-    /// became of the others: whether one was released, or the first error.
+    /// Releases `owner`'s lock of each of `keys`, all at once (pipelined on the one
+    /// connection): whether one was released, or the first error.
     async fn release_each(&self, keys: &[LockKey], owner: OwnerId) -> Result<bool, LockError> {
+        let releases = keys.iter().map(|key| self.release_owner(key, owner));
         let mut released = Ok(false);
-        for key in keys {
-            match (self.release_owner(key, owner).await, &mut released) {
+        for outcome in futures::future::join_all(releases).await {
+            match (outcome, &mut released) {
                 (Ok(true), Ok(any)) => *any = true,
                 (Err(e), Ok(_)) => released = Err(e),
                 _ => {}

@@ -217,6 +217,20 @@ impl Recorded {
     pub fn client(&self) -> usize {
         self.client
     }
+
+    /// Records the grant of an acquire invoked at `invoked` that returned `result`.
+    fn opened(
+        &self,
+        invoked: Instant,
+        result: Result<Lease, LockError>,
+    ) -> Result<Lease, LockError> {
+        if let Ok(lease) = &result {
+            let completed = Instant::now();
+            self.history
+                .open(self.client, lease, invoked, completed, None, None);
+        }
+        result
+    }
 }
 
 #[async_trait]
@@ -234,13 +248,16 @@ impl DistributedLock for Recorded {
 
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         let invoked = Instant::now();
-        let result = self.inner.acquire(key, opts).await;
-        if let Ok(lease) = &result {
-            let completed = Instant::now();
-            self.history
-                .open(self.client, lease, invoked, completed, None, None);
-        }
-        result
+        self.opened(invoked, self.inner.acquire(key, opts).await)
+    }
+
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let invoked = Instant::now();
+        self.opened(invoked, self.inner.acquire_any(keys, opts).await)
     }
 
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {

@@ -121,8 +121,9 @@ impl Semaphore {
 
 #[async_trait]
 impl DistributedLock for Semaphore {
-    /// Takes a free permit of `key`: `Ok(None)` when all are held. An error from one
-    /// permit is returned only if no other permit was granted.
+    /// Takes a free permit of `key`: `Ok(None)` when all are held. A retryable error from
+    /// one permit is returned only if no other permit was granted; any other error ends
+    /// the attempt.
     ///
     /// # Cancel safety
     /// As the lock's [`acquire_any`](DistributedLock::acquire_any).

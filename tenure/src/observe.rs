@@ -20,8 +20,8 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `tenure_acquire_wait_seconds` | histogram | backend, key_prefix | duration of every `acquire` and `try_acquire`, whatever the outcome |
-//! | `tenure_acquire_total` | counter | backend, key_prefix, outcome | `acquire` and `try_acquire` calls |
+//! | `tenure_acquire_wait_seconds` | histogram | backend, key_prefix | duration of every `acquire`, `acquire_any` and `try_acquire`, whatever the outcome |
+//! | `tenure_acquire_total` | counter | backend, key_prefix, outcome | `acquire`, `acquire_any` and `try_acquire` calls |
 //! | `tenure_extend_total` | counter | backend, key_prefix, outcome | `extend` calls |
 //! | `tenure_lease_lost_total` | counter | backend, key_prefix | leases found lost (below) |
 //! | `tenure_held` | gauge | backend, key_prefix | leases granted and not yet released, lost or abandoned |
@@ -72,6 +72,9 @@ pub enum Op {
     TryAcquire,
     /// [`DistributedLock::acquire`].
     Acquire,
+    /// [`DistributedLock::acquire_any`] (a semaphore's permits); its `key` is the first
+    /// key asked for, the lease says which was granted.
+    AcquireAny,
     /// [`DistributedLock::extend`].
     Extend,
     /// [`DistributedLock::release`].
@@ -81,11 +84,12 @@ pub enum Op {
 }
 
 impl Op {
-    /// `try_acquire`, `acquire`, `extend`, `release` or `inspect`.
+    /// `try_acquire`, `acquire`, `acquire_any`, `extend`, `release` or `inspect`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TryAcquire => "try_acquire",
             Self::Acquire => "acquire",
+            Self::AcquireAny => "acquire_any",
             Self::Extend => "extend",
             Self::Release => "release",
             Self::Inspect => "inspect",
@@ -408,6 +412,21 @@ impl<O: Observer> DistributedLock for Observed<O> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let Some(first) = keys.first() else {
+            return self.inner.acquire_any(keys, opts).await; // refused: nothing to observe
+        };
+        let watch = self.begin(Op::AcquireAny, first);
+        let result = watch.run(self.inner.acquire_any(keys, opts)).await;
+        let grant = result.as_ref().ok().map(Grant::of);
+        watch.end(&result, grant, |_| Outcome::Acquired);
+        result
+    }
 }
 
 /// The [`Traced`] observer: an INFO span `tenure` per operation with the fields `op`,
@@ -458,9 +477,9 @@ impl Observer for Tracing {
 
 /// Metric names.
 pub mod names {
-    /// Histogram: seconds spent in `acquire`/`try_acquire`.
+    /// Histogram: seconds spent in `acquire`/`acquire_any`/`try_acquire`.
     pub const ACQUIRE_WAIT_SECONDS: &str = "tenure_acquire_wait_seconds";
-    /// Counter: `acquire`/`try_acquire` calls by outcome.
+    /// Counter: `acquire`/`acquire_any`/`try_acquire` calls by outcome.
     pub const ACQUIRE_TOTAL: &str = "tenure_acquire_total";
     /// Counter: `extend` calls by outcome.
     pub const EXTEND_TOTAL: &str = "tenure_extend_total";
@@ -625,7 +644,7 @@ impl Observer for Metrics {
             .increment(1);
         };
         match (call.op, done.outcome, done.grant) {
-            (Op::Acquire | Op::TryAcquire, outcome, grant) => {
+            (Op::Acquire | Op::AcquireAny | Op::TryAcquire, outcome, grant) => {
                 metrics::histogram!(names::ACQUIRE_WAIT_SECONDS, &labels)
                     .record(done.elapsed.as_secs_f64());
                 with_outcome(names::ACQUIRE_TOTAL);

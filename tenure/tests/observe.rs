@@ -316,3 +316,44 @@ fn releases_and_losses_never_push_the_gauge_below_zero() {
         );
     });
 }
+
+#[test]
+fn a_semaphore_permit_is_one_observed_acquire_any() {
+    let captured = observed(|mut metrics| async move {
+        let uploads = tenure::Semaphore::new(layered(MemoryLock::new()), 3).unwrap();
+        let name = LockKey::new("jobs/uploads").unwrap();
+        let ttl = Duration::from_secs(10);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(uploads.try_acquire(&name, ttl).await.unwrap().unwrap());
+        }
+        assert!(uploads.try_acquire(&name, ttl).await.unwrap().is_none());
+        assert_eq!(metrics.read().get("tenure_held", &[]), 3.0);
+        for lease in held {
+            uploads.release(lease).await.unwrap();
+        }
+        let m = metrics.read();
+        let outcome = |o: &'static str| [("outcome", o)];
+        assert_eq!(m.get("tenure_acquire_total", &outcome("acquired")), 3.0);
+        assert_eq!(m.get("tenure_acquire_total", &outcome("timeout")), 1.0);
+        assert_eq!(m.get("tenure_held", &[]), 0.0);
+    });
+    let spans = captured.spans.lock().unwrap().clone();
+    let ops: Vec<(&str, &str)> = spans
+        .iter()
+        .map(|(_, fields)| (fields["op"].as_str(), fields["outcome"].as_str()))
+        .collect();
+    let mut expected = vec![("acquire_any", "acquired"); 3];
+    expected.push(("acquire_any", "timeout"));
+    expected.extend([("release", "released"); 3]);
+    assert_eq!(
+        ops, expected,
+        "one span per permit taken, not one per permit tried"
+    );
+    assert!(
+        spans
+            .iter()
+            .all(|(_, f)| f["key"].starts_with("jobs/uploads#permit-")),
+        "{spans:?}"
+    );
+}
