@@ -2,6 +2,7 @@
 
 mod admin;
 mod config;
+mod feed;
 mod queue;
 mod rpc;
 mod session;
@@ -518,6 +519,15 @@ impl DistributedLock for EtcdLock {
             remaining: Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0))),
             label,
         }))
+    }
+
+    /// The key's queue read once, then followed by a watch from that revision: every head
+    /// of the queue — every holder — in order, however briefly it held, each with its
+    /// token and label (`remaining` is not read). A broken watch is an `Err` item, and the
+    /// feed watches again from the last revision it saw, so nothing is missed unless the
+    /// cluster compacted those revisions meanwhile (it then reads the queue afresh).
+    fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
+        Some(feed::holder_feed(self.rpc.clone(), self.queue_prefix(key)))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -260,6 +260,10 @@ impl DistributedLock for Recorded {
         self.opened(invoked, self.inner.acquire_any(keys, opts).await)
     }
 
+    fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
+        self.inner.holder_changes(key)
+    }
+
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         let invoked = Instant::now();
         let before = lease.token();

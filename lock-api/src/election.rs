@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::{
-    validate_ttl, AcquireOptions, DistributedLock, FencingKind, FencingToken, LockError, LockExt,
-    LockGuard, LockKey, LostSignal, OwnerId, ReleaseOutcome,
+    validate_ttl, AcquireOptions, DistributedLock, FencingKind, FencingToken, HolderInfo,
+    LockError, LockExt, LockGuard, LockKey, LostSignal, OwnerId, ReleaseOutcome,
 };
 
 /// Leader election for names on any [`DistributedLock`] that records labels and hands out
@@ -128,76 +128,98 @@ impl Election {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     pub async fn leader(&self, name: &LockKey) -> Result<Option<Leader>, LockError> {
-        let Some(holder) = self.lock.inspect(name).await? else {
-            return Ok(None);
-        };
-        let (Some(value), Some(term)) = (holder.label, holder.token) else {
-            return Err(LockError::backend(format!(
-                "`{name}` is held by {} without a leader value or term: a plain lock, not a \
-                 leadership",
-                holder.owner
-            )));
-        };
-        Ok(Some(Leader {
-            value,
-            term,
-            owner: holder.owner,
-        }))
+        leader_of(name, self.lock.inspect(name).await?)
     }
 
     /// The leadership of `name` as it changes: the current state first, then each new
-    /// leader or vacancy, read every `every`. Terms in the stream strictly increase (a
-    /// reading older than one already given is skipped), so a leader that holds the name
-    /// for at least `every` is always seen, in order; one that comes and goes between two
-    /// readings can be missed. A failed reading is an `Err` item, and the stream goes on.
+    /// leader or vacancy. Terms in the stream strictly increase (a reading older than one
+    /// already given is skipped). A failed reading is an `Err` item, and the stream goes
+    /// on.
+    ///
+    /// On a backend that pushes its holders ([`DistributedLock::holder_changes`]: etcd)
+    /// every leader is seen, however briefly it led, and `every` is not used. Elsewhere the
+    /// leader is read every `every`: a leader that holds the name for at least `every` is
+    /// always seen, in order; one that comes and goes between two readings can be missed.
     pub fn observe(
         &self,
         name: &LockKey,
         every: Duration,
     ) -> BoxStream<'static, Result<Option<Leader>, LockError>> {
-        struct Observer {
-            election: Election,
-            name: LockKey,
-            every: Duration,
-            /// Whether a reading was made (every later one waits `every` first).
-            read: bool,
-            /// What was last given (`None` before the first reading).
-            shown: Option<Option<FencingToken>>,
-            /// The highest term given so far.
-            highest: Option<FencingToken>,
-        }
-        let observer = Observer {
-            election: self.clone(),
-            name: name.clone(),
-            every,
-            read: false,
-            shown: None,
-            highest: None,
-        };
-        stream::unfold(observer, |mut o| async move {
-            loop {
-                if o.read {
-                    tokio::time::sleep(o.every).await;
+        let readings = self.lock.holder_changes(name).unwrap_or_else(|| {
+            let lock = self.lock.clone();
+            let name = name.clone();
+            // Every reading after the first waits `every`, a failed one too.
+            stream::unfold(false, move |read| {
+                let (lock, name) = (lock.clone(), name.clone());
+                async move {
+                    if read {
+                        tokio::time::sleep(every).await;
+                    }
+                    Some((lock.inspect(&name).await, true))
                 }
-                o.read = true;
-                let reading = o.election.leader(&o.name).await;
-                let term = match &reading {
-                    Err(_) => return Some((reading, o)),
-                    Ok(leader) => leader.as_ref().map(|l| l.term),
+            })
+            .boxed()
+        });
+        let name = name.clone();
+        let mut terms = Terms::default();
+        readings
+            .filter_map(move |reading| {
+                let leader = reading.and_then(|holder| leader_of(&name, holder));
+                let given = match leader {
+                    Ok(leader) => terms
+                        .next(leader.as_ref().map(|l| l.term))
+                        .then_some(Ok(leader)),
+                    Err(e) => Some(Err(e)),
                 };
-                if term.is_some() && term <= o.highest && o.shown != Some(term) {
-                    // A stale reading (that term was over already), or the leader seen
-                    // again after a vacancy read in between: given once only.
-                    continue;
-                }
-                if o.shown != Some(term) {
-                    o.shown = Some(term);
-                    o.highest = o.highest.max(term);
-                    return Some((reading, o));
-                }
-            }
-        })
-        .boxed()
+                std::future::ready(given)
+            })
+            .boxed()
+    }
+}
+
+/// The leader a holder of `name` is: `None` when free, an error for a holder without a
+/// value or term (a plain lock on the name).
+fn leader_of(name: &LockKey, holder: Option<HolderInfo>) -> Result<Option<Leader>, LockError> {
+    let Some(holder) = holder else {
+        return Ok(None);
+    };
+    let (Some(value), Some(term)) = (holder.label, holder.token) else {
+        return Err(LockError::backend(format!(
+            "`{name}` is held by {} without a leader value or term: a plain lock, not a \
+             leadership",
+            holder.owner
+        )));
+    };
+    Ok(Some(Leader {
+        value,
+        term,
+        owner: holder.owner,
+    }))
+}
+
+/// Which terms [`Election::observe`] gives: each change once, terms increasing.
+#[derive(Default)]
+struct Terms {
+    /// What was last given (`None` before the first reading).
+    shown: Option<Option<FencingToken>>,
+    /// The highest term given so far.
+    highest: Option<FencingToken>,
+}
+
+impl Terms {
+    /// Whether a reading of `term` (`None`: vacant) is given.
+    fn next(&mut self, term: Option<FencingToken>) -> bool {
+        if term.is_some() && term <= self.highest && self.shown != Some(term) {
+            // A stale reading (that term was over already), or the leader seen again
+            // after a vacancy read in between: given once only.
+            return false;
+        }
+        if self.shown == Some(term) {
+            return false;
+        }
+        self.shown = Some(term);
+        self.highest = self.highest.max(term);
+        true
     }
 }
 
@@ -268,12 +290,14 @@ mod tests {
     use crate::{Capabilities, HolderInfo, Lease, MemoryLock};
 
     /// A memory lock declaring `caps`, whose `inspect` answers from `script` (terms of
-    /// leaders named `leader-<term>`) until it runs out.
+    /// leaders named `leader-<term>`) until it runs out — or, when `fed`, whose
+    /// `holder_changes` gives the whole script as its feed.
     #[derive(Debug)]
     struct Fake {
         memory: MemoryLock,
         caps: Capabilities,
         script: std::sync::Mutex<Vec<Result<Option<u64>, LockError>>>,
+        fed: bool,
     }
 
     impl Fake {
@@ -283,6 +307,16 @@ mod tests {
                 memory,
                 caps,
                 script,
+                fed: false,
+            })
+        }
+
+        fn holder(term: Option<u64>) -> Option<HolderInfo> {
+            term.map(|term| HolderInfo {
+                owner: OwnerId([0; 16]),
+                token: Some(FencingToken(term)),
+                remaining: None,
+                label: Some(format!("leader-{term}")),
             })
         }
     }
@@ -313,16 +347,55 @@ mod tests {
             let Some(next) = next else {
                 return self.memory.inspect(key).await;
             };
-            Ok(next?.map(|term| HolderInfo {
-                owner: OwnerId([0; 16]),
-                token: Some(FencingToken(term)),
-                remaining: None,
-                label: Some(format!("leader-{term}")),
-            }))
+            Ok(Self::holder(next?))
         }
         fn capabilities(&self) -> Capabilities {
             self.caps
         }
+        fn holder_changes(&self, _key: &LockKey) -> Option<crate::HolderFeed> {
+            if !self.fed {
+                return None;
+            }
+            let script = std::mem::take(&mut *self.script.lock().unwrap());
+            let feed = script.into_iter().map(|r| r.map(Self::holder));
+            Some(stream::iter(feed).boxed())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observers_follow_a_pushed_feed_without_reading() {
+        let script = vec![
+            Ok(None),
+            Ok(Some(1)),
+            Ok(None),
+            Err(LockError::backend("watch broke")),
+            Ok(Some(1)), // given again after the feed's restart: given once
+            Ok(Some(2)),
+            Ok(Some(3)),
+        ];
+        let lock = Arc::new(Fake {
+            fed: true,
+            ..Arc::into_inner(Fake::new(MemoryLock::new().capabilities(), script)).unwrap()
+        });
+        let started = tokio::time::Instant::now();
+        let changes: Vec<_> = Election::new(lock)
+            .unwrap()
+            .observe(&LockKey::new("n").unwrap(), Duration::from_secs(3600))
+            .map(|c| c.map(|l| l.map(|l| l.term.get())).map_err(|_| ()))
+            .collect()
+            .await;
+        assert_eq!(
+            changes,
+            [
+                Ok(None),
+                Ok(Some(1)),
+                Ok(None),
+                Err(()),
+                Ok(Some(2)),
+                Ok(Some(3))
+            ]
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO, "no reading waited for");
     }
 
     #[tokio::test(start_paused = true)]

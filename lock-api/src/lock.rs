@@ -142,7 +142,25 @@ pub trait DistributedLock: Send + Sync + Debug {
         }
         Err(failed.unwrap_or_else(|| timeout(started)))
     }
+
+    /// The holders of `key` as the backend pushes them: the current holder (`None`: free)
+    /// first, then each later holder and vacancy in order, none missed, each once.
+    /// `remaining` is `None` in these readings. A failed reading is an `Err` item and the
+    /// feed goes on (reading the current state again). `None` when the backend has no
+    /// such feed — the provided method —, and callers read with
+    /// [`inspect`](Self::inspect) instead; etcd has one (a watch on the key's queue).
+    /// What [`Election::observe`](crate::Election::observe) follows.
+    ///
+    /// # Cancel safety
+    /// Read-only: dropping the stream ends the feed.
+    fn holder_changes(&self, key: &LockKey) -> Option<HolderFeed> {
+        let _ = key;
+        None
+    }
 }
+
+/// A stream of holders, from [`DistributedLock::holder_changes`].
+pub type HolderFeed = futures::stream::BoxStream<'static, Result<Option<HolderInfo>, LockError>>;
 
 /// `keys`, or [`LockError::InvalidInput`] when there are none: for implementations of
 /// [`DistributedLock::acquire_any`].
@@ -181,6 +199,9 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
         (**self).acquire_any(keys, opts).await
+    }
+    fn holder_changes(&self, key: &LockKey) -> Option<HolderFeed> {
+        (**self).holder_changes(key)
     }
 }
 

@@ -76,6 +76,10 @@ impl DistributedLock for DriftMargin {
     ) -> Result<Lease, LockError> {
         Ok(self.tightened(self.inner.acquire_any(keys, opts).await?))
     }
+
+    fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
+        self.inner.holder_changes(key)
+    }
 }
 
 /// Wraps a lock in another [`DistributedLock`] — tower's `Layer`, for locks — so that

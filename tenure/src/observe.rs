@@ -427,6 +427,10 @@ impl<O: Observer> DistributedLock for Observed<O> {
         watch.end(&result, grant, |_| Outcome::Acquired);
         result
     }
+
+    fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
+        self.inner.holder_changes(key)
+    }
 }
 
 /// The [`Traced`] observer: an INFO span `tenure` per operation with the fields `op`,

@@ -1,0 +1,175 @@
+//! The holders of a key as they change ([`DistributedLock::holder_changes`]): the key's
+//! queue read once, then followed event by event with a watch from the revision read, so
+//! every head of the queue — every holder — is seen, in order, however briefly it held.
+//!
+//! [`DistributedLock::holder_changes`]: tenure_api::DistributedLock::holder_changes
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
+use futures::stream::{self, StreamExt};
+use tenure_api::{parse_holder_text, FencingToken, HolderFeed, HolderInfo, LockError};
+
+use crate::rpc::{convert, Rpc};
+
+/// How long the feed waits after a failed reading before it reads (or watches) again.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// A key's holders, as a stream (see the module docs).
+pub(crate) fn holder_feed(rpc: Rpc, prefix: String) -> HolderFeed {
+    let feed = Feed {
+        rpc,
+        prefix,
+        queue: BTreeMap::new(),
+        revision: None,
+        watch: None,
+        shown: None,
+        ready: VecDeque::new(),
+        failed: false,
+    };
+    stream::unfold(feed, |mut feed| async move {
+        loop {
+            if let Some(item) = feed.ready.pop_front() {
+                return Some((item, feed));
+            }
+            if let Err(e) = feed.step().await {
+                feed.watch = None;
+                feed.failed = true;
+                return Some((Err(e), feed));
+            }
+        }
+    })
+    .boxed()
+}
+
+struct Feed {
+    rpc: Rpc,
+    /// The key's queue prefix.
+    prefix: String,
+    /// The queue as of `revision`: create revision → (key, value).
+    queue: BTreeMap<i64, (Vec<u8>, Vec<u8>)>,
+    /// The last revision the queue reflects (`None` before the first reading).
+    revision: Option<i64>,
+    watch: Option<WatchStream>,
+    /// The head last given (`None` before the first; `Some(None)`: vacant).
+    shown: Option<Option<i64>>,
+    /// Readings not yet given.
+    ready: VecDeque<Result<Option<HolderInfo>, LockError>>,
+    /// The last step failed: pause before the next.
+    failed: bool,
+}
+
+impl Feed {
+    /// Reads the queue or the watch's next message, queueing any change of holder.
+    async fn step(&mut self) -> Result<(), LockError> {
+        if self.failed {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            self.failed = false;
+        }
+        let Some(watch) = self.watch.as_mut() else {
+            return self.start().await;
+        };
+        let config = &self.rpc.config;
+        let message = watch
+            .message()
+            .await
+            .map_err(|e| convert(config, "holder watch", e))?
+            .ok_or_else(|| self.rpc.unavailable("holder watch: the stream ended"))?;
+        if message.canceled() {
+            self.watch = None;
+            if message.compact_revision() > 0 {
+                // The revisions after ours were compacted away: read the queue afresh.
+                self.revision = None;
+                return Ok(());
+            }
+            return Err(self.rpc.unavailable(&format!(
+                "holder watch cancelled: {}",
+                message.cancel_reason()
+            )));
+        }
+        let mut events = message.events().iter().filter_map(|e| Some((e, e.kv()?)));
+        let mut next = events.next();
+        while let Some((event, kv)) = next {
+            match event.event_type() {
+                EventType::Put => {
+                    let entry = (kv.key().to_vec(), kv.value().to_vec());
+                    self.queue.insert(kv.create_revision(), entry);
+                }
+                EventType::Delete => self.queue.retain(|_, (key, _)| key != kv.key()),
+            }
+            self.revision = Some(kv.mod_revision());
+            next = events.next();
+            // A revision's events all apply at once: its head counts, not one in between.
+            if next.is_none_or(|(_, after)| after.mod_revision() != kv.mod_revision()) {
+                self.give_head();
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the queue (the first time, or after a compaction), then watches it from the
+    /// revision after the one it reflects.
+    async fn start(&mut self) -> Result<(), LockError> {
+        let revision = match self.revision {
+            Some(revision) => revision,
+            None => {
+                let options = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend);
+                let reply = self.rpc.get("holder get", &self.prefix, options).await?;
+                self.queue = reply
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        let entry = (kv.key().to_vec(), kv.value().to_vec());
+                        (kv.create_revision(), entry)
+                    })
+                    .collect();
+                let revision = reply.header().map_or(0, |h| h.revision());
+                self.revision = Some(revision);
+                self.give_head();
+                revision
+            }
+        };
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let watch = || {
+            let mut watches = self.rpc.client.watch_client();
+            let (prefix, options) = (self.prefix.clone(), options.clone());
+            async move { watches.watch(prefix, Some(options)).await }
+        };
+        self.watch = Some(self.rpc.call("holder watch", watch).await?);
+        Ok(())
+    }
+
+    /// Queues the queue's head if it changed since the last one given.
+    fn give_head(&mut self) {
+        let head = self.queue.iter().next();
+        let revision = head.map(|(revision, _)| *revision);
+        if self.shown == Some(revision) {
+            return;
+        }
+        self.shown = Some(revision);
+        self.ready.push_back(match head {
+            None => Ok(None),
+            Some((&revision, (_, value))) => holder(revision, value),
+        });
+    }
+}
+
+/// The holder recorded in a queue entry created at `revision` with `value`.
+fn holder(revision: i64, value: &[u8]) -> Result<Option<HolderInfo>, LockError> {
+    let text = std::str::from_utf8(value)
+        .map_err(|_| LockError::backend("a lock queue entry that is not UTF-8"))?;
+    let (owner, label) = parse_holder_text(text)?;
+    let token = u64::try_from(revision)
+        .map_err(|_| LockError::backend(format!("create revision {revision}")))?;
+    Ok(Some(HolderInfo {
+        owner,
+        token: Some(FencingToken(token)),
+        remaining: None,
+        label,
+    }))
+}
