@@ -1,6 +1,13 @@
 //! The holders of a key as they change ([`DistributedLock::holder_changes`]): the key's
 //! queue read once, then followed event by event with a watch from the revision read, so
-//! every head of the queue — every holder — is seen, in order, however briefly it held.
+//! every head of the queue — every holder, as the server saw it — is seen, in order,
+//! however briefly it held.
+//!
+//! The revision the feed has seen up to moves with each event and, while the queue is
+//! quiet, with the progress the server confirms every [`PROGRESS_EVERY`]: so after a
+//! broken watch it resumes from a recent revision, which a compaction has most likely
+//! left alone (only if it has not does the feed read the queue afresh, and may miss what
+//! happened in between).
 //!
 //! [`DistributedLock::holder_changes`]: tenure_api::DistributedLock::holder_changes
 
@@ -13,8 +20,13 @@ use tenure_api::{parse_holder_text, FencingToken, HolderFeed, HolderInfo, LockEr
 
 use crate::rpc::{convert, Rpc};
 
-/// How long the feed waits after a failed reading before it reads (or watches) again.
+/// How long the feed waits after a failed reading before it reads (or watches) again,
+/// doubled after each further failure up to [`MAX_RETRY_PAUSE`].
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(10);
+
+/// How often a quiet watch asks the server how far it has caught up.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
 /// A key's holders, as a stream (see the module docs).
 pub(crate) fn holder_feed(rpc: Rpc, prefix: String) -> HolderFeed {
@@ -26,17 +38,20 @@ pub(crate) fn holder_feed(rpc: Rpc, prefix: String) -> HolderFeed {
         watch: None,
         shown: None,
         ready: VecDeque::new(),
-        failed: false,
+        failures: 0,
     };
     stream::unfold(feed, |mut feed| async move {
         loop {
             if let Some(item) = feed.ready.pop_front() {
                 return Some((item, feed));
             }
-            if let Err(e) = feed.step().await {
-                feed.watch = None;
-                feed.failed = true;
-                return Some((Err(e), feed));
+            match feed.step().await {
+                Ok(()) => feed.failures = 0,
+                Err(e) => {
+                    feed.watch = None;
+                    feed.failures = feed.failures.saturating_add(1);
+                    return Some((Err(e), feed));
+                }
             }
         }
     })
@@ -56,24 +71,33 @@ struct Feed {
     shown: Option<Option<i64>>,
     /// Readings not yet given.
     ready: VecDeque<Result<Option<HolderInfo>, LockError>>,
-    /// The last step failed: pause before the next.
-    failed: bool,
+    /// Failed steps in a row: the next one pauses first.
+    failures: u32,
 }
 
 impl Feed {
     /// Reads the queue or the watch's next message, queueing any change of holder.
     async fn step(&mut self) -> Result<(), LockError> {
-        if self.failed {
-            tokio::time::sleep(RETRY_PAUSE).await;
-            self.failed = false;
+        if self.failures > 0 {
+            let doublings = (self.failures - 1).min(5);
+            tokio::time::sleep((RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)).await;
         }
         let Some(watch) = self.watch.as_mut() else {
             return self.start().await;
         };
         let config = &self.rpc.config;
-        let message = watch
-            .message()
-            .await
+        let message = tokio::select! {
+            message = watch.message() => Some(message),
+            _ = tokio::time::sleep(PROGRESS_EVERY) => None,
+        };
+        let Some(message) = message else {
+            // Quiet for a while: ask for a progress report (answered once caught up).
+            return watch
+                .request_progress()
+                .await
+                .map_err(|e| convert(config, "holder watch progress", e));
+        };
+        let message = message
             .map_err(|e| convert(config, "holder watch", e))?
             .ok_or_else(|| self.rpc.unavailable("holder watch: the stream ended"))?;
         if message.canceled() {
@@ -87,6 +111,13 @@ impl Feed {
                 "holder watch cancelled: {}",
                 message.cancel_reason()
             )));
+        }
+        if message.events().is_empty() && !message.created() {
+            // A progress report: every revision up to its header's is delivered.
+            if let Some(header) = message.header() {
+                self.revision = self.revision.max(Some(header.revision()));
+            }
+            return Ok(());
         }
         let mut events = message.events().iter().filter_map(|e| Some((e, e.kv()?)));
         let mut next = events.next();

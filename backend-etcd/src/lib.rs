@@ -522,10 +522,11 @@ impl DistributedLock for EtcdLock {
     }
 
     /// The key's queue read once, then followed by a watch from that revision: every head
-    /// of the queue — every holder — in order, however briefly it held, each with its
-    /// token and label (`remaining` is not read). A broken watch is an `Err` item, and the
-    /// feed watches again from the last revision it saw, so nothing is missed unless the
-    /// cluster compacted those revisions meanwhile (it then reads the queue afresh).
+    /// of the queue — every holder as the server saw it — in order, however briefly it
+    /// held, each with its token and label (`remaining` is not read). A broken watch is an
+    /// `Err` item, and the feed watches again from the last revision it saw (kept recent
+    /// by progress reports while the queue is quiet), so nothing is missed unless the
+    /// cluster compacted past it meanwhile (the feed then reads the queue afresh).
     fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
         Some(feed::holder_feed(self.rpc.clone(), self.queue_prefix(key)))
     }

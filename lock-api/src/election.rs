@@ -137,9 +137,11 @@ impl Election {
     /// on.
     ///
     /// On a backend that pushes its holders ([`DistributedLock::holder_changes`]: etcd)
-    /// every leader is seen, however briefly it led, and `every` is not used. Elsewhere the
-    /// leader is read every `every`: a leader that holds the name for at least `every` is
-    /// always seen, in order; one that comes and goes between two readings can be missed.
+    /// every leader is seen, however briefly it led, and `every` is not used — a leader as
+    /// the server saw it: a candidate whose campaign timed out just as it came first shows
+    /// as a leader it never learned it was. Elsewhere the leader is read every `every`: a
+    /// leader that holds the name for at least `every` is always seen, in order; one that
+    /// comes and goes between two readings can be missed.
     pub fn observe(
         &self,
         name: &LockKey,
@@ -369,7 +371,7 @@ mod tests {
             Ok(Some(1)),
             Ok(None),
             Err(LockError::backend("watch broke")),
-            Ok(Some(1)), // given again after the feed's restart: given once
+            Ok(Some(1)), // a feed that repeats itself (a misbehaving backend): given once
             Ok(Some(2)),
             Ok(Some(3)),
         ];

@@ -34,7 +34,8 @@ use crate::{
 /// ```
 ///
 /// Implementations convert their client errors into [`LockError`] and keep those client
-/// types private. Every method is a single bounded operation: none retries forever.
+/// types private. Every method is a single bounded operation: none retries forever (the
+/// stream [`holder_changes`](Self::holder_changes) gives is a feed, not a method call).
 #[async_trait]
 pub trait DistributedLock: Send + Sync + Debug {
     /// One attempt to take `key` for `ttl`. `Ok(None)`: someone else holds it. Never waits.
@@ -144,12 +145,16 @@ pub trait DistributedLock: Send + Sync + Debug {
     }
 
     /// The holders of `key` as the backend pushes them: the current holder (`None`: free)
-    /// first, then each later holder and vacancy in order, none missed, each once.
-    /// `remaining` is `None` in these readings. A failed reading is an `Err` item and the
-    /// feed goes on (reading the current state again). `None` when the backend has no
-    /// such feed — the provided method —, and callers read with
-    /// [`inspect`](Self::inspect) instead; etcd has one (a watch on the key's queue).
-    /// What [`Election::observe`](crate::Election::observe) follows.
+    /// first, then each later holder and vacancy in order, each once — every holder as
+    /// the server saw it, including a grant its requester gave up on as it came (a wait
+    /// that timed out at that moment): what [`inspect`](Self::inspect) would have
+    /// answered at each step. `remaining` is `None` in these readings. A failed reading is
+    /// an `Err` item and the feed goes on, resuming where it was (the backend documents
+    /// what, if anything, a long break can hide); the stream, unlike the methods, never
+    /// ends by itself. `None` when the backend has no such feed — the provided method —,
+    /// and callers read with [`inspect`](Self::inspect) instead; etcd has one (a watch on
+    /// the key's queue). What [`Election::observe`](crate::Election::observe) follows; a
+    /// wrapper forwards it, or its users fall back to reading.
     ///
     /// # Cancel safety
     /// Read-only: dropping the stream ends the feed.

@@ -1,10 +1,11 @@
 //! Wrappers that implement [`DistributedLock`] around any backend, so cross-cutting
 //! concerns compose without touching backends: [`LockLayer`]s, stacked by [`LockStack`].
 //!
-//! A wrapper forwards every method it can, [`DistributedLock::acquire_any`] included:
-//! without it, the provided method runs over the wrapper's own per-key calls, which is
-//! correct but gives up what the backend does better (Redis: one script call per
-//! attempt over all the keys).
+//! A wrapper forwards every method it can, [`DistributedLock::acquire_any`] and
+//! [`DistributedLock::holder_changes`] included: without them, the provided methods run
+//! over the wrapper's own per-key calls or say there is no feed, which is correct but
+//! gives up what the backend does better (Redis: one script call per attempt over all
+//! the keys; etcd: a watch instead of readings).
 
 use std::fmt;
 use std::sync::Arc;
