@@ -113,8 +113,10 @@ impl RedisLock {
         let limit = self.config.request_timeout;
         let mut found = Vec::new();
         let mut cursor = 0u64;
+        // One node for the whole walk: a cursor means nothing on another.
+        let node = self.primary.node();
         loop {
-            let mut conn = self.conn.clone();
+            let mut conn = node.conn.clone();
             let mut scan = redis::cmd("SCAN");
             scan.arg(cursor)
                 .arg("MATCH")

@@ -10,7 +10,8 @@ use tenure_api::LockError;
 /// How to reach one Redis server and how to name locks there.
 ///
 /// Parsed from `redis://[user[:password]@]host[:port][/db][?options]` or `rediss://…`
-/// (TLS). tenure's options, removed before the URL reaches the Redis client:
+/// (TLS), or `redis+sentinel://[user[:password]@]s1[:port],s2…/name[/db][?options]`
+/// (`rediss+sentinel://`): the primary that Redis Sentinel names (see [`SentinelConfig`]). tenure's options, removed before the URL reaches the Redis client:
 /// `prefix` (default `tenure:`), `connect_timeout_ms` (default 1000),
 /// `request_timeout_ms` (default 1000; also read as `command_timeout_ms`), `fence` (`clock`, the default, or `counter`: see
 /// [`FenceMode`]), `wait_replicas` and `wait_timeout_ms` (see
@@ -60,7 +61,27 @@ pub struct RedisConfig {
     pub cert_file: Option<PathBuf>,
     /// TLS only: the client certificate's private key (PEM).
     pub key_file: Option<PathBuf>,
+    /// Set by `redis+sentinel://`: the primary is whichever node these sentinels name,
+    /// asked again whenever it stops answering or says it is a replica.
+    pub sentinel: Option<SentinelConfig>,
 }
+
+/// Where Redis Sentinel is asked for the primary (`redis+sentinel://s1,s2,s3/name`).
+///
+/// The sentinels are asked in order (`SENTINEL get-master-addr-by-name`); the node named
+/// is checked with `ROLE` before it is used. They are asked without the URL's
+/// credentials (those are the data nodes'), over TLS with the same `ca_file`,
+/// `cert_file` and `key_file` for `rediss+sentinel://`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelConfig {
+    /// The sentinels, asked in this order.
+    pub sentinels: Vec<HostPort>,
+    /// The name they monitor the primary under.
+    pub master: String,
+}
+
+/// The port of a sentinel named without one.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// [`RedisConfig::wait_timeout`] unless the URL says otherwise.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -125,11 +146,79 @@ impl RedisConfig {
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let sentinel = text
+            .split_once("://")
+            .is_some_and(|(scheme, _)| scheme.to_ascii_lowercase().ends_with("+sentinel"));
+        if sentinel {
+            return Self::sentinel(text);
+        }
         let url = LockUrl::parse(text, "Redis", &["redis", "rediss"], 6379)?;
         match url.hosts() {
             [host] => Self::node(&url, host, url.scheme() == "rediss", &[]),
-            _ => Err(url.error("a redis:// URL names one server (redlock:// takes several)")),
+            _ => Err(url.error(
+                "a redis:// URL names one server (redlock:// takes several independent \
+                 ones, redis+sentinel:// the sentinels of one primary)",
+            )),
         }
+    }
+
+    /// `redis+sentinel://[user[:password]@]s1[:port],s2…/name[/db][?options]` (or
+    /// `rediss+sentinel://`): the same options as `redis://`.
+    fn sentinel(text: &str) -> Result<Self, LockError> {
+        let url = LockUrl::parse(
+            text,
+            "Redis Sentinel",
+            &["redis+sentinel", "rediss+sentinel"],
+            DEFAULT_SENTINEL_PORT,
+        )?;
+        let (master, db) = url.path().split_once('/').unwrap_or((url.path(), ""));
+        if master.is_empty() {
+            return Err(url.error(
+                "name the primary the sentinels monitor in the path: \
+                 redis+sentinel://s1,s2,s3/mymaster",
+            ));
+        }
+        let tls = url.scheme() == "rediss+sentinel";
+        let mut config = Self::node_with_db(&url, &url.hosts()[0], tls, db, &[])?;
+        config.sentinel = Some(SentinelConfig {
+            sentinels: url.hosts().to_vec(),
+            master: master.to_owned(),
+        });
+        Ok(config)
+    }
+
+    /// This configuration for the node at `addr` (which a sentinel named): the same
+    /// credentials, database, options and TLS files, no Sentinel.
+    pub(crate) fn at(&self, addr: &HostPort) -> Result<Self, LockError> {
+        let mut node = self.clone();
+        node.sentinel = None;
+        let host = if addr.host.contains(':') {
+            format!("[{}]", addr.host)
+        } else {
+            addr.host.clone()
+        };
+        let unusable = |why: String| LockError::Unavailable {
+            message: format!("{}: a sentinel named {addr}: {why}", self.endpoint()),
+            source: None,
+        };
+        node.url
+            .set_host(Some(&host))
+            .map_err(|e| unusable(e.to_string()))?;
+        node.url
+            .set_port(Some(addr.port))
+            .map_err(|()| unusable("no port can be set".into()))?;
+        Ok(node)
+    }
+
+    /// The configuration a sentinel at `addr` is asked with: TLS as the data nodes, no
+    /// credentials, no database.
+    pub(crate) fn sentinel_node(&self, addr: &HostPort) -> Result<Self, LockError> {
+        let mut node = self.at(addr)?;
+        node.url.set_path("");
+        node.url.set_query(None);
+        let _ = node.url.set_username("");
+        let _ = node.url.set_password(None);
+        Ok(node)
     }
 
     /// The server at `host` (over TLS if `tls`) with a decoded URL's credentials, database
@@ -142,9 +231,19 @@ impl RedisConfig {
         tls: bool,
         theirs: &[&str],
     ) -> Result<Self, LockError> {
+        Self::node_with_db(url, host, tls, url.path(), theirs)
+    }
+
+    fn node_with_db(
+        url: &LockUrl,
+        host: &HostPort,
+        tls: bool,
+        db: &str,
+        theirs: &[&str],
+    ) -> Result<Self, LockError> {
         let scheme = if tls { "rediss" } else { "redis" };
         let mut config = Self {
-            url: client_url(url, scheme, host)?,
+            url: client_url(url, scheme, host, db)?,
             prefix: "tenure:".into(),
             connect_timeout: Duration::from_millis(1000),
             request_timeout: Duration::from_millis(1000),
@@ -154,6 +253,7 @@ impl RedisConfig {
             ca_file: None,
             cert_file: None,
             key_file: None,
+            sentinel: None,
         };
         let mut wait_timeout_set = false;
         let mut handed_on = Vec::new();
@@ -223,9 +323,16 @@ impl RedisConfig {
         Ok(config)
     }
 
-    /// The URL handed to the Redis client (with its password).
-    pub fn client_url(&self) -> &str {
-        self.url.as_str()
+    /// The URL handed to the Redis client (with its password). A Sentinel configuration
+    /// names no one server: [`LockError::Config`] (connect with
+    /// [`RedisLock`](crate::RedisLock), which asks the sentinels).
+    pub fn client_url(&self) -> Result<&str, LockError> {
+        match &self.sentinel {
+            None => Ok(self.url.as_str()),
+            Some(_) => Err(LockError::Config(format!(
+                "{self} names no one server: the sentinels name the primary"
+            ))),
+        }
     }
 
     /// Checks the settings a caller may have set directly on the public fields: the
@@ -247,6 +354,15 @@ impl RedisConfig {
             }
         }
         self.validate_wait()?;
+        if let Some(sentinel) = &self.sentinel {
+            if sentinel.sentinels.is_empty() || sentinel.master.is_empty() {
+                return Err(LockError::Config(
+                    "a Redis Sentinel configuration needs at least one sentinel and the \
+                     primary's name"
+                        .into(),
+                ));
+            }
+        }
         self.validate_tls()
     }
 
@@ -306,7 +422,7 @@ impl RedisConfig {
             tenure_api::tls::install_crypto_provider();
         }
         if self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none() {
-            return redis::Client::open(self.client_url()).map_err(bad);
+            return redis::Client::open(self.client_url()?).map_err(bad);
         }
         let pem = tenure_api::tls::read_pem_files(
             &self.endpoint(),
@@ -321,7 +437,7 @@ impl RedisConfig {
                 client_key,
             });
         redis::Client::build_with_tls(
-            self.client_url(),
+            self.client_url()?,
             redis::TlsCertificates {
                 client_tls,
                 root_cert: pem.ca,
@@ -330,8 +446,15 @@ impl RedisConfig {
         .map_err(bad)
     }
 
-    /// `host:port` of the server.
+    /// `host:port` of the server; with Sentinel, `primary NAME via sentinels s1:p,…`.
     pub fn endpoint(&self) -> String {
+        if let Some(sentinel) = &self.sentinel {
+            return format!(
+                "primary {:?} via sentinels {}",
+                sentinel.master,
+                host_list(&sentinel.sentinels)
+            );
+        }
         format!(
             "{}:{}",
             self.url.host_str().unwrap_or_default(),
@@ -342,8 +465,39 @@ impl RedisConfig {
 
 impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact(&self.url))
+        let Some(sentinel) = &self.sentinel else {
+            return f.write_str(&redact(&self.url));
+        };
+        // The data nodes' URL with the sentinels in place of its host and the name
+        // before its database.
+        let node = redact(&self.url);
+        let (scheme, rest) = node.split_once("://").unwrap_or(("redis", &node));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
+        let db = path.split(['?']).next().unwrap_or_default();
+        let query = path.split_once('?').map(|(_, q)| format!("?{q}"));
+        write!(
+            f,
+            "{scheme}+sentinel://{}{}/{}{}{}",
+            userinfo.unwrap_or_default(),
+            host_list(&sentinel.sentinels),
+            sentinel.master,
+            if db.is_empty() {
+                String::new()
+            } else {
+                format!("/{db}")
+            },
+            query.unwrap_or_default()
+        )
     }
+}
+
+fn host_list(hosts: &[HostPort]) -> String {
+    hosts
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl fmt::Debug for RedisConfig {
@@ -359,14 +513,20 @@ impl fmt::Debug for RedisConfig {
             .field("ca_file", &self.ca_file)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
 
 /// The URL the Redis client gets for the node at `host`: the decoded credentials and the
 /// database number (the path: empty or a number), encoded again by `url::Url`.
-fn client_url(url: &LockUrl, scheme: &str, host: &HostPort) -> Result<url::Url, LockError> {
-    let db = url.path().trim_end_matches('/');
+fn client_url(
+    url: &LockUrl,
+    scheme: &str,
+    host: &HostPort,
+    db: &str,
+) -> Result<url::Url, LockError> {
+    let db = db.trim_end_matches('/');
     if !db.is_empty() && db.parse::<u16>().is_err() {
         return Err(url.error(format!("the database {db:?} is not a number")));
     }
@@ -405,7 +565,10 @@ mod tests {
             FenceMode::ClockFloored
         );
         assert_eq!(c.request_timeout, Duration::from_millis(250));
-        assert_eq!(c.client_url(), "redis://u:s3cret@h:7000/2?protocol=resp3");
+        assert_eq!(
+            c.client_url().unwrap(),
+            "redis://u:s3cret@h:7000/2?protocol=resp3"
+        );
         assert_eq!(c.endpoint(), "h:7000");
     }
 
@@ -452,7 +615,8 @@ mod tests {
             ("rediss://%C3%A9:%25@h", "\u{e9}", "%"),
         ] {
             let client =
-                url::Url::parse(RedisConfig::from_url(text).unwrap().client_url()).unwrap();
+                url::Url::parse(RedisConfig::from_url(text).unwrap().client_url().unwrap())
+                    .unwrap();
             let decoded = |part: &str| tenure_api::admin::percent_decode(part).unwrap();
             assert_eq!(decoded(client.username()), user, "{text}");
             assert_eq!(
@@ -553,11 +717,67 @@ mod tests {
             "redis://h?wait_replicas=1&wait_timeout_ms=0",
             "redis://h?wait_replicas=1&wait_timeout_ms=1000",
             "redis://h?wait_replicas=1&wait_timeout_ms=300&request_timeout_ms=300",
+            "redis+sentinel://s1,s2",
+            "redis+sentinel://s1/",
+            "redis+sentinel://s1//0",
+            "redis+sentinel://s1/m/notadb",
+            "redis+sentinel://s1/m?unknown=1",
+            "redis+sentinel://s1/m?ca_file=/x.pem",
+            "redis://h1,h2",
         ] {
             assert!(
                 matches!(RedisConfig::from_url(bad), Err(LockError::Config(_))),
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_the_primary_and_the_data_nodes_settings() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://app:s3cret@s1,s2:26380,[::1]:7/mymaster/3?prefix=x:&fence=counter&protocol=resp3",
+        )
+        .unwrap();
+        let sentinel = c.sentinel.as_ref().unwrap();
+        assert_eq!(sentinel.master, "mymaster");
+        let hosts: Vec<String> = sentinel.sentinels.iter().map(ToString::to_string).collect();
+        assert_eq!(hosts, ["s1:26379", "s2:26380", "[::1]:7"]);
+        assert_eq!((c.prefix.as_str(), c.fence), ("x:", FenceMode::Counter));
+        // A node the sentinels name gets the credentials, database and client options.
+        let node = c
+            .at(&HostPort {
+                host: "10.0.0.9".into(),
+                port: 6390,
+            })
+            .unwrap();
+        assert_eq!(node.sentinel, None);
+        assert_eq!(
+            node.client_url().unwrap(),
+            "redis://app:s3cret@10.0.0.9:6390/3?protocol=resp3"
+        );
+        // A sentinel is asked without them.
+        let asked = c.sentinel_node(&sentinel.sentinels[2]).unwrap();
+        assert_eq!(asked.client_url().unwrap(), "redis://[::1]:7");
+        assert!(matches!(c.client_url(), Err(LockError::Config(_))));
+        for shown in [c.to_string(), format!("{c:?}"), c.endpoint()] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        assert_eq!(
+            c.to_string(),
+            "redis+sentinel://app:***@s1:26379,s2:26380,[::1]:7/mymaster/3?protocol=resp3"
+        );
+        assert_eq!(
+            c.endpoint(),
+            "primary \"mymaster\" via sentinels s1:26379,s2:26380,[::1]:7"
+        );
+        let tls = RedisConfig::from_url("REDISS+SENTINEL://s1/m?ca_file=/ca.pem").unwrap();
+        assert!(tls.tls());
+        assert_eq!(
+            tls.sentinel_node(&tls.sentinel.clone().unwrap().sentinels[0])
+                .unwrap()
+                .client_url()
+                .unwrap(),
+            "rediss://s1:26379"
+        );
     }
 }

@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod error;
+mod primary;
 mod releases;
 pub mod scripts;
 
@@ -11,15 +12,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use tenure_api::{
     default_drift, validate_keys, validate_ttl, AcquireOptions, Backend, Capabilities,
     DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
     LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
 
-pub use config::{redact, FenceMode, RedisConfig, DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS};
+pub use config::{
+    redact, FenceMode, RedisConfig, SentinelConfig, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
+    MAX_WAIT_REPLICAS,
+};
 use error::{bounded, classify};
+use primary::Primary;
 pub use releases::ReleaseWatch;
 use releases::{Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
@@ -31,25 +36,27 @@ use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 /// `{app/…}:released`:
 ///
 /// ```text
-/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait
+/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role
 /// ```
 ///
-/// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas).)
+/// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas), `ROLE` only for
+/// Redis Sentinel, which checks the primary it is sent to.)
 ///
 /// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
 /// (it scans keys). The secured-server tests run the whole suite as such a user.
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
-    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait";
+    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role";
 
-/// A lock service on one Redis server. Cheap to share (`Arc`); all calls multiplex over
-/// one auto-reconnecting connection, and all waiters share one subscriber connection
-/// (opened at the first wait, again after it closes).
+/// A lock service on one Redis server (or the primary Redis Sentinel names). Cheap to
+/// share (`Arc`); all calls multiplex over one auto-reconnecting connection, and all
+/// waiters share one subscriber connection (opened at the first wait, again after it
+/// closes).
 #[derive(Clone)]
 pub struct RedisLock {
     config: RedisConfig,
-    client: redis::Client,
-    conn: ConnectionManager,
-    subscriber: Arc<tokio::sync::Mutex<Option<Subscriber>>>,
+    primary: Arc<Primary>,
+    /// The shared subscriber, with the generation of the node it is on.
+    subscriber: Arc<tokio::sync::Mutex<Option<(Subscriber, u64)>>>,
 }
 
 impl fmt::Debug for RedisLock {
@@ -125,15 +132,17 @@ enum Attempt {
 }
 
 impl RedisLock {
-    /// This backend for URL dispatch ([`Driver`]): `redis://`, `rediss://`.
+    /// This backend for URL dispatch ([`Driver`]): `redis://`, `rediss://`,
+    /// `redis+sentinel://`, `rediss+sentinel://`.
     pub const DRIVER: Driver = Driver {
         name: "redis",
-        schemes: &["redis", "rediss"],
+        schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
         connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
     };
 
-    /// Connects to the server named by a `redis://` or `rediss://` URL (see
-    /// [`RedisConfig`]).
+    /// Connects to the server named by a `redis://` or `rediss://` URL, or to the primary
+    /// the sentinels of a `redis+sentinel://` (`rediss+sentinel://`) URL name (see
+    /// [`RedisConfig`] and the crate docs).
     ///
     /// # Cancel safety
     /// Cancel-safe: nothing is left behind.
@@ -147,39 +156,10 @@ impl RedisLock {
     /// Cancel-safe: nothing is left behind.
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let client = config.client()?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(config.connect_timeout)
-            .set_response_timeout(config.request_timeout)
-            // No retry inside the client: its first retry waits 1-2 s (backon's minimum
-            // delay plus jitter) and is made for refusals no retry can fix too (a wrong
-            // password, an untrusted certificate). Callers retry what is retryable.
-            .set_number_of_retries(0);
-        let conn = bounded(
-            config.connect_timeout * 2,
-            client.get_connection_manager_with_config(manager_config),
-        )
-        .await
-        .map_err(|e| {
-            let dropped = e.is_connection_dropped();
-            match classify(&config, "connect", e) {
-                // A TLS-only port drops a plaintext client at its first command.
-                LockError::Unavailable { message, source } if dropped && !config.tls() => {
-                    LockError::Unavailable {
-                        message: format!(
-                            "{message} (the server closed the connection at once: if it \
-                             requires TLS, use rediss://)"
-                        ),
-                        source,
-                    }
-                }
-                other => other,
-            }
-        })?;
+        let primary = Arc::new(Primary::connect(&config).await?);
         Ok(Self {
             config,
-            client,
-            conn,
+            primary,
             subscriber: Arc::default(),
         })
     }
@@ -258,20 +238,39 @@ impl RedisLock {
         replicas: u32,
     ) -> Result<(T, Option<i64>), LockError> {
         let deadline = Instant::now() + limit;
-        let mut conn = self.conn.clone();
+        let left = || deadline.saturating_duration_since(Instant::now());
         let wait = self.config.wait_timeout;
-        let mut result = bounded(limit, send(invocation, replicas, wait, &mut conn)).await;
+        let node = self.primary.node_for_call(deadline).await;
+        let mut conn = node.conn.clone();
+        let mut result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
         // The first command after the server came back fails on the dead socket while the
-        // manager reconnects. Every script is idempotent for its owner (a repeated acquire
-        // is recognised, extend and release compare the owner), so one retry is safe.
-        if result
-            .as_ref()
-            .is_err_and(|e| e.is_connection_dropped() || e.is_connection_refusal())
-        {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if !left.is_zero() {
-                result = bounded(left, send(invocation, replicas, wait, &mut conn)).await;
+        // manager reconnects; with Sentinel, a failed or demoted primary may have been
+        // replaced. Every script is idempotent for its owner (a repeated acquire is
+        // recognised, extend and release compare the owner), so one retry is safe. A
+        // timeout leaves no time to retry: the next call checks the node first.
+        let next = match &result {
+            Err(e) if e.is_timeout() => {
+                node.suspect();
+                None
             }
+            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => Some(
+                // Without an answer from the sentinels, the same node, as without them.
+                self.primary
+                    .rediscover(&node, deadline)
+                    .await
+                    .unwrap_or_else(|_| node.clone()),
+            ),
+            Err(e) if e.kind() == redis::ErrorKind::ReadOnly => self
+                .primary
+                .rediscover(&node, deadline)
+                .await
+                .ok()
+                .filter(|next| next.generation != node.generation),
+            _ => None,
+        };
+        if let Some(next) = next.filter(|_| !left().is_zero()) {
+            let mut conn = next.conn.clone();
+            result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
         }
         result.map_err(|e| classify(&self.config, what, e))
     }
@@ -801,23 +800,26 @@ impl RedisLock {
             let mut current = bounded(left(), async { Ok(self.subscriber.lock().await) })
                 .await
                 .map_err(|e| classify(&self.config, what, e))?;
+            // On the current primary: after a switch, a new subscriber there.
+            let node = self.primary.node();
             match current.as_ref() {
-                Some(open) if open.is_open() => open.clone(),
+                Some((open, on)) if open.is_open() && *on == node.generation => open.clone(),
                 _ => {
+                    let client = node.client.clone();
                     let pubsub = bounded(
                         self.config.connect_timeout.min(left()),
-                        self.client.get_async_pubsub(),
+                        client.get_async_pubsub(),
                     )
                     .await
                     .map_err(|e| classify(&self.config, what, e))?;
                     let (sink, stream) = pubsub.split();
                     // RESP3 answers PING the same way subscribed or not: SUBSCRIBE is
                     // trusted there.
-                    let resp2 = self.client.get_connection_info().redis.protocol
+                    let resp2 = client.get_connection_info().redis.protocol
                         == redis::ProtocolVersion::RESP2;
                     let opened =
                         Subscriber::start(sink, stream, resp2, self.config.request_timeout);
-                    *current = Some(opened.clone());
+                    *current = Some((opened.clone(), node.generation));
                     opened
                 }
             }

@@ -193,6 +193,7 @@ pub struct UrlHarness {
     connect: ConnectFn,
     servers: Option<Arc<dyn std::any::Any + Send + Sync>>,
     follow: Option<TargetsFn>,
+    cuts: bool,
 }
 
 /// Gives the servers' current addresses (see [`UrlHarness::follow`]).
@@ -225,6 +226,7 @@ impl UrlHarness {
             short_ttl: Duration::from_millis(500),
             servers: None,
             follow: None,
+            cuts: true,
             connect: Arc::new(move |url| {
                 let connect = connect.clone();
                 Box::pin(
@@ -269,6 +271,14 @@ impl UrlHarness {
                 wrap(url, lock).await
             })
         });
+        self
+    }
+
+    /// Declares that cutting the links to the URL's hosts does not cut a client off: its
+    /// hosts only name the servers it talks to (Redis Sentinel names the primary), so the
+    /// link-cut scenarios do not apply.
+    pub fn without_link_cuts(mut self) -> Self {
+        self.cuts = false;
         self
     }
 
@@ -344,10 +354,13 @@ impl Harness for UrlHarness {
     }
 
     fn can_cut_links(&self) -> bool {
-        true
+        self.cuts
     }
 
     async fn cuttable_client(&self) -> Result<Option<CuttableClient>, LockError> {
+        if !self.cuts {
+            return Ok(None);
+        }
         let (lock, links) = self.proxied_client(self.cut_options()).await?;
         Ok(Some(CuttableClient {
             lock,

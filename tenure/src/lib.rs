@@ -22,6 +22,7 @@
 //! |---|---|---|
 //! | `memory://` | in-process [`MemoryLock`] | always |
 //! | `redis://`, `rediss://` | single Redis node | `redis` |
+//! | `redis+sentinel://s1:p,s2:p/name`, `rediss+sentinel://…` | Sentinel-managed Redis primary | `redis` |
 //! | `redlock://h1:p,h2:p,h3:p`, `redlocks://…` | Redlock | `redlock` |
 //! | `etcd://h1:p,h2:p/prefix`, `etcds://…` | etcd v3 | `etcd` |
 //! | `zk://h1:p,h2:p/chroot`, `zks://…` | ZooKeeper | `zk` |
@@ -73,7 +74,10 @@ pub const DRIVERS: &[Driver] = &[
 /// Each backend's cargo feature and schemes, known also to builds without it, so that a
 /// URL for a disabled backend is an error naming the feature to enable.
 const FEATURES: [(&str, &[&str]); 5] = [
-    ("redis", &["redis", "rediss"]),
+    (
+        "redis",
+        &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
+    ),
     ("redlock", &["redlock", "redlocks"]),
     ("etcd", &["etcd", "etcds"]),
     ("zk", &["zk", "zks"]),

@@ -79,7 +79,10 @@ return 0"#;
 
         pub(crate) async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
             let config = tenure_redis::RedisConfig::from_url(url)?;
-            Ok(Self::new(vec![Self::open(config.client_url()).await?], ttl))
+            Ok(Self::new(
+                vec![Self::open(config.client_url()?).await?],
+                ttl,
+            ))
         }
 
         pub(crate) async fn connect_all(url: &str, ttl: Duration) -> Result<Self, LockError> {
@@ -88,7 +91,7 @@ return 0"#;
                 config
                     .nodes
                     .iter()
-                    .map(|node| Self::open(node.client_url())),
+                    .map(|node| async move { Self::open(node.client_url()?).await }),
             )
             .await?;
             Ok(Self::new(nodes, ttl))

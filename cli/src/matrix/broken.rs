@@ -165,7 +165,7 @@ async fn redis_conn(config: &tenure_redis::RedisConfig) -> Result<ConnectionMana
         .set_connection_timeout(config.connect_timeout)
         .set_response_timeout(config.request_timeout)
         .set_number_of_retries(1);
-    redis::Client::open(config.client_url())
+    redis::Client::open(config.client_url()?)
         .map_err(|e| LockError::Config(e.to_string()))?
         .get_connection_manager_with_config(options)
         .await

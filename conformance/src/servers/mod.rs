@@ -1,5 +1,5 @@
-//! Real servers on loopback ports, for tests: Redis (independent nodes or a
-//! primary/replica pair), etcd (1 or 3 members), ZooKeeper (standalone or 3 nodes) and
+//! Real servers on loopback ports, for tests: Redis (independent nodes, a
+//! primary/replica pair, or a primary with two replicas and three sentinels), etcd (1 or 3 members), ZooKeeper (standalone or 3 nodes) and
 //! Postgres.
 //!
 //! Every server is started from the installed binaries on free `127.0.0.1` ports, with its

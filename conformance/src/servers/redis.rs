@@ -21,6 +21,8 @@ use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 use crate::clock_shim::ClockShim;
 use crate::proxy::FaultProxy;
 
+pub mod sentinel;
+
 const INSTALL: &str = "apt-get install -y redis-server";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on [`RedisNode::command`].
