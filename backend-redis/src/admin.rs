@@ -108,6 +108,13 @@ impl RedisLock {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     pub(crate) async fn scan_locks(&self, prefix: &str) -> Result<Vec<ScannedLock>, LockError> {
+        if matches!(self.config.topology, crate::Topology::Cluster(_)) {
+            return Err(LockError::Config(format!(
+                "{}: listing locks does not walk a Redis Cluster's primaries yet; ask each \
+                 primary with its own redis:// URL",
+                self.config.endpoint()
+            )));
+        }
         let namespace = format!("{{{}", self.config.prefix);
         let pattern = format!("{}*", glob_escape(&format!("{namespace}{prefix}")));
         let limit = self.config.request_timeout;

@@ -61,9 +61,24 @@ pub struct RedisConfig {
     pub cert_file: Option<PathBuf>,
     /// TLS only: the client certificate's private key (PEM).
     pub key_file: Option<PathBuf>,
-    /// Set by `redis+sentinel://`: the primary is whichever node these sentinels name,
-    /// asked again whenever it stops answering or says it is a replica.
-    pub sentinel: Option<SentinelConfig>,
+    /// Which server the locks live on: the URL's host, the primary Redis Sentinel names,
+    /// or a Redis Cluster.
+    pub topology: Topology,
+}
+
+/// Which server a [`RedisConfig`]'s locks live on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// The one server the URL names (`redis://`).
+    #[default]
+    Single,
+    /// Whichever node these sentinels name as the primary, asked again whenever it stops
+    /// answering or says it is a replica (`redis+sentinel://`).
+    Sentinel(SentinelConfig),
+    /// A Redis Cluster, found from these seed nodes (`redis+cluster://`): each lock lives
+    /// on the primary of its key's hash slot.
+    Cluster(Vec<HostPort>),
 }
 
 /// Where Redis Sentinel is asked for the primary (`redis+sentinel://s1,s2,s3/name`).
@@ -146,18 +161,23 @@ impl RedisConfig {
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let sentinel = text
+        let scheme = text
             .split_once("://")
-            .is_some_and(|(scheme, _)| scheme.to_ascii_lowercase().ends_with("+sentinel"));
-        if sentinel {
+            .map(|(scheme, _)| scheme.to_ascii_lowercase())
+            .unwrap_or_default();
+        if scheme.ends_with("+sentinel") {
             return Self::sentinel(text);
+        }
+        if scheme.ends_with("+cluster") {
+            return Self::cluster(text);
         }
         let url = LockUrl::parse(text, "Redis", &["redis", "rediss"], 6379)?;
         match url.hosts() {
             [host] => Self::node(&url, host, url.scheme() == "rediss", &[]),
             _ => Err(url.error(
                 "a redis:// URL names one server (redlock:// takes several independent \
-                 ones, redis+sentinel:// the sentinels of one primary)",
+                 ones, redis+sentinel:// the sentinels of one primary, redis+cluster:// \
+                 the seed nodes of a Redis Cluster)",
             )),
         }
     }
@@ -180,25 +200,113 @@ impl RedisConfig {
         }
         let tls = url.scheme() == "rediss+sentinel";
         let mut config = Self::node_with_db(&url, &url.hosts()[0], tls, db, &[])?;
-        config.sentinel = Some(SentinelConfig {
+        config.topology = Topology::Sentinel(SentinelConfig {
             sentinels: url.hosts().to_vec(),
             master: master.to_owned(),
         });
         Ok(config)
     }
 
+    /// `redis+cluster://[user[:password]@]h1[:port],h2…[?options]` (or
+    /// `rediss+cluster://`): the same options as `redis://` but `wait_replicas`, no
+    /// database (a cluster has only database 0).
+    fn cluster(text: &str) -> Result<Self, LockError> {
+        let url = LockUrl::parse(
+            text,
+            "Redis Cluster",
+            &["redis+cluster", "rediss+cluster"],
+            6379,
+        )?;
+        if !url.path().trim_end_matches('/').is_empty() {
+            return Err(url.error("a Redis Cluster has no databases but 0: no path"));
+        }
+        let tls = url.scheme() == "rediss+cluster";
+        let mut config = Self::node_with_db(&url, &url.hosts()[0], tls, "", &[])?;
+        config.topology = Topology::Cluster(url.hosts().to_vec());
+        config.validate_cluster()?;
+        Ok(config)
+    }
+
+    /// A Redis Cluster keeps a lock's keys in its key's hash slot through the hash tag
+    /// `{prefix…}`: an empty prefix, or one starting with `}`, could make the tag empty
+    /// and split them (one with a `}` elsewhere would put every lock in one slot). `WAIT`
+    /// is not sent to the slot's primary in a pipeline there.
+    fn validate_cluster(&self) -> Result<(), LockError> {
+        if !matches!(self.topology, Topology::Cluster(_)) {
+            return Ok(());
+        }
+        if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
+            return Err(LockError::Config(format!(
+                "{self}: on a Redis Cluster the prefix must be non-empty and without braces \
+                 (it starts the hash tag that keeps a lock's keys in one slot: empty or \
+                 with a brace, the tag could be empty or shared by every lock), got {:?}",
+                self.prefix
+            )));
+        }
+        if !self.url.path().trim_matches('/').is_empty() {
+            return Err(LockError::Config(format!(
+                "{self}: a Redis Cluster has no database but 0"
+            )));
+        }
+        if self.wait_replicas > 0 {
+            return Err(LockError::Config(format!(
+                "{self}: wait_replicas is not supported on a Redis Cluster yet"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The client for a Redis Cluster: its seed nodes with this configuration's
+    /// credentials, TLS files and timeouts.
+    pub(crate) fn cluster_client(&self) -> Result<redis::cluster::ClusterClient, LockError> {
+        let Topology::Cluster(seeds) = &self.topology else {
+            return Err(LockError::Config(format!("{self} is not a Redis Cluster")));
+        };
+        let bad = |e: redis::RedisError| LockError::Config(format!("{self}: {e}"));
+        let urls = seeds
+            .iter()
+            .map(|seed| Ok(self.at(seed)?.url.to_string()))
+            .collect::<Result<Vec<_>, LockError>>()?;
+        let mut builder = redis::cluster::ClusterClientBuilder::new(urls)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.request_timeout)
+            // Retries (MOVED, ASK, a failover) stay within the call's own bound.
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if self.tls() {
+            tenure_api::tls::install_crypto_provider();
+            let pem = tenure_api::tls::read_pem_files(
+                &self.endpoint(),
+                self.ca_file.as_deref(),
+                self.cert_file.as_deref(),
+                self.key_file.as_deref(),
+            )?;
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: pem
+                    .identity
+                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: pem.ca,
+            });
+        }
+        builder.build().map_err(bad)
+    }
+
     /// This configuration for the node at `addr` (which a sentinel named): the same
     /// credentials, database, options and TLS files, no Sentinel.
     pub(crate) fn at(&self, addr: &HostPort) -> Result<Self, LockError> {
         let mut node = self.clone();
-        node.sentinel = None;
+        node.topology = Topology::Single;
         let host = if addr.host.contains(':') {
             format!("[{}]", addr.host)
         } else {
             addr.host.clone()
         };
         let unusable = |why: String| LockError::Unavailable {
-            message: format!("{}: a sentinel named {addr}: {why}", self.endpoint()),
+            message: format!("{}: node {addr}: {why}", self.endpoint()),
             source: None,
         };
         node.url
@@ -253,7 +361,7 @@ impl RedisConfig {
             ca_file: None,
             cert_file: None,
             key_file: None,
-            sentinel: None,
+            topology: Topology::Single,
         };
         let mut wait_timeout_set = false;
         let mut handed_on = Vec::new();
@@ -327,10 +435,13 @@ impl RedisConfig {
     /// names no one server: [`LockError::Config`] (connect with
     /// [`RedisLock`](crate::RedisLock), which asks the sentinels).
     pub fn client_url(&self) -> Result<&str, LockError> {
-        match &self.sentinel {
-            None => Ok(self.url.as_str()),
-            Some(_) => Err(LockError::Config(format!(
+        match &self.topology {
+            Topology::Single => Ok(self.url.as_str()),
+            Topology::Sentinel(_) => Err(LockError::Config(format!(
                 "{self} names no one server: the sentinels name the primary"
+            ))),
+            Topology::Cluster(_) => Err(LockError::Config(format!(
+                "{self} names no one server: a Redis Cluster spreads keys over its primaries"
             ))),
         }
     }
@@ -354,14 +465,22 @@ impl RedisConfig {
             }
         }
         self.validate_wait()?;
-        if let Some(sentinel) = &self.sentinel {
-            if sentinel.sentinels.is_empty() || sentinel.master.is_empty() {
+        match &self.topology {
+            Topology::Sentinel(sentinel)
+                if sentinel.sentinels.is_empty() || sentinel.master.is_empty() =>
+            {
                 return Err(LockError::Config(
                     "a Redis Sentinel configuration needs at least one sentinel and the \
                      primary's name"
                         .into(),
-                ));
+                ))
             }
+            Topology::Cluster(seeds) if seeds.is_empty() => {
+                return Err(LockError::Config(
+                    "a Redis Cluster configuration needs at least one seed node".into(),
+                ))
+            }
+            _ => self.validate_cluster()?,
         }
         self.validate_tls()
     }
@@ -448,12 +567,16 @@ impl RedisConfig {
 
     /// `host:port` of the server; with Sentinel, `primary NAME via sentinels s1:p,…`.
     pub fn endpoint(&self) -> String {
-        if let Some(sentinel) = &self.sentinel {
-            return format!(
-                "primary {:?} via sentinels {}",
-                sentinel.master,
-                host_list(&sentinel.sentinels)
-            );
+        match &self.topology {
+            Topology::Single => {}
+            Topology::Sentinel(sentinel) => {
+                return format!(
+                    "primary {:?} via sentinels {}",
+                    sentinel.master,
+                    host_list(&sentinel.sentinels)
+                )
+            }
+            Topology::Cluster(seeds) => return format!("cluster {}", host_list(seeds)),
         }
         format!(
             "{}:{}",
@@ -465,28 +588,31 @@ impl RedisConfig {
 
 impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some(sentinel) = &self.sentinel else {
-            return f.write_str(&redact(&self.url));
+        let (kind, hosts, name) = match &self.topology {
+            Topology::Single => return f.write_str(&redact(&self.url)),
+            Topology::Sentinel(s) => ("sentinel", &s.sentinels, Some(&s.master)),
+            Topology::Cluster(seeds) => ("cluster", seeds, None),
         };
-        // The data nodes' URL with the sentinels in place of its host and the name
-        // before its database.
+        // The data nodes' URL with the sentinels or seeds in place of its host, and the
+        // primary's name before its database.
         let node = redact(&self.url);
         let (scheme, rest) = node.split_once("://").unwrap_or(("redis", &node));
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
         let db = path.split(['?']).next().unwrap_or_default();
         let query = path.split_once('?').map(|(_, q)| format!("?{q}"));
+        let path: Vec<&str> = name
+            .map(String::as_str)
+            .into_iter()
+            .chain(Some(db).filter(|db| !db.is_empty()))
+            .collect();
         write!(
             f,
-            "{scheme}+sentinel://{}{}/{}{}{}",
+            "{scheme}+{kind}://{}{}{}{}{}",
             userinfo.unwrap_or_default(),
-            host_list(&sentinel.sentinels),
-            sentinel.master,
-            if db.is_empty() {
-                String::new()
-            } else {
-                format!("/{db}")
-            },
+            host_list(hosts),
+            if path.is_empty() { "" } else { "/" },
+            path.join("/"),
             query.unwrap_or_default()
         )
     }
@@ -513,7 +639,7 @@ impl fmt::Debug for RedisConfig {
             .field("ca_file", &self.ca_file)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
-            .field("sentinel", &self.sentinel)
+            .field("topology", &self.topology)
             .finish()
     }
 }
@@ -738,7 +864,9 @@ mod tests {
             "redis+sentinel://app:s3cret@s1,s2:26380,[::1]:7/mymaster/3?prefix=x:&fence=counter&protocol=resp3",
         )
         .unwrap();
-        let sentinel = c.sentinel.as_ref().unwrap();
+        let Topology::Sentinel(sentinel) = &c.topology else {
+            panic!("{:?}", c.topology)
+        };
         assert_eq!(sentinel.master, "mymaster");
         let hosts: Vec<String> = sentinel.sentinels.iter().map(ToString::to_string).collect();
         assert_eq!(hosts, ["s1:26379", "s2:26380", "[::1]:7"]);
@@ -750,7 +878,7 @@ mod tests {
                 port: 6390,
             })
             .unwrap();
-        assert_eq!(node.sentinel, None);
+        assert_eq!(node.topology, Topology::Single);
         assert_eq!(
             node.client_url().unwrap(),
             "redis://app:s3cret@10.0.0.9:6390/3?protocol=resp3"
@@ -773,11 +901,46 @@ mod tests {
         let tls = RedisConfig::from_url("REDISS+SENTINEL://s1/m?ca_file=/ca.pem").unwrap();
         assert!(tls.tls());
         assert_eq!(
-            tls.sentinel_node(&tls.sentinel.clone().unwrap().sentinels[0])
-                .unwrap()
-                .client_url()
-                .unwrap(),
+            tls.sentinel_node(&HostPort {
+                host: "s1".into(),
+                port: DEFAULT_SENTINEL_PORT
+            })
+            .unwrap()
+            .client_url()
+            .unwrap(),
             "rediss://s1:26379"
         );
+    }
+
+    #[test]
+    fn cluster_urls_name_the_seeds_and_keep_the_data_nodes_settings() {
+        let c = RedisConfig::from_url(
+            "redis+cluster://app:s3cret@h1:7000,h2:7001?prefix=x:&request_timeout_ms=300",
+        )
+        .unwrap();
+        let Topology::Cluster(seeds) = &c.topology else {
+            panic!("{:?}", c.topology)
+        };
+        let seeds: Vec<String> = seeds.iter().map(ToString::to_string).collect();
+        assert_eq!(seeds, ["h1:7000", "h2:7001"]);
+        assert_eq!(c.request_timeout, Duration::from_millis(300));
+        assert_eq!(c.to_string(), "redis+cluster://app:***@h1:7000,h2:7001");
+        assert_eq!(c.endpoint(), "cluster h1:7000,h2:7001");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(matches!(c.client_url(), Err(LockError::Config(_))));
+        c.cluster_client().unwrap();
+        for bad in [
+            "redis+cluster://h1?prefix=",
+            "redis+cluster://h1?prefix=%7Dx",
+            "redis+cluster://h1?prefix=app%7D",
+            "redis+cluster://h1/0",
+            "redis+cluster://h1?wait_replicas=1",
+            "redis+cluster://h1?unknown=1",
+        ] {
+            assert!(
+                matches!(RedisConfig::from_url(bad), Err(LockError::Config(_))),
+                "{bad}"
+            );
+        }
     }
 }

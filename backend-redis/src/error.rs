@@ -42,7 +42,9 @@ enum ErrorClass {
 /// - Unavailable (retryable): I/O errors, timeouts, refused or dropped connections, and
 ///   the server states that pass — `LOADING` (loading its dataset), `MASTERDOWN` (a
 ///   replica that lost its primary), `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` (a replica,
-///   e.g. a former primary after a failover) and `BUSY` (a long script is running).
+///   e.g. a former primary after a failover), `BUSY` (a long script is running), and on
+///   a Redis Cluster `MOVED`/`ASK` and `NOSCRIPT` left over after the client's own
+///   retries (a slot moving, a failover under way).
 /// - Config (never retried): authentication failures (`NOAUTH`, `WRONGPASS`, the client's
 ///   own "authentication failed"), `NOPERM` (the ACL user may not run the scripts) and
 ///   invalid client settings.
@@ -61,14 +63,18 @@ fn error_class(error: &RedisError) -> ErrorClass {
         | ErrorKind::MasterDown
         | ErrorKind::TryAgain
         | ErrorKind::ClusterDown
+        | ErrorKind::Moved
+        | ErrorKind::Ask
+        | ErrorKind::NoScriptError
         | ErrorKind::ReadOnly => return ErrorClass::Unavailable,
         _ => {}
     }
     match error.code() {
         Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorClass::Config,
-        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY") => {
-            ErrorClass::Unavailable
-        }
+        Some(
+            "BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY" | "MOVED"
+            | "ASK" | "NOSCRIPT",
+        ) => ErrorClass::Unavailable,
         _ if error.is_timeout()
             || error.is_connection_refusal()
             || error.is_connection_dropped()

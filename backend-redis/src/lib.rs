@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use tenure_api::{
     default_drift, validate_keys, validate_ttl, AcquireOptions, Backend, Capabilities,
     DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
@@ -20,11 +19,11 @@ use tenure_api::{
 };
 
 pub use config::{
-    redact, FenceMode, RedisConfig, SentinelConfig, DEFAULT_SENTINEL_PORT, DEFAULT_WAIT_TIMEOUT,
-    MAX_WAIT_REPLICAS,
+    redact, FenceMode, RedisConfig, SentinelConfig, Topology, DEFAULT_SENTINEL_PORT,
+    DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS,
 };
 use error::{bounded, classify};
-use primary::Primary;
+use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
@@ -36,21 +35,25 @@ use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 /// `{app/…}:released`:
 ///
 /// ```text
-/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role
+/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots
 /// ```
 ///
 /// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas), `ROLE` only for
-/// Redis Sentinel, which checks the primary it is sent to.)
+/// Redis Sentinel, which checks the primary it is sent to, `CLUSTER SLOTS` only for a
+/// Redis Cluster, whose client reads the slot map with it; on a cluster, `EVAL` too
+/// when a node lacks a script — `+eval` — and the user on every node, as ACLs are not
+/// shared between them.)
 ///
 /// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
 /// (it scans keys). The secured-server tests run the whole suite as such a user.
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
-    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role";
+    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots";
 
-/// A lock service on one Redis server (or the primary Redis Sentinel names). Cheap to
-/// share (`Arc`); all calls multiplex over one auto-reconnecting connection, and all
-/// waiters share one subscriber connection (opened at the first wait, again after it
-/// closes).
+/// A lock service on one Redis server, the primary Redis Sentinel names, or a Redis
+/// Cluster. Cheap to share (`Arc`); all calls multiplex over one auto-reconnecting
+/// connection (a cluster connection, routed by slot, on a cluster), and all waiters
+/// share one subscriber connection (opened at the first wait, again after it closes;
+/// none on a cluster, where waiters poll).
 #[derive(Clone)]
 pub struct RedisLock {
     config: RedisConfig,
@@ -133,10 +136,17 @@ enum Attempt {
 
 impl RedisLock {
     /// This backend for URL dispatch ([`Driver`]): `redis://`, `rediss://`,
-    /// `redis+sentinel://`, `rediss+sentinel://`.
+    /// `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://`.
     pub const DRIVER: Driver = Driver {
         name: "redis",
-        schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
+        schemes: &[
+            "redis",
+            "rediss",
+            "redis+sentinel",
+            "rediss+sentinel",
+            "redis+cluster",
+            "rediss+cluster",
+        ],
         connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
     };
 
@@ -162,6 +172,11 @@ impl RedisLock {
             primary,
             subscriber: Arc::default(),
         })
+    }
+
+    /// Whether waiters are woken by release messages: not on a Redis Cluster (they poll).
+    fn pushes(&self) -> bool {
+        !matches!(self.config.topology, Topology::Cluster(_))
     }
 
     /// The configuration (its `Display` hides the password).
@@ -461,7 +476,8 @@ impl RedisLock {
         announce: bool,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        let channel = if announce {
+        // Nobody listens on a Redis Cluster, where a PUBLISH goes to every node.
+        let channel = if announce && self.pushes() {
             Self::channel(&lock_key)
         } else {
             String::new()
@@ -694,7 +710,8 @@ impl RedisLock {
                     // have been released before the subscription took effect. A failed
                     // subscription is kept as the reason should the wait run out on it,
                     // and the wait goes on by polling.
-                    if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
+                    if pubsub.is_none() && !subscribe_refused && self.pushes() && !left().is_zero()
+                    {
                         match self.subscribe_each(keys, left()).await {
                             Ok(sub) => {
                                 pubsub = Some(sub);
@@ -805,7 +822,13 @@ impl RedisLock {
             match current.as_ref() {
                 Some((open, on)) if open.is_open() && *on == node.generation => open.clone(),
                 _ => {
-                    let client = node.client.clone();
+                    let Some(client) = node.client.clone() else {
+                        return Err(LockError::Config(format!(
+                            "subscribe on {}: a Redis Cluster has no release messages here \
+                             (waiters poll)",
+                            self.config.endpoint()
+                        )));
+                    };
                     let pubsub = bounded(
                         self.config.connect_timeout.min(left()),
                         client.get_async_pubsub(),
@@ -947,7 +970,8 @@ impl DistributedLock for RedisLock {
     /// As [`acquire`](DistributedLock::acquire), over several keys: each attempt is one
     /// script call that takes the first free key (or the one this call's owner id already
     /// holds, after a lost reply), and a wait subscribes to every key's release channel
-    /// and tries again on any release.
+    /// and tries again on any release. On a Redis Cluster, where the keys sit in
+    /// different slots, they are tried one by one ([`tenure_api::acquire_each`]).
     ///
     /// # Cancel safety
     /// As [`acquire`](DistributedLock::acquire): a grant an attempt may have left is
@@ -957,6 +981,11 @@ impl DistributedLock for RedisLock {
         keys: &[LockKey],
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
+        if !self.pushes() {
+            // A Redis Cluster: the keys sit in different hash slots, so no one script
+            // can see them all.
+            return tenure_api::acquire_each(self, keys, opts).await;
+        }
         self.acquire_keys(validate_keys(keys)?, opts).await
     }
 
@@ -969,7 +998,11 @@ impl DistributedLock for RedisLock {
             },
             expiry: ExpiryKind::ServerTtl,
             replication: Replication::SingleNode,
-            wait: WaitKind::Push,
+            wait: if self.pushes() {
+                WaitKind::Push
+            } else {
+                WaitKind::Poll
+            },
             fairness: Fairness::None,
             failures_tolerated: 0,
             clock_dependent: true,
@@ -995,7 +1028,7 @@ async fn send<T: redis::FromRedisValue>(
     invocation: &redis::ScriptInvocation<'_>,
     replicas: u32,
     wait: Duration,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
 ) -> redis::RedisResult<(T, Option<i64>)> {
     if replicas == 0 {
         return invocation.invoke_async(conn).await.map(|v| (v, None));
@@ -1009,7 +1042,7 @@ async fn send_confirmed<T: redis::FromRedisValue>(
     invocation: &redis::ScriptInvocation<'_>,
     replicas: u32,
     wait: Duration,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
 ) -> redis::RedisResult<(T, Option<i64>)> {
     let mut pipe = redis::pipe();
     pipe.invoke_script(invocation)

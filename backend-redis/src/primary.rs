@@ -9,15 +9,84 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tenure_api::urls::HostPort;
 use tenure_api::LockError;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, Topology};
 use crate::error::{bounded, classify};
 
-/// One connected node.
+/// Commands go over one auto-reconnecting connection to a node, or over a Redis Cluster
+/// connection that routes each by its key's slot (and follows `MOVED`/`ASK`).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Node(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            // A node without the script gets it by `EVAL`, which goes to the key's slot
+            // like `EVALSHA`: the client's own fallback, `SCRIPT LOAD`, goes to every
+            // node and fails when any one of them cannot take it (a replica still
+            // loading, a node that just died).
+            Conn::Cluster(c) => Box::pin(async move {
+                match c.req_packed_command(cmd).await {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => match eval_of(cmd) {
+                        Some(eval) => c.req_packed_command(&eval).await,
+                        None => Err(e),
+                    },
+                    other => other,
+                }
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// `EVAL <code> …` for an `EVALSHA <sha> …` of one of this crate's scripts.
+fn eval_of(evalsha: &redis::Cmd) -> Option<redis::Cmd> {
+    let mut args = evalsha.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        redis::Arg::Cursor => None,
+    });
+    if !args.next()??.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let code = crate::scripts::code_of(args.next()??)?;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(code);
+    for arg in args {
+        eval.arg(arg?);
+    }
+    Some(eval)
+}
+
+/// One connected node, or a connected Redis Cluster.
 pub(crate) struct Node {
-    /// For the subscriber connection.
-    pub(crate) client: redis::Client,
-    /// Commands multiplex over this auto-reconnecting connection.
-    pub(crate) conn: ConnectionManager,
+    /// For the subscriber connection (`None` on a Redis Cluster: no release messages).
+    pub(crate) client: Option<redis::Client>,
+    /// What commands go over.
+    pub(crate) conn: Conn,
     /// Where it is (`None` for a fixed server: it never moves).
     addr: Option<HostPort>,
     /// Counts the switches: 0 for the first node.
@@ -62,13 +131,14 @@ impl Primary {
     pub(crate) async fn connect(config: &RedisConfig) -> Result<Self, LockError> {
         let deadline = Instant::now() + config.connect_timeout * 2;
         let first = AtomicUsize::new(0);
-        let node = match config.sentinel {
-            None => connect_node(config, config, None, deadline).await?,
-            Some(_) => match find_primary(config, None, &first, deadline).await? {
+        let node = match config.topology {
+            Topology::Sentinel(_) => match find_primary(config, None, &first, deadline).await? {
                 Some(node) => node,
                 // Only a current node can be the same.
                 None => return Err(unavailable(config, "no primary to connect to")),
             },
+            Topology::Cluster(_) => connect_cluster(config, deadline).await?,
+            _ => connect_node(config, config, None, deadline).await?,
         };
         Ok(Self {
             config: config.clone(),
@@ -76,6 +146,10 @@ impl Primary {
             finding: tokio::sync::Mutex::new(None),
             first,
         })
+    }
+
+    fn follows_sentinel(&self) -> bool {
+        matches!(self.config.topology, Topology::Sentinel(_))
     }
 
     /// The node commands go to now.
@@ -94,7 +168,7 @@ impl Primary {
     /// Cancel-safe, as [`rediscover`](Self::rediscover).
     pub(crate) async fn node_for_call(&self, deadline: Instant) -> Arc<Node> {
         let node = self.node();
-        if !node.is_suspect() || self.config.sentinel.is_none() {
+        if !node.is_suspect() || !self.follows_sentinel() {
             return node;
         }
         self.rediscover(&node, deadline).await.unwrap_or(node)
@@ -114,7 +188,7 @@ impl Primary {
         failed: &Arc<Node>,
         deadline: Instant,
     ) -> Result<Arc<Node>, LockError> {
-        if self.config.sentinel.is_none() {
+        if !self.follows_sentinel() {
             return Ok(failed.clone());
         }
         // Boxed: every call's future would otherwise carry the whole discovery.
@@ -184,7 +258,7 @@ async fn connect_node(
                 LockError::Unavailable {
                     message: format!(
                         "{message} (the server closed the connection at once: if it \
-                         requires TLS, use rediss:// or rediss+sentinel://)"
+                         requires TLS, use rediss://, rediss+sentinel:// or rediss+cluster://)"
                     ),
                     source,
                 }
@@ -193,9 +267,27 @@ async fn connect_node(
         }
     })?;
     Ok(Node {
-        client,
-        conn,
+        client: Some(client),
+        conn: Conn::Node(conn),
         addr,
+        generation: 0,
+        suspect: AtomicBool::new(false),
+    })
+}
+
+/// Connects to a Redis Cluster through its seed nodes by `deadline`.
+async fn connect_cluster(config: &RedisConfig, deadline: Instant) -> Result<Node, LockError> {
+    let client = config.cluster_client()?;
+    let conn = bounded(
+        deadline.saturating_duration_since(Instant::now()),
+        client.get_async_connection(),
+    )
+    .await
+    .map_err(|e| classify(config, "connect", e))?;
+    Ok(Node {
+        client: None,
+        conn: Conn::Cluster(conn),
+        addr: None,
         generation: 0,
         suspect: AtomicBool::new(false),
     })
@@ -214,7 +306,7 @@ async fn find_primary(
     first: &AtomicUsize,
     deadline: Instant,
 ) -> Result<Option<Node>, LockError> {
-    let Some(sentinel) = &config.sentinel else {
+    let Topology::Sentinel(sentinel) = &config.topology else {
         return connect_node(config, config, None, deadline).await.map(Some);
     };
     let count = sentinel.sentinels.len();

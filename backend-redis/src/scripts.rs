@@ -214,6 +214,22 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     raise_fence: Script::new(RAISE_FENCE),
 });
 
+/// The code of the script whose SHA-1 is `hash` (lower-case hex), if it is one of
+/// [`SCRIPTS`].
+pub(crate) fn code_of(hash: &[u8]) -> Option<&'static str> {
+    let scripts = &*SCRIPTS;
+    [
+        (&scripts.acquire, ACQUIRE),
+        (&scripts.extend, EXTEND),
+        (&scripts.release, RELEASE),
+        (&scripts.inspect, INSPECT),
+        (&scripts.raise_fence, RAISE_FENCE),
+    ]
+    .into_iter()
+    .find(|(script, _)| script.get_hash().as_bytes().eq_ignore_ascii_case(hash))
+    .map(|(_, code)| code)
+}
+
 /// How many low bits of a fencing token come from the owner id.
 pub const OWNER_BITS: u32 = 10;
 

@@ -186,7 +186,9 @@ async fn a_dead_sentinel_first_in_the_list_is_passed_over() {
 
 #[tokio::test]
 async fn a_name_no_sentinel_monitors_is_a_config_error() {
-    let group = RedisSentinels::start(Duration::from_secs(5)).await.unwrap();
+    let group = RedisSentinels::start(Duration::from_secs(15))
+        .await
+        .unwrap();
     let hosts: Vec<String> = group
         .sentinel_addrs()
         .iter()

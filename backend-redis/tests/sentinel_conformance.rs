@@ -10,7 +10,7 @@ use tenure_redis::RedisLock;
 fn main() {
     runner::run_suite(|| async {
         // Slow to declare the primary down: no failover here unless a test causes one.
-        let group = RedisSentinels::start(Duration::from_secs(5)).await?;
+        let group = RedisSentinels::start(Duration::from_secs(15)).await?;
         let sentinels = group.sentinel_addrs();
         let template = format!("redis+sentinel://{{hosts}}/{MASTER_NAME}");
         Ok(

@@ -79,6 +79,12 @@ impl RedlockConfig {
         }
         let mut seen: Vec<(String, u16)> = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
+            if node.topology != tenure_redis::Topology::Single {
+                return Err(LockError::Config(format!(
+                    "Redlock node {node} is not one server: a quorum counts independent \
+                     Redis servers, not Sentinel groups or clusters"
+                )));
+            }
             let id = node_identity(node);
             if seen.contains(&id) {
                 return Err(LockError::Config(format!(

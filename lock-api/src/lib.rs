@@ -56,7 +56,9 @@ pub use lease::{
     deadline, default_drift, holder_text, parse_holder_text, FencingToken, HolderInfo, Lease,
     LeaseDropped, LeaseHandle, LeaseTie, LossNotice, OwnerId, ReleaseOutcome,
 };
-pub use lock::{poll_acquire, poll_acquire_woken, validate_keys, DistributedLock, HolderFeed};
+pub use lock::{
+    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, DistributedLock, HolderFeed,
+};
 pub use memory::MemoryLock;
 pub use options::{
     validate_label, validate_ttl, AcquireOptions, Backoff, MAX_LABEL, MAX_TTL, MIN_TTL,

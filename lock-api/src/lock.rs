@@ -98,50 +98,7 @@ pub trait DistributedLock: Send + Sync + Debug {
         keys: &[LockKey],
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
-        opts.validate()?;
-        let keys = validate_keys(keys)?;
-        let started = std::time::Instant::now();
-        let mut failed = None;
-        for key in keys {
-            let attempt = match opts.label {
-                None => self.try_acquire(key, opts.ttl).await,
-                Some(_) => match self.acquire(key, &opts.clone().wait(Duration::ZERO)).await {
-                    Ok(lease) => Ok(Some(lease)),
-                    Err(LockError::Timeout { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                },
-            };
-            match attempt {
-                Ok(Some(lease)) => return Ok(lease),
-                Ok(None) => {}
-                Err(e) if e.is_retryable() => failed = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        let timeout = |started: std::time::Instant| LockError::Timeout {
-            waited: started.elapsed(),
-        };
-        let Some(wait) = opts
-            .wait
-            .checked_sub(started.elapsed())
-            .filter(|w| !w.is_zero())
-        else {
-            return Err(failed.unwrap_or_else(|| timeout(started)));
-        };
-        let opts = opts.clone().wait(wait);
-        let mut waits: futures::stream::FuturesUnordered<_> =
-            keys.iter().map(|key| self.acquire(key, &opts)).collect();
-        // The waits' own last words: a wait that saw its key held ends in Timeout.
-        let mut failed = None;
-        while let Some(result) = futures::StreamExt::next(&mut waits).await {
-            match result {
-                Ok(lease) => return Ok(lease),
-                Err(LockError::Timeout { .. }) => {}
-                Err(e) if e.is_retryable() => failed = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(failed.unwrap_or_else(|| timeout(started)))
+        acquire_each(self, keys, opts).await
     }
 
     /// The holders of `key` as the backend pushes them: the current holder (`None`: free)
@@ -166,6 +123,64 @@ pub trait DistributedLock: Send + Sync + Debug {
 
 /// A stream of holders, from [`DistributedLock::holder_changes`].
 pub type HolderFeed = futures::stream::BoxStream<'static, Result<Option<HolderInfo>, LockError>>;
+
+/// What the provided [`DistributedLock::acquire_any`] does, for a backend that overrides
+/// it only in some configurations (Redis in a Cluster, where the keys sit in different
+/// hash slots): tries each key in turn (a labelled try is an `acquire` with a zero
+/// wait), then waits on every key at once with `acquire` and keeps the first grant.
+///
+/// # Cancel safety
+/// As [`DistributedLock::acquire`], for each key: the waits not granted are dropped.
+pub async fn acquire_each<L: DistributedLock + ?Sized>(
+    lock: &L,
+    keys: &[LockKey],
+    opts: &AcquireOptions,
+) -> Result<Lease, LockError> {
+    opts.validate()?;
+    let keys = validate_keys(keys)?;
+    let started = std::time::Instant::now();
+    let mut failed = None;
+    for key in keys {
+        let attempt = match opts.label {
+            None => lock.try_acquire(key, opts.ttl).await,
+            Some(_) => match lock.acquire(key, &opts.clone().wait(Duration::ZERO)).await {
+                Ok(lease) => Ok(Some(lease)),
+                Err(LockError::Timeout { .. }) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        match attempt {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => failed = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    let timeout = |started: std::time::Instant| LockError::Timeout {
+        waited: started.elapsed(),
+    };
+    let Some(wait) = opts
+        .wait
+        .checked_sub(started.elapsed())
+        .filter(|w| !w.is_zero())
+    else {
+        return Err(failed.unwrap_or_else(|| timeout(started)));
+    };
+    let opts = opts.clone().wait(wait);
+    let mut waits: futures::stream::FuturesUnordered<_> =
+        keys.iter().map(|key| lock.acquire(key, &opts)).collect();
+    // The waits' own last words: a wait that saw its key held ends in Timeout.
+    let mut failed = None;
+    while let Some(result) = futures::StreamExt::next(&mut waits).await {
+        match result {
+            Ok(lease) => return Ok(lease),
+            Err(LockError::Timeout { .. }) => {}
+            Err(e) if e.is_retryable() => failed = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| timeout(started)))
+}
 
 /// `keys`, or [`LockError::InvalidInput`] when there are none: for implementations of
 /// [`DistributedLock::acquire_any`].

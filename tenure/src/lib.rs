@@ -23,6 +23,7 @@
 //! | `memory://` | in-process [`MemoryLock`] | always |
 //! | `redis://`, `rediss://` | single Redis node | `redis` |
 //! | `redis+sentinel://s1:p,s2:p/name`, `rediss+sentinel://…` | Sentinel-managed Redis primary | `redis` |
+//! | `redis+cluster://h1:p,h2:p`, `rediss+cluster://…` | Redis Cluster | `redis` |
 //! | `redlock://h1:p,h2:p,h3:p`, `redlocks://…` | Redlock | `redlock` |
 //! | `etcd://h1:p,h2:p/prefix`, `etcds://…` | etcd v3 | `etcd` |
 //! | `zk://h1:p,h2:p/chroot`, `zks://…` | ZooKeeper | `zk` |
@@ -76,7 +77,14 @@ pub const DRIVERS: &[Driver] = &[
 const FEATURES: [(&str, &[&str]); 5] = [
     (
         "redis",
-        &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
+        &[
+            "redis",
+            "rediss",
+            "redis+sentinel",
+            "rediss+sentinel",
+            "redis+cluster",
+            "rediss+cluster",
+        ],
     ),
     ("redlock", &["redlock", "redlocks"]),
     ("etcd", &["etcd", "etcds"]),

@@ -1,6 +1,7 @@
 //! Real servers on loopback ports, for tests: Redis (independent nodes, a
-//! primary/replica pair, or a primary with two replicas and three sentinels), etcd (1 or 3 members), ZooKeeper (standalone or 3 nodes) and
-//! Postgres.
+//! primary/replica pair, a primary with two replicas and three sentinels, or a Redis
+//! Cluster of three primaries with a replica each), etcd (1 or 3 members), ZooKeeper
+//! (standalone or 3 nodes) and Postgres.
 //!
 //! Every server is started from the installed binaries on free `127.0.0.1` ports, with its
 //! data and log files in a [`tempfile::TempDir`] owned by the cluster handle. Each node can

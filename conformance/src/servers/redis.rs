@@ -22,6 +22,7 @@ use crate::clock_shim::ClockShim;
 use crate::proxy::FaultProxy;
 
 pub mod sentinel;
+pub mod sharded;
 
 const INSTALL: &str = "apt-get install -y redis-server";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);

@@ -1,0 +1,144 @@
+//! `redis+cluster://`: locks on a Redis Cluster, each on the primary of its key's slot,
+//! followed through a real failover (the primary killed, the cluster promotes its
+//! replica).
+
+use std::time::Duration;
+
+use tenure_api::{DistributedLock, LockError, LockKey, ReleaseOutcome, WaitKind};
+use tenure_conformance::retrying;
+use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
+use tenure_redis::RedisLock;
+
+/// Long enough for the cluster to promote a replica on a loaded machine.
+const FAILOVER: Duration = Duration::from_secs(60);
+/// Outlives a failover, however slow.
+const TTL: Duration = Duration::from_secs(120);
+/// How long the cluster waits before it fails a primary over: long enough that a loaded
+/// machine does not cause a failover of its own.
+const NODE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("cluster/{name}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_the_replica_survives_a_real_failover() {
+    let cluster = RedisShardedCluster::start(NODE_TIMEOUT).await.unwrap();
+    let holder = RedisLock::connect(&cluster.url()).await.unwrap();
+    assert_eq!(holder.capabilities().wait, WaitKind::Poll);
+    let k = key("held");
+    let lock_key = holder.lock_key(&k);
+    let mut lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+
+    // The lock and its fence live on the primary of the key's slot, and its replica has
+    // them before the primary dies.
+    let old = cluster.primary_of(&lock_key).await.unwrap();
+    let fence_key = format!("{lock_key}:fence");
+    assert_eq!(
+        cluster.primary_of(&fence_key).await.unwrap().addr(),
+        old.addr(),
+        "the fence key is in the lock's slot"
+    );
+    let written = old.replication_offset().await.unwrap();
+    let deadline = tokio::time::Instant::now() + FAILOVER;
+    while old.acknowledged_offset().await.unwrap().unwrap_or(0) < written {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replication stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    old.kill().await.unwrap();
+    let new = cluster.wait_failover(&lock_key, old.addr()).await.unwrap();
+    assert_ne!(
+        new.addr(),
+        old.addr(),
+        "the fault fired: a replica took over"
+    );
+
+    // The same client follows the slot to the promoted replica; the lease is there.
+    let (extended, _) = retrying(FAILOVER, || {
+        let mut lease = lease.clone();
+        let holder = &holder;
+        async move { holder.extend(&mut lease, TTL).await.map(|()| lease) }
+    })
+    .await;
+    lease = extended.expect("the lease extends on the promoted replica");
+
+    let other = RedisLock::connect(&cluster.url()).await.unwrap();
+    let (held, _) = retrying(FAILOVER, || other.try_acquire(&k, TTL)).await;
+    assert!(held.unwrap().is_none(), "the lock is still held");
+    assert_eq!(
+        holder.release(lease.clone()).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let next = other.try_acquire(&k, TTL).await.unwrap().unwrap();
+    assert!(
+        next.token() > lease.token(),
+        "tokens keep increasing across the failover: {:?} after {:?}",
+        next.token(),
+        lease.token()
+    );
+    other.release(next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_spread_over_the_primaries_and_permits_still_work() {
+    let cluster = RedisShardedCluster::start(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let lock = RedisLock::connect(&cluster.url()).await.unwrap();
+    let mut primaries = std::collections::HashSet::new();
+    for i in 0..12 {
+        let k = key(&format!("spread-{i}"));
+        let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+        primaries.insert(cluster.primary_of(&lock.lock_key(&k)).await.unwrap().addr());
+        lock.release(lease).await.unwrap();
+    }
+    assert_eq!(primaries.len(), 3, "12 keys land on all three primaries");
+
+    // A primary that lost its scripts (restarted, promoted) gets them by EVAL, routed
+    // to the key's slot.
+    for node in cluster.nodes() {
+        let flushed = node.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        assert!(flushed.is_ok(), "{flushed:?}");
+    }
+    let k = key("after-flush");
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let primary = cluster.primary_of(&lock.lock_key(&k)).await.unwrap();
+    let sha = tenure_redis::scripts::SCRIPTS.acquire.get_hash().to_owned();
+    let cached = primary.command(&["SCRIPT", "EXISTS", &sha]).await.unwrap();
+    assert_eq!(
+        format!("{cached:?}"),
+        "Array(Some([Integer(1)]))",
+        "EVAL cached the script on the key's primary"
+    );
+    lock.release(lease).await.unwrap();
+
+    // A semaphore's permits sit in different slots: taken one by one.
+    let permits: Vec<LockKey> = (0..3).map(|i| key(&format!("permit-{i}"))).collect();
+    let opts = tenure_api::AcquireOptions::new(TTL).wait(Duration::ZERO);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(lock.acquire_any(&permits, &opts).await.unwrap());
+    }
+    let e = lock.acquire_any(&permits, &opts).await.unwrap_err();
+    assert!(matches!(e, LockError::Timeout { .. }), "{e:?}");
+    for lease in held {
+        lock.release(lease).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn cluster_urls_refuse_what_a_cluster_cannot_do() {
+    for url in [
+        "redis+cluster://h1,h2?prefix=",
+        "redis+cluster://h1?prefix=}x",
+        "redis+cluster://h1/2",
+        "redis+cluster://h1?wait_replicas=1&wait_timeout_ms=100",
+    ] {
+        let e = RedisLock::connect(url).await.unwrap_err();
+        assert!(matches!(e, LockError::Config(_)), "{url}: {e:?}");
+    }
+}
