@@ -4,15 +4,13 @@
 
 use std::time::Duration;
 
-use tenure_api::{DistributedLock, LockError, LockKey, ReleaseOutcome, WaitKind};
-use tenure_conformance::retrying;
+use tenure_api::{DistributedLock, LockError, LockKey, WaitKind};
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_redis::RedisLock;
 
-/// Long enough for the cluster to promote a replica on a loaded machine.
-const FAILOVER: Duration = Duration::from_secs(60);
-/// Outlives a failover, however slow.
-const TTL: Duration = Duration::from_secs(120);
+mod common;
+use common::{extended, still_held_then_handed_on, FAILOVER, TTL};
+
 /// How long the cluster waits before it fails a primary over: long enough that a loaded
 /// machine does not cause a failover of its own.
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,7 +26,7 @@ async fn a_lease_on_the_replica_survives_a_real_failover() {
     assert_eq!(holder.capabilities().wait, WaitKind::Poll);
     let k = key("held");
     let lock_key = holder.lock_key(&k);
-    let mut lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
 
     // The lock and its fence live on the primary of the key's slot, and its replica has
     // them before the primary dies.
@@ -58,29 +56,10 @@ async fn a_lease_on_the_replica_survives_a_real_failover() {
     );
 
     // The same client follows the slot to the promoted replica; the lease is there.
-    let (extended, _) = retrying(FAILOVER, || {
-        let mut lease = lease.clone();
-        let holder = &holder;
-        async move { holder.extend(&mut lease, TTL).await.map(|()| lease) }
-    })
-    .await;
-    lease = extended.expect("the lease extends on the promoted replica");
+    let lease = extended(&holder, &lease).await;
 
     let other = RedisLock::connect(&cluster.url()).await.unwrap();
-    let (held, _) = retrying(FAILOVER, || other.try_acquire(&k, TTL)).await;
-    assert!(held.unwrap().is_none(), "the lock is still held");
-    assert_eq!(
-        holder.release(lease.clone()).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let next = other.try_acquire(&k, TTL).await.unwrap().unwrap();
-    assert!(
-        next.token() > lease.token(),
-        "tokens keep increasing across the failover: {:?} after {:?}",
-        next.token(),
-        lease.token()
-    );
-    other.release(next).await.unwrap();
+    still_held_then_handed_on(&holder, &other, &k, lease).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,16 +3,14 @@
 
 use std::time::Duration;
 
-use tenure_api::{DistributedLock, LockError, LockKey, ReleaseOutcome};
-use tenure_conformance::retrying;
+use tenure_api::{DistributedLock, LockError, LockKey};
 use tenure_conformance::servers::redis::sentinel::RedisSentinels;
 use tenure_conformance::servers::redis::{RedisNode, Resp};
 use tenure_redis::RedisLock;
 
-/// Long enough for the sentinels to agree on a promotion on a loaded machine.
-const FAILOVER: Duration = Duration::from_secs(60);
-/// Outlives a failover, however slow: a lease lost to its TTL would prove nothing here.
-const TTL: Duration = Duration::from_secs(120);
+mod common;
+use common::{extended, granted_on, still_held_then_handed_on, FAILOVER, TTL};
+
 /// How long the sentinels wait before they call the primary down: long enough that a
 /// loaded machine does not cause a failover of its own.
 const DOWN_AFTER: Duration = Duration::from_secs(3);
@@ -34,7 +32,7 @@ async fn a_lease_on_both_replicas_survives_a_real_failover() {
     let group = RedisSentinels::start(DOWN_AFTER).await.unwrap();
     let holder = RedisLock::connect(&group.url()).await.unwrap();
     let k = key("held");
-    let mut lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
     // Both replicas have the grant before the primary dies, so whichever is promoted
     // has it (a grant only some replica has is the window wait_replicas narrows).
     for replica in &group.data_nodes()[1..] {
@@ -63,32 +61,14 @@ async fn a_lease_on_both_replicas_survives_a_real_failover() {
     );
 
     // The same client finds the new primary on its own, and the lease is still there.
-    let (extended, _) = retrying(FAILOVER, || {
-        let mut lease = lease.clone();
-        let holder = &holder;
-        async move { holder.extend(&mut lease, TTL).await.map(|()| lease) }
-    })
-    .await;
-    lease = extended.expect("the lease extends on the promoted replica");
+    let lease = extended(&holder, &lease).await;
     let on_new = new.command(&["GET", &holder.lock_key(&k)]).await.unwrap();
     let value = on_new.as_text().expect("the new primary has the lock key");
     assert!(value.starts_with(&lease.owner().to_string()), "{value}");
 
     // A client that connects now is sent to the new primary, and finds the lock held.
     let other = RedisLock::connect(&group.url()).await.unwrap();
-    assert!(other.try_acquire(&k, TTL).await.unwrap().is_none());
-    assert_eq!(
-        holder.release(lease.clone()).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let next = other.try_acquire(&k, TTL).await.unwrap().unwrap();
-    assert!(
-        next.token() > lease.token(),
-        "tokens keep increasing across the failover: {:?} after {:?}",
-        next.token(),
-        lease.token()
-    );
-    other.release(next).await.unwrap();
+    still_held_then_handed_on(&holder, &other, &k, lease).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,16 +98,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let (granted, _) = retrying(FAILOVER, || lock.try_acquire(&k, TTL)).await;
-    let lease = granted
-        .unwrap()
-        .expect("the key is free on the new primary");
-    let on_new = new.command(&["GET", &lock.lock_key(&k)]).await.unwrap();
-    assert!(
-        on_new.as_text().is_some(),
-        "the grant is on the new primary"
-    );
-    lock.release(lease).await.unwrap();
+    granted_on(&lock, &k, &new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,16 +127,7 @@ async fn a_primary_that_stops_answering_is_replaced_after_a_timeout() {
 
     // The call after a timeout asks the sentinels first, and goes to the new primary.
     let k = key("after");
-    let (granted, _) = retrying(FAILOVER, || lock.try_acquire(&k, TTL)).await;
-    let lease = granted
-        .unwrap()
-        .expect("the key is free on the new primary");
-    let on_new = new.command(&["GET", &lock.lock_key(&k)]).await.unwrap();
-    assert!(
-        on_new.as_text().is_some(),
-        "the grant is on the new primary"
-    );
-    lock.release(lease).await.unwrap();
+    granted_on(&lock, &k, &new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
