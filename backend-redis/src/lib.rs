@@ -150,8 +150,9 @@ impl RedisLock {
         connect: |url| Box::pin(async move { Self::connect(url).await.map(Backend::new) }),
     };
 
-    /// Connects to the server named by a `redis://` or `rediss://` URL, or to the primary
-    /// the sentinels of a `redis+sentinel://` (`rediss+sentinel://`) URL name (see
+    /// Connects to the server named by a `redis://` or `rediss://` URL, to the primary
+    /// the sentinels of a `redis+sentinel://` (`rediss+sentinel://`) URL name, or to the
+    /// Redis Cluster of a `redis+cluster://` (`rediss+cluster://`) URL (see
     /// [`RedisConfig`] and the crate docs).
     ///
     /// # Cancel safety
