@@ -208,8 +208,9 @@ impl RedisConfig {
     }
 
     /// `redis+cluster://[user[:password]@]h1[:port],h2…[?options]` (or
-    /// `rediss+cluster://`): the same options as `redis://` but `wait_replicas`, no
-    /// database (a cluster has only database 0).
+    /// `rediss+cluster://`): the same options as `redis://`, no database (a cluster has
+    /// only database 0). `wait_replicas` counts the replicas of each lock's slot: `WAIT`
+    /// follows the script in its pipeline, which goes to the slot's primary.
     fn cluster(text: &str) -> Result<Self, LockError> {
         let url = LockUrl::parse(
             text,
@@ -229,8 +230,7 @@ impl RedisConfig {
 
     /// A Redis Cluster keeps a lock's keys in its key's hash slot through the hash tag
     /// `{prefix…}`: an empty prefix, or one starting with `}`, could make the tag empty
-    /// and split them (one with a `}` elsewhere would put every lock in one slot). `WAIT`
-    /// is not sent to the slot's primary in a pipeline there.
+    /// and split them (one with a `}` elsewhere would put every lock in one slot).
     fn validate_cluster(&self) -> Result<(), LockError> {
         if !matches!(self.topology, Topology::Cluster(_)) {
             return Ok(());
@@ -246,11 +246,6 @@ impl RedisConfig {
         if !self.url.path().trim_matches('/').is_empty() {
             return Err(LockError::Config(format!(
                 "{self}: a Redis Cluster has no database but 0"
-            )));
-        }
-        if self.wait_replicas > 0 {
-            return Err(LockError::Config(format!(
-                "{self}: wait_replicas is not supported on a Redis Cluster yet"
             )));
         }
         Ok(())

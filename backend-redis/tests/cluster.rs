@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockError, LockKey, WaitKind};
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
+use tenure_conformance::servers::redis::RespConnection;
 use tenure_redis::RedisLock;
 
 mod common;
@@ -109,13 +110,56 @@ async fn locks_spread_over_the_primaries_and_permits_still_work() {
     }
 }
 
+/// `?wait_replicas=1` on a Cluster: `WAIT` goes to the slot's primary in the script's
+/// pipeline, so a grant counts once that primary's replica has it, and one the replica
+/// cannot confirm (frozen, its link closed) is refused and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_confirms_each_grant_on_its_slots_replica() {
+    let cluster = RedisShardedCluster::start(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let url = format!("{}?wait_replicas=1&wait_timeout_ms=300", cluster.url());
+    let lock = RedisLock::connect(&url).await.unwrap();
+
+    let k = key("confirmed");
+    let lock_key = lock.lock_key(&k);
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let primary = cluster.primary_of(&lock_key).await.unwrap();
+    let replicas = cluster.replicas_of(&primary).await.unwrap();
+    assert_eq!(replicas.len(), 1, "each primary has one replica");
+    // Read on the replica right away: WAIT made the grant reach it before the reply.
+    let mut on_replica = RespConnection::connect(replicas[0].addr()).await.unwrap();
+    assert!(on_replica.command(&["READONLY"]).await.unwrap().is_ok());
+    let value = on_replica.command(&["GET", &lock_key]).await.unwrap();
+    let value = value.as_text().expect("the replica has the lock key");
+    assert!(value.starts_with(&lease.owner().to_string()), "{value}");
+    lock.release(lease).await.unwrap();
+
+    primary.strand_replicas(&replicas).await.unwrap();
+    assert_eq!(replicas[0].state(), Some('T'), "the fault fired: replica frozen");
+    let refused = lock.try_acquire(&k, TTL).await;
+    replicas[0].resume().unwrap();
+    match &refused {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("0 of the 1 replicas wait_replicas asks for")
+                && message.contains("grant refused and released"),
+            "{message}"
+        ),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let on_primary = primary.command(&["GET", &lock_key]).await.unwrap();
+    assert!(
+        on_primary.is_nil(),
+        "the refused grant was released: {on_primary:?}"
+    );
+}
+
 #[tokio::test]
 async fn cluster_urls_refuse_what_a_cluster_cannot_do() {
     for url in [
         "redis+cluster://h1,h2?prefix=",
         "redis+cluster://h1?prefix=}x",
         "redis+cluster://h1/2",
-        "redis+cluster://h1?wait_replicas=1&wait_timeout_ms=100",
     ] {
         let e = RedisLock::connect(url).await.unwrap_err();
         assert!(matches!(e, LockError::Config(_)), "{url}: {e:?}");

@@ -512,6 +512,45 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              may hand out fence values again",
         ),
 
+        // --- Sentinel / Cluster: the primary dies while its replicas are behind ------
+        (
+            Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed,
+            Redis { .. },
+        ) => e(
+            SAFE,
+            "no replica can confirm a grant, so wait_replicas refuses it and releases it: \
+             nothing is lost in the failover, and the contender is granted on the promoted \
+             replica",
+        ),
+        (
+            Fault::SentinelFailover | Fault::ClusterFailover,
+            Redis {
+                fence: Fence::Clock,
+            },
+        ) => e(
+            F_SAFE,
+            "replication is asynchronous: the promoted replica missed the grant, so the \
+             contender is granted while the holder's lease runs; the new primary floors \
+             the fence at its clock, above the holder's token",
+        ),
+        (
+            Fault::SentinelFailover | Fault::ClusterFailover,
+            Redis {
+                fence: Fence::Counter,
+            },
+        ) => e(
+            UNSAFE,
+            "the promoted replica missed the grant and the counter: the contender is granted \
+             while the holder's lease runs, with the holder's token",
+        ),
+        (
+            Fault::SentinelFailover
+            | Fault::SentinelFailoverConfirmed
+            | Fault::ClusterFailover
+            | Fault::ClusterFailoverConfirmed,
+            _,
+        ) => e(NOT_APPLICABLE, "a failover of a Redis deployment"),
+
         // --- the acquire reaches the server, its reply is lost ----------------------
         (Fault::LostReply, Redis { .. }) => e(SAFE, "the orphan key expires after its TTL"),
         (Fault::LostReply, Redlock { .. }) => e(
@@ -615,7 +654,10 @@ mod tests {
                         matches!(
                             (fault, config.protocol),
                             (
-                                Fault::Restart | Fault::ReplicaFailover,
+                                Fault::Restart
+                                    | Fault::ReplicaFailover
+                                    | Fault::SentinelFailover
+                                    | Fault::ClusterFailover,
                                 Protocol::Redis {
                                     fence: Fence::Counter
                                 } | Protocol::Redlock {

@@ -26,6 +26,8 @@ use tokio::task::JoinHandle;
 
 use super::Target;
 
+mod failover;
+
 /// A fault the matrix injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -62,11 +64,22 @@ pub enum Fault {
     /// it talks to is cut off from the other members; Redlock, its links to a majority of
     /// the masters are black-holed.
     MinorityPartition,
+    /// A Sentinel-managed primary (two replicas, three sentinels) dies while its replicas
+    /// are behind (frozen, their links closed): the sentinels promote one, and the
+    /// contender asks the new primary.
+    SentinelFailover,
+    /// [`SentinelFailover`](Self::SentinelFailover) with `?wait_replicas=1`.
+    SentinelFailoverConfirmed,
+    /// A Redis Cluster primary (of three, a replica each) dies while the replica of the
+    /// trials' slots is behind: the cluster promotes it, and the contender asks it.
+    ClusterFailover,
+    /// [`ClusterFailover`](Self::ClusterFailover) with `?wait_replicas=1`.
+    ClusterFailoverConfirmed,
 }
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 17] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
@@ -78,6 +91,10 @@ impl Fault {
         Fault::MinorityLoss,
         Fault::ServerPause,
         Fault::ReplicaFailover,
+        Fault::SentinelFailover,
+        Fault::SentinelFailoverConfirmed,
+        Fault::ClusterFailover,
+        Fault::ClusterFailoverConfirmed,
         Fault::LostReply,
         Fault::MinorityPartition,
     ];
@@ -98,6 +115,10 @@ impl Fault {
             Fault::ReplicaFailover => "failover to async replica",
             Fault::LostReply => "acquire with lost reply",
             Fault::MinorityPartition => "holder partitioned into a minority",
+            Fault::SentinelFailover => "Sentinel failover, replicas behind",
+            Fault::SentinelFailoverConfirmed => "Sentinel failover, replicas behind, wait_replicas=1",
+            Fault::ClusterFailover => "Cluster failover, replica behind",
+            Fault::ClusterFailoverConfirmed => "Cluster failover, replica behind, wait_replicas=1",
         }
     }
 
@@ -112,6 +133,22 @@ impl Fault {
                 | Fault::ServerPause
                 | Fault::ReplicaFailover
                 | Fault::MinorityPartition
+                | Fault::SentinelFailover
+                | Fault::SentinelFailoverConfirmed
+                | Fault::ClusterFailover
+                | Fault::ClusterFailoverConfirmed
+        )
+    }
+
+    /// Whether the fault is a real failover of Redis as people run it (Sentinel,
+    /// Cluster), on servers each round starts.
+    pub fn is_topology_failover(self) -> bool {
+        matches!(
+            self,
+            Fault::SentinelFailover
+                | Fault::SentinelFailoverConfirmed
+                | Fault::ClusterFailover
+                | Fault::ClusterFailoverConfirmed
         )
     }
 }
@@ -670,6 +707,15 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             }),
             _ => not_injectable("the harness starts no replica for this backend"),
         },
+        _ if fault.is_topology_failover() => match backend {
+            "redis" if target.secured => not_injectable(
+                "the harness starts its Sentinel and Cluster groups without TLS and ACL users",
+            ),
+            "redis" => None,
+            _ => Some(Cell::NotApplicable {
+                reason: "a failover of a Redis deployment".into(),
+            }),
+        },
         Fault::MinorityPartition => match backend {
             "zk" | "redlock" if target.nodes.len() < 3 => Some(Cell::NotApplicable {
                 reason: "fewer than three servers: no minority side".into(),
@@ -1199,6 +1245,9 @@ async fn victim(target: &Target) -> usize {
 async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
     if fault == Fault::ReplicaFailover {
         return replica_failover(target, round, pairs).await;
+    }
+    if fault.is_topology_failover() {
+        return failover::round(fault, target, round, pairs).await;
     }
     if fault == Fault::MinorityLoss {
         return minority_loss(target, round, pairs).await;

@@ -650,7 +650,13 @@ fn checks(
         format!("fencing {:?}", caps.fencing),
         &["fencing"],
         format!("{:?}", premise.fencing),
-        &[Fault::Restart, Fault::ReplicaFailover, Fault::PausedHolder],
+        &[
+            Fault::Restart,
+            Fault::ReplicaFailover,
+            Fault::SentinelFailover,
+            Fault::ClusterFailover,
+            Fault::PausedHolder,
+        ],
     );
     check(
         format!("expiry {:?}", caps.expiry),

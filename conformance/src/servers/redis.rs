@@ -286,6 +286,33 @@ impl RedisNode {
         }))
     }
 
+    /// On a primary: freezes `replicas` (`SIGSTOP`) and closes its links to them
+    /// (`CLIENT KILL TYPE replica`), then checks it has no replica left. Until they are
+    /// [resumed](Self::resume), its writes reach no replica — the window in which a
+    /// failover to an asynchronous replica loses them — and `WAIT` counts none. A frozen
+    /// replica cannot reconnect; resumed, it resynchronises if this primary still runs.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: cancelled midway, replicas may be left frozen.
+    pub async fn strand_replicas(&self, replicas: &[Arc<RedisNode>]) -> Result<()> {
+        for replica in replicas {
+            replica.pause()?;
+        }
+        let killed = self.command(&["CLIENT", "KILL", "TYPE", "replica"]).await?;
+        if killed.as_int().is_none() {
+            return Err(self.protocol(&killed));
+        }
+        let info = self.command(&["INFO", "replication"]).await?;
+        let text = info.as_text().ok_or_else(|| self.protocol(&info))?;
+        match info_field(&text, "connected_slaves") {
+            Some("0") => Ok(()),
+            other => Err(ServerError::Protocol {
+                what: self.core.process.what().to_owned(),
+                detail: format!("replicas still connected after CLIENT KILL: {other:?}"),
+            }),
+        }
+    }
+
     fn protocol(&self, r: &Resp) -> ServerError {
         ServerError::Protocol {
             what: self.core.process.what().to_owned(),

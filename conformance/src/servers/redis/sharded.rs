@@ -221,6 +221,26 @@ impl RedisShardedCluster {
         Err(protocol("CLUSTER SLOTS leaves the key's slot unserved"))
     }
 
+    /// The running nodes that replicate `primary` (as their `ROLE` says).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn replicas_of(&self, primary: &RedisNode) -> Result<Vec<Arc<RedisNode>>> {
+        let port = i64::from(primary.addr().port());
+        let mut replicas = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let Resp::Array(Some(role)) = node.command(&["ROLE"]).await? else {
+                return Err(protocol("ROLE"));
+            };
+            let of_primary = role.first().and_then(Resp::as_text).as_deref() == Some("slave")
+                && role.get(2).and_then(Resp::as_int) == Some(port);
+            if of_primary {
+                replicas.push(node.clone());
+            }
+        }
+        Ok(replicas)
+    }
+
     /// Waits (up to 60 s) until another node than `old` serves `key` as a primary and the
     /// cluster is healthy again: the failover happened. Returns the new primary.
     ///

@@ -1,0 +1,248 @@
+//! Real failovers of Redis as people run it: a Sentinel-managed primary with two
+//! replicas and three sentinels, and a Redis Cluster of three primaries with a replica
+//! each, started afresh for every round.
+//!
+//! A round strands the replicas of the trials' primary — frozen, their links closed by
+//! the primary, so its writes reach none of them (the replication lag in which an
+//! asynchronous failover loses writes, made certain) — then each holder asks for its
+//! key once, the primary is killed, the replicas resume, and the sentinels or the
+//! cluster promote one of them on their own. Each contender then asks the promoted
+//! primary through a fresh client, while its holder's lease still runs. With
+//! `wait_replicas=1` no replica can confirm a grant, so the holders are refused: what
+//! the option buys (no double grant from this lag) and what it costs (no lock while the
+//! replicas are behind), measured.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_conformance::servers::redis::sentinel::RedisSentinels;
+use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
+use tenure_conformance::servers::redis::RedisNode;
+use tenure_redis::RedisLock;
+
+use super::{contend, setup_failed, Ending, Fault, Holder, Record, Trial, CONTENDER, HOLDER};
+use crate::matrix::Target;
+
+/// How long the sentinels, or the cluster's nodes, wait before they call a silent primary
+/// down: long enough that a loaded machine does not fail one over on its own.
+const DOWN_AFTER: Duration = Duration::from_secs(3);
+/// The holders' leases: far longer than a failover takes, so a contender granted after
+/// one is granted while its holder's lease runs.
+const HOLD_TTL: Duration = Duration::from_secs(60);
+/// Key names tried per trial to find one whose slot the round's primary serves.
+const KEY_CANDIDATES: usize = 64;
+
+/// The servers of one round.
+enum Group {
+    Sentinel(RedisSentinels),
+    Cluster(RedisShardedCluster),
+}
+
+impl Group {
+    async fn start(fault: Fault) -> Result<Group, String> {
+        let started = match fault {
+            Fault::SentinelFailover | Fault::SentinelFailoverConfirmed => {
+                RedisSentinels::start(DOWN_AFTER).await.map(Group::Sentinel)
+            }
+            _ => RedisShardedCluster::start(DOWN_AFTER)
+                .await
+                .map(Group::Cluster),
+        };
+        started.map_err(|e| e.to_string())
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Group::Sentinel(group) => group.url(),
+            Group::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// The primary that holds `lock_key`.
+    async fn primary_for(&self, lock_key: &str) -> Result<Arc<RedisNode>, String> {
+        let primary = match self {
+            Group::Sentinel(group) => group.primary().await,
+            Group::Cluster(cluster) => cluster.primary_of(lock_key).await,
+        };
+        primary.map_err(|e| e.to_string())
+    }
+
+    async fn replicas_of(&self, primary: &RedisNode) -> Result<Vec<Arc<RedisNode>>, String> {
+        match self {
+            Group::Sentinel(group) => Ok(group
+                .data_nodes()
+                .iter()
+                .filter(|n| n.addr() != primary.addr())
+                .cloned()
+                .collect()),
+            Group::Cluster(cluster) => cluster.replicas_of(primary).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Waits for a replica to take over `lock_key` from `old`.
+    async fn wait_failover(&self, lock_key: &str, old: &RedisNode) -> Result<(), String> {
+        let promoted = match self {
+            Group::Sentinel(group) => group.wait_failover(old.addr()).await,
+            Group::Cluster(cluster) => cluster.wait_failover(lock_key, old.addr()).await,
+        };
+        promoted.map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// One round of a Sentinel or Cluster failover with `pairs` trials.
+pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
+    let confirmed = matches!(
+        fault,
+        Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed
+    );
+    let group = match Group::start(fault).await {
+        Ok(group) => group,
+        Err(e) => return vec![setup_failed("servers", LockError::backend(e))],
+    };
+    // The target's own options (e.g. `fence=counter`), and the confirmation asked for.
+    let mut options: Vec<String> = target
+        .harness
+        .url()
+        .split_once('?')
+        .map(|(_, query)| query.to_owned())
+        .into_iter()
+        .collect();
+    if confirmed {
+        options.push("wait_replicas=1&wait_timeout_ms=100".into());
+    }
+    let url = match options.is_empty() {
+        true => group.url(),
+        false => format!("{}?{}", group.url(), options.join("&")),
+    };
+    let holder = match RedisLock::connect(&url).await {
+        Ok(lock) => Arc::new(lock),
+        Err(e) => return vec![setup_failed("holder", e)],
+    };
+    let (primary, keys) = match keys_on_one_primary(&group, &holder, target, fault, round, pairs)
+        .await
+    {
+        Ok(found) => found,
+        Err(e) => return vec![setup_failed("keys", LockError::backend(e))],
+    };
+    let lock_key = holder.lock_key(&keys[0]);
+    let stranded = match group.replicas_of(&primary).await {
+        Ok(replicas) if !replicas.is_empty() => {
+            let result = primary.strand_replicas(&replicas).await;
+            (replicas, result.map_err(|e| e.to_string()))
+        }
+        Ok(_) => (Vec::new(), Err("the primary has no replica".to_owned())),
+        Err(e) => (Vec::new(), Err(e)),
+    };
+    let (replicas, stranded) = stranded;
+
+    let mut holders = Vec::with_capacity(pairs);
+    let mut trials = Vec::new();
+    let holder: Arc<dyn DistributedLock> = holder;
+    for key in keys {
+        let record = Record::new(key);
+        let lock = record.client(HOLDER, holder.clone());
+        let refused = "the holder's grant was refused: no replica confirmed it";
+        match lock.try_acquire(&record.key, HOLD_TTL).await {
+            Ok(Some(lease)) => {
+                let _ = record.register.write(lease.token(), 0);
+                let ending = Ending::Lease(lease);
+                holders.push((record, held(lock, ending), None));
+            }
+            Err(LockError::Unavailable { .. }) if confirmed => {
+                holders.push((record, held(lock, Ending::Nothing), Some(refused)));
+            }
+            Ok(None) => trials.push(setup_failed("holder", LockError::backend("the key was held"))),
+            Err(e) => trials.push(setup_failed("holder", e)),
+        }
+    }
+
+    let killed = primary.kill().await.map_err(|e| e.to_string());
+    let resumed: Result<Vec<()>, String> = replicas
+        .iter()
+        .map(|r| r.resume().map_err(|e| e.to_string()))
+        .collect();
+    let failover = match (stranded, killed, resumed) {
+        (Ok(()), Ok(()), Ok(_)) => group.wait_failover(&lock_key, &primary).await,
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+    };
+    let fired = failover.is_ok();
+
+    // A fresh client finds the promoted primary; the witness asks through another.
+    let contender = match RedisLock::connect(&url).await {
+        Ok(lock) => Arc::new(lock) as Arc<dyn DistributedLock>,
+        Err(e) => return vec![setup_failed("contender", e)],
+    };
+    let witness = RedisLock::connect(&url)
+        .await
+        .ok()
+        .map(|lock| Arc::new(lock) as Arc<dyn DistributedLock>);
+    let contenders: Vec<_> = holders
+        .iter_mut()
+        .map(|(record, _, _)| {
+            record.witness = witness.clone();
+            record.client(CONTENDER, contender.clone())
+        })
+        .collect();
+    let outcomes = futures::future::join_all(
+        holders
+            .iter()
+            .zip(&contenders)
+            .map(|((record, _, _), contender)| contend(target, contender, &record.key)),
+    )
+    .await;
+    for (((record, holder, refused), contender), outcome) in
+        holders.into_iter().zip(&contenders).zip(outcomes)
+    {
+        let mut trial = record.judge(target, holder, contender, outcome, fired).await;
+        if let (Some(refused), None) = (refused, &trial.note) {
+            trial.note = Some(refused.to_owned());
+        }
+        if let Err(e) = &failover {
+            trial.note = Some(format!("no failover: {e}"));
+        }
+        trials.push(trial);
+    }
+    trials
+}
+
+fn held(lock: Arc<dyn DistributedLock>, ending: Ending) -> Holder {
+    Holder {
+        lock,
+        ending,
+        stale_write: None,
+    }
+}
+
+/// `pairs` trial keys whose locks all live on one primary (a Cluster spreads keys over
+/// its three), with that primary.
+async fn keys_on_one_primary(
+    group: &Group,
+    lock: &RedisLock,
+    target: &Target,
+    fault: Fault,
+    round: usize,
+    pairs: usize,
+) -> Result<(Arc<RedisNode>, Vec<LockKey>), String> {
+    let mut primary: Option<Arc<RedisNode>> = None;
+    let mut keys = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let base = target.key(fault, round, i);
+        let mut found = None;
+        for candidate in 0..KEY_CANDIDATES {
+            let key = LockKey::new(format!("{}/{candidate}", base.as_str()))
+                .map_err(|e| e.to_string())?;
+            let on = group.primary_for(&lock.lock_key(&key)).await?;
+            match &primary {
+                Some(p) if p.addr() != on.addr() => continue,
+                Some(_) => {}
+                None => primary = Some(on),
+            }
+            found = Some(key);
+            break;
+        }
+        keys.push(found.ok_or("no key on the round's primary among the candidates")?);
+    }
+    let primary = primary.ok_or("no trials")?;
+    Ok((primary, keys))
+}
