@@ -136,7 +136,11 @@ async fn wait_replicas_confirms_each_grant_on_its_slots_replica() {
     lock.release(lease).await.unwrap();
 
     primary.strand_replicas(&replicas).await.unwrap();
-    assert_eq!(replicas[0].state(), Some('T'), "the fault fired: replica frozen");
+    assert_eq!(
+        replicas[0].state(),
+        Some('T'),
+        "the fault fired: replica frozen"
+    );
     let refused = lock.try_acquire(&k, TTL).await;
     replicas[0].resume().unwrap();
     match &refused {

@@ -513,14 +513,17 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         ),
 
         // --- Sentinel / Cluster: the primary dies while its replicas are behind ------
-        (
-            Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed,
-            Redis { .. },
-        ) => e(
+        (Fault::SentinelFailoverConfirmed, Redis { .. }) => e(
             SAFE,
             "no replica can confirm a grant, so wait_replicas refuses it and releases it: \
              nothing is lost in the failover, and the contender is granted on the promoted \
-             replica",
+             replica, which the other replica now follows",
+        ),
+        (Fault::ClusterFailoverConfirmed, Redis { .. }) => e(
+            UNAVAIL,
+            "no replica can confirm a grant, so wait_replicas refuses it: nothing is lost; \
+             but the promoted replica was its shard's only one, so no grant on it can be \
+             confirmed either until a replica rejoins the shard",
         ),
         (
             Fault::SentinelFailover | Fault::ClusterFailover,

@@ -116,7 +116,9 @@ impl Fault {
             Fault::LostReply => "acquire with lost reply",
             Fault::MinorityPartition => "holder partitioned into a minority",
             Fault::SentinelFailover => "Sentinel failover, replicas behind",
-            Fault::SentinelFailoverConfirmed => "Sentinel failover, replicas behind, wait_replicas=1",
+            Fault::SentinelFailoverConfirmed => {
+                "Sentinel failover, replicas behind, wait_replicas=1"
+            }
             Fault::ClusterFailover => "Cluster failover, replica behind",
             Fault::ClusterFailoverConfirmed => "Cluster failover, replica behind, wait_replicas=1",
         }

@@ -127,21 +127,26 @@ pub fn seed_claims(matrix: &Matrix) -> Vec<SeedClaim> {
     }
     if let Some(redis) = backend(matrix, "redis") {
         let failover = cell(redis, Fault::ReplicaFailover);
+        let sentinel = cell(redis, Fault::SentinelFailover);
+        let cluster = cell(redis, Fault::ClusterFailover);
         let restart = cell(redis, Fault::Restart);
         claims.push(SeedClaim {
             claim: "§35.5.2 Redis consistency protocol: none (single node); §35.5.1 SET NX: \
                     occasional concurrent execution",
             measured: format!(
-                "failover to async replica: {}; restart without persistence: {}",
+                "failover to async replica: {}; Sentinel failover: {}; Cluster failover: {}; \
+                 restart without persistence: {}",
                 failover.map_or("—".into(), Cell::summary),
+                sentinel.map_or("—".into(), Cell::summary),
+                cluster.map_or("—".into(), Cell::summary),
                 restart.map_or("—".into(), Cell::summary)
             ),
-            assessment: if [failover, restart]
+            assessment: if [failover, sentinel, cluster, restart]
                 .iter()
                 .any(|c| has(*c, Verdict::Unsafe) || has(*c, Verdict::FencedSafe))
             {
                 "holds"
-            } else if ran(failover) {
+            } else if ran(failover) || ran(sentinel) || ran(cluster) {
                 "contradicted"
             } else {
                 "not measurable here"

@@ -76,7 +76,10 @@ impl Group {
                 .filter(|n| n.addr() != primary.addr())
                 .cloned()
                 .collect()),
-            Group::Cluster(cluster) => cluster.replicas_of(primary).await.map_err(|e| e.to_string()),
+            Group::Cluster(cluster) => cluster
+                .replicas_of(primary)
+                .await
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -119,12 +122,11 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
         Ok(lock) => Arc::new(lock),
         Err(e) => return vec![setup_failed("holder", e)],
     };
-    let (primary, keys) = match keys_on_one_primary(&group, &holder, target, fault, round, pairs)
-        .await
-    {
-        Ok(found) => found,
-        Err(e) => return vec![setup_failed("keys", LockError::backend(e))],
-    };
+    let (primary, keys) =
+        match keys_on_one_primary(&group, &holder, target, fault, round, pairs).await {
+            Ok(found) => found,
+            Err(e) => return vec![setup_failed("keys", LockError::backend(e))],
+        };
     let lock_key = holder.lock_key(&keys[0]);
     let stranded = match group.replicas_of(&primary).await {
         Ok(replicas) if !replicas.is_empty() => {
@@ -152,7 +154,10 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
             Err(LockError::Unavailable { .. }) if confirmed => {
                 holders.push((record, held(lock, Ending::Nothing), Some(refused)));
             }
-            Ok(None) => trials.push(setup_failed("holder", LockError::backend("the key was held"))),
+            Ok(None) => trials.push(setup_failed(
+                "holder",
+                LockError::backend("the key was held"),
+            )),
             Err(e) => trials.push(setup_failed("holder", e)),
         }
     }
@@ -194,7 +199,9 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
     for (((record, holder, refused), contender), outcome) in
         holders.into_iter().zip(&contenders).zip(outcomes)
     {
-        let mut trial = record.judge(target, holder, contender, outcome, fired).await;
+        let mut trial = record
+            .judge(target, holder, contender, outcome, fired)
+            .await;
         if let (Some(refused), None) = (refused, &trial.note) {
             trial.note = Some(refused.to_owned());
         }
