@@ -639,6 +639,12 @@ fn setup_failed(what: &str, error: LockError) -> Trial {
     }
 }
 
+/// A round that could not be set up: each of its `pairs` trials counts as not fired (so a
+/// cell keeps its number of trials).
+fn round_failed(pairs: usize, what: &str, error: LockError) -> Vec<Trial> {
+    vec![setup_failed(what, error); pairs]
+}
+
 /// How long a contender waits: past any TTL or session expiry in play.
 fn patience(target: &Target) -> Duration {
     target.ttl * 4 + Duration::from_secs(3)
@@ -1664,7 +1670,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
         Ok(p) => p,
         Err(e) => {
             let error = LockError::backend(format!("replica pair: {e}"));
-            return vec![setup_failed("servers", error)];
+            return round_failed(pairs, "servers", error);
         }
     };
     let connect = |url: String| async move { tenure::connect(&url).await };
@@ -1677,7 +1683,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
     };
     let primary = match setup.await {
         Ok(p) => p,
-        Err(e) => return vec![setup_failed("primary", e)],
+        Err(e) => return round_failed(pairs, "primary", e),
     };
     pair.replication_link().set_mode(ProxyMode::Blackhole);
     let mut holders = Vec::new();
@@ -1696,7 +1702,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
     let fired = failover.await;
     let contender = match connect(pair.replica().url()).await {
         Ok(c) => c,
-        Err(e) => return vec![setup_failed("contender", e)],
+        Err(e) => return round_failed(pairs, "contender", e),
     };
     let witness = connect(pair.replica().url()).await.ok();
     for (record, _) in &mut holders {

@@ -21,7 +21,9 @@ use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::RedisNode;
 use tenure_redis::RedisLock;
 
-use super::{contend, setup_failed, Ending, Fault, Holder, Record, Trial, CONTENDER, HOLDER};
+use super::{
+    contend, round_failed, setup_failed, Ending, Fault, Holder, Record, Trial, CONTENDER, HOLDER,
+};
 use crate::matrix::Target;
 
 /// How long the sentinels, or the cluster's nodes, wait before they call a silent primary
@@ -83,13 +85,17 @@ impl Group {
         }
     }
 
-    /// Waits for a replica to take over `lock_key` from `old`.
-    async fn wait_failover(&self, lock_key: &str, old: &RedisNode) -> Result<(), String> {
+    /// Waits for a replica to take over `lock_key` from `old`; returns it.
+    async fn wait_failover(
+        &self,
+        lock_key: &str,
+        old: &RedisNode,
+    ) -> Result<Arc<RedisNode>, String> {
         let promoted = match self {
             Group::Sentinel(group) => group.wait_failover(old.addr()).await,
             Group::Cluster(cluster) => cluster.wait_failover(lock_key, old.addr()).await,
         };
-        promoted.map(|_| ()).map_err(|e| e.to_string())
+        promoted.map_err(|e| e.to_string())
     }
 }
 
@@ -101,7 +107,7 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
     );
     let group = match Group::start(fault).await {
         Ok(group) => group,
-        Err(e) => return vec![setup_failed("servers", LockError::backend(e))],
+        Err(e) => return round_failed(pairs, "servers", LockError::backend(e)),
     };
     // The target's own options (e.g. `fence=counter`), and the confirmation asked for.
     let mut options: Vec<String> = target
@@ -120,12 +126,12 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
     };
     let holder = match RedisLock::connect(&url).await {
         Ok(lock) => Arc::new(lock),
-        Err(e) => return vec![setup_failed("holder", e)],
+        Err(e) => return round_failed(pairs, "holder", e),
     };
     let (primary, keys) =
         match keys_on_one_primary(&group, &holder, target, fault, round, pairs).await {
             Ok(found) => found,
-            Err(e) => return vec![setup_failed("keys", LockError::backend(e))],
+            Err(e) => return round_failed(pairs, "keys", LockError::backend(e)),
         };
     let lock_key = holder.lock_key(&keys[0]);
     let stranded = match group.replicas_of(&primary).await {
@@ -176,7 +182,7 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
     // A fresh client finds the promoted primary; the witness asks through another.
     let contender = match RedisLock::connect(&url).await {
         Ok(lock) => Arc::new(lock) as Arc<dyn DistributedLock>,
-        Err(e) => return vec![setup_failed("contender", e)],
+        Err(e) => return round_failed(pairs, "contender", e),
     };
     let witness = RedisLock::connect(&url)
         .await
@@ -196,13 +202,28 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
             .map(|((record, _, _), contender)| contend(target, contender, &record.key)),
     )
     .await;
+    // With wait_replicas, a promoted primary left without replicas confirms no grant.
+    let orphaned = match (&failover, confirmed) {
+        (Ok(promoted), true) => promoted
+            .info_field("replication", "connected_slaves")
+            .await
+            .is_ok_and(|n| n.as_deref() == Some("0")),
+        _ => false,
+    };
     for (((record, holder, refused), contender), outcome) in
         holders.into_iter().zip(&contenders).zip(outcomes)
     {
+        let refused_too = orphaned && outcome.granted.is_none();
         let mut trial = record
             .judge(target, holder, contender, outcome, fired)
             .await;
-        if let (Some(refused), None) = (refused, &trial.note) {
+        if refused_too {
+            trial.note = Some(
+                "the promoted primary has no replica (connected_slaves:0), so wait_replicas \
+                 refuses the contender too"
+                    .into(),
+            );
+        } else if let (Some(refused), None) = (refused, &trial.note) {
             trial.note = Some(refused.to_owned());
         }
         if let Err(e) = &failover {
