@@ -525,6 +525,17 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              but the promoted replica was its shard's only one, so no grant on it can be \
              confirmed either until a replica rejoins the shard",
         ),
+        (Fault::SentinelConfirmingReplicaLost, Redis { fence }) => e(
+            if fence == Fence::Clock {
+                F_SAFE
+            } else {
+                UNSAFE
+            },
+            "wait_replicas narrows the window, it does not close it: the replica that \
+             confirmed each grant died with the primary, the sentinels promoted the one that \
+             missed them, and the contender is granted while the holder's lease runs (the \
+             clock floor orders the tokens; a plain counter repeats the holder's)",
+        ),
         (
             Fault::SentinelFailover | Fault::ClusterFailover,
             Redis {
@@ -549,6 +560,7 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         (
             Fault::SentinelFailover
             | Fault::SentinelFailoverConfirmed
+            | Fault::SentinelConfirmingReplicaLost
             | Fault::ClusterFailover
             | Fault::ClusterFailoverConfirmed,
             _,
@@ -660,6 +672,7 @@ mod tests {
                                 Fault::Restart
                                     | Fault::ReplicaFailover
                                     | Fault::SentinelFailover
+                                    | Fault::SentinelConfirmingReplicaLost
                                     | Fault::ClusterFailover,
                                 Protocol::Redis {
                                     fence: Fence::Counter

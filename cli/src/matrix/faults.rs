@@ -70,6 +70,10 @@ pub enum Fault {
     SentinelFailover,
     /// [`SentinelFailover`](Self::SentinelFailover) with `?wait_replicas=1`.
     SentinelFailoverConfirmed,
+    /// [`SentinelFailoverConfirmed`](Self::SentinelFailoverConfirmed), but one replica
+    /// stays in step and confirms every grant, then dies with the primary (and restarts
+    /// empty): the sentinels promote the other, which missed the grants.
+    SentinelConfirmingReplicaLost,
     /// A Redis Cluster primary (of three, a replica each) dies while the replica of the
     /// trials' slots is behind: the cluster promotes it, and the contender asks it.
     ClusterFailover,
@@ -79,7 +83,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 18] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
@@ -93,6 +97,7 @@ impl Fault {
         Fault::ReplicaFailover,
         Fault::SentinelFailover,
         Fault::SentinelFailoverConfirmed,
+        Fault::SentinelConfirmingReplicaLost,
         Fault::ClusterFailover,
         Fault::ClusterFailoverConfirmed,
         Fault::LostReply,
@@ -119,6 +124,9 @@ impl Fault {
             Fault::SentinelFailoverConfirmed => {
                 "Sentinel failover, replicas behind, wait_replicas=1"
             }
+            Fault::SentinelConfirmingReplicaLost => {
+                "Sentinel failover, wait_replicas=1, the confirming replica lost too"
+            }
             Fault::ClusterFailover => "Cluster failover, replica behind",
             Fault::ClusterFailoverConfirmed => "Cluster failover, replica behind, wait_replicas=1",
         }
@@ -137,6 +145,7 @@ impl Fault {
                 | Fault::MinorityPartition
                 | Fault::SentinelFailover
                 | Fault::SentinelFailoverConfirmed
+                | Fault::SentinelConfirmingReplicaLost
                 | Fault::ClusterFailover
                 | Fault::ClusterFailoverConfirmed
         )
@@ -149,6 +158,7 @@ impl Fault {
             self,
             Fault::SentinelFailover
                 | Fault::SentinelFailoverConfirmed
+                | Fault::SentinelConfirmingReplicaLost
                 | Fault::ClusterFailover
                 | Fault::ClusterFailoverConfirmed
         )

@@ -286,11 +286,13 @@ impl RedisNode {
         }))
     }
 
-    /// On a primary: freezes `replicas` (`SIGSTOP`) and closes its links to them
-    /// (`CLIENT KILL TYPE replica`), then checks it has no replica left. Until they are
-    /// [resumed](Self::resume), its writes reach no replica — the window in which a
-    /// failover to an asynchronous replica loses them — and `WAIT` counts none. A frozen
-    /// replica cannot reconnect; resumed, it resynchronises if this primary still runs.
+    /// On a primary: freezes `replicas` (`SIGSTOP`) and closes its links to its replicas
+    /// (`CLIENT KILL TYPE replica`), then checks that none of `replicas` is connected.
+    /// Until they are [resumed](Self::resume), its writes reach none of them — the window
+    /// in which a failover to an asynchronous replica loses them — and `WAIT` does not
+    /// count them. A frozen replica cannot reconnect; resumed, it resynchronises if this
+    /// primary still runs. Other replicas reconnect on their own (see
+    /// [`replica_online`](Self::replica_online)).
     ///
     /// # Cancel safety
     /// Not cancel safe: cancelled midway, replicas may be left frozen.
@@ -302,15 +304,38 @@ impl RedisNode {
         if killed.as_int().is_none() {
             return Err(self.protocol(&killed));
         }
+        for replica in replicas {
+            if self.replica_entry(replica).await?.is_some() {
+                return Err(ServerError::Protocol {
+                    what: self.core.process.what().to_owned(),
+                    detail: format!("{} still connected after CLIENT KILL", replica.addr()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// On a primary: whether `replica` is connected and in sync (`state=online` in its
+    /// entry of `INFO replication`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn replica_online(&self, replica: &RedisNode) -> Result<bool> {
+        let entry = self.replica_entry(replica).await?;
+        Ok(entry.is_some_and(|e| e.split(',').any(|part| part == "state=online")))
+    }
+
+    /// `replica`'s `slaveN:ip=…,port=…,state=…` entry in this primary's `INFO
+    /// replication` (matched by its listening port), if connected.
+    async fn replica_entry(&self, replica: &RedisNode) -> Result<Option<String>> {
         let info = self.command(&["INFO", "replication"]).await?;
         let text = info.as_text().ok_or_else(|| self.protocol(&info))?;
-        match info_field(&text, "connected_slaves") {
-            Some("0") => Ok(()),
-            other => Err(ServerError::Protocol {
-                what: self.core.process.what().to_owned(),
-                detail: format!("replicas still connected after CLIENT KILL: {other:?}"),
-            }),
-        }
+        let port = format!("port={}", replica.addr().port());
+        Ok(text
+            .lines()
+            .filter(|line| line.starts_with("slave") && line.contains(":ip="))
+            .find(|line| line.split(',').any(|part| part == port))
+            .map(str::to_owned))
     }
 
     fn protocol(&self, r: &Resp) -> ServerError {

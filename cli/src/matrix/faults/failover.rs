@@ -10,7 +10,8 @@
 //! primary through a fresh client, while its holder's lease still runs. With
 //! `wait_replicas=1` no replica can confirm a grant, so the holders are refused: what
 //! the option buys (no double grant from this lag) and what it costs (no lock while the
-//! replicas are behind), measured.
+//! replicas are behind), measured; and what it leaves open: a replica that confirmed
+//! dying with the primary, while one that did not is promoted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +33,8 @@ const DOWN_AFTER: Duration = Duration::from_secs(3);
 /// The holders' leases: far longer than a failover takes, so a contender granted after
 /// one is granted while its holder's lease runs.
 const HOLD_TTL: Duration = Duration::from_secs(60);
+/// How long the confirming replica, restarted, may take to sync with the promoted primary.
+const REJOIN: Duration = Duration::from_secs(30);
 /// Key names tried per trial to find one whose slot the round's primary serves.
 const KEY_CANDIDATES: usize = 64;
 
@@ -44,7 +47,9 @@ enum Group {
 impl Group {
     async fn start(fault: Fault) -> Result<Group, String> {
         let started = match fault {
-            Fault::SentinelFailover | Fault::SentinelFailoverConfirmed => {
+            Fault::SentinelFailover
+            | Fault::SentinelFailoverConfirmed
+            | Fault::SentinelConfirmingReplicaLost => {
                 RedisSentinels::start(DOWN_AFTER).await.map(Group::Sentinel)
             }
             _ => RedisShardedCluster::start(DOWN_AFTER)
@@ -103,8 +108,12 @@ impl Group {
 pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
     let confirmed = matches!(
         fault,
-        Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed
+        Fault::SentinelFailoverConfirmed
+            | Fault::SentinelConfirmingReplicaLost
+            | Fault::ClusterFailoverConfirmed
     );
+    // One replica stays in step, confirms the grants, and dies with the primary.
+    let keep = usize::from(fault == Fault::SentinelConfirmingReplicaLost);
     let group = match Group::start(fault).await {
         Ok(group) => group,
         Err(e) => return round_failed(pairs, "servers", LockError::backend(e)),
@@ -134,15 +143,24 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
             Err(e) => return round_failed(pairs, "keys", LockError::backend(e)),
         };
     let lock_key = holder.lock_key(&keys[0]);
-    let stranded = match group.replicas_of(&primary).await {
-        Ok(replicas) if !replicas.is_empty() => {
-            let result = primary.strand_replicas(&replicas).await;
-            (replicas, result.map_err(|e| e.to_string()))
+    let replicas = match group.replicas_of(&primary).await {
+        Ok(replicas) if replicas.len() > keep => replicas,
+        Ok(replicas) => {
+            let e = format!("the primary has {} replica(s)", replicas.len());
+            return round_failed(pairs, "replicas", LockError::backend(e));
         }
-        Ok(_) => (Vec::new(), Err("the primary has no replica".to_owned())),
-        Err(e) => (Vec::new(), Err(e)),
+        Err(e) => return round_failed(pairs, "replicas", LockError::backend(e)),
     };
-    let (replicas, stranded) = stranded;
+    let (confirming, behind) = replicas.split_at(keep);
+    let confirming = confirming.first().cloned();
+    let mut stranded = primary
+        .strand_replicas(behind)
+        .await
+        .map_err(|e| e.to_string());
+    // The confirming replica's link was closed too: it reconnects before the grants.
+    if let (Some(replica), Ok(())) = (&confirming, &stranded) {
+        stranded = reconnected(&primary, replica).await;
+    }
 
     let mut holders = Vec::with_capacity(pairs);
     let mut trials = Vec::new();
@@ -168,14 +186,21 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
         }
     }
 
-    let killed = primary.kill().await.map_err(|e| e.to_string());
-    let resumed: Result<Vec<()>, String> = replicas
+    let mut killed = primary.kill().await.map_err(|e| e.to_string());
+    if let (Some(replica), Ok(())) = (&confirming, &killed) {
+        killed = replica.kill().await.map_err(|e| e.to_string());
+    }
+    let resumed: Result<Vec<()>, String> = behind
         .iter()
         .map(|r| r.resume().map_err(|e| e.to_string()))
         .collect();
     let failover = match (stranded, killed, resumed) {
         (Ok(()), Ok(()), Ok(_)) => group.wait_failover(&lock_key, &primary).await,
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+    };
+    let failover = match (failover, &confirming) {
+        (Ok(promoted), Some(replica)) => rejoin(replica, &promoted).await.map(|()| promoted),
+        (failover, _) => failover,
     };
     let fired = failover.is_ok();
 
@@ -232,6 +257,53 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
         trials.push(trial);
     }
     trials
+}
+
+/// The replica that confirmed the grants restarts empty (no persistence) and follows the
+/// promoted primary, as the sentinels would have it do (after their failover timeout); a
+/// grant on the promoted primary can then be confirmed. Waits until it is in sync.
+async fn rejoin(replica: &RedisNode, promoted: &RedisNode) -> Result<(), String> {
+    replica.restart().await.map_err(|e| e.to_string())?;
+    let (ip, port) = (promoted.addr().ip().to_string(), promoted.addr().port());
+    let reply = replica
+        .command(&["REPLICAOF", &ip, &port.to_string()])
+        .await
+        .map_err(|e| e.to_string())?;
+    if !reply.is_ok() {
+        return Err(format!("REPLICAOF answered {reply:?}"));
+    }
+    let (synced, _) = tenure_conformance::retrying(REJOIN, || async {
+        match replica
+            .info_field("replication", "master_link_status")
+            .await
+        {
+            Ok(Some(status)) if status == "up" => Ok(()),
+            // Unavailable is what `retrying` tries again.
+            Ok(status) => Err(LockError::Unavailable {
+                message: format!("master_link_status {status:?}"),
+                source: None,
+            }),
+            Err(e) => Err(LockError::backend(e.to_string())),
+        }
+    })
+    .await;
+    synced.map_err(|e| format!("the restarted replica did not sync: {e}"))
+}
+
+/// Waits until `replica` is back in sync with `primary`.
+async fn reconnected(primary: &RedisNode, replica: &RedisNode) -> Result<(), String> {
+    let (online, _) = tenure_conformance::retrying(REJOIN, || async {
+        match primary.replica_online(replica).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LockError::Unavailable {
+                message: format!("{} not back in sync", replica.addr()),
+                source: None,
+            }),
+            Err(e) => Err(LockError::backend(e.to_string())),
+        }
+    })
+    .await;
+    online.map_err(|e| e.to_string())
 }
 
 fn held(lock: Arc<dyn DistributedLock>, ending: Ending) -> Holder {
