@@ -123,10 +123,16 @@ async fn wait_replicas_confirms_each_grant_on_its_slots_replica() {
 
     let k = key("confirmed");
     let lock_key = lock.lock_key(&k);
-    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
     let primary = cluster.primary_of(&lock_key).await.unwrap();
     let replicas = cluster.replicas_of(&primary).await.unwrap();
     assert_eq!(replicas.len(), 1, "each primary has one replica");
+    // A newly formed cluster's replica may still be syncing.
+    let deadline = tokio::time::Instant::now() + FAILOVER;
+    while !primary.replica_online(&replicas[0]).await.unwrap() {
+        assert!(tokio::time::Instant::now() < deadline, "the replica synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().unwrap();
     // Read on the replica right away: WAIT made the grant reach it before the reply.
     let mut on_replica = RespConnection::connect(replicas[0].addr()).await.unwrap();
     assert!(on_replica.command(&["READONLY"]).await.unwrap().is_ok());

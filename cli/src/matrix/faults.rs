@@ -1710,19 +1710,38 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
         pair.replica().promote().await.map_err(|e| e.to_string())
     };
     let fired = failover.await;
-    let contender = match connect(pair.replica().url()).await {
-        Ok(c) => c,
+    let url = pair.replica().url();
+    let judged = after_failover(target, holders, || connect(url.clone()), fired.is_ok()).await;
+    match judged {
+        Ok(judged) => trials.extend(judged),
         Err(e) => return round_failed(pairs, "contender", e),
-    };
-    let witness = connect(pair.replica().url()).await.ok();
-    for (record, _) in &mut holders {
-        record.witness = witness.clone();
     }
-    // Every contender asks at once: each trial is judged at its own takeover, while its
-    // holder's lease still runs.
+    trials
+}
+
+/// The end of a failover round: a contender and a witness connect (`connect`, to the
+/// promoted primary); every contender asks at once, so each trial is judged at its own
+/// takeover while its holder's lease still runs. A client that cannot connect is the
+/// round's error.
+async fn after_failover<F, Fut>(
+    target: &Target,
+    mut holders: Vec<(Record, Holder)>,
+    connect: F,
+    fired: bool,
+) -> Result<Vec<Trial>, LockError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn DistributedLock>, LockError>>,
+{
+    let contender = connect().await?;
+    // The witness must ask the promoted primary too, never the target's own servers.
+    let witness = connect().await?;
     let contenders: Vec<_> = holders
-        .iter()
-        .map(|(record, _)| record.client(CONTENDER, contender.clone()))
+        .iter_mut()
+        .map(|(record, _)| {
+            record.witness = Some(witness.clone());
+            record.client(CONTENDER, contender.clone())
+        })
         .collect();
     let outcomes = futures::future::join_all(
         holders
@@ -1731,16 +1750,17 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
             .map(|((record, _), contender)| contend(target, contender, &record.key)),
     )
     .await;
+    let mut trials = Vec::with_capacity(holders.len());
     for (((record, holder), contender), outcome) in
         holders.into_iter().zip(&contenders).zip(outcomes)
     {
         trials.push(
             record
-                .judge(target, holder, contender, outcome, fired.is_ok())
+                .judge(target, holder, contender, outcome, fired)
                 .await,
         );
     }
-    trials
+    Ok(trials)
 }
 
 #[cfg(test)]

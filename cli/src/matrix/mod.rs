@@ -654,6 +654,7 @@ fn checks(
             Fault::Restart,
             Fault::ReplicaFailover,
             Fault::SentinelFailover,
+            Fault::SentinelConfirmingReplicaLost,
             Fault::ClusterFailover,
             Fault::PausedHolder,
         ],

@@ -101,8 +101,9 @@ fn has(cell: Option<&Cell>, verdict: Verdict) -> bool {
     cell.is_some_and(|c| c.verdicts().contains(&verdict))
 }
 
+/// Whether the cell ran with at least one trial in which the fault fired.
 fn ran(cell: Option<&Cell>) -> bool {
-    matches!(cell, Some(Cell::Ran { .. }))
+    cell.is_some_and(|c| !c.verdicts().is_empty())
 }
 
 /// Seed 003's decision matrix (§35.5.1, §35.5.2) and §35.5.3/§35.5.4, row by row, against

@@ -8,10 +8,10 @@
 //! key once, the primary is killed, the replicas resume, and the sentinels or the
 //! cluster promote one of them on their own. Each contender then asks the promoted
 //! primary through a fresh client, while its holder's lease still runs. With
-//! `wait_replicas=1` no replica can confirm a grant, so the holders are refused: what
-//! the option buys (no double grant from this lag) and what it costs (no lock while the
-//! replicas are behind), measured; and what it leaves open: a replica that confirmed
-//! dying with the primary, while one that did not is promoted.
+//! `wait_replicas=1` and every replica stranded, no replica can confirm a grant, so the
+//! holders are refused: what the option buys (no double grant from this lag) and what it
+//! costs (no lock while the replicas are behind), measured. With one replica kept in step
+//! to confirm the grants and killed with the primary: what it leaves open.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,18 +23,22 @@ use tenure_conformance::servers::redis::RedisNode;
 use tenure_redis::RedisLock;
 
 use super::{
-    contend, round_failed, setup_failed, Ending, Fault, Holder, Record, Trial, CONTENDER, HOLDER,
+    after_failover, round_failed, setup_failed, Ending, Fault, Holder, Record, Trial, Verdict,
+    HOLDER,
 };
 use crate::matrix::Target;
 
 /// How long the sentinels, or the cluster's nodes, wait before they call a silent primary
 /// down: long enough that a loaded machine does not fail one over on its own.
 const DOWN_AFTER: Duration = Duration::from_secs(3);
-/// The holders' leases: far longer than a failover takes, so a contender granted after
-/// one is granted while its holder's lease runs.
-const HOLD_TTL: Duration = Duration::from_secs(60);
-/// How long the confirming replica, restarted, may take to sync with the promoted primary.
-const REJOIN: Duration = Duration::from_secs(30);
+/// How long a replica may take to come (back) in sync with its primary.
+const SYNC: Duration = Duration::from_secs(30);
+/// The holders' leases: longer than everything between the grant and the contender's
+/// answer may take (a promotion, up to 60 s; a replica's sync; the contender's wait), so a contender
+/// granted after the failover is granted while its holder's lease runs.
+const HOLD_TTL: Duration = Duration::from_secs(300);
+/// Tries at a round whose servers could not be set up (nothing was injected yet).
+const SETUP_TRIES: usize = 2;
 /// Key names tried per trial to find one whose slot the round's primary serves.
 const KEY_CANDIDATES: usize = 64;
 
@@ -104,20 +108,51 @@ impl Group {
     }
 }
 
-/// One round of a Sentinel or Cluster failover with `pairs` trials.
+/// The text of `wait_replicas`'s refusal (`tenure-redis`).
+const UNCONFIRMED: &str = "replicas wait_replicas asks for";
+
+/// One round of a Sentinel or Cluster failover with `pairs` trials. A round whose servers,
+/// keys or stranded replicas could not be set up is tried again once: nothing was
+/// injected yet.
 pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
-    let confirmed = matches!(
-        fault,
-        Fault::SentinelFailoverConfirmed
-            | Fault::SentinelConfirmingReplicaLost
-            | Fault::ClusterFailoverConfirmed
-    );
-    // One replica stays in step, confirms the grants, and dies with the primary.
-    let keep = usize::from(fault == Fault::SentinelConfirmingReplicaLost);
-    let group = match Group::start(fault).await {
-        Ok(group) => group,
-        Err(e) => return round_failed(pairs, "servers", LockError::backend(e)),
-    };
+    let mut failed = None;
+    for _ in 0..SETUP_TRIES {
+        match set_up(fault, target, round, pairs).await {
+            Ok(setup) => return setup.run(target, pairs).await,
+            Err((what, e)) => failed = Some((what, e)),
+        }
+    }
+    let (what, e) = failed.expect("at least one try");
+    round_failed(pairs, what, e)
+}
+
+/// A round with its servers up, the trials' keys on one primary and the replicas stranded.
+struct Setup {
+    fault: Fault,
+    group: Group,
+    url: String,
+    holder: Arc<RedisLock>,
+    keys: Vec<LockKey>,
+    primary: Arc<RedisNode>,
+    /// The replica kept in step, to confirm the grants and die with the primary.
+    confirming: Option<Arc<RedisNode>>,
+    /// The stranded replicas (frozen until [`Setup::run`] resumes them).
+    behind: Vec<Arc<RedisNode>>,
+}
+
+type SetupError = (&'static str, LockError);
+
+fn backend(what: &'static str) -> impl FnOnce(String) -> SetupError {
+    move |e| (what, LockError::backend(e))
+}
+
+async fn set_up(
+    fault: Fault,
+    target: &Target,
+    round: usize,
+    pairs: usize,
+) -> Result<Setup, SetupError> {
+    let group = Group::start(fault).await.map_err(backend("servers"))?;
     // The target's own options (e.g. `fence=counter`), and the confirmation asked for.
     let mut options: Vec<String> = target
         .harness
@@ -126,137 +161,170 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
         .map(|(_, query)| query.to_owned())
         .into_iter()
         .collect();
-    if confirmed {
-        options.push("wait_replicas=1&wait_timeout_ms=100".into());
+    match fault {
+        Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed => {
+            // Short: every holder waits it out while the replicas stay frozen.
+            options.push("wait_replicas=1&wait_timeout_ms=100".into());
+        }
+        Fault::SentinelConfirmingReplicaLost => {
+            // Long: the replica in step must confirm every grant, even on a loaded machine.
+            options.push("wait_replicas=1&wait_timeout_ms=2000&request_timeout_ms=5000".into());
+        }
+        _ => {}
     }
     let url = match options.is_empty() {
         true => group.url(),
         false => format!("{}?{}", group.url(), options.join("&")),
     };
-    let holder = match RedisLock::connect(&url).await {
-        Ok(lock) => Arc::new(lock),
-        Err(e) => return round_failed(pairs, "holder", e),
-    };
-    let (primary, keys) =
-        match keys_on_one_primary(&group, &holder, target, fault, round, pairs).await {
-            Ok(found) => found,
-            Err(e) => return round_failed(pairs, "keys", LockError::backend(e)),
-        };
-    let lock_key = holder.lock_key(&keys[0]);
-    let replicas = match group.replicas_of(&primary).await {
-        Ok(replicas) if replicas.len() > keep => replicas,
-        Ok(replicas) => {
-            let e = format!("the primary has {} replica(s)", replicas.len());
-            return round_failed(pairs, "replicas", LockError::backend(e));
-        }
-        Err(e) => return round_failed(pairs, "replicas", LockError::backend(e)),
-    };
-    let (confirming, behind) = replicas.split_at(keep);
-    let confirming = confirming.first().cloned();
-    let mut stranded = primary
-        .strand_replicas(behind)
+    let holder = Arc::new(RedisLock::connect(&url).await.map_err(|e| ("holder", e))?);
+    let (primary, keys) = keys_on_one_primary(&group, &holder, target, fault, round, pairs)
         .await
-        .map_err(|e| e.to_string());
-    // The confirming replica's link was closed too: it reconnects before the grants.
-    if let (Some(replica), Ok(())) = (&confirming, &stranded) {
-        stranded = reconnected(&primary, replica).await;
-    }
-
-    let mut holders = Vec::with_capacity(pairs);
-    let mut trials = Vec::new();
-    let holder: Arc<dyn DistributedLock> = holder;
-    for key in keys {
-        let record = Record::new(key);
-        let lock = record.client(HOLDER, holder.clone());
-        let refused = "the holder's grant was refused: no replica confirmed it";
-        match lock.try_acquire(&record.key, HOLD_TTL).await {
-            Ok(Some(lease)) => {
-                let _ = record.register.write(lease.token(), 0);
-                let ending = Ending::Lease(lease);
-                holders.push((record, held(lock, ending), None));
-            }
-            Err(LockError::Unavailable { .. }) if confirmed => {
-                holders.push((record, held(lock, Ending::Nothing), Some(refused)));
-            }
-            Ok(None) => trials.push(setup_failed(
-                "holder",
-                LockError::backend("the key was held"),
-            )),
-            Err(e) => trials.push(setup_failed("holder", e)),
-        }
-    }
-
-    let mut killed = primary.kill().await.map_err(|e| e.to_string());
-    if let (Some(replica), Ok(())) = (&confirming, &killed) {
-        killed = replica.kill().await.map_err(|e| e.to_string());
-    }
-    let resumed: Result<Vec<()>, String> = behind
-        .iter()
-        .map(|r| r.resume().map_err(|e| e.to_string()))
-        .collect();
-    let failover = match (stranded, killed, resumed) {
-        (Ok(()), Ok(()), Ok(_)) => group.wait_failover(&lock_key, &primary).await,
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
-    };
-    let failover = match (failover, &confirming) {
-        (Ok(promoted), Some(replica)) => rejoin(replica, &promoted).await.map(|()| promoted),
-        (failover, _) => failover,
-    };
-    let fired = failover.is_ok();
-
-    // A fresh client finds the promoted primary; the witness asks through another.
-    let contender = match RedisLock::connect(&url).await {
-        Ok(lock) => Arc::new(lock) as Arc<dyn DistributedLock>,
-        Err(e) => return round_failed(pairs, "contender", e),
-    };
-    let witness = RedisLock::connect(&url)
+        .map_err(backend("keys"))?;
+    let replicas = group
+        .replicas_of(&primary)
         .await
-        .ok()
-        .map(|lock| Arc::new(lock) as Arc<dyn DistributedLock>);
-    let contenders: Vec<_> = holders
-        .iter_mut()
-        .map(|(record, _, _)| {
-            record.witness = witness.clone();
-            record.client(CONTENDER, contender.clone())
-        })
-        .collect();
-    let outcomes = futures::future::join_all(
-        holders
-            .iter()
-            .zip(&contenders)
-            .map(|((record, _, _), contender)| contend(target, contender, &record.key)),
-    )
-    .await;
-    // With wait_replicas, a promoted primary left without replicas confirms no grant.
-    let orphaned = match (&failover, confirmed) {
-        (Ok(promoted), true) => promoted
-            .info_field("replication", "connected_slaves")
+        .map_err(backend("replicas"))?;
+    let keep = usize::from(fault == Fault::SentinelConfirmingReplicaLost);
+    if replicas.len() <= keep {
+        let e = format!("the primary has {} replica(s)", replicas.len());
+        return Err(("replicas", LockError::backend(e)));
+    }
+    // Every replica in sync first: one that never synced is too stale to be promoted.
+    for replica in &replicas {
+        in_sync(&primary, replica)
             .await
-            .is_ok_and(|n| n.as_deref() == Some("0")),
-        _ => false,
-    };
-    for (((record, holder, refused), contender), outcome) in
-        holders.into_iter().zip(&contenders).zip(outcomes)
-    {
-        let refused_too = orphaned && outcome.granted.is_none();
-        let mut trial = record
-            .judge(target, holder, contender, outcome, fired)
-            .await;
-        if refused_too {
-            trial.note = Some(
-                "the promoted primary has no replica (connected_slaves:0), so wait_replicas \
-                 refuses the contender too"
-                    .into(),
-            );
-        } else if let (Some(refused), None) = (refused, &trial.note) {
-            trial.note = Some(refused.to_owned());
-        }
-        if let Err(e) = &failover {
-            trial.note = Some(format!("no failover: {e}"));
-        }
-        trials.push(trial);
+            .map_err(backend("replicas"))?;
     }
-    trials
+    let (confirming, behind) = replicas.split_at(keep);
+    let setup = Setup {
+        fault,
+        group,
+        url,
+        holder,
+        keys,
+        confirming: confirming.first().cloned(),
+        behind: behind.to_vec(),
+        primary,
+    };
+    // On an error, dropping the setup kills every server, frozen or not.
+    let stranded = setup.primary.strand_replicas(&setup.behind).await;
+    stranded.map_err(|e| ("replicas", LockError::backend(e.to_string())))?;
+    // CLIENT KILL closed the confirming replica's link too: it reconnects first.
+    if let Some(replica) = &setup.confirming {
+        in_sync(&setup.primary, replica)
+            .await
+            .map_err(backend("replicas"))?;
+    }
+    Ok(setup)
+}
+
+impl Setup {
+    fn resume_behind(&self) -> Result<(), String> {
+        for replica in &self.behind {
+            replica.resume().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Grants, the primary's death, the promotion, and the trials judged.
+    async fn run(self, target: &Target, pairs: usize) -> Vec<Trial> {
+        // Refusals are the point only where every replica is stranded.
+        let refusal_expected = matches!(
+            self.fault,
+            Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed
+        );
+        let mut holders = Vec::with_capacity(pairs);
+        let mut refused = Vec::with_capacity(pairs);
+        let mut trials = Vec::new();
+        let holder: Arc<dyn DistributedLock> = self.holder.clone();
+        for key in &self.keys {
+            let record = Record::new(key.clone());
+            let lock = record.client(HOLDER, holder.clone());
+            match lock.try_acquire(&record.key, HOLD_TTL).await {
+                Ok(Some(lease)) => {
+                    let _ = record.register.write(lease.token(), 0);
+                    holders.push((record, held(lock, Ending::Lease(lease))));
+                    refused.push(false);
+                }
+                Err(LockError::Unavailable { message, .. })
+                    if refusal_expected && message.contains(UNCONFIRMED) =>
+                {
+                    holders.push((record, held(lock, Ending::Nothing)));
+                    refused.push(true);
+                }
+                Ok(None) => trials.push(setup_failed(
+                    "holder",
+                    LockError::backend("the key was held"),
+                )),
+                Err(e) => trials.push(setup_failed("holder", e)),
+            }
+        }
+
+        let lock_key = self.holder.lock_key(&self.keys[0]);
+        let failover = self.fail_over(&lock_key).await;
+        // With wait_replicas, a promoted primary left without replicas confirms no grant.
+        let orphaned = match (&failover, refusal_expected) {
+            (Ok(promoted), true) => promoted
+                .info_field("replication", "connected_slaves")
+                .await
+                .is_ok_and(|n| n.as_deref() == Some("0")),
+            _ => false,
+        };
+        let url = &self.url;
+        let connect = || async move {
+            let lock = RedisLock::connect(url).await?;
+            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+        };
+        let judged = match after_failover(target, holders, connect, failover.is_ok()).await {
+            Ok(judged) => judged,
+            Err(e) => return round_failed(pairs, "contender", e),
+        };
+        for (mut trial, refused) in judged.into_iter().zip(refused) {
+            let note = match &failover {
+                Err(e) => Some(format!("no failover: {e}")),
+                Ok(_) if orphaned && trial.verdict == Verdict::Unavail => Some(
+                    "the promoted primary has no replica (connected_slaves:0), so \
+                     wait_replicas refuses the contender too"
+                        .into(),
+                ),
+                Ok(_) if refused && trial.note.is_none() => {
+                    Some("the holder's grant was refused: no replica confirmed it".into())
+                }
+                Ok(_) => trial.note.take(),
+            };
+            trial.note = note;
+            trials.push(trial);
+        }
+        trials
+    }
+
+    /// Kills the primary (and the confirming replica), resumes the stranded replicas and
+    /// waits for the promotion; returns the promoted primary once a grant on it can be
+    /// confirmed where a replica is left to confirm it.
+    async fn fail_over(&self, lock_key: &str) -> Result<Arc<RedisNode>, String> {
+        let killed = self.primary.kill().await.map_err(|e| e.to_string());
+        let killed = match (&self.confirming, killed) {
+            (Some(replica), Ok(())) => replica.kill().await.map_err(|e| e.to_string()),
+            (_, killed) => killed,
+        };
+        let resumed = self.resume_behind();
+        killed?;
+        resumed?;
+        let promoted = self.group.wait_failover(lock_key, &self.primary).await?;
+        if let Some(replica) = &self.confirming {
+            rejoin(replica, &promoted).await?;
+        } else if let Group::Sentinel(group) = &self.group {
+            // The sentinels point the other replica at the promoted one.
+            let others = group
+                .data_nodes()
+                .iter()
+                .filter(|n| n.addr() != promoted.addr() && n.is_running());
+            for replica in others {
+                in_sync(&promoted, replica).await?;
+            }
+        }
+        Ok(promoted)
+    }
 }
 
 /// The replica that confirmed the grants restarts empty (no persistence) and follows the
@@ -272,38 +340,27 @@ async fn rejoin(replica: &RedisNode, promoted: &RedisNode) -> Result<(), String>
     if !reply.is_ok() {
         return Err(format!("REPLICAOF answered {reply:?}"));
     }
-    let (synced, _) = tenure_conformance::retrying(REJOIN, || async {
-        match replica
-            .info_field("replication", "master_link_status")
-            .await
-        {
-            Ok(Some(status)) if status == "up" => Ok(()),
-            // Unavailable is what `retrying` tries again.
-            Ok(status) => Err(LockError::Unavailable {
-                message: format!("master_link_status {status:?}"),
-                source: None,
-            }),
-            Err(e) => Err(LockError::backend(e.to_string())),
-        }
-    })
-    .await;
-    synced.map_err(|e| format!("the restarted replica did not sync: {e}"))
+    in_sync(promoted, replica).await
 }
 
-/// Waits until `replica` is back in sync with `primary`.
-async fn reconnected(primary: &RedisNode, replica: &RedisNode) -> Result<(), String> {
-    let (online, _) = tenure_conformance::retrying(REJOIN, || async {
+/// Waits (up to [`SYNC`]) until `primary` reports `replica` connected and in sync.
+async fn in_sync(primary: &RedisNode, replica: &RedisNode) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + SYNC;
+    let mut last = None;
+    while tokio::time::Instant::now() < deadline {
         match primary.replica_online(replica).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(LockError::Unavailable {
-                message: format!("{} not back in sync", replica.addr()),
-                source: None,
-            }),
-            Err(e) => Err(LockError::backend(e.to_string())),
+            Ok(true) => return Ok(()),
+            Ok(false) => last = None,
+            Err(e) => last = Some(e.to_string()),
         }
-    })
-    .await;
-    online.map_err(|e| e.to_string())
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!(
+        "{} not in sync with {} after {SYNC:?}{}",
+        replica.addr(),
+        primary.addr(),
+        last.map(|e| format!(": {e}")).unwrap_or_default()
+    ))
 }
 
 fn held(lock: Arc<dyn DistributedLock>, ending: Ending) -> Holder {
