@@ -1,10 +1,11 @@
-//! What the Sentinel and Cluster failover tests check after a replica took over.
+//! What the Sentinel, Cluster and replica tests check: after a replica took over, and
+//! when `wait_replicas` refuses a grant.
 // Each test binary uses part of it.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use tenure_api::{DistributedLock, Lease, LockKey, ReleaseOutcome};
+use tenure_api::{DistributedLock, Lease, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::retrying;
 use tenure_conformance::servers::redis::RedisNode;
 use tenure_redis::RedisLock;
@@ -60,4 +61,16 @@ pub(crate) async fn granted_on(lock: &RedisLock, k: &LockKey, primary: &RedisNod
         "the grant is on the new primary"
     );
     lock.release(lease).await.unwrap();
+}
+
+/// `refused` is `wait_replicas`'s refusal of a grant that 0 of 1 replicas confirmed.
+pub(crate) fn refused_unconfirmed<T: std::fmt::Debug>(refused: &Result<T, LockError>) {
+    match refused {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("0 of the 1 replicas wait_replicas asks for")
+                && message.contains("grant refused and released"),
+            "{message}"
+        ),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
 }

@@ -477,27 +477,6 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         ),
 
         // --- failover to an asynchronous replica that missed the grant --------------
-        (
-            Fault::ReplicaFailover,
-            Redis {
-                fence: Fence::Clock,
-            },
-        ) => e(
-            F_SAFE,
-            "the promoted replica missed the grant, so the contender is granted while the \
-             holder's lease runs; the replica floors the fence at its clock, above the \
-             holder's token",
-        ),
-        (
-            Fault::ReplicaFailover,
-            Redis {
-                fence: Fence::Counter,
-            },
-        ) => e(
-            UNSAFE,
-            "the promoted replica missed the grant and the counter: the contender is granted \
-             while the holder's lease runs, with the holder's token",
-        ),
         (Fault::ReplicaFailover, Redlock { .. }) => {
             e(NOT_APPLICABLE, "independent masters without replicas")
         }
@@ -537,7 +516,7 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              clock floor orders the tokens; a plain counter repeats the holder's)",
         ),
         (
-            Fault::SentinelFailover | Fault::ClusterFailover,
+            Fault::ReplicaFailover | Fault::SentinelFailover | Fault::ClusterFailover,
             Redis {
                 fence: Fence::Clock,
             },
@@ -548,7 +527,7 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              the fence at its clock, above the holder's token",
         ),
         (
-            Fault::SentinelFailover | Fault::ClusterFailover,
+            Fault::ReplicaFailover | Fault::SentinelFailover | Fault::ClusterFailover,
             Redis {
                 fence: Fence::Counter,
             },
