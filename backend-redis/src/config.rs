@@ -924,12 +924,15 @@ mod tests {
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(matches!(c.client_url(), Err(LockError::Config(_))));
         c.cluster_client().unwrap();
+        // WAIT rides in the script's pipeline, to the slot's primary.
+        let confirmed = RedisConfig::from_url("redis+cluster://h1?wait_replicas=2").unwrap();
+        assert_eq!(confirmed.wait_replicas, 2);
         for bad in [
             "redis+cluster://h1?prefix=",
             "redis+cluster://h1?prefix=%7Dx",
             "redis+cluster://h1?prefix=app%7D",
             "redis+cluster://h1/0",
-            "redis+cluster://h1?wait_replicas=1",
+            "redis+cluster://h1?wait_timeout_ms=100",
             "redis+cluster://h1?unknown=1",
         ] {
             assert!(
