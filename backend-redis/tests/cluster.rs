@@ -118,8 +118,15 @@ async fn wait_replicas_confirms_each_grant_on_its_slots_replica() {
     let cluster = RedisShardedCluster::start(Duration::from_secs(15))
         .await
         .unwrap();
-    let url = format!("{}?wait_replicas=1&wait_timeout_ms=300", cluster.url());
+    // Patient where a replica must confirm (it acks within a round trip, but on two loaded
+    // cores that can take long), short where none can.
+    let url = format!(
+        "{}?wait_replicas=1&wait_timeout_ms=5000&request_timeout_ms=15000",
+        cluster.url()
+    );
     let lock = RedisLock::connect(&url).await.unwrap();
+    let short = format!("{}?wait_replicas=1&wait_timeout_ms=300", cluster.url());
+    let impatient = RedisLock::connect(&short).await.unwrap();
 
     let k = key("confirmed");
     let lock_key = lock.lock_key(&k);
@@ -147,7 +154,7 @@ async fn wait_replicas_confirms_each_grant_on_its_slots_replica() {
         Some('T'),
         "the fault fired: replica frozen"
     );
-    let refused = lock.try_acquire(&k, TTL).await;
+    let refused = impatient.try_acquire(&k, TTL).await;
     replicas[0].resume().unwrap();
     refused_unconfirmed(&refused);
     let on_primary = primary.command(&["GET", &lock_key]).await.unwrap();

@@ -130,6 +130,7 @@ pub(super) async fn round(fault: Fault, target: &Target, round: usize, pairs: us
 struct Setup {
     fault: Fault,
     group: Group,
+    /// The contender's and the witness's URL (the holder's may wait less).
     url: String,
     holder: Arc<RedisLock>,
     keys: Vec<LockKey>,
@@ -154,29 +155,34 @@ async fn set_up(
 ) -> Result<Setup, SetupError> {
     let group = Group::start(fault).await.map_err(backend("servers"))?;
     // The target's own options (e.g. `fence=counter`), and the confirmation asked for.
-    let mut options: Vec<String> = target
+    let options: Vec<String> = target
         .harness
         .url()
         .split_once('?')
         .map(|(_, query)| query.to_owned())
         .into_iter()
         .collect();
-    match fault {
+    // Where a replica must confirm, WAIT is patient (a replica acks within a round trip,
+    // but on two loaded cores that can take long); where none can (every replica
+    // stranded), the holders' is short: each waits it out while the replicas are frozen.
+    let patient = "wait_replicas=1&wait_timeout_ms=2000&request_timeout_ms=5000";
+    let (holder_wait, wait) = match fault {
         Fault::SentinelFailoverConfirmed | Fault::ClusterFailoverConfirmed => {
-            // Short: every holder waits it out while the replicas stay frozen.
-            options.push("wait_replicas=1&wait_timeout_ms=100".into());
+            (Some("wait_replicas=1&wait_timeout_ms=100"), Some(patient))
         }
-        Fault::SentinelConfirmingReplicaLost => {
-            // Long: the replica in step must confirm every grant, even on a loaded machine.
-            options.push("wait_replicas=1&wait_timeout_ms=2000&request_timeout_ms=5000".into());
-        }
-        _ => {}
-    }
-    let url = match options.is_empty() {
-        true => group.url(),
-        false => format!("{}?{}", group.url(), options.join("&")),
+        Fault::SentinelConfirmingReplicaLost => (Some(patient), Some(patient)),
+        _ => (None, None),
     };
-    let holder = Arc::new(RedisLock::connect(&url).await.map_err(|e| ("holder", e))?);
+    let url_with = |extra: Option<&str>| {
+        let options: Vec<&str> = options.iter().map(String::as_str).chain(extra).collect();
+        match options.is_empty() {
+            true => group.url(),
+            false => format!("{}?{}", group.url(), options.join("&")),
+        }
+    };
+    let url = url_with(wait);
+    let holder = RedisLock::connect(&url_with(holder_wait)).await;
+    let holder = Arc::new(holder.map_err(|e| ("holder", e))?);
     let (primary, keys) = keys_on_one_primary(&group, &holder, target, fault, round, pairs)
         .await
         .map_err(backend("keys"))?;
