@@ -252,8 +252,12 @@ impl RedisConfig {
     }
 
     /// The client for a Redis Cluster: its seed nodes with this configuration's
-    /// credentials, TLS files and timeouts.
-    pub(crate) fn cluster_client(&self) -> Result<redis::cluster::ClusterClient, LockError> {
+    /// credentials, TLS files and timeouts. With `pushes`, a client for subscriptions: it
+    /// speaks RESP3 (whatever the URL's `protocol`), and sends its pushes there.
+    pub(crate) fn cluster_client(
+        &self,
+        pushes: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>,
+    ) -> Result<redis::cluster::ClusterClient, LockError> {
         let Topology::Cluster(seeds) = &self.topology else {
             return Err(LockError::Config(format!("{self} is not a Redis Cluster")));
         };
@@ -269,6 +273,11 @@ impl RedisConfig {
             .retries(2)
             .min_retry_wait(10)
             .max_retry_wait(200);
+        if let Some(pushes) = pushes {
+            builder = builder
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(pushes);
+        }
         if self.tls() {
             tenure_api::tls::install_crypto_provider();
             let pem = tenure_api::tls::read_pem_files(
@@ -923,7 +932,7 @@ mod tests {
         assert_eq!(c.endpoint(), "cluster h1:7000,h2:7001");
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(matches!(c.client_url(), Err(LockError::Config(_))));
-        c.cluster_client().unwrap();
+        c.cluster_client(None).unwrap();
         // WAIT rides in the script's pipeline, to the slot's primary.
         let confirmed = RedisConfig::from_url("redis+cluster://h1?wait_replicas=2").unwrap();
         assert_eq!(confirmed.wait_replicas, 2);

@@ -25,7 +25,7 @@ pub use config::{
 use error::{bounded, classify};
 use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
-use releases::{Refused, Subscriber};
+use releases::{Link, Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
@@ -41,7 +41,8 @@ use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 /// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas), `ROLE` only for
 /// Redis Sentinel, which checks the primary it is sent to, `CLUSTER SLOTS` only for a
 /// Redis Cluster, whose client reads the slot map with it; on a cluster, `EVAL` too
-/// when a node lacks a script — `+eval` — and the user on every node, as ACLs are not
+/// when a node lacks a script — `+eval` —, sharded pub/sub for the release channel —
+/// `+spublish +ssubscribe +sunsubscribe` — and the user on every node, as ACLs are not
 /// shared between them.)
 ///
 /// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
@@ -53,7 +54,7 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +
 /// Cluster. Cheap to share (`Arc`); all calls multiplex over one auto-reconnecting
 /// connection (a cluster connection, routed by slot, on a cluster), and all waiters
 /// share one subscriber connection (opened at the first wait, again after it closes;
-/// none on a cluster, where waiters poll).
+/// on a cluster, a cluster connection subscribing shard channels).
 #[derive(Clone)]
 pub struct RedisLock {
     config: RedisConfig,
@@ -176,8 +177,8 @@ impl RedisLock {
     }
 
     /// Whether waiters are woken by release messages: not on a Redis Cluster (they poll).
-    fn pushes(&self) -> bool {
-        !matches!(self.config.topology, Topology::Cluster(_))
+    fn is_cluster(&self) -> bool {
+        matches!(self.config.topology, Topology::Cluster(_))
     }
 
     /// The configuration (its `Display` hides the password).
@@ -477,14 +478,19 @@ impl RedisLock {
         announce: bool,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        // Nobody listens on a Redis Cluster, where a PUBLISH goes to every node.
-        let channel = if announce && self.pushes() {
+        let channel = if announce {
             Self::channel(&lock_key)
         } else {
             String::new()
         };
+        // On a Redis Cluster, a shard channel: a PUBLISH would go to every node.
+        let sharded = if self.is_cluster() { "sharded" } else { "" };
         let mut invocation = SCRIPTS.release.prepare_invoke();
-        invocation.key(&lock_key).arg(&owner.hex()[..]).arg(channel);
+        invocation
+            .key(&lock_key)
+            .arg(&owner.hex()[..])
+            .arg(channel)
+            .arg(sharded);
         Ok(self.call::<i64>("release", invocation).await? == 1)
     }
 
@@ -711,8 +717,7 @@ impl RedisLock {
                     // have been released before the subscription took effect. A failed
                     // subscription is kept as the reason should the wait run out on it,
                     // and the wait goes on by polling.
-                    if pubsub.is_none() && !subscribe_refused && self.pushes() && !left().is_zero()
-                    {
+                    if pubsub.is_none() && !subscribe_refused && !left().is_zero() {
                         match self.subscribe_each(keys, left()).await {
                             Ok(sub) => {
                                 pubsub = Some(sub);
@@ -797,7 +802,7 @@ impl RedisLock {
     }
 
     /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
-    /// `SUBSCRIBE`, each also bounded by its own timeout): a message arrives each time a
+    /// `SUBSCRIBE` — `SSUBSCRIBE` on a cluster —, each also bounded by its own timeout): a message arrives each time a
     /// holder of `key` releases it on this server ([`release_owner`](Self::release_owner)).
     /// The subscription is on the client's one subscriber connection, shared by all its
     /// waiters and opened by the first (again after it closed). A refused subscription
@@ -823,26 +828,10 @@ impl RedisLock {
             match current.as_ref() {
                 Some((open, on)) if open.is_open() && *on == node.generation => open.clone(),
                 _ => {
-                    let Some(client) = node.client.clone() else {
-                        return Err(LockError::Config(format!(
-                            "subscribe on {}: a Redis Cluster has no release messages here \
-                             (waiters poll)",
-                            self.config.endpoint()
-                        )));
-                    };
-                    let pubsub = bounded(
-                        self.config.connect_timeout.min(left()),
-                        client.get_async_pubsub(),
-                    )
-                    .await
-                    .map_err(|e| classify(&self.config, what, e))?;
-                    let (sink, stream) = pubsub.split();
-                    // RESP3 answers PING the same way subscribed or not: SUBSCRIBE is
-                    // trusted there.
-                    let resp2 = client.get_connection_info().redis.protocol
-                        == redis::ProtocolVersion::RESP2;
-                    let opened =
-                        Subscriber::start(sink, stream, resp2, self.config.request_timeout);
+                    let link = self
+                        .subscriber_link(&node, self.config.connect_timeout.min(left()))
+                        .await?;
+                    let opened = Subscriber::start(link, self.config.request_timeout);
                     *current = Some((opened.clone(), node.generation));
                     opened
                 }
@@ -878,6 +867,38 @@ impl RedisLock {
                     source: None,
                 },
             })
+    }
+
+    /// A new subscriber connection, to `node` or to the Redis Cluster, within `limit`.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is left behind.
+    async fn subscriber_link(
+        &self,
+        node: &primary::Node,
+        limit: Duration,
+    ) -> Result<Link, LockError> {
+        let failed = |e| classify(&self.config, "subscribe", e);
+        let Some(client) = &node.client else {
+            let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
+            let client = self.config.cluster_client(Some(pushes))?;
+            let conn = bounded(limit, client.get_async_connection())
+                .await
+                .map_err(failed)?;
+            return Ok(Link::cluster(conn, received));
+        };
+        let pubsub = bounded(limit, client.get_async_pubsub())
+            .await
+            .map_err(failed)?;
+        let (sink, stream) = pubsub.split();
+        Ok(Link::Node {
+            sink,
+            stream,
+            // RESP3 answers PING the same way subscribed or not: SUBSCRIBE is trusted
+            // there.
+            ping_check: client.get_connection_info().redis.protocol
+                == redis::ProtocolVersion::RESP2,
+        })
     }
 }
 
@@ -982,7 +1003,7 @@ impl DistributedLock for RedisLock {
         keys: &[LockKey],
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
-        if !self.pushes() {
+        if self.is_cluster() {
             // A Redis Cluster: the keys sit in different hash slots, so no one script
             // can see them all.
             return tenure_api::acquire_each(self, keys, opts).await;
@@ -999,11 +1020,7 @@ impl DistributedLock for RedisLock {
             },
             expiry: ExpiryKind::ServerTtl,
             replication: Replication::SingleNode,
-            wait: if self.pushes() {
-                WaitKind::Push
-            } else {
-                WaitKind::Poll
-            },
+            wait: WaitKind::Push,
             fairness: Fairness::None,
             failures_tolerated: 0,
             clock_dependent: true,

@@ -83,7 +83,8 @@ fn eval_of(evalsha: &redis::Cmd) -> Option<redis::Cmd> {
 
 /// One connected node, or a connected Redis Cluster.
 pub(crate) struct Node {
-    /// For the subscriber connection (`None` on a Redis Cluster: no release messages).
+    /// For the subscriber connection (`None` on a Redis Cluster, whose subscriber is a
+    /// cluster connection of its own).
     pub(crate) client: Option<redis::Client>,
     /// What commands go over.
     pub(crate) conn: Conn,
@@ -277,7 +278,7 @@ async fn connect_node(
 
 /// Connects to a Redis Cluster through its seed nodes by `deadline`.
 async fn connect_cluster(config: &RedisConfig, deadline: Instant) -> Result<Node, LockError> {
-    let client = config.cluster_client()?;
+    let client = config.cluster_client(None)?;
     let conn = bounded(
         deadline.saturating_duration_since(Instant::now()),
         client.get_async_connection(),

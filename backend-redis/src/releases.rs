@@ -10,12 +10,23 @@
 //! channels are subscribed, the task pings the server every [`KEEPALIVE`]: an idle
 //! connection dropped silently on the way (a NAT, a load balancer) is noticed, and its
 //! waiters subscribe again on a new one.
+//!
+//! On a Redis Cluster the connection is a cluster connection speaking RESP3, and each
+//! channel a shard channel (`SSUBSCRIBE`, Redis 7), subscribed on the primary of its
+//! slot — the lock key's, as the channel carries the key's hash tag — where the release
+//! script's `SPUBLISH` reaches it. When a node's connection drops (its primary died, a
+//! failover) or a node unsubscribes a channel itself (its slot moved), the task ends like
+//! a closed single-node connection: every waiter tries again and subscribes on a new
+//! connection, which finds the slot's new primary.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{PushInfo, PushKind};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// How often the task pings a connection with subscriptions.
@@ -78,28 +89,16 @@ impl Drop for ReleaseWatch {
 }
 
 impl Subscriber {
-    /// Starts the task that owns a new subscriber connection (split into its two
-    /// halves). The task ends, and every [`ReleaseWatch`] learns it, when the connection
-    /// closes or the last `Subscriber` and watch are gone.
+    /// Starts the task that owns `link`. The task ends, and every [`ReleaseWatch`]
+    /// learns it, when the connection closes or the last `Subscriber` and watch are gone.
     ///
-    /// With `ping_check` (RESP2), the first subscription is confirmed by a `PING`: the
-    /// client library hands back any reply to `SUBSCRIBE` as success, even an ACL's
-    /// `NOPERM`, but a subscribed RESP2 connection answers `PING` with an array. A
-    /// refusal found so refuses every later request on this connection at once (an ACL
-    /// that refuses one channel of a prefix refuses them all).
-    ///
-    /// Each `SUBSCRIBE`, `PING` and `UNSUBSCRIBE` must be answered within `timeout`, or
+    /// Each subscription, unsubscription and ping must be answered within `timeout`, or
     /// the connection counts as dead (an idle subscriber connection can be dropped
     /// silently on the way, by a NAT or a load balancer) and the task ends: the next
     /// waiter opens another.
-    pub(crate) fn start(
-        sink: PubSubSink,
-        stream: PubSubStream,
-        ping_check: bool,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn start(link: Link, timeout: Duration) -> Self {
         let (requests, received) = mpsc::unbounded_channel();
-        tokio::spawn(run(sink, stream, received, ping_check, timeout));
+        tokio::spawn(run(link, received, timeout));
         Self { requests }
     }
 
@@ -153,15 +152,148 @@ struct Channel {
     waiters: usize,
 }
 
+/// A subscriber task's connection.
+pub(crate) enum Link {
+    /// A pub/sub connection to one node, split into its two halves.
+    ///
+    /// With `ping_check` (RESP2), the first subscription is confirmed by a `PING`: the
+    /// client library hands back any reply to `SUBSCRIBE` as success, even an ACL's
+    /// `NOPERM`, but a subscribed RESP2 connection answers `PING` with an array. A
+    /// refusal found so refuses every later request on this connection at once (an ACL
+    /// that refuses one channel of a prefix refuses them all).
+    Node {
+        sink: PubSubSink,
+        stream: PubSubStream,
+        ping_check: bool,
+    },
+    /// A RESP3 connection to a Redis Cluster, whose pushes (messages, confirmations,
+    /// disconnections) arrive on `pushes`. `leaving` counts, per channel, the
+    /// `SUNSUBSCRIBE`s sent whose confirmation has not been seen yet: any other
+    /// `sunsubscribe` push is the server's own (the slot moved).
+    Cluster {
+        conn: ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<PushInfo>,
+        leaving: HashMap<String, usize>,
+    },
+}
+
+/// What a [`Link`] receives.
+enum Event {
+    /// A message on this channel.
+    Message(String),
+    /// The subscriptions may be gone: the connection closed, a node's connection
+    /// dropped, or a node unsubscribed a channel itself.
+    Gone,
+}
+
+impl Link {
+    /// A [`Link::Cluster`] over `conn`, built with a push sender feeding `pushes`.
+    pub(crate) fn cluster(
+        conn: ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<PushInfo>,
+    ) -> Self {
+        Link::Cluster {
+            conn,
+            pushes,
+            leaving: HashMap::new(),
+        }
+    }
+
+    /// The next event. `subscribed`: whether any channel is (a cluster connection's
+    /// node that drops while nothing is subscribed loses nothing).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is received unless returned.
+    async fn next(&mut self, subscribed: bool) -> Event {
+        match self {
+            Link::Node { stream, .. } => match stream.next().await {
+                Some(message) => Event::Message(message.get_channel_name().to_owned()),
+                None => Event::Gone,
+            },
+            Link::Cluster {
+                pushes, leaving, ..
+            } => loop {
+                let Some(push) = pushes.recv().await else {
+                    return Event::Gone;
+                };
+                let channel = match push.data.first() {
+                    Some(redis::Value::BulkString(name)) => String::from_utf8_lossy(name),
+                    _ => "".into(),
+                };
+                match push.kind {
+                    PushKind::SMessage => return Event::Message(channel.into_owned()),
+                    PushKind::SUnsubscribe => match leaving.get_mut(channel.as_ref()) {
+                        Some(sent) => {
+                            *sent -= 1;
+                            if *sent == 0 {
+                                leaving.remove(channel.as_ref());
+                            }
+                        }
+                        None => return Event::Gone,
+                    },
+                    PushKind::Disconnection if subscribed => return Event::Gone,
+                    _ => {}
+                }
+            },
+        }
+    }
+
+    /// Subscribes `channel` (and with a node's `ping_check`, checks that it took), each
+    /// step within `timeout`.
+    async fn subscribe(&mut self, channel: &str, timeout: Duration) -> Result<(), Refused> {
+        let timed_out = |_| Refused::TimedOut(timeout);
+        match self {
+            Link::Node {
+                sink, ping_check, ..
+            } => {
+                subscribe(sink, channel, *ping_check, timeout).await?;
+                *ping_check = false;
+                Ok(())
+            }
+            Link::Cluster { conn, .. } => tokio::time::timeout(timeout, conn.ssubscribe(channel))
+                .await
+                .map_err(timed_out)?
+                .map_err(Refused::Redis),
+        }
+    }
+
+    /// Unsubscribes `channel` within `timeout`; `false` if that failed.
+    async fn unsubscribe(&mut self, channel: &str, timeout: Duration) -> bool {
+        let done = match self {
+            Link::Node { sink, .. } => {
+                tokio::time::timeout(timeout, sink.unsubscribe(channel)).await
+            }
+            Link::Cluster { conn, leaving, .. } => {
+                *leaving.entry(channel.to_owned()).or_default() += 1;
+                tokio::time::timeout(timeout, conn.sunsubscribe(channel)).await
+            }
+        };
+        matches!(done, Ok(Ok(())))
+    }
+
+    /// Pings the node (every primary of a cluster) within `timeout`; `false` if one did
+    /// not answer.
+    async fn ping(&mut self, timeout: Duration) -> bool {
+        let pong = match self {
+            Link::Node { sink, .. } => {
+                tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await
+            }
+            Link::Cluster { conn, .. } => {
+                let every_primary = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                let ping = redis::cmd("PING");
+                tokio::time::timeout(timeout, conn.route_command(&ping, every_primary)).await
+            }
+        };
+        matches!(pong, Ok(Ok(_)))
+    }
+}
+
 /// The subscriber task: requests in order, messages counted per channel, a ping every
 /// [`KEEPALIVE`] while channels are subscribed.
-async fn run(
-    mut sink: PubSubSink,
-    mut stream: PubSubStream,
-    mut requests: mpsc::UnboundedReceiver<Request>,
-    mut ping_check: bool,
-    timeout: Duration,
-) {
+async fn run(mut link: Link, mut requests: mpsc::UnboundedReceiver<Request>, timeout: Duration) {
     let mut channels: HashMap<String, Channel> = HashMap::new();
     // A refusal found by the ping check: every later request gets it too.
     let mut refused: Option<String> = None;
@@ -170,24 +302,20 @@ async fn run(
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let request = tokio::select! {
-            message = stream.next() => match message {
-                Some(message) => {
-                    if let Some(channel) = channels.get(message.get_channel_name()) {
+            event = link.next(!channels.is_empty()) => match event {
+                Event::Message(name) => {
+                    if let Some(channel) = channels.get(&name) {
                         channel.messages.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     continue;
                 }
-                None => return, // the connection closed: every watch sees its sender go
+                Event::Gone => return, // every watch sees its sender go
             },
             _ = keepalive.tick() => {
-                if channels.is_empty() {
+                if channels.is_empty() || link.ping(timeout).await {
                     continue;
                 }
-                let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
-                if !matches!(pong, Ok(Ok(_))) {
-                    return; // no answer: the waiters subscribe again on a new connection
-                }
-                continue;
+                return; // no answer: the waiters subscribe again on a new connection
             }
             request = requests.recv() => match request {
                 Some(request) => request,
@@ -208,9 +336,8 @@ async fn run(
                     }
                     None => match &refused {
                         Some(why) => Err(Refused::NotSubscribed(why.clone())),
-                        None => match subscribe(&mut sink, &channel, ping_check, timeout).await {
+                        None => match link.subscribe(&channel, timeout).await {
                             Ok(()) => {
-                                ping_check = false;
                                 let (messages, seen) = watch::channel(0);
                                 let known = Channel {
                                     messages,
@@ -247,8 +374,7 @@ async fn run(
         known.waiters -= 1;
         if known.waiters == 0 {
             channels.remove(&leave);
-            let unsubscribed = tokio::time::timeout(timeout, sink.unsubscribe(&leave)).await;
-            if !matches!(unsubscribed, Ok(Ok(()))) {
+            if !link.unsubscribe(&leave, timeout).await {
                 return;
             }
         }
@@ -261,7 +387,7 @@ fn broken(e: &redis::RedisError) -> bool {
 }
 
 /// `SUBSCRIBE channel`, and with `ping_check` a `PING` confirming it took (see
-/// [`Subscriber::start`]).
+/// [`Link::Node`]).
 async fn subscribe(
     sink: &mut PubSubSink,
     channel: &str,
@@ -340,7 +466,12 @@ mod tests {
             .expect("set up")
             .unwrap();
         let (sink, stream) = pubsub.split();
-        Subscriber::start(sink, stream, false, timeout)
+        let link = Link::Node {
+            sink,
+            stream,
+            ping_check: false,
+        };
+        Subscriber::start(link, timeout)
     }
 
     async fn ends(subscriber: &Subscriber, within: Duration) {

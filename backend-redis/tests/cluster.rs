@@ -2,11 +2,11 @@
 //! followed through a real failover (the primary killed, the cluster promotes its
 //! replica).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tenure_api::{DistributedLock, LockError, LockKey, WaitKind};
+use tenure_api::{AcquireOptions, Backoff, DistributedLock, LockError, LockKey, WaitKind};
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
-use tenure_conformance::servers::redis::RespConnection;
+use tenure_conformance::servers::redis::{RedisNode, Resp, RespConnection};
 use tenure_redis::RedisLock;
 
 mod common;
@@ -24,7 +24,6 @@ fn key(name: &str) -> LockKey {
 async fn a_lease_on_the_replica_survives_a_real_failover() {
     let cluster = RedisShardedCluster::start(NODE_TIMEOUT).await.unwrap();
     let holder = RedisLock::connect(&cluster.url()).await.unwrap();
-    assert_eq!(holder.capabilities().wait, WaitKind::Poll);
     let k = key("held");
     let lock_key = holder.lock_key(&k);
     let lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
@@ -38,15 +37,7 @@ async fn a_lease_on_the_replica_survives_a_real_failover() {
         old.addr(),
         "the fence key is in the lock's slot"
     );
-    let written = old.replication_offset().await.unwrap();
-    let deadline = tokio::time::Instant::now() + FAILOVER;
-    while old.acknowledged_offset().await.unwrap().unwrap_or(0) < written {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "replication stalled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    replicated(&old).await;
 
     old.kill().await.unwrap();
     let new = cluster.wait_failover(&lock_key, old.addr()).await.unwrap();
@@ -61,6 +52,120 @@ async fn a_lease_on_the_replica_survives_a_real_failover() {
 
     let other = RedisLock::connect(&cluster.url()).await.unwrap();
     still_held_then_handed_on(&holder, &other, &k, lease).await;
+}
+
+/// Waits until `primary`'s replica acknowledged everything written to it so far.
+async fn replicated(primary: &RedisNode) {
+    let written = primary.replication_offset().await.unwrap();
+    let deadline = tokio::time::Instant::now() + FAILOVER;
+    while primary.acknowledged_offset().await.unwrap().unwrap_or(0) < written {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replication stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many clients `node` counts on the shard channel `channel` (`PUBSUB SHARDNUMSUB`).
+async fn shard_subscribers(node: &RedisNode, channel: &str) -> i64 {
+    match node.command(&["PUBSUB", "SHARDNUMSUB", channel]).await {
+        Ok(Resp::Array(Some(reply))) if reply.len() == 2 => reply[1].as_int().unwrap(),
+        other => panic!("PUBSUB SHARDNUMSUB {channel}: {other:?}"),
+    }
+}
+
+/// Polls until `node` counts `count` subscribers of `channel`, for up to `within`.
+async fn subscribed(node: &RedisNode, channel: &str, count: i64, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if shard_subscribers(node, channel).await == count {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waiters on a Cluster are woken by the release: they subscribe the key's release
+/// channel on its slot's primary (`SSUBSCRIBE`, which the release script's `SPUBLISH`
+/// reaches), leave it when done, and subscribe again on the replica the cluster promotes
+/// when that primary dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
+    let cluster = RedisShardedCluster::start(NODE_TIMEOUT).await.unwrap();
+    let holder = RedisLock::connect(&cluster.url()).await.unwrap();
+    let waiter = RedisLock::connect(&cluster.url()).await.unwrap();
+    assert_eq!(waiter.capabilities().wait, WaitKind::Push);
+    let k = key("woken");
+    let lock_key = holder.lock_key(&k);
+    let channel = format!("{lock_key}:released");
+    let primary = cluster.primary_of(&lock_key).await.unwrap();
+    let wait = |opts: AcquireOptions| {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move { waiter.acquire(&k, &opts).await })
+    };
+
+    // A waiter that polled would not look again for 30 s.
+    let slow_polls = Backoff {
+        initial: Duration::from_secs(30),
+        max: Duration::from_secs(30),
+        jitter: 0.0,
+    };
+    let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let waiting = wait(AcquireOptions::new(TTL).wait(FAILOVER).backoff(slow_polls));
+    assert!(
+        subscribed(&primary, &channel, 1, Duration::from_secs(10)).await,
+        "the waiter subscribed the release channel on the key's primary"
+    );
+    let released = Instant::now();
+    holder.release(held).await.unwrap();
+    let lease = waiting.await.unwrap().expect("the waiter got the lock");
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the release, not by its next poll: {:?}",
+        released.elapsed()
+    );
+    waiter.release(lease).await.unwrap();
+    assert!(
+        subscribed(&primary, &channel, 0, Duration::from_secs(10)).await,
+        "the last waiter left the channel"
+    );
+
+    // The primary dies under a waiter: it subscribes again where the slot went.
+    let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let waiting = wait(AcquireOptions::new(TTL).wait(FAILOVER * 2));
+    assert!(
+        subscribed(&primary, &channel, 1, Duration::from_secs(10)).await,
+        "the waiter subscribed"
+    );
+    replicated(&primary).await;
+    primary.kill().await.unwrap();
+    let promoted = cluster
+        .wait_failover(&lock_key, primary.addr())
+        .await
+        .unwrap();
+    assert_ne!(
+        promoted.addr(),
+        primary.addr(),
+        "the fault fired: a replica took over"
+    );
+    assert!(
+        subscribed(&promoted, &channel, 1, FAILOVER).await,
+        "the waiter subscribed again on the promoted replica"
+    );
+    let held = extended(&holder, &held).await;
+    let released = Instant::now();
+    holder.release(held).await.unwrap();
+    let lease = waiting.await.unwrap().expect("the waiter got the lock");
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the release, not by the holder's TTL: {:?}",
+        released.elapsed()
+    );
+    waiter.release(lease).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
