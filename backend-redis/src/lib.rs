@@ -694,11 +694,14 @@ impl RedisLock {
         let mut maybe_ours: Option<PossibleGrant> = None;
         // Why the lock is not ours yet, if not "held by another".
         let mut why: Option<LockError> = None;
+        let mut attempts = 0u32;
         loop {
             let limit = left().min(request_timeout);
             if limit.is_zero() {
                 break;
             }
+            attempts += 1;
+            let sent = Instant::now();
             let attempt = self.attempt(keys, owner, opts.ttl, label, limit, Some(limit));
             let retry_in = match attempt.await {
                 Ok(Attempt::Granted(lease)) => {
@@ -758,7 +761,12 @@ impl RedisLock {
                         armed: true,
                     });
                     pubsub = None;
-                    why = Some(e);
+                    // An attempt the end of the wait cut off before its own timeout says
+                    // nothing new (e.g. while `WAIT` waited): what came before stands.
+                    let cut_off = limit < request_timeout && sent.elapsed() >= limit;
+                    if !cut_off || attempts == 1 {
+                        why = Some(e);
+                    }
                     opts.backoff.delay(failures)
                 }
                 // A possible grant of ours is released as `maybe_ours` drops.
@@ -935,7 +943,9 @@ impl DistributedLock for RedisLock {
     /// than the holder's PTTL). The result when the wait runs out tells what was last
     /// seen: [`LockError::Timeout`] if the last attempt found the lock held by another,
     /// otherwise the error of the last step — [`LockError::Unavailable`] when the server
-    /// did not answer in time, be it to the subscription or to an attempt. Non-retryable
+    /// did not answer in time, be it to the subscription or to an attempt. A last attempt
+    /// that the end of the wait cut off before its own timeout adds nothing: the answer
+    /// before it stands (e.g. `wait_replicas`'s refusal, not "no reply within 94ms"). Non-retryable
     /// errors ([`LockError::Config`], [`LockError::Backend`]) end the call at once.
     ///
     /// # Cancel safety

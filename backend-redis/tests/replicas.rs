@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_api::{AcquireOptions, Backoff, DistributedLock, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::redis::RedisReplicaPair;
 use tenure_redis::RedisLock;
@@ -100,6 +100,19 @@ async fn a_grant_no_replica_confirms_is_refused_and_released() {
         on_primary.is_nil(),
         "the refused grant was released: {on_primary:?}"
     );
+
+    // A waiting acquire says why too. Its wait ends in an attempt that the wait cuts off
+    // before WAIT answers (most times: a cycle is a 300 ms WAIT and a 10 ms pause); that
+    // attempt's "no reply within …" must not hide the refusals before it.
+    let pause = Backoff {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+        jitter: 0.0,
+    };
+    let opts = AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(2))
+        .backoff(pause);
+    refused_unconfirmed(&lock.acquire(&k, &opts).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
