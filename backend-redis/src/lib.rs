@@ -50,6 +50,12 @@ use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
     +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots";
 
+/// How often, at least, a waiter subscribed on a Redis Cluster tries again (or at the
+/// caller's backoff ceiling, if longer): a safety net for release messages lost unseen —
+/// the cluster client can replace a node's connection without telling, and its own
+/// resubscription can fail — or never sent (clients of versions that polled there).
+const CLUSTER_RECHECK: Duration = Duration::from_secs(1);
+
 /// A lock service on one Redis server, the primary Redis Sentinel names, or a Redis
 /// Cluster. Cheap to share (`Arc`); all calls multiplex over one auto-reconnecting
 /// connection (a cluster connection, routed by slot, on a cluster), and all waiters
@@ -176,7 +182,7 @@ impl RedisLock {
         })
     }
 
-    /// Whether waiters are woken by release messages: not on a Redis Cluster (they poll).
+    /// Whether this is a Redis Cluster (sharded pub/sub, keys in different slots).
     fn is_cluster(&self) -> bool {
         matches!(self.config.topology, Topology::Cluster(_))
     }
@@ -733,7 +739,9 @@ impl RedisLock {
                         }
                     }
                     let pttl = pttl.max(Duration::from_millis(1));
-                    if pubsub.is_some() {
+                    if pubsub.is_some() && self.is_cluster() {
+                        pttl.min(opts.backoff.max.max(CLUSTER_RECHECK))
+                    } else if pubsub.is_some() {
                         pttl
                     } else {
                         polls += 1;
@@ -836,9 +844,7 @@ impl RedisLock {
             match current.as_ref() {
                 Some((open, on)) if open.is_open() && *on == node.generation => open.clone(),
                 _ => {
-                    let link = self
-                        .subscriber_link(&node, self.config.connect_timeout.min(left()))
-                        .await?;
+                    let link = self.subscriber_link(&node, left()).await?;
                     let opened = Subscriber::start(link, self.config.request_timeout);
                     *current = Some((opened.clone(), node.generation));
                     opened
@@ -877,27 +883,33 @@ impl RedisLock {
             })
     }
 
-    /// A new subscriber connection, to `node` or to the Redis Cluster, within `limit`.
+    /// A new subscriber connection, to `node` or to the Redis Cluster, within `left`
+    /// and the connect timeout (twice that for a cluster: a connection to every node,
+    /// after the slot map, as at [`connect`](Self::connect)).
     ///
     /// # Cancel safety
     /// Cancel-safe: nothing is left behind.
     async fn subscriber_link(
         &self,
         node: &primary::Node,
-        limit: Duration,
+        left: Duration,
     ) -> Result<Link, LockError> {
         let failed = |e| classify(&self.config, "subscribe", e);
         let Some(client) = &node.client else {
             let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
             let client = self.config.cluster_client(Some(pushes))?;
+            let limit = self.config.connect_timeout.saturating_mul(2).min(left);
             let conn = bounded(limit, client.get_async_connection())
                 .await
                 .map_err(failed)?;
             return Ok(Link::cluster(conn, received));
         };
-        let pubsub = bounded(limit, client.get_async_pubsub())
-            .await
-            .map_err(failed)?;
+        let pubsub = bounded(
+            self.config.connect_timeout.min(left),
+            client.get_async_pubsub(),
+        )
+        .await
+        .map_err(failed)?;
         let (sink, stream) = pubsub.split();
         Ok(Link::Node {
             sink,

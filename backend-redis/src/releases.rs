@@ -257,18 +257,42 @@ impl Link {
         }
     }
 
-    /// Unsubscribes `channel` within `timeout`; `false` if that failed.
-    async fn unsubscribe(&mut self, channel: &str, timeout: Duration) -> bool {
+    /// Unsubscribes `channel` within `timeout` (`Err(None)`: no answer in time).
+    async fn unsubscribe(
+        &mut self,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<(), Option<redis::RedisError>> {
         let done = match self {
             Link::Node { sink, .. } => {
                 tokio::time::timeout(timeout, sink.unsubscribe(channel)).await
             }
             Link::Cluster { conn, leaving, .. } => {
-                *leaving.entry(channel.to_owned()).or_default() += 1;
-                tokio::time::timeout(timeout, conn.sunsubscribe(channel)).await
+                let done = tokio::time::timeout(timeout, conn.sunsubscribe(channel)).await;
+                if matches!(done, Ok(Ok(()))) {
+                    // The server's confirmation is a push, still to be read: this one's.
+                    *leaving.entry(channel.to_owned()).or_default() += 1;
+                }
+                done
             }
         };
-        matches!(done, Ok(Ok(())))
+        done.map_err(|_| None)?.map_err(Some)
+    }
+
+    /// After the server refused to subscribe `channel`: a cluster connection, which
+    /// records every channel it is asked to subscribe and subscribes them all again after
+    /// a reconnection, is told to drop it (or it would keep one entry per channel ever
+    /// refused, e.g. before Redis 7, where `SSUBSCRIBE` does not exist). `false` if the
+    /// connection failed.
+    async fn forget(&mut self, channel: &str, timeout: Duration) -> bool {
+        if let Link::Node { .. } = self {
+            return true;
+        }
+        match self.unsubscribe(channel, timeout).await {
+            Ok(()) => true,
+            Err(Some(e)) => !broken(&e),
+            Err(None) => false,
+        }
     }
 
     /// Pings the node (every primary of a cluster) within `timeout`; `false` if one did
@@ -350,7 +374,13 @@ async fn run(mut link: Link, mut requests: mpsc::UnboundedReceiver<Request>, tim
                                 refused = Some(why.clone());
                                 Err(Refused::NotSubscribed(why))
                             }
-                            Err(Refused::Redis(e)) if !broken(&e) => Err(Refused::Redis(e)),
+                            Err(Refused::Redis(e)) if !broken(&e) => {
+                                if !link.forget(&channel, timeout).await {
+                                    let _ = reply.send(Err(Refused::Redis(e)));
+                                    return;
+                                }
+                                Err(Refused::Redis(e))
+                            }
                             Err(e) => {
                                 let _ = reply.send(Err(e));
                                 return; // the connection failed: a waiter opens another
@@ -374,7 +404,7 @@ async fn run(mut link: Link, mut requests: mpsc::UnboundedReceiver<Request>, tim
         known.waiters -= 1;
         if known.waiters == 0 {
             channels.remove(&leave);
-            if !link.unsubscribe(&leave, timeout).await {
+            if link.unsubscribe(&leave, timeout).await.is_err() {
                 return;
             }
         }

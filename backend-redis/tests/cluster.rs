@@ -97,7 +97,12 @@ async fn subscribed(node: &RedisNode, channel: &str, count: i64, within: Duratio
 async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
     let cluster = RedisShardedCluster::start(NODE_TIMEOUT).await.unwrap();
     let holder = RedisLock::connect(&cluster.url()).await.unwrap();
-    let waiter = RedisLock::connect(&cluster.url()).await.unwrap();
+    // Patient: a subscription that failed on a loaded machine would leave it polling.
+    let patient = format!(
+        "{}?connect_timeout_ms=5000&request_timeout_ms=5000",
+        cluster.url()
+    );
+    let waiter = RedisLock::connect(&patient).await.unwrap();
     assert_eq!(waiter.capabilities().wait, WaitKind::Push);
     let k = key("woken");
     let lock_key = holder.lock_key(&k);
@@ -108,7 +113,8 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
         tokio::spawn(async move { waiter.acquire(&k, &opts).await })
     };
 
-    // A waiter that polled would not look again for 30 s.
+    // A waiter that polled, or re-checked at its backoff ceiling, would not look again
+    // for 30 s.
     let slow_polls = Backoff {
         initial: Duration::from_secs(30),
         max: Duration::from_secs(30),
@@ -134,7 +140,9 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
         "the last waiter left the channel"
     );
 
-    // The primary dies under a waiter: it subscribes again where the slot went.
+    // The primary dies under a waiter: it subscribes again where the slot went (its
+    // failed attempts meanwhile back off as usual, so this part shows the new
+    // subscription, and the hand-off, not that the message woke it).
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
     let waiting = wait(AcquireOptions::new(TTL).wait(FAILOVER * 2));
     assert!(
@@ -166,6 +174,48 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
         released.elapsed()
     );
     waiter.release(lease).await.unwrap();
+}
+
+/// A user whose ACL refuses `SSUBSCRIBE` (as a server before Redis 7 does) still gets
+/// the lock once released: its waiters poll instead, and leave no subscription behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_refused_sharded_pubsub_poll_instead() {
+    let cluster = RedisShardedCluster::start(Duration::from_secs(15))
+        .await
+        .unwrap();
+    for node in cluster.nodes() {
+        let rule = ["ACL", "SETUSER", "poller", "on", ">pw", "~*", "&*", "+@all"];
+        let set = node.command(&[&rule[..], &["-ssubscribe"]].concat()).await;
+        assert!(set.unwrap().is_ok(), "the user exists on every node");
+    }
+    let holder = RedisLock::connect(&cluster.url()).await.unwrap();
+    let url = cluster
+        .url()
+        .replace("redis+cluster://", "redis+cluster://poller:pw@");
+    let waiter = RedisLock::connect(&url).await.unwrap();
+    let k = key("refused");
+    let lock_key = holder.lock_key(&k);
+    let channel = format!("{lock_key}:released");
+    let primary = cluster.primary_of(&lock_key).await.unwrap();
+    for round in 0..2 {
+        let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+        let waiting = {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new(TTL).wait(FAILOVER);
+                waiter.acquire(&k, &opts).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            shard_subscribers(&primary, &channel).await,
+            0,
+            "round {round}"
+        );
+        holder.release(held).await.unwrap();
+        let lease = waiting.await.unwrap().expect("the waiter got the lock");
+        waiter.release(lease).await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
