@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, Backoff, DistributedLock, LockError, LockKey, WaitKind};
+use tenure_conformance::servers::poll_until;
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::{RedisNode, Resp, RespConnection};
 use tenure_redis::RedisLock;
@@ -57,14 +58,17 @@ async fn a_lease_on_the_replica_survives_a_real_failover() {
 /// Waits until `primary`'s replica acknowledged everything written to it so far.
 async fn replicated(primary: &RedisNode) {
     let written = primary.replication_offset().await.unwrap();
-    let deadline = tokio::time::Instant::now() + FAILOVER;
-    while primary.acknowledged_offset().await.unwrap().unwrap_or(0) < written {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "replication stalled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let acknowledged = || async {
+        match primary.acknowledged_offset().await.unwrap() {
+            Some(offset) if offset >= written => Ok(()),
+            other => Err(other),
+        }
+    };
+    poll_until(FAILOVER, Duration::from_millis(20), acknowledged, |at| {
+        format!("the replica to acknowledge offset {written} (at {at:?})")
+    })
+    .await
+    .unwrap();
 }
 
 /// How many clients `node` counts on the shard channel `channel` (`PUBSUB SHARDNUMSUB`).
@@ -77,16 +81,17 @@ async fn shard_subscribers(node: &RedisNode, channel: &str) -> i64 {
 
 /// Polls until `node` counts `count` subscribers of `channel`, for up to `within`.
 async fn subscribed(node: &RedisNode, channel: &str, count: i64, within: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if shard_subscribers(node, channel).await == count {
-            return true;
+    let counted = || async {
+        match shard_subscribers(node, channel).await {
+            n if n == count => Ok(()),
+            n => Err(n),
         }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    poll_until(within, Duration::from_millis(20), counted, |n| {
+        n.to_string()
+    })
+    .await
+    .is_ok()
 }
 
 /// Waiters on a Cluster are woken by the release: they subscribe the key's release

@@ -15,14 +15,14 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
 use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
 
 const INSTALL: &str = "apt-get install -y etcd-server";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -337,8 +337,7 @@ impl EtcdCluster {
         if self.secrets.is_some() {
             return self.self_declared_leader().await;
         }
-        let deadline = Instant::now() + LEADER_TIMEOUT;
-        loop {
+        let named = || async {
             let statuses = futures::future::join_all(self.members.iter().map(|m| async move {
                 if m.is_running() && !m.is_paused() {
                     m.status().await.ok()
@@ -351,44 +350,39 @@ impl EtcdCluster {
             let leader = statuses.iter().flatten().find_map(|&(_, leader)| {
                 ids.iter().position(|id| *id == Some(leader) && leader != 0)
             });
-            if let Some(i) = leader {
-                return Ok(i);
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("an etcd leader (statuses {statuses:?})"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            leader.ok_or(statuses)
+        };
+        poll_until(
+            LEADER_TIMEOUT,
+            Duration::from_millis(50),
+            named,
+            |statuses| format!("an etcd leader (statuses {statuses:?})"),
+        )
+        .await
     }
 
     /// [`leader_index`](Self::leader_index) on a secured cluster, whose client ports the
     /// harness cannot query: the only running member that says it leads (two say so
     /// only while a cut-off old leader has not yet stepped down).
     async fn self_declared_leader(&self) -> Result<usize> {
-        let deadline = Instant::now() + LEADER_TIMEOUT;
-        loop {
+        let one_says = || async {
             let says = futures::future::join_all(self.members.iter().map(|m| async move {
                 m.is_running() && !m.is_paused() && m.says_leader().await.unwrap_or(false)
             }))
             .await;
-            if let [leader] = says
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l)
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>()[..]
-            {
-                return Ok(leader);
+            let leaders: Vec<usize> = (0..says.len()).filter(|&i| says[i]).collect();
+            match leaders[..] {
+                [leader] => Ok(leader),
+                _ => Err(says),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("one etcd member saying it leads (said: {says:?})"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        poll_until(
+            LEADER_TIMEOUT,
+            Duration::from_millis(50),
+            one_says,
+            |says| format!("one etcd member saying it leads (said: {says:?})"),
+        )
+        .await
     }
 
     /// Creates a user and a role of the same name for each of `users`, the role granting

@@ -92,6 +92,34 @@ pub enum ServerError {
 /// Result type of this module.
 pub type Result<T> = std::result::Result<T, ServerError>;
 
+/// Asks `probe` every `every` until it answers `Ok`, for up to `limit` (at least once):
+/// its `Err` is the state that is not there yet. Past `limit`, a
+/// [`ServerError::Timeout`] waiting for `what(last state)`.
+///
+/// # Cancel safety
+/// As cancel-safe as one `probe`.
+pub async fn poll_until<T, S, Fut>(
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut probe: impl FnMut() -> Fut,
+    what: impl FnOnce(S) -> String,
+) -> Result<T>
+where
+    Fut: std::future::Future<Output = std::result::Result<T, S>>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let state = match probe().await {
+            Ok(done) => return Ok(done),
+            Err(state) => state,
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(ServerError::Timeout { what: what(state) });
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 impl From<nix::errno::Errno> for ServerError {
     fn from(e: nix::errno::Errno) -> Self {
         ServerError::Io(e.into())

@@ -10,14 +10,14 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{CommandSpec, Probe, ServerProcess};
 use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
 use crate::clock_shim::ClockShim;
 use crate::proxy::FaultProxy;
 
@@ -628,25 +628,23 @@ impl RedisReplicaPair {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait_link_up(&self) -> Result<()> {
-        let deadline = Instant::now() + REPLICATION_TIMEOUT;
-        loop {
+        let link_up = || async {
             let status = self
                 .replica
                 .info_field("replication", "master_link_status")
                 .await;
-            if matches!(&status, Ok(Some(s)) if s == "up") {
-                return Ok(());
+            match &status {
+                Ok(Some(s)) if s == "up" => Ok(()),
+                _ => Err(status),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!(
-                        "the replica's link to the primary (last status {status:?}); replica log:\n{}",
-                        self.replica.log_tail(1500)
-                    ),
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        };
+        poll_until(REPLICATION_TIMEOUT, POLL, link_up, |status| {
+            format!(
+                "the replica's link to the primary (last status {status:?}); replica log:\n{}",
+                self.replica.log_tail(1500)
+            )
+        })
+        .await
     }
 
     /// Wait (up to 20 s) until the replica has processed everything the primary had
@@ -664,20 +662,18 @@ impl RedisReplicaPair {
             .command(&["PUBLISH", "tenure-harness:synced", "1"])
             .await?;
         let target = self.primary.replication_offset().await?;
-        let deadline = Instant::now() + REPLICATION_TIMEOUT;
-        loop {
+        let reached = || async {
             let got = self.replica.replication_offset().await;
             let acked = self.primary.acknowledged_offset().await;
-            if matches!((&got, &acked), (Ok(o), Ok(Some(a))) if *o >= target && *a >= target) {
-                return Ok(());
+            match (&got, &acked) {
+                (Ok(o), Ok(Some(a))) if *o >= target && *a >= target => Ok(()),
+                _ => Err(got),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("the replica to reach offset {target} (last {got:?})"),
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        };
+        poll_until(REPLICATION_TIMEOUT, POLL, reached, |got| {
+            format!("the replica to reach offset {target} (last {got:?})")
+        })
+        .await
     }
 }
 

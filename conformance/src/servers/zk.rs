@@ -29,7 +29,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -38,7 +38,7 @@ use crate::proxy::{FaultProxy, ProxyMode, ProxyStats};
 
 use super::process::{CommandSpec, Probe, ServerProcess};
 use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
+use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
 
 const INSTALL: &str = "apt-get install -y zookeeper";
 const JAVA_INSTALL: &str = "apt-get install -y default-jre-headless";
@@ -449,8 +449,7 @@ impl ZkEnsemble {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn leader_index(&self) -> Result<usize> {
-        let deadline = Instant::now() + LEADER_TIMEOUT;
-        loop {
+        let leading = || async {
             let modes = futures::future::join_all(self.nodes.iter().map(|n| async move {
                 if n.is_running() && !n.is_paused() {
                     n.mode().await.ok().flatten()
@@ -459,19 +458,18 @@ impl ZkEnsemble {
                 }
             }))
             .await;
-            if let Some(i) = modes
+            modes
                 .iter()
                 .position(|m| matches!(m.as_deref(), Some("leader" | "standalone")))
-            {
-                return Ok(i);
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("a ZooKeeper leader (modes {modes:?})"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .ok_or(modes)
+        };
+        poll_until(
+            LEADER_TIMEOUT,
+            Duration::from_millis(50),
+            leading,
+            |modes| format!("a ZooKeeper leader (modes {modes:?})"),
+        )
+        .await
     }
 }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockError, LockKey};
+use tenure_conformance::servers::poll_until;
 use tenure_conformance::servers::redis::sentinel::RedisSentinels;
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::RedisNode;
@@ -351,22 +352,23 @@ async fn rejoin(replica: &RedisNode, promoted: &RedisNode) -> Result<(), String>
 
 /// Waits (up to [`SYNC`]) until `primary` reports `replica` connected and in sync.
 async fn in_sync(primary: &RedisNode, replica: &RedisNode) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + SYNC;
-    let mut last = None;
-    while tokio::time::Instant::now() < deadline {
+    let online = || async {
         match primary.replica_online(replica).await {
-            Ok(true) => return Ok(()),
-            Ok(false) => last = None,
-            Err(e) => last = Some(e.to_string()),
+            Ok(true) => Ok(()),
+            Ok(false) => Err(None),
+            Err(e) => Err(Some(e.to_string())),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!(
-        "{} not in sync with {} after {SYNC:?}{}",
-        replica.addr(),
-        primary.addr(),
-        last.map(|e| format!(": {e}")).unwrap_or_default()
-    ))
+    };
+    poll_until(SYNC, Duration::from_millis(50), online, |last| {
+        format!(
+            "{} in sync with {}{}",
+            replica.addr(),
+            primary.addr(),
+            last.map(|e| format!(" (last: {e})")).unwrap_or_default()
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
 
 fn held(lock: Arc<dyn DistributedLock>, ending: Ending) -> Holder {

@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::servers::poll_until;
 
 use super::super::process::{CommandSpec, Probe, ServerProcess};
 use super::super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
@@ -141,28 +143,26 @@ impl RedisSentinels {
 
     /// Waits until every sentinel sees two replicas and two other sentinels.
     async fn wait_topology(&self) -> Result<()> {
-        let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
-        loop {
-            let mut ready = true;
+        let formed = || async {
             let mut seen = Vec::new();
             for s in &self.sentinels {
-                let replicas = s.master_field("num-slaves").await?;
-                let others = s.master_field("num-other-sentinels").await?;
+                let replicas = s.master_field("num-slaves").await;
+                let others = s.master_field("num-other-sentinels").await;
                 seen.push((replicas, others));
-                ready &= replicas == Some(2) && others == Some(2);
             }
-            if ready {
-                return Ok(());
+            let ready = |(replicas, others): &(Result<_>, Result<_>)| {
+                matches!((replicas, others), (Ok(Some(2)), Ok(Some(2))))
+            };
+            if seen.iter().all(ready) {
+                Ok(())
+            } else {
+                Err(seen)
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!(
-                        "the sentinels to see 2 replicas and 2 other sentinels (saw {seen:?})"
-                    ),
-                });
-            }
-            tokio::time::sleep(POLL * 5).await;
-        }
+        };
+        poll_until(TOPOLOGY_TIMEOUT, POLL * 5, formed, |seen| {
+            format!("the sentinels to see 2 replicas and 2 other sentinels (saw {seen:?})")
+        })
+        .await
     }
 
     /// The data nodes: the first started as the primary, the others as its replicas.
@@ -225,16 +225,14 @@ impl RedisSentinels {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait_failover(&self, old: SocketAddr) -> Result<Arc<RedisNode>> {
-        let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
-        loop {
+        let promoted = || async {
             let mut named = Vec::new();
             for s in self.sentinels.iter().filter(|s| s.is_running()) {
                 named.push(s.primary().await.ok());
             }
             if let Some(Some(addr)) = named.first() {
                 let agreed = named.iter().all(|n| n.as_ref() == Some(addr));
-                if agreed && *addr != old {
-                    let node = self.node_at(*addr)?;
+                if let Some(node) = self.node_at(*addr).ok().filter(|_| agreed && *addr != old) {
                     let role = node.command(&["ROLE"]).await;
                     if let Ok(Resp::Array(Some(parts))) = &role {
                         if parts.first().and_then(Resp::as_text).as_deref() == Some("master") {
@@ -243,17 +241,16 @@ impl RedisSentinels {
                     }
                 }
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!(
-                        "the sentinels to promote a replica in place of {old} (they name \
-                         {named:?}); sentinel log:\n{}",
-                        self.sentinels[0].log_tail(2000)
-                    ),
-                });
-            }
-            tokio::time::sleep(POLL * 5).await;
-        }
+            Err(named)
+        };
+        poll_until(TOPOLOGY_TIMEOUT, POLL * 5, promoted, |named| {
+            format!(
+                "the sentinels to promote a replica in place of {old} (they name {named:?}); \
+                 sentinel log:\n{}",
+                self.sentinels[0].log_tail(2000)
+            )
+        })
+        .await
     }
 }
 

@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::servers::poll_until;
 
 use super::super::{kill_now, Result, ServerError};
 use super::{info_field, Persistence, RedisNode, Resp, POLL};
@@ -121,25 +123,23 @@ impl RedisShardedCluster {
     /// Waits until every running node says `cluster_state:ok`, knows all six nodes and
     /// sees all 16384 slots served.
     async fn wait_healthy(&self) -> Result<()> {
-        let deadline = Instant::now() + FORM_TIMEOUT;
-        loop {
+        let healthy = || async {
             let seen = self.health().await;
-            if seen.iter().all(|(state, slots, known)| {
+            let served = seen.iter().all(|(state, slots, known)| {
                 state.as_deref() == Some("ok")
                     && slots.as_deref() == Some("16384")
                     && known.as_deref() == Some("6")
-            }) {
-                return Ok(());
+            });
+            if served {
+                Ok(())
+            } else {
+                Err(seen)
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!(
-                        "the cluster to serve every slot (state, slots ok, known nodes: {seen:?})"
-                    ),
-                });
-            }
-            tokio::time::sleep(POLL * 5).await;
-        }
+        };
+        poll_until(FORM_TIMEOUT, POLL * 5, healthy, |seen| {
+            format!("the cluster to serve every slot (state, slots ok, known nodes: {seen:?})")
+        })
+        .await
     }
 
     /// Each running node's `cluster_state`, `cluster_slots_ok` and
@@ -247,21 +247,16 @@ impl RedisShardedCluster {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn wait_failover(&self, key: &str, old: SocketAddr) -> Result<Arc<RedisNode>> {
-        let deadline = Instant::now() + FORM_TIMEOUT;
-        loop {
-            let now = self.primary_of(key).await;
-            if let Ok(node) = &now {
-                if node.addr() != old && self.wait_healthy_once().await {
-                    return Ok(node.clone());
-                }
+        let taken_over = || async {
+            match self.primary_of(key).await {
+                Ok(node) if node.addr() != old && self.wait_healthy_once().await => Ok(node),
+                now => Err(now),
             }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Timeout {
-                    what: format!("a replica to take over from {old} (last {now:?})"),
-                });
-            }
-            tokio::time::sleep(POLL * 5).await;
-        }
+        };
+        poll_until(FORM_TIMEOUT, POLL * 5, taken_over, |now| {
+            format!("a replica to take over from {old} (last {now:?})")
+        })
+        .await
     }
 
     async fn wait_healthy_once(&self) -> bool {
