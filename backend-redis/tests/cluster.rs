@@ -4,11 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use tenure_api::{AcquireOptions, Backoff, DistributedLock, LockError, LockKey, WaitKind};
+use tenure_api::{AcquireOptions, Backoff, DistributedLock, Lease, LockError, LockKey, WaitKind};
 use tenure_conformance::servers::poll_until;
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::{RedisNode, Resp, RespConnection};
 use tenure_redis::RedisLock;
+use tokio::task::JoinHandle;
 
 mod common;
 use common::{extended, refused_unconfirmed, still_held_then_handed_on, FAILOVER, TTL};
@@ -94,6 +95,36 @@ async fn subscribed(node: &RedisNode, channel: &str, count: i64, within: Duratio
     .is_ok()
 }
 
+/// `waiter` waits for `k` with `opts`, in a task of its own.
+fn waiting(
+    waiter: &RedisLock,
+    k: &LockKey,
+    opts: AcquireOptions,
+) -> JoinHandle<Result<Lease, LockError>> {
+    let (waiter, k) = (waiter.clone(), k.clone());
+    tokio::spawn(async move { waiter.acquire(&k, &opts).await })
+}
+
+/// `holder` releases `held`; the `waiting` waiter gets the lock within 10 s (woken, not
+/// left to `slower`), and gives it back.
+async fn handed_on(
+    holder: &RedisLock,
+    held: Lease,
+    waiter: &RedisLock,
+    waiting: JoinHandle<Result<Lease, LockError>>,
+    slower: &str,
+) {
+    let released = Instant::now();
+    holder.release(held).await.unwrap();
+    let lease = waiting.await.unwrap().expect("the waiter got the lock");
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the release, not by {slower}: {:?}",
+        released.elapsed()
+    );
+    waiter.release(lease).await.unwrap();
+}
+
 /// Waiters on a Cluster are woken by the release: they subscribe the key's release
 /// channel on its slot's primary (`SSUBSCRIBE`, which the release script's `SPUBLISH`
 /// reaches), leave it when done, and subscribe again on the replica the cluster promotes
@@ -113,10 +144,6 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
     let lock_key = holder.lock_key(&k);
     let channel = format!("{lock_key}:released");
     let primary = cluster.primary_of(&lock_key).await.unwrap();
-    let wait = |opts: AcquireOptions| {
-        let (waiter, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { waiter.acquire(&k, &opts).await })
-    };
 
     // A waiter that polled, or re-checked at its backoff ceiling, would not look again
     // for 30 s.
@@ -126,20 +153,13 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
         jitter: 0.0,
     };
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let waiting = wait(AcquireOptions::new(TTL).wait(FAILOVER).backoff(slow_polls));
+    let opts = AcquireOptions::new(TTL).wait(FAILOVER).backoff(slow_polls);
+    let wait = waiting(&waiter, &k, opts);
     assert!(
         subscribed(&primary, &channel, 1, Duration::from_secs(10)).await,
         "the waiter subscribed the release channel on the key's primary"
     );
-    let released = Instant::now();
-    holder.release(held).await.unwrap();
-    let lease = waiting.await.unwrap().expect("the waiter got the lock");
-    assert!(
-        released.elapsed() < Duration::from_secs(10),
-        "woken by the release, not by its next poll: {:?}",
-        released.elapsed()
-    );
-    waiter.release(lease).await.unwrap();
+    handed_on(&holder, held, &waiter, wait, "its next poll").await;
     assert!(
         subscribed(&primary, &channel, 0, Duration::from_secs(10)).await,
         "the last waiter left the channel"
@@ -149,7 +169,7 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
     // failed attempts meanwhile back off as usual, so this part shows the new
     // subscription, and the hand-off, not that the message woke it).
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let waiting = wait(AcquireOptions::new(TTL).wait(FAILOVER * 2));
+    let wait = waiting(&waiter, &k, AcquireOptions::new(TTL).wait(FAILOVER * 2));
     assert!(
         subscribed(&primary, &channel, 1, Duration::from_secs(10)).await,
         "the waiter subscribed"
@@ -170,15 +190,7 @@ async fn waiters_are_woken_by_sharded_pubsub_and_follow_a_failover() {
         "the waiter subscribed again on the promoted replica"
     );
     let held = extended(&holder, &held).await;
-    let released = Instant::now();
-    holder.release(held).await.unwrap();
-    let lease = waiting.await.unwrap().expect("the waiter got the lock");
-    assert!(
-        released.elapsed() < Duration::from_secs(10),
-        "woken by the release, not by the holder's TTL: {:?}",
-        released.elapsed()
-    );
-    waiter.release(lease).await.unwrap();
+    handed_on(&holder, held, &waiter, wait, "the holder's TTL").await;
 }
 
 /// A user whose ACL refuses `SSUBSCRIBE` (as a server before Redis 7 does) still gets
@@ -204,22 +216,14 @@ async fn waiters_refused_sharded_pubsub_poll_instead() {
     let primary = cluster.primary_of(&lock_key).await.unwrap();
     for round in 0..2 {
         let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
-        let waiting = {
-            let (waiter, k) = (waiter.clone(), k.clone());
-            tokio::spawn(async move {
-                let opts = AcquireOptions::new(TTL).wait(FAILOVER);
-                waiter.acquire(&k, &opts).await
-            })
-        };
+        let wait = waiting(&waiter, &k, AcquireOptions::new(TTL).wait(FAILOVER));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
             shard_subscribers(&primary, &channel).await,
             0,
             "round {round}"
         );
-        holder.release(held).await.unwrap();
-        let lease = waiting.await.unwrap().expect("the waiter got the lock");
-        waiter.release(lease).await.unwrap();
+        handed_on(&holder, held, &waiter, wait, "the holder's TTL").await;
     }
 }
 
