@@ -739,13 +739,13 @@ impl RedisLock {
                         }
                     }
                     let pttl = pttl.max(Duration::from_millis(1));
-                    if pubsub.is_some() && self.is_cluster() {
-                        pttl.min(opts.backoff.max.max(CLUSTER_RECHECK))
-                    } else if pubsub.is_some() {
-                        pttl
-                    } else {
+                    if pubsub.is_none() {
                         polls += 1;
                         pttl.min(opts.backoff.delay(polls))
+                    } else if self.is_cluster() {
+                        pttl.min(opts.backoff.max.max(CLUSTER_RECHECK))
+                    } else {
+                        pttl
                     }
                 }
                 Ok(Attempt::Late { error, settled }) => {
@@ -818,8 +818,9 @@ impl RedisLock {
     }
 
     /// Subscribes to `key`'s release channel, waiting at most `limit` in all (connect and
-    /// `SUBSCRIBE` — `SSUBSCRIBE` on a cluster —, each also bounded by its own timeout): a message arrives each time a
-    /// holder of `key` releases it on this server ([`release_owner`](Self::release_owner)).
+    /// `SUBSCRIBE` — `SSUBSCRIBE` on a cluster —, each also bounded by its own timeout):
+    /// a message arrives each time a holder of `key` releases it on this server
+    /// ([`release_owner`](Self::release_owner)).
     /// The subscription is on the client's one subscriber connection, shared by all its
     /// waiters and opened by the first (again after it closed). A refused subscription
     /// (e.g. an ACL without `SUBSCRIBE`) is an error, not a silent subscription that
@@ -957,8 +958,9 @@ impl DistributedLock for RedisLock {
     /// otherwise the error of the last step — [`LockError::Unavailable`] when the server
     /// did not answer in time, be it to the subscription or to an attempt. A last attempt
     /// that the end of the wait cut off before its own timeout adds nothing: the answer
-    /// before it stands (e.g. `wait_replicas`'s refusal, not "no reply within 94ms"). Non-retryable
-    /// errors ([`LockError::Config`], [`LockError::Backend`]) end the call at once.
+    /// before it stands (e.g. `wait_replicas`'s refusal, not "no reply within 94ms").
+    /// Non-retryable errors ([`LockError::Config`], [`LockError::Backend`]) end the call
+    /// at once.
     ///
     /// # Cancel safety
     /// Cancel-safe: the subscription is dropped with the future, and a grant that an
