@@ -3,6 +3,7 @@
 mod admin;
 mod config;
 mod error;
+mod feed;
 mod names;
 mod pending;
 mod queue;
@@ -18,11 +19,11 @@ use tenure_api::{
     ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
     OwnerId, ReleaseOutcome, Replication, WaitKind,
 };
-use zookeeper_client::{Acls, Error as ZkError};
+use zookeeper_client::{Acls, Client, Error as ZkError};
 
 pub use config::{ZkConfig, DEFAULT_PORT};
 use error::{bounded, from_zk, session_gone};
-use names::{encode_key, owner_of_path};
+use names::{encode_key, owner_of_path, LockNode};
 use pending::Pending;
 use queue::{lost_while_queued, Position, Stop};
 use session::{Health, Session};
@@ -189,6 +190,33 @@ impl ZkLock {
 
     fn zk_error(&self, what: &str, error: ZkError) -> LockError {
         from_zk(what, &self.target(), error)
+    }
+
+    /// The holder the lock node `node` at `path` records: its owner, its label (the
+    /// node's data) and its token (the node's `czxid`); `None` if the node is gone.
+    async fn read_holder(
+        &self,
+        client: &Client,
+        path: &str,
+        node: &LockNode,
+    ) -> Result<Option<HolderInfo>, LockError> {
+        let (data, stat) = match bounded(self.request_timeout(), client.get_data(path)).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(self.zk_error("read lock node", e)),
+        };
+        let label = match data.is_empty() {
+            true => None,
+            false => Some(String::from_utf8(data).map_err(|_| {
+                LockError::backend(format!("lock node {path} has a non-UTF-8 label"))
+            })?),
+        };
+        Ok(Some(HolderInfo {
+            owner: node.owner,
+            token: u64::try_from(stat.czxid).ok().map(FencingToken),
+            remaining: None,
+            label,
+        }))
     }
 }
 
@@ -446,28 +474,27 @@ impl DistributedLock for ZkLock {
                 return Ok(None);
             };
             let path = format!("{dir}/{}", head.name);
-            match bounded(self.request_timeout(), client.get_data(&path)).await {
-                Ok((data, stat)) => {
-                    let label = match data.is_empty() {
-                        true => None,
-                        false => Some(String::from_utf8(data).map_err(|_| {
-                            LockError::backend(format!("lock node {path} has a non-UTF-8 label"))
-                        })?),
-                    };
-                    return Ok(Some(HolderInfo {
-                        owner: head.owner,
-                        token: u64::try_from(stat.czxid).ok().map(FencingToken),
-                        remaining: None,
-                        label,
-                    }));
-                }
-                Err(ZkError::NoNode) => continue, // released between the two reads
-                Err(e) => return Err(self.zk_error("inspect", e)),
+            // `None`: released between the two reads.
+            if let Some(holder) = self.read_holder(&client, &path, &head).await? {
+                return Ok(Some(holder));
             }
         }
         Err(LockError::backend(format!(
             "the holder of `{key}` kept changing while being inspected"
         )))
+    }
+
+    /// A persistent recursive watch on the key's directory, set before it is listed, then
+    /// followed event by event: every head of the queue — every holder as the server saw
+    /// it — in order, each with its token and label, read as soon as its node's creation
+    /// is seen (`remaining` is `None`). Only a node created and deleted again before that
+    /// read returned is skipped. A lost session or a broken watch is an `Err` item, and
+    /// after it, as after a disconnection, the feed lists the directory afresh: a holder
+    /// that came and went while it was disconnected is not seen (the server does not
+    /// replay a persistent watch's events across a reconnection, ZOOKEEPER-4698). Needs
+    /// ZooKeeper 3.6 or later.
+    fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
+        Some(feed::holder_feed(self.clone(), self.lock_dir(key)))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -136,12 +136,13 @@ impl Election {
     /// already given is skipped). A failed reading is an `Err` item, and the stream goes
     /// on.
     ///
-    /// On a backend that pushes its holders ([`DistributedLock::holder_changes`]: etcd)
-    /// every leader is seen, however briefly it led, and `every` is not used — a leader as
-    /// the server saw it: a candidate whose campaign timed out just as it came first shows
-    /// as a leader it never learned it was. Elsewhere the leader is read every `every`: a
-    /// leader that holds the name for at least `every` is always seen, in order; one that
-    /// comes and goes between two readings can be missed.
+    /// On a backend that pushes its holders ([`DistributedLock::holder_changes`]) `every`
+    /// is not used, and leaders are seen as the server saw them: a candidate whose
+    /// campaign timed out just as it came first shows as a leader it never learned it was.
+    /// On etcd every leader is seen, however briefly it led; on ZooKeeper every leader
+    /// whose node outlives one read by the observer. Elsewhere the leader is read every
+    /// `every`: a leader that holds the name for at least `every` is always seen, in
+    /// order; one that comes and goes between two readings can be missed.
     pub fn observe(
         &self,
         name: &LockKey,

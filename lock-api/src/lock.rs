@@ -107,11 +107,13 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// that timed out at that moment): what [`inspect`](Self::inspect) would have
     /// answered at each step. `remaining` is `None` in these readings. A failed reading is
     /// an `Err` item and the feed goes on, resuming where it was (the backend documents
-    /// what, if anything, a long break can hide); the stream, unlike the methods, never
-    /// ends by itself. `None` when the backend has no such feed — the provided method —,
-    /// and callers read with [`inspect`](Self::inspect) instead; etcd has one (a watch on
-    /// the key's queue). What [`Election::observe`](crate::Election::observe) follows; a
-    /// wrapper forwards it, or its users fall back to reading.
+    /// what, if anything, a long break can hide, and how briefly a holder may hold and
+    /// still be seen); the stream, unlike the methods, never ends by itself. `None` when
+    /// the backend has no such feed — the provided method —, and callers read with
+    /// [`inspect`](Self::inspect) instead; etcd (a watch on the key's queue: every holder)
+    /// and ZooKeeper (a persistent watch on the key's directory: every holder whose node
+    /// outlives one read) have one. What [`Election::observe`](crate::Election::observe)
+    /// follows; a wrapper forwards it, or its users fall back to reading.
     ///
     /// # Cancel safety
     /// Read-only: dropping the stream ends the feed.

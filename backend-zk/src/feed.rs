@@ -1,0 +1,292 @@
+//! The holders of a key as they change ([`DistributedLock::holder_changes`]): a persistent
+//! recursive watch on the key's directory, set before the directory is listed, then
+//! followed event by event, so every head of the queue — every holder, as the server saw
+//! it — is given in order.
+//!
+//! Which events the listing already shows: a node's sequence number is its directory's
+//! `cversion` when it was created, so a node created after the listing has a sequence at
+//! or past the listing's `cversion`, and the creations of older ones are skipped. A
+//! deletion is applied whenever it names a node the feed knows.
+//!
+//! Each new lock node's record (owner, label, and its `czxid`, the token) is read as soon
+//! as its creation is seen — its creator learns it holds only after listing the queue —
+//! so a holder is missed only if its node was created and deleted again before that read
+//! came back. After a disconnection, the watch's events from the gap may be lost
+//! (ZOOKEEPER-4698), so the feed lists the directory afresh and goes on from there, as it
+//! does in a new session after the old one was lost: a holder that came and went in the
+//! gap is not seen.
+//!
+//! [`DistributedLock::holder_changes`]: tenure_api::DistributedLock::holder_changes
+
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use futures::FutureExt;
+use tenure_api::{HolderFeed, HolderInfo, LockError};
+use zookeeper_client::{
+    AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
+    WatchedEvent,
+};
+
+use crate::error::bounded;
+use crate::names::{queue, LockNode};
+use crate::session::Session;
+use crate::ZkLock;
+
+/// How long the feed waits after a failed reading before it watches and lists again,
+/// doubled after each further failure up to [`MAX_RETRY_PAUSE`].
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(10);
+
+/// The holders of the key whose queue is the directory `dir`, as a stream (see the module
+/// docs).
+pub(crate) fn holder_feed(lock: ZkLock, dir: String) -> HolderFeed {
+    let feed = Feed {
+        lock,
+        dir,
+        watching: None,
+        nodes: BTreeMap::new(),
+        horizon: None,
+        shown: None,
+        ready: VecDeque::new(),
+        failures: 0,
+    };
+    stream::unfold(feed, |mut feed| async move {
+        loop {
+            if let Some(item) = feed.ready.pop_front() {
+                return Some((item, feed));
+            }
+            match feed.step().await {
+                Ok(()) => feed.failures = 0,
+                Err(e) => {
+                    feed.watching = None;
+                    feed.failures = feed.failures.saturating_add(1);
+                    return Some((Err(e), feed));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// What the feed knows of a lock node.
+enum Record {
+    /// Listed, not read yet: read when it comes first.
+    Unread,
+    /// Read: the holder it records.
+    Read(HolderInfo),
+    /// Gone before its read came back: it is skipped when it comes first.
+    Gone,
+}
+
+struct Feed {
+    lock: ZkLock,
+    /// The key's directory.
+    dir: String,
+    /// The session the watch lives in, and the watch (`None`: list afresh).
+    watching: Option<(Arc<Session>, PersistentWatcher)>,
+    /// The directory's lock nodes by name.
+    nodes: BTreeMap<String, (LockNode, Record)>,
+    /// The directory's `cversion` at the last listing: creations of nodes with a lower
+    /// sequence are older than the listing. `None` while the directory does not exist
+    /// (the nodes of its next incarnation are listed when its creation is seen).
+    horizon: Option<i32>,
+    /// The head last given (`None` before the first; `Some(None)`: vacant).
+    shown: Option<Option<String>>,
+    /// Readings not yet given.
+    ready: VecDeque<Result<Option<HolderInfo>, LockError>>,
+    /// Failed steps in a row: the next one pauses first.
+    failures: u32,
+}
+
+impl Feed {
+    /// Lists the directory (watching it first), or applies the watch's next event, and
+    /// queues any change of holder.
+    async fn step(&mut self) -> Result<(), LockError> {
+        if self.failures > 0 {
+            let doublings = (self.failures - 1).min(5);
+            tokio::time::sleep((RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)).await;
+        }
+        let Some((session, watcher)) = self.watching.as_mut() else {
+            return self.start().await;
+        };
+        // The client library panics on a watch read after the session's last event; that
+        // must not unwind through the caller's stream.
+        let event = tokio::select! {
+            event = AssertUnwindSafe(watcher.changed()).catch_unwind() => event.ok(),
+            reason = session.lost() => {
+                self.watching = None;
+                return Err(self.broken(&reason));
+            }
+        };
+        let Some(event) = event else {
+            self.watching = None;
+            return Err(self.broken("the session ended"));
+        };
+        self.apply(event).await
+    }
+
+    /// Watches the directory, then lists it: the holder now, and the horizon past which
+    /// the watch's creations are new.
+    async fn start(&mut self) -> Result<(), LockError> {
+        let session = self.lock.session().await?;
+        let client = session.client()?;
+        let limit = self.lock.request_timeout();
+        let watcher = bounded(
+            limit,
+            client.watch(&self.dir, AddWatchMode::PersistentRecursive),
+        )
+        .await
+        .map_err(|e| self.lock.zk_error("holder watch", e))?;
+        // The listing then shows what the leader had committed when the feed started.
+        bounded(limit, client.sync(&self.dir))
+            .await
+            .map_err(|e| self.lock.zk_error("holder watch sync", e))?;
+        self.watching = Some((session, watcher));
+        self.relist(&client).await
+    }
+
+    /// Takes a listing as the directory's state.
+    fn list(&mut self, children: Vec<String>, horizon: Option<i32>) {
+        let mut known = std::mem::take(&mut self.nodes);
+        for node in queue(&children) {
+            let record = known.remove(&node.name).map_or(Record::Unread, |(_, r)| r);
+            self.nodes.insert(node.name.clone(), (node, record));
+        }
+        self.horizon = horizon;
+    }
+
+    /// Applies one event of the watch.
+    async fn apply(&mut self, event: WatchedEvent) -> Result<(), LockError> {
+        let client = match &self.watching {
+            Some((session, _)) => session.client()?,
+            None => return Ok(()),
+        };
+        if event.event_type == EventType::Session {
+            return match event.session_state {
+                // Reconnected: events from the gap are lost, and zookeeper-client 0.11
+                // does not set a persistent watch again on the new connection (its
+                // `resend_watches` sends only the one-shot kinds). So: watch and list
+                // afresh, in the same session.
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                    self.watching = None;
+                    Ok(())
+                }
+                SessionState::Disconnected => Ok(()),
+                state => {
+                    self.watching = None;
+                    Err(self.broken(&format!("the session is {state:?}")))
+                }
+            };
+        }
+        if event.path == self.dir {
+            return match event.event_type {
+                // A new incarnation of the directory: its nodes start from sequence 0.
+                EventType::NodeCreated => self.relist(&client).await,
+                EventType::NodeDeleted => {
+                    self.list(Vec::new(), None);
+                    self.give_head(&client).await
+                }
+                _ => Ok(()),
+            };
+        }
+        let Some(name) = event
+            .path
+            .strip_prefix(&self.dir)
+            .and_then(|rest| rest.strip_prefix('/'))
+        else {
+            return Ok(());
+        };
+        let Some(node) = LockNode::parse(name) else {
+            return Ok(());
+        };
+        match event.event_type {
+            EventType::NodeCreated if self.is_new(&node) => {
+                let record = self.read(&client, &node).await?;
+                self.nodes.insert(node.name.clone(), (node, record));
+            }
+            EventType::NodeDeleted => {
+                self.nodes.remove(name);
+            }
+            _ => return Ok(()),
+        }
+        self.give_head(&client).await
+    }
+
+    /// Whether `node`'s creation is later than the last listing.
+    fn is_new(&self, node: &LockNode) -> bool {
+        let Some(horizon) = self.horizon else {
+            // Created in an incarnation of the directory before the one listed.
+            return false;
+        };
+        match i32::try_from(node.sequence) {
+            Ok(sequence) => sequence.wrapping_sub(horizon) >= 0,
+            Err(_) => node.sequence >= i64::from(horizon),
+        }
+    }
+
+    /// Lists the directory afresh, keeping what was read of nodes still there.
+    async fn relist(&mut self, client: &Client) -> Result<(), LockError> {
+        let limit = self.lock.request_timeout();
+        let (children, horizon) = match bounded(limit, client.get_children(&self.dir)).await {
+            Ok((children, stat)) => (children, Some(stat.cversion)),
+            Err(ZkError::NoNode) => (Vec::new(), None),
+            Err(e) => return Err(self.lock.zk_error("holder listing", e)),
+        };
+        self.list(children, horizon);
+        self.give_head(client).await
+    }
+
+    /// The watch ended with its session (`why`): the feed starts afresh.
+    fn broken(&self, why: &str) -> LockError {
+        LockError::Unavailable {
+            message: format!("holder watch on {}: {why}", self.lock.target()),
+            source: None,
+        }
+    }
+
+    /// Reads what `node` records.
+    async fn read(&self, client: &Client, node: &LockNode) -> Result<Record, LockError> {
+        let path = format!("{}/{}", self.dir, node.name);
+        Ok(match self.lock.read_holder(client, &path, node).await? {
+            Some(holder) => Record::Read(holder),
+            None => Record::Gone,
+        })
+    }
+
+    /// Queues the queue's head if it changed since the last one given; a head gone before
+    /// it could be read is skipped (its deletion follows in the watch).
+    async fn give_head(&mut self, client: &Client) -> Result<(), LockError> {
+        let head = queue(&self.nodes.keys().cloned().collect::<Vec<_>>())
+            .into_iter()
+            .next();
+        let Some(head) = head else {
+            if self.shown != Some(None) {
+                self.shown = Some(None);
+                self.ready.push_back(Ok(None));
+            }
+            return Ok(());
+        };
+        if self
+            .shown
+            .as_ref()
+            .is_some_and(|s| s.as_ref() == Some(&head.name))
+        {
+            return Ok(());
+        }
+        if matches!(self.nodes.get(&head.name), Some((_, Record::Unread))) {
+            let read = self.read(client, &head).await?;
+            if let Some(entry) = self.nodes.get_mut(&head.name) {
+                entry.1 = read;
+            }
+        }
+        if let Some((_, Record::Read(holder))) = self.nodes.get(&head.name) {
+            self.shown = Some(Some(head.name.clone()));
+            self.ready.push_back(Ok(Some(holder.clone())));
+        }
+        Ok(())
+    }
+}
