@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::{
     default_drift, holder_text, FencingToken, Lease, LeaseHandle, LeaseTie, LockError, LockKey,
@@ -14,13 +15,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use crate::client::{discard, Dedicated};
 use crate::error::{map_err, sqlstate, LOCK_NOT_AVAILABLE};
 use crate::held::{refresh, Entry, HeldTask};
-use crate::sql::{begin_batch, timeout_ms, LOCKED_XID};
+use crate::sql::{begin_batch, timeout_ms, LOCKED_INDEX, LOCKED_XID};
 use crate::{Locking, PgLock};
 
 /// What the locking `SELECT` found.
 pub(crate) enum Locked {
-    /// The row is ours: the transaction id and backend pid.
-    Granted { xid: String, pid: i32 },
+    /// The row is ours: the transaction id and backend pid, and which of the keys tried
+    /// it is (0 for a single key).
+    Granted { xid: String, pid: i32, index: usize },
     /// Another transaction holds it (`NOWAIT`), or `lock_timeout` ran out.
     Busy,
 }
@@ -31,14 +33,15 @@ impl PgLock {
     /// the server could use to end the transaction earlier stays armed. Without
     /// `lock_timeout` the `NOWAIT` lock has been tried too, and its outcome is returned
     /// (`None`: the row was gone again, see [`lock_row`](Self::lock_row)); with it, the
-    /// caller locks. See [`begin_batch`].
+    /// caller locks. See [`begin_batch`]; several `row_keys` are for a single attempt
+    /// only, which takes the first one free.
     async fn begin(
         &self,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-        row_key: &str,
+        row_keys: &[String],
     ) -> Result<(Dedicated, Option<Locked>), LockError> {
-        let batch = begin_batch(&self.inner.sql, ttl, lock_timeout, row_key);
+        let batch = begin_batch(&self.inner.sql, ttl, lock_timeout, row_keys);
         let config = &self.inner.config;
         let mut cached = self.pop_idle();
         loop {
@@ -55,24 +58,13 @@ impl PgLock {
             .await;
             let error = match started {
                 Ok(Ok(_)) if lock_timeout.is_some() => return Ok((conn, None)),
-                Ok(Ok(rows)) => {
-                    let Some(row) = rows.last().filter(|r| r.try_column(LOCKED_XID).is_ok()) else {
-                        let tried = match self.inner.sql.locking {
-                            Locking::Row => None,
-                            Locking::Advisory => Some(Locked::Busy),
-                        };
-                        return Ok((conn, tried));
-                    };
-                    match (row.try_get(0), row.try_get(1)) {
-                        (Ok(xid), Ok(pid)) => {
-                            return Ok((conn, Some(Locked::Granted { xid, pid })))
-                        }
-                        (Err(e), _) | (_, Err(e)) => {
-                            discard(conn);
-                            return Err(map_err(config, "lock", e));
-                        }
+                Ok(Ok(rows)) => match self.read_locked(&rows, row_keys) {
+                    Ok(locked) => return Ok((conn, locked)),
+                    Err(e) => {
+                        discard(conn);
+                        return Err(e);
                     }
-                }
+                },
                 Ok(Err(e))
                     if lock_timeout.is_none()
                         && sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) =>
@@ -90,6 +82,47 @@ impl PgLock {
             // better, so drop them all and try once more on a fresh one.
             self.inner.close_idle(|_| true);
         }
+    }
+
+    /// What a reply that ran a lock statement on `row_keys` says: granted (which key),
+    /// busy, or `None` when a single key's row is missing (see
+    /// [`lock_row`](Self::lock_row)).
+    fn read_locked(
+        &self,
+        rows: &[PgRow],
+        row_keys: &[String],
+    ) -> Result<Option<Locked>, LockError> {
+        let config = &self.inner.config;
+        let Some(row) = rows.iter().rev().find(|r| r.try_column(LOCKED_XID).is_ok()) else {
+            // No row: held (advisory `NOWAIT`; `SKIP LOCKED` over every key's row, which
+            // the batch inserted), or a single key's row was deleted again.
+            return Ok(match (self.inner.sql.locking, row_keys.len()) {
+                (Locking::Row, 1) => None,
+                _ => Some(Locked::Busy),
+            });
+        };
+        // Several keys: which one (advisory: `NULL` when none was free).
+        let index = match row.try_column(LOCKED_INDEX) {
+            Err(_) => Some(0),
+            Ok(_) => row
+                .try_get::<Option<i32>, _>(LOCKED_INDEX)
+                .map_err(|e| map_err(config, "lock", e))?,
+        };
+        let Some(index) = index else {
+            return Ok(Some(Locked::Busy));
+        };
+        let index = usize::try_from(index)
+            .ok()
+            .filter(|i| *i < row_keys.len())
+            .ok_or_else(|| {
+                LockError::backend(format!(
+                    "the lock statement named key {index} of {}",
+                    row_keys.len()
+                ))
+            })?;
+        let xid = row.try_get(0).map_err(|e| map_err(config, "lock", e))?;
+        let pid = row.try_get(1).map_err(|e| map_err(config, "lock", e))?;
+        Ok(Some(Locked::Granted { xid, pid, index }))
     }
 
     /// Runs the locking `SELECT`; inserts the key's row (autocommit) once if it is missing
@@ -126,7 +159,7 @@ impl PgLock {
                 Ok(Ok(Some(row))) => {
                     let xid: String = row.try_get(0).map_err(|e| map_err(config, "lock", e))?;
                     let pid: i32 = row.try_get(1).map_err(|e| map_err(config, "lock", e))?;
-                    return Ok(Locked::Granted { xid, pid });
+                    return Ok(Locked::Granted { xid, pid, index: 0 });
                 }
                 Ok(Ok(None)) if self.inner.sql.locking == Locking::Advisory => {
                     return Ok(Locked::Busy)
@@ -169,10 +202,11 @@ impl PgLock {
 
     /// One attempt: `wait = None` is `NOWAIT`; `Some(w)` waits in the server's queue for up
     /// to `w`. `Ok(None)`: held by another (or the wait ran out). The holder's record
-    /// keeps `label` with the owner id ([`holder_text`]).
+    /// keeps `label` with the owner id ([`holder_text`]). Several `keys` (with `wait =
+    /// None` only): the first of them that is free, in one statement.
     pub(crate) async fn attempt(
         &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
@@ -204,10 +238,11 @@ impl PgLock {
         if slot.is_none() && self.inner.slots.available_permits() == 0 {
             return Err(self.too_many_held());
         }
-        let row_key = self.row_key(key);
+        debug_assert!(!keys.is_empty() && (keys.len() == 1 || wait.is_none()));
+        let row_keys: Vec<String> = keys.iter().map(|key| self.row_key(key)).collect();
         let started = Instant::now();
         let deadline = started + wait.unwrap_or_default();
-        let (mut conn, tried) = self.begin(ttl, wait, &row_key).await?;
+        let (mut conn, tried) = self.begin(ttl, wait, &row_keys).await?;
         // The server's idle timer starts after the locking statement completes, so a
         // deadline counted from its sending is conservative. A single attempt counts from
         // the call's start, before the connection was taken and the transaction opened:
@@ -218,10 +253,10 @@ impl PgLock {
         };
         let locked = match tried {
             Some(locked) => Ok(locked),
-            None => self.lock_row(&mut conn, &row_key, wait, deadline).await,
+            None => self.lock_row(&mut conn, &row_keys[0], wait, deadline).await,
         };
-        let (xid, pid) = match locked {
-            Ok(Locked::Granted { xid, pid }) => (xid, pid),
+        let (xid, pid, index) = match locked {
+            Ok(Locked::Granted { xid, pid, index }) => (xid, pid, index),
             Ok(Locked::Busy) => {
                 self.abandon(conn).await;
                 return Ok(None);
@@ -232,6 +267,7 @@ impl PgLock {
             }
         };
         drop(queued);
+        let (key, row_key) = (&keys[index], &row_keys[index]);
         let slot = match slot.take() {
             Some(slot) => slot,
             None => match self.held_slot() {
@@ -249,7 +285,7 @@ impl PgLock {
             self.bounded(
                 "take fence",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
-                    .bind(&row_key)
+                    .bind(row_key)
                     .bind(&holder)
                     .bind(&xid)
                     .bind(pid)
@@ -320,7 +356,7 @@ impl PgLock {
             default_drift(ttl),
         )
         .with_handle(LeaseHandle {
-            path: row_key,
+            path: row_key.clone(),
             id: i64::from(pid),
             revision: xid.parse().unwrap_or_default(),
         })

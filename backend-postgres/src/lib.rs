@@ -278,7 +278,14 @@ impl DistributedLock for PgLock {
     /// may skip numbers; they never repeat).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.attempt(key, OwnerId::random(), ttl, None, None).await
+        self.attempt(
+            std::slice::from_ref(key),
+            OwnerId::random(),
+            ttl,
+            None,
+            None,
+        )
+        .await
     }
 
     /// Waits in the server's lock queue (blocking `FOR UPDATE` under `lock_timeout`), so
@@ -302,7 +309,13 @@ impl DistributedLock for PgLock {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let wait = (!remaining.is_zero()).then_some(remaining);
             match self
-                .attempt(key, owner, opts.ttl, opts.label.as_deref(), wait)
+                .attempt(
+                    std::slice::from_ref(key),
+                    owner,
+                    opts.ttl,
+                    opts.label.as_deref(),
+                    wait,
+                )
                 .await
             {
                 Ok(Some(lease)) => return Ok(lease),
@@ -322,6 +335,36 @@ impl DistributedLock for PgLock {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Tries every key in one statement — `FOR UPDATE SKIP LOCKED` over their rows in the
+    /// order given, `LIMIT 1` (advisory locking: a `CASE` of `pg_try_advisory_xact_lock`
+    /// calls that stops at the first granted) — so a full [`Semaphore`](tenure_api::Semaphore)
+    /// costs one attempt, not one per permit. Then, within `opts.wait`, it waits in the
+    /// server's lock queue of every key at once and keeps the first grant (each wait a
+    /// dedicated connection counted against `max_waiting`).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire), for each key.
+    async fn acquire_any(
+        &self,
+        keys: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let keys = tenure_api::validate_keys(keys)?;
+        let started = Instant::now();
+        let label = opts.label.as_deref();
+        let failed = match self
+            .attempt(keys, OwnerId::random(), opts.ttl, label, None)
+            .await
+        {
+            Ok(Some(lease)) => return Ok(lease),
+            Ok(None) => None,
+            Err(e) if e.is_retryable() => Some(e),
+            Err(e) => return Err(e),
+        };
+        tenure_api::wait_for_any(self, keys, opts, started, failed).await
     }
 
     /// # Cancel safety

@@ -18,6 +18,10 @@ pub(crate) struct Statements {
     pub(crate) lock_nowait: String,
     /// The blocking lock, under `lock_timeout`.
     pub(crate) lock_wait: String,
+    /// What a granted lock statement returns: the transaction id and backend pid.
+    granted: String,
+    /// The advisory lock id of the row key `$1`.
+    advisory_id: String,
     pub(crate) ensure_row: String,
     pub(crate) record: String,
     pub(crate) inspect: String,
@@ -35,26 +39,26 @@ impl Statements {
         // What a granted lock statement returns: the transaction id and backend pid.
         let granted =
             format!("SELECT pg_current_xact_id()::text AS {LOCKED_XID}, pg_backend_pid()");
+        let advisory_id = format!(
+            "hashtextextended({} || $1, 0)",
+            literal(&format!("{table}:"))
+        );
         let (lock_nowait, lock_wait) = match config.locking {
             Locking::Row => {
                 let lock = format!("{granted} FROM {table} WHERE key = $1 FOR UPDATE");
                 (format!("{lock} NOWAIT"), lock)
             }
-            Locking::Advisory => {
-                let id = format!(
-                    "hashtextextended({} || $1, 0)",
-                    literal(&format!("{table}:"))
-                );
-                (
-                    format!("{granted} WHERE pg_try_advisory_xact_lock({id})"),
-                    format!("{granted} FROM pg_advisory_xact_lock({id})"),
-                )
-            }
+            Locking::Advisory => (
+                format!("{granted} WHERE pg_try_advisory_xact_lock({advisory_id})"),
+                format!("{granted} FROM pg_advisory_xact_lock({advisory_id})"),
+            ),
         };
         Self {
             locking: config.locking,
             lock_nowait,
             lock_wait,
+            granted,
+            advisory_id,
             ensure_row: format!(
                 "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
             ),
@@ -87,6 +91,60 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// Inserts the rows of `row_keys` that are missing, in sorted order, so that clients
+    /// inserting overlapping sets wait for each other's new rows in one order and never
+    /// deadlock.
+    pub(crate) fn insert_rows(&self, row_keys: &[String]) -> String {
+        let mut sorted: Vec<&String> = row_keys.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let rows: Vec<String> = sorted.iter().map(|k| format!("({})", literal(k))).collect();
+        format!(
+            "INSERT INTO {} (key) VALUES {} ON CONFLICT (key) DO NOTHING",
+            self.table,
+            rows.join(", ")
+        )
+    }
+
+    /// One statement that locks the first of `row_keys` (two or more) that is free, in
+    /// their order, and nothing else: with its index as [`LOCKED_INDEX`].
+    ///
+    /// - Row locking: `FOR UPDATE SKIP LOCKED` over their rows, sorted by position,
+    ///   `LIMIT 1`: the rows locked by others are skipped, and the first that is not is
+    ///   the one locked. No row: every key is held (the batch inserted their rows).
+    /// - Advisory locking: a `CASE` of `pg_try_advisory_xact_lock` calls, which stops at
+    ///   the first that grants (a `CASE` evaluates no branch past the one it takes); no
+    ///   key free: the index is `NULL`.
+    pub(crate) fn lock_any(&self, row_keys: &[String]) -> String {
+        let keys: Vec<String> = row_keys.iter().map(|k| literal(k)).collect();
+        let granted = &self.granted;
+        match self.locking {
+            Locking::Row => format!(
+                "{granted}, array_position(ARRAY[{list}]::text[], key) - 1 AS {LOCKED_INDEX} \
+                 FROM {table} WHERE key IN ({list}) ORDER BY 3 LIMIT 1 FOR UPDATE SKIP LOCKED",
+                list = keys.join(", "),
+                table = self.table,
+            ),
+            Locking::Advisory => {
+                let branches: Vec<String> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, key)| {
+                        // A single pass over the template: `$1` inside the key stays.
+                        let id = self.advisory_id.replace("$1", key);
+                        format!("WHEN pg_try_advisory_xact_lock({id}) THEN {i}")
+                    })
+                    .collect();
+                format!(
+                    "{granted}, CASE {} END AS {LOCKED_INDEX}",
+                    branches.join(" ")
+                )
+            }
+        }
+    }
+}
+
 /// The lock table, holder table and fence sequence, each created only if missing.
 pub(crate) fn tables_ddl(config: &PgConfig) -> String {
     let (table, holders, fence) = (
@@ -107,10 +165,10 @@ pub(crate) fn tables_ddl(config: &PgConfig) -> String {
 /// The one simple query that starts an attempt on a dedicated connection, in one round
 /// trip:
 ///
-/// 1. the key's row, inserted and committed in a transaction of its own (an explicit
-///    `BEGIN … COMMIT`, so the server logs no "no transaction in progress" warning), so
-///    that concurrent first acquirers never wait on each other's uncommitted insert and
-///    the lock below always finds the row;
+/// 1. the key's row (several keys' rows), inserted and committed in a transaction of its
+///    own (an explicit `BEGIN … COMMIT`, so the server logs no "no
+///    transaction in progress" warning), so that concurrent first acquirers never wait
+///    on each other's uncommitted insert and the lock below always finds the row;
 /// 2. the lock transaction: the lease as the idle timeout; server TCP keepalives that
 ///    cannot give up on a silent client before the lease's TTL has run (a keepalive
 ///    failure ends the session, which frees the lock); no statement or transaction
@@ -119,24 +177,22 @@ pub(crate) fn tables_ddl(config: &PgConfig) -> String {
 ///    `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
 ///    row: 0.7–1.2 ms of server time per lock, more than the rest of a cycle together);
 /// 3. for a single attempt (`lock_timeout` is `None`), the `NOWAIT` lock itself, so a
-///    try-acquire takes three round trips in all: this one, the fence, the `COMMIT`.
+///    try-acquire takes three round trips in all: this one, the fence, the `COMMIT`;
+///    with several keys (a single attempt only), the lock of the first one free
+///    ([`Statements::lock_any`]).
 ///
 /// The session `SET`s before `BEGIN` join the lock transaction (a simple query folds
-/// them in), so a rollback undoes them too. The key goes in as an escape-string literal
-/// (see [`literal`]): a simple query has no parameters.
+/// them in), so a rollback undoes them too. Keys go in as escape-string literals (see
+/// [`literal`]): a simple query has no parameters.
 pub(crate) fn begin_batch(
     sql: &Statements,
     ttl: Duration,
     lock_timeout: Option<Duration>,
-    row_key: &str,
+    row_keys: &[String],
 ) -> String {
     let (idle, interval, count) = keepalives(ttl);
-    let (table, key) = (&sql.table, literal(row_key));
     let mut batch = match sql.locking {
-        Locking::Row => format!(
-            "BEGIN; INSERT INTO {table} (key) VALUES ({key}) ON CONFLICT (key) DO NOTHING; \
-             COMMIT; "
-        ),
+        Locking::Row => format!("BEGIN; {}; COMMIT; ", sql.insert_rows(row_keys)),
         Locking::Advisory => String::new(),
     };
     batch.push_str(&format!(
@@ -148,16 +204,25 @@ pub(crate) fn begin_batch(
          WHERE current_setting('transaction_timeout', true) IS NOT NULL",
         timeout_ms(ttl)
     ));
-    match lock_timeout {
-        Some(wait) => batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait))),
+    match (lock_timeout, row_keys) {
+        (Some(wait), _) => {
+            batch.push_str(&format!("; SET LOCAL lock_timeout = {}", timeout_ms(wait)))
+        }
         // A single pass over the template: `$1` inside the key is not replaced again.
-        None => batch.push_str(&format!("; {}", sql.lock_nowait.replace("$1", &key))),
+        (None, [key]) => batch.push_str(&format!(
+            "; {}",
+            sql.lock_nowait.replace("$1", &literal(key))
+        )),
+        (None, keys) => batch.push_str(&format!("; {}", sql.lock_any(keys))),
     }
     batch
 }
 
 /// The column naming the lock `SELECT`'s row in a [`begin_batch`] reply.
 pub(crate) const LOCKED_XID: &str = "tenure_locked_xid";
+
+/// The column of [`Statements::lock_any`]'s reply naming which key it locked.
+pub(crate) const LOCKED_INDEX: &str = "tenure_locked_index";
 
 /// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
 /// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
@@ -216,7 +281,7 @@ mod tests {
     /// The begin batch of a try-acquire of `key` by a client of `url`.
     fn try_batch(url: &str, ttl: Duration, key: &str) -> String {
         let config = PgConfig::from_url(url).unwrap();
-        begin_batch(&Statements::new(&config), ttl, None, key)
+        begin_batch(&Statements::new(&config), ttl, None, &[key.to_string()])
     }
 
     #[test]
@@ -232,6 +297,40 @@ mod tests {
                 "WHERE pg_try_advisory_xact_lock(hashtextextended(\
                  E'\"public\".\"tenure_locks\":' || E'k', 0))"
             ),
+            "{batch}"
+        );
+    }
+
+    #[test]
+    fn several_keys_are_inserted_sorted_and_the_first_free_is_locked_alone() {
+        let keys = ["b'2".to_string(), "a".to_string()];
+        let row = PgConfig::from_url("postgres://u@h/db").unwrap();
+        let batch = begin_batch(&Statements::new(&row), Duration::from_secs(1), None, &keys);
+        assert!(batch.contains("VALUES (E'a'), (E'b''2')"), "{batch}");
+        assert!(
+            batch.ends_with(
+                "array_position(ARRAY[E'b''2', E'a']::text[], key) - 1 AS tenure_locked_index \
+                 FROM \"public\".\"tenure_locks\" WHERE key IN (E'b''2', E'a') \
+                 ORDER BY 3 LIMIT 1 FOR UPDATE SKIP LOCKED"
+            ),
+            "{batch}"
+        );
+        let advisory = PgConfig::from_url("postgres://u@h/db?locking=advisory").unwrap();
+        let batch = begin_batch(
+            &Statements::new(&advisory),
+            Duration::from_secs(1),
+            None,
+            &keys,
+        );
+        let id = |k: &str| {
+            format!("pg_try_advisory_xact_lock(hashtextextended(E'\"public\".\"tenure_locks\":' || {k}, 0))")
+        };
+        assert!(
+            batch.ends_with(&format!(
+                "CASE WHEN {} THEN 0 WHEN {} THEN 1 END AS tenure_locked_index",
+                id("E'b''2'"),
+                id("E'a'")
+            )),
             "{batch}"
         );
     }

@@ -57,7 +57,8 @@ pub use lease::{
     LeaseDropped, LeaseHandle, LeaseTie, LossNotice, OwnerId, ReleaseOutcome,
 };
 pub use lock::{
-    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, DistributedLock, HolderFeed,
+    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, wait_for_any, DistributedLock,
+    HolderFeed,
 };
 pub use memory::MemoryLock;
 pub use options::{

@@ -89,7 +89,7 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// zero wait, as `try_acquire` takes no label), then waits on every key at once with
     /// [`acquire`](Self::acquire) and keeps the first grant. A backend overrides it where
     /// it can do better: Redis tries every key in one script call and wakes on any key's
-    /// release.
+    /// release; Postgres tries every key in one statement.
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire), for each key: the waits not granted are dropped.
@@ -158,6 +158,24 @@ pub async fn acquire_each<L: DistributedLock + ?Sized>(
             Err(e) => return Err(e),
         }
     }
+    wait_for_any(lock, keys, opts, started, failed).await
+}
+
+/// The second half of [`acquire_each`], for a backend that tries every key its own way
+/// first (Postgres: in one statement): what is left of `opts.wait` since `started`,
+/// waiting on every key at once with [`DistributedLock::acquire`] and keeping the first
+/// grant. With no wait left, `failed` (the tries' retryable error), or else
+/// [`LockError::Timeout`].
+///
+/// # Cancel safety
+/// As [`DistributedLock::acquire`], for each key: the waits not granted are dropped.
+pub async fn wait_for_any<L: DistributedLock + ?Sized>(
+    lock: &L,
+    keys: &[LockKey],
+    opts: &AcquireOptions,
+    started: std::time::Instant,
+    failed: Option<LockError>,
+) -> Result<Lease, LockError> {
     let timeout = |started: std::time::Instant| LockError::Timeout {
         waited: started.elapsed(),
     };

@@ -31,12 +31,14 @@ use crate::{
 /// [`acquire_any`](DistributedLock::acquire_any) over the permit keys, from a random one
 /// on, so that clients spread over the permits. On Redis that is one script call per
 /// attempt whatever the count, and a waiter subscribes to every permit's release channel
-/// (on the client's one subscriber connection) and tries again on any release. Elsewhere
-/// a `try_acquire` tries the permits one request each until one is free (`permits`
-/// requests when all are held), and a blocking [`acquire`](DistributedLock::acquire) then
-/// waits on every permit at once, each as the backend waits for a lock (push where it
-/// has one), and takes the first granted, dropping the other waits (which backends leave
-/// no grant behind for). Each of those waits costs what a lock waiter costs: on Postgres
+/// (on the client's one subscriber connection) and tries again on any release. On
+/// Postgres it is one statement per attempt (`FOR UPDATE SKIP LOCKED` over the permits'
+/// rows). Elsewhere a `try_acquire` tries the permits one request each until one is free
+/// (`permits` requests when all are held). A blocking
+/// [`acquire`](DistributedLock::acquire) then waits on every permit at once, each as the
+/// backend waits for a lock (push where it has one), and takes the first granted,
+/// dropping the other waits (which backends leave no grant behind for). Each of those
+/// waits costs what a lock waiter costs: on Postgres
 /// a dedicated connection and a `max_waiting` slot, on ZooKeeper a queue node, on etcd a
 /// watch. Waiters are not served in arrival order across permits.
 ///
