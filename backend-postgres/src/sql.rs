@@ -114,8 +114,9 @@ impl Statements {
     ///   `LIMIT 1`: the rows locked by others are skipped, and the first that is not is
     ///   the one locked. No row: every key is held (the batch inserted their rows).
     /// - Advisory locking: a `CASE` of `pg_try_advisory_xact_lock` calls, which stops at
-    ///   the first that grants (a `CASE` evaluates no branch past the one it takes); no
-    ///   key free: the index is `NULL`.
+    ///   the first that grants (a `CASE` evaluates no branch past the one it takes),
+    ///   evaluated once in a materialized CTE; no key free: no row (and, as with `NOWAIT`,
+    ///   no transaction id spent).
     pub(crate) fn lock_any(&self, row_keys: &[String]) -> String {
         let keys: Vec<String> = row_keys.iter().map(|k| literal(k)).collect();
         let granted = &self.granted;
@@ -136,8 +137,10 @@ impl Statements {
                         format!("WHEN pg_try_advisory_xact_lock({id}) THEN {i}")
                     })
                     .collect();
+                // The transaction id only once a lock is taken: a busy try assigns none.
                 format!(
-                    "{granted}, CASE {} END AS {LOCKED_INDEX}",
+                    "WITH tried AS MATERIALIZED (SELECT CASE {} END AS i) \
+                     {granted}, i AS {LOCKED_INDEX} FROM tried WHERE i IS NOT NULL",
                     branches.join(" ")
                 )
             }
@@ -326,11 +329,11 @@ mod tests {
             format!("pg_try_advisory_xact_lock(hashtextextended(E'\"public\".\"tenure_locks\":' || {k}, 0))")
         };
         assert!(
-            batch.ends_with(&format!(
-                "CASE WHEN {} THEN 0 WHEN {} THEN 1 END AS tenure_locked_index",
+            batch.contains(&format!(
+                "(SELECT CASE WHEN {} THEN 0 WHEN {} THEN 1 END AS i)",
                 id("E'b''2'"),
                 id("E'a'")
-            )),
+            )) && batch.ends_with("i AS tenure_locked_index FROM tried WHERE i IS NOT NULL"),
             "{batch}"
         );
     }

@@ -51,6 +51,8 @@ async fn every_permit_is_tried_in_one_statement() {
 
         let mark = format!("SELECT 'all {locking} permits held'");
         server.psql(&mark).await.unwrap();
+        let next_xid = "SELECT txid_snapshot_xmax(txid_current_snapshot())";
+        let before = server.psql(next_xid).await.unwrap();
         assert!(other.try_acquire(&name, TTL).await.unwrap().is_none());
         let sent = lock_statements_after(&server, &mark);
         assert_eq!(
@@ -58,6 +60,11 @@ async fn every_permit_is_tried_in_one_statement() {
             1,
             "{locking}: a full semaphore's try: {sent:#?}"
         );
+        if locking == "advisory" {
+            // As a single key's `NOWAIT`: a busy try assigns no transaction id.
+            let after = server.psql(next_xid).await.unwrap();
+            assert_eq!(before, after, "a busy advisory try spent a transaction id");
+        }
 
         // Two permits come back: the next try takes one of them, in one statement again.
         let freed: Vec<_> = held.drain(1..3).collect();
