@@ -11,10 +11,15 @@
 //! Each new lock node's record (owner, label, and its `czxid`, the token) is read as soon
 //! as its creation is seen — its creator learns it holds only after listing the queue —
 //! so a holder is missed only if its node was created and deleted again before that read
-//! came back. After a disconnection, the watch's events from the gap may be lost
-//! (ZOOKEEPER-4698), so the feed lists the directory afresh and goes on from there, as it
-//! does in a new session after the old one was lost: a holder that came and went in the
-//! gap is not seen.
+//! came back (events are applied one at a time, so that read waits for the events before
+//! it). After a disconnection, the watch's events from the gap may be lost
+//! (ZOOKEEPER-4698), so the feed watches and lists the directory afresh and goes on from
+//! there, as it does in a new session after the old one was lost: a holder that came and
+//! went in the gap is not seen.
+//!
+//! The feed has a session of its own, holding no lease: a request it leaves suspended
+//! (a consumer that stops polling mid-step) can keep only that session open, never one
+//! whose leases the lock has declared lost.
 //!
 //! [`DistributedLock::holder_changes`]: tenure_api::DistributedLock::holder_changes
 
@@ -47,6 +52,7 @@ pub(crate) fn holder_feed(lock: ZkLock, dir: String) -> HolderFeed {
     let feed = Feed {
         lock,
         dir,
+        session: None,
         watching: None,
         nodes: BTreeMap::new(),
         horizon: None,
@@ -86,6 +92,8 @@ struct Feed {
     lock: ZkLock,
     /// The key's directory.
     dir: String,
+    /// The feed's own session (`None`: open one).
+    session: Option<Arc<Session>>,
     /// The session the watch lives in, and the watch (`None`: list afresh).
     watching: Option<(Arc<Session>, PersistentWatcher)>,
     /// The directory's lock nodes by name.
@@ -118,12 +126,12 @@ impl Feed {
         let event = tokio::select! {
             event = AssertUnwindSafe(watcher.changed()).catch_unwind() => event.ok(),
             reason = session.lost() => {
-                self.watching = None;
+                (self.watching, self.session) = (None, None);
                 return Err(self.broken(&reason));
             }
         };
         let Some(event) = event else {
-            self.watching = None;
+            (self.watching, self.session) = (None, None);
             return Err(self.broken("the session ended"));
         };
         self.apply(event).await
@@ -132,15 +140,32 @@ impl Feed {
     /// Watches the directory, then lists it: the holder now, and the horizon past which
     /// the watch's creations are new.
     async fn start(&mut self) -> Result<(), LockError> {
-        let session = self.lock.session().await?;
+        let session = match self.session.clone().filter(|s| !s.is_lost()) {
+            Some(session) => session,
+            None => {
+                let session = Session::connect(&self.lock.inner.config).await?;
+                self.session = Some(session.clone());
+                session
+            }
+        };
         let client = session.client()?;
         let limit = self.lock.request_timeout();
-        let watcher = bounded(
+        let watcher = match bounded(
             limit,
             client.watch(&self.dir, AddWatchMode::PersistentRecursive),
         )
         .await
-        .map_err(|e| self.lock.zk_error("holder watch", e))?;
+        {
+            Ok(watcher) => watcher,
+            Err(ZkError::Unimplemented) => {
+                return Err(LockError::Config(format!(
+                    "holder watch on {}: the server has no persistent watches (ZooKeeper \
+                     3.6 or later has them)",
+                    self.lock.target()
+                )))
+            }
+            Err(e) => return Err(self.lock.zk_error("holder watch", e)),
+        };
         // The listing then shows what the leader had committed when the feed started.
         bounded(limit, client.sync(&self.dir))
             .await
@@ -177,19 +202,17 @@ impl Feed {
                 }
                 SessionState::Disconnected => Ok(()),
                 state => {
-                    self.watching = None;
+                    (self.watching, self.session) = (None, None);
                     Err(self.broken(&format!("the session is {state:?}")))
                 }
             };
         }
         if event.path == self.dir {
             return match event.event_type {
-                // A new incarnation of the directory: its nodes start from sequence 0.
-                EventType::NodeCreated => self.relist(&client).await,
-                EventType::NodeDeleted => {
-                    self.list(Vec::new(), None);
-                    self.give_head(&client).await
-                }
+                // A new incarnation of the directory (its nodes start from sequence 0), or
+                // the end of one: what is there now. (Not simply "empty" on a deletion:
+                // the listing may already show a later incarnation.)
+                EventType::NodeCreated | EventType::NodeDeleted => self.relist(&client).await,
                 _ => Ok(()),
             };
         }

@@ -487,12 +487,13 @@ impl DistributedLock for ZkLock {
     /// A persistent recursive watch on the key's directory, set before it is listed, then
     /// followed event by event: every head of the queue — every holder as the server saw
     /// it — in order, each with its token and label, read as soon as its node's creation
-    /// is seen (`remaining` is `None`). Only a node created and deleted again before that
-    /// read returned is skipped. A lost session or a broken watch is an `Err` item, and
-    /// after it, as after a disconnection, the feed lists the directory afresh: a holder
-    /// that came and went while it was disconnected is not seen (the server does not
-    /// replay a persistent watch's events across a reconnection, ZOOKEEPER-4698). Needs
-    /// ZooKeeper 3.6 or later.
+    /// reaches the feed (`remaining` is `None`). Only a node created and deleted again
+    /// before that read returned is skipped. A lost session or a broken watch is an `Err`
+    /// item, and after it, as after a disconnection, the feed lists the directory afresh:
+    /// a holder that came and went while it was disconnected is not seen (the server does
+    /// not replay a persistent watch's events across a reconnection, ZOOKEEPER-4698). The
+    /// feed opens a ZooKeeper session of its own. Needs ZooKeeper 3.6 or later (before
+    /// that, each item is a [`LockError::Config`] saying so).
     fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
         Some(feed::holder_feed(self.clone(), self.lock_dir(key)))
     }

@@ -140,7 +140,8 @@ impl Election {
     /// is not used, and leaders are seen as the server saw them: a candidate whose
     /// campaign timed out just as it came first shows as a leader it never learned it was.
     /// On etcd every leader is seen, however briefly it led; on ZooKeeper every leader
-    /// whose node outlives one read by the observer. Elsewhere the leader is read every
+    /// whose node outlives the observer's read of it, made when its creation reaches the
+    /// observer (after the changes before it). Elsewhere the leader is read every
     /// `every`: a leader that holds the name for at least `every` is always seen, in
     /// order; one that comes and goes between two readings can be missed.
     pub fn observe(
