@@ -15,15 +15,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
-use futures::stream::{self, StreamExt};
-use tenure_api::{parse_holder_text, FencingToken, HolderFeed, HolderInfo, LockError};
+use tenure_api::{
+    async_trait, parse_holder_text, FeedSource, FencingToken, HolderFeed, HolderInfo, LockError,
+};
 
 use crate::rpc::{convert, Rpc};
-
-/// How long the feed waits after a failed reading before it reads (or watches) again,
-/// doubled after each further failure up to [`MAX_RETRY_PAUSE`].
-const RETRY_PAUSE: Duration = Duration::from_millis(500);
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(10);
 
 /// How often a quiet watch asks the server how far it has caught up.
 const PROGRESS_EVERY: Duration = Duration::from_secs(30);
@@ -38,24 +34,8 @@ pub(crate) fn holder_feed(rpc: Rpc, prefix: String) -> HolderFeed {
         watch: None,
         shown: None,
         ready: VecDeque::new(),
-        failures: 0,
     };
-    stream::unfold(feed, |mut feed| async move {
-        loop {
-            if let Some(item) = feed.ready.pop_front() {
-                return Some((item, feed));
-            }
-            match feed.step().await {
-                Ok(()) => feed.failures = 0,
-                Err(e) => {
-                    feed.watch = None;
-                    feed.failures = feed.failures.saturating_add(1);
-                    return Some((Err(e), feed));
-                }
-            }
-        }
-    })
-    .boxed()
+    tenure_api::holder_feed(feed)
 }
 
 struct Feed {
@@ -71,17 +51,20 @@ struct Feed {
     shown: Option<Option<i64>>,
     /// Readings not yet given.
     ready: VecDeque<Result<Option<HolderInfo>, LockError>>,
-    /// Failed steps in a row: the next one pauses first.
-    failures: u32,
 }
 
-impl Feed {
+#[async_trait]
+impl FeedSource for Feed {
+    fn pop_ready(&mut self) -> Option<Result<Option<HolderInfo>, LockError>> {
+        self.ready.pop_front()
+    }
+
+    fn restart(&mut self) {
+        self.watch = None;
+    }
+
     /// Reads the queue or the watch's next message, queueing any change of holder.
     async fn step(&mut self) -> Result<(), LockError> {
-        if self.failures > 0 {
-            let doublings = (self.failures - 1).min(5);
-            tokio::time::sleep((RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)).await;
-        }
         let Some(watch) = self.watch.as_mut() else {
             return self.start().await;
         };
@@ -138,7 +121,9 @@ impl Feed {
         }
         Ok(())
     }
+}
 
+impl Feed {
     /// Reads the queue (the first time, or after a compaction), then watches it from the
     /// revision after the one it reflects.
     async fn start(&mut self) -> Result<(), LockError> {

@@ -253,13 +253,7 @@ async fn sixteen_blocking_waiters_each_get_it_without_polling() {
     // what the clients send once they are queued. (Statements, not pg_stat_database's
     // transaction counters: a backend flushes those at most once a second, so how much
     // of the set-up they still hold back at any instant is a matter of timing.)
-    for setting in [
-        "ALTER SYSTEM SET log_statement = 'all'",
-        "ALTER SYSTEM SET log_line_prefix = 'app=%a '",
-        "SELECT pg_reload_conf()",
-    ] {
-        server.psql(setting).await.unwrap();
-    }
+    server.log_statements().await.unwrap();
     let holder = connect(&server).await;
     let k = key("sixteen");
     let held = holder.try_acquire(&k, TTL).await.unwrap().unwrap();

@@ -30,13 +30,7 @@ fn lock_statements_after(server: &Postgres, mark: &str) -> Vec<String> {
 #[tokio::test]
 async fn every_permit_is_tried_in_one_statement() {
     let server = Postgres::start().await.unwrap();
-    for setting in [
-        "ALTER SYSTEM SET log_statement = 'all'",
-        "ALTER SYSTEM SET log_line_prefix = 'app=%a '",
-        "SELECT pg_reload_conf()",
-    ] {
-        server.psql(setting).await.unwrap();
-    }
+    server.log_statements().await.unwrap();
     for locking in ["row", "advisory"] {
         let url = format!("{}?pool_size=2&locking={locking}", server.url());
         let connect = || async { PgLock::connect(&url).await.unwrap() };

@@ -26,11 +26,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::stream::{self, StreamExt};
 use futures::FutureExt;
-use tenure_api::{HolderFeed, HolderInfo, LockError};
+use tenure_api::{async_trait, FeedSource, HolderFeed, HolderInfo, LockError};
 use zookeeper_client::{
     AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
     WatchedEvent,
@@ -40,11 +38,6 @@ use crate::error::bounded;
 use crate::names::{queue, LockNode};
 use crate::session::Session;
 use crate::ZkLock;
-
-/// How long the feed waits after a failed reading before it watches and lists again,
-/// doubled after each further failure up to [`MAX_RETRY_PAUSE`].
-const RETRY_PAUSE: Duration = Duration::from_millis(500);
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(10);
 
 /// The holders of the key whose queue is the directory `dir`, as a stream (see the module
 /// docs).
@@ -58,24 +51,8 @@ pub(crate) fn holder_feed(lock: ZkLock, dir: String) -> HolderFeed {
         horizon: None,
         shown: None,
         ready: VecDeque::new(),
-        failures: 0,
     };
-    stream::unfold(feed, |mut feed| async move {
-        loop {
-            if let Some(item) = feed.ready.pop_front() {
-                return Some((item, feed));
-            }
-            match feed.step().await {
-                Ok(()) => feed.failures = 0,
-                Err(e) => {
-                    feed.watching = None;
-                    feed.failures = feed.failures.saturating_add(1);
-                    return Some((Err(e), feed));
-                }
-            }
-        }
-    })
-    .boxed()
+    tenure_api::holder_feed(feed)
 }
 
 /// What the feed knows of a lock node.
@@ -106,18 +83,21 @@ struct Feed {
     shown: Option<Option<String>>,
     /// Readings not yet given.
     ready: VecDeque<Result<Option<HolderInfo>, LockError>>,
-    /// Failed steps in a row: the next one pauses first.
-    failures: u32,
 }
 
-impl Feed {
+#[async_trait]
+impl FeedSource for Feed {
+    fn pop_ready(&mut self) -> Option<Result<Option<HolderInfo>, LockError>> {
+        self.ready.pop_front()
+    }
+
+    fn restart(&mut self) {
+        self.watching = None;
+    }
+
     /// Lists the directory (watching it first), or applies the watch's next event, and
     /// queues any change of holder.
     async fn step(&mut self) -> Result<(), LockError> {
-        if self.failures > 0 {
-            let doublings = (self.failures - 1).min(5);
-            tokio::time::sleep((RETRY_PAUSE * 2u32.pow(doublings)).min(MAX_RETRY_PAUSE)).await;
-        }
         let Some((session, watcher)) = self.watching.as_mut() else {
             return self.start().await;
         };
@@ -136,7 +116,9 @@ impl Feed {
         };
         self.apply(event).await
     }
+}
 
+impl Feed {
     /// Watches the directory, then lists it: the holder now, and the horizon past which
     /// the watch's creations are new.
     async fn start(&mut self) -> Result<(), LockError> {

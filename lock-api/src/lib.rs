@@ -32,6 +32,7 @@ mod clock;
 mod driver;
 mod election;
 mod error;
+mod feed;
 mod guard;
 mod key;
 mod lease;
@@ -50,6 +51,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use driver::{Backend, Driver};
 pub use election::{Election, Leader, Leadership};
 pub use error::{bounded, BoxError, LockError};
+pub use feed::{holder_feed, FeedSource};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
 pub use key::LockKey;
 pub use lease::{

@@ -246,6 +246,20 @@ impl Postgres {
         self.dir.path()
     }
 
+    /// Logs every statement from now on, each line prefixed with its session's application
+    /// name (`app=tenure LOG:  statement: …`), to `postgres.log` in [`dir`](Self::dir):
+    /// for tests that count what clients send.
+    pub async fn log_statements(&self) -> Result<()> {
+        for setting in [
+            "ALTER SYSTEM SET log_statement = 'all'",
+            "ALTER SYSTEM SET log_line_prefix = 'app=%a '",
+            "SELECT pg_reload_conf()",
+        ] {
+            self.psql(setting).await?;
+        }
+        Ok(())
+    }
+
     /// Run SQL as `postgres` with `psql -X -At` over the Unix socket and return its trimmed
     /// stdout; a failing statement is an error carrying psql's stderr. Bounded by 15 s.
     ///
