@@ -604,6 +604,99 @@ impl FencedRegister {
     }
 }
 
+/// Jepsen's lock workload on one counter, kept in two stores: a [`FencedRegister`] and a
+/// store that ignores tokens, as most stores do. Each holder reads when it is granted and
+/// later writes what it read plus one; an increment a store acknowledged but its final
+/// value does not count is a lost update. Two holders whose read-modify-writes interleave
+/// lose one in the plain store; the fenced store rejects the stale one, unless the two
+/// tokens cannot tell the holders apart.
+#[derive(Debug, Default)]
+pub struct Counter {
+    fenced: FencedRegister,
+    plain: Mutex<PlainStore>,
+}
+
+#[derive(Debug, Default)]
+struct PlainStore {
+    value: u64,
+    writes: u64,
+}
+
+/// An increment under way: what each store held when its holder read.
+#[derive(Clone, Copy, Debug)]
+#[must_use = "an increment counts once it is written"]
+pub struct Increment {
+    token: FencingToken,
+    fenced: Result<u64, Rejected>,
+    plain: u64,
+}
+
+/// What a [`Counter`]'s stores lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostUpdates {
+    /// Increments written (each acknowledged by the plain store).
+    pub updates: u64,
+    /// Increments the plain store acknowledged that its value does not count.
+    pub unfenced: u64,
+    /// Increments the fenced store accepted that its value does not count.
+    pub fenced: u64,
+}
+
+impl std::ops::AddAssign for LostUpdates {
+    fn add_assign(&mut self, other: Self) {
+        self.updates += other.updates;
+        self.unfenced += other.unfenced;
+        self.fenced += other.fenced;
+    }
+}
+
+impl Counter {
+    /// A counter at 0 in both stores.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts an increment: reads both stores, the fenced one with `token`.
+    pub fn read(&self, token: FencingToken) -> Increment {
+        let plain = self
+            .plain
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .value;
+        Increment {
+            token,
+            fenced: self.fenced.read(token),
+            plain,
+        }
+    }
+
+    /// Finishes `increment`: writes what each store held plus one. The plain store always
+    /// accepts; the result is the fenced store's answer (a rejected read is not written).
+    pub fn write(&self, increment: Increment) -> Result<(), Rejected> {
+        {
+            let mut plain = self.plain.lock().unwrap_or_else(PoisonError::into_inner);
+            plain.value = increment.plain + 1;
+            plain.writes += 1;
+        }
+        self.fenced.write(increment.token, increment.fenced? + 1)
+    }
+
+    /// A read and its write at once.
+    pub fn increment(&self, token: FencingToken) -> Result<(), Rejected> {
+        self.write(self.read(token))
+    }
+
+    /// What each store has lost so far.
+    pub fn lost(&self) -> LostUpdates {
+        let plain = self.plain.lock().unwrap_or_else(PoisonError::into_inner);
+        LostUpdates {
+            updates: plain.writes,
+            unfenced: plain.writes - plain.value,
+            fenced: self.fenced.accepted_writes() - self.fenced.value(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -803,5 +896,36 @@ mod tests {
         assert!(register.write(stale, seen_by_stale + 1).is_err());
         assert_eq!(register.value(), register.accepted_writes());
         assert_eq!(register.rejected(), 1);
+    }
+
+    #[test]
+    fn a_stale_increment_is_lost_only_where_tokens_are_ignored() {
+        let counter = Counter::new();
+        let stale = counter.read(FencingToken(1));
+        counter.increment(FencingToken(2)).unwrap();
+        assert!(counter.write(stale).is_err(), "the fence rejects it");
+        let lost = counter.lost();
+        assert_eq!((lost.updates, lost.unfenced, lost.fenced), (2, 1, 0));
+
+        // One token for two holders: no fence can tell them apart.
+        let counter = Counter::new();
+        let first = counter.read(FencingToken(3));
+        counter.increment(FencingToken(3)).unwrap();
+        counter.write(first).unwrap();
+        let lost = counter.lost();
+        assert_eq!((lost.updates, lost.unfenced, lost.fenced), (2, 1, 1));
+
+        // One after the other, nothing is lost.
+        let counter = Counter::new();
+        counter.increment(FencingToken(1)).unwrap();
+        counter.increment(FencingToken(2)).unwrap();
+        assert_eq!(
+            counter.lost(),
+            LostUpdates {
+                updates: 2,
+                unfenced: 0,
+                fenced: 0
+            }
+        );
     }
 }

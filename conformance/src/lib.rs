@@ -25,5 +25,5 @@ pub mod url_options;
 pub use harness::{
     retrying, ConnectFn, CuttableClient, Harness, Link, Links, MemoryHarness, UrlHarness,
 };
-pub use history::{FencedRegister, History, Report};
+pub use history::{Counter, FencedRegister, History, Increment, LostUpdates, Report};
 pub use suite::{scenarios, Ctx, Failure, Outcome, Requirement, Scenario};

@@ -1,11 +1,13 @@
 //! The fault scenarios of the matrix, written once for every backend.
 //!
 //! A trial is one holder/contender pair on a key of its own. The holder takes the lock
-//! and writes to a [`FencedRegister`] with its token; the fault is injected; a contender
-//! (a healthy client) asks for the lock. If the contender is granted it while the holder
-//! still believes it holds the lock (or, for a paused holder, before the holder's delayed
-//! write), mutual exclusion was violated: the holder then makes its stale write, and the
-//! verdict says whether the register's fencing rejected it.
+//! and starts an increment of a [`Counter`] (reads it); the fault is injected; a
+//! contender (a healthy client) asks for the lock, and increments the counter if granted.
+//! If the contender is granted the lock while the holder still believes it holds it (or,
+//! for a paused holder, before the holder's delayed write), mutual exclusion was
+//! violated: the holder then finishes its stale increment, and the verdict says whether
+//! fencing rejected it. The counter says what that cost: the updates lost by a store that
+//! ignores the tokens, and by one that checks them (Jepsen's lock workload).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use tenure_conformance::history::{Report, Violation};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::redis::RedisReplicaPair;
 use tenure_conformance::servers::Node;
-use tenure_conformance::{retrying, FencedRegister, History, Link, Links};
+use tenure_conformance::{retrying, Counter, History, Increment, Link, Links, LostUpdates};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -203,6 +205,38 @@ pub struct Trial {
     pub fired: bool,
     /// What was observed, when worth saying.
     pub note: Option<String>,
+    /// The trial's counter increments, and those lost with and without fencing.
+    pub updates: Updates,
+}
+
+/// Increments of a cell's counters (see [`Counter`]), and those lost: acknowledged by a
+/// store but missing from its final value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Updates {
+    /// Increments written.
+    pub written: u64,
+    /// Lost by a store that ignores fencing tokens.
+    pub lost_unfenced: u64,
+    /// Lost by a store that rejects a token lower than the highest it has seen.
+    pub lost_fenced: u64,
+}
+
+impl From<LostUpdates> for Updates {
+    fn from(lost: LostUpdates) -> Self {
+        Self {
+            written: lost.updates,
+            lost_unfenced: lost.unfenced,
+            lost_fenced: lost.fenced,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Updates {
+    fn add_assign(&mut self, other: Self) {
+        self.written += other.written;
+        self.lost_unfenced += other.lost_unfenced;
+        self.lost_fenced += other.lost_fenced;
+    }
 }
 
 /// A cell of the matrix: one backend under one fault.
@@ -221,6 +255,8 @@ pub enum Cell {
         not_fired: usize,
         /// Whether fencing contained every violation observed (`None`: none observed).
         fencing_contained: Option<bool>,
+        /// The counter increments of the trials counted above, and those lost.
+        updates: Updates,
         /// Distinct observations, for the report.
         notes: Vec<String>,
     },
@@ -248,9 +284,11 @@ impl Cell {
         let mut counts = BTreeMap::new();
         let mut notes: Vec<String> = Vec::new();
         let mut not_fired = 0;
+        let mut updates = Updates::default();
         for trial in &trials {
             if trial.fired {
                 *counts.entry(trial.verdict).or_insert(0) += 1;
+                updates += trial.updates;
             } else {
                 not_fired += 1;
             }
@@ -273,6 +311,7 @@ impl Cell {
             injections,
             not_fired,
             fencing_contained,
+            updates,
             notes,
         }
     }
@@ -317,10 +356,10 @@ const CONTENDER: usize = 1;
 const WITNESS: usize = 2;
 
 /// What a trial records: every grant, renewal, release and loss of its clients on one
-/// clock, and a register the holder and the contender write to with their tokens.
+/// clock, and a counter the holder and the contender increment with their tokens.
 struct Record {
     history: History,
-    register: Arc<FencedRegister>,
+    counter: Arc<Counter>,
     key: LockKey,
     /// The witness's client, where a fresh client of the target is not the right one.
     witness: Option<Arc<dyn DistributedLock>>,
@@ -330,7 +369,7 @@ impl Record {
     fn new(key: LockKey) -> Self {
         Self {
             history: History::new(),
-            register: Arc::new(FencedRegister::new()),
+            counter: Arc::new(Counter::new()),
             key,
             witness: None,
         }
@@ -341,9 +380,10 @@ impl Record {
         self.history.recorded(client, lock)
     }
 
-    /// Judges the trial. If the contender was granted, it writes with its token, the
-    /// holder finishes, and a witness asks for the lock while the contender still holds
-    /// it; then the checker examines every hold the history recorded, on intervals:
+    /// Judges the trial. The holder finishes its increment if it still believed it held
+    /// the lock when the contender's call returned (it checked then, and wrote after the
+    /// contender's increment), and ends; a witness asks for the lock while the contender
+    /// still holds it; then the checker examines every hold the history recorded, on intervals:
     /// any two clients' believed holds that overlap are a double grant (F-SAFE when
     /// their tokens let a fence reject the stale one, else UNSAFE), as are a duplicate or
     /// regressed token and a belief past what the server promised (UNSAFE).
@@ -355,8 +395,10 @@ impl Record {
         outcome: Contended,
         fired: bool,
     ) -> Trial {
-        if let Some(lease) = &outcome.granted {
-            let _ = self.register.write(lease.token(), 1);
+        let holder_believed = self.history.believed_at(HOLDER, outcome.at);
+        let mut holder = holder;
+        if let Some(increment) = holder.increment.take().filter(|_| holder_believed) {
+            let _ = self.counter.write(increment);
         }
         let stale_write = holder.stale_write;
         let limit = patience(target);
@@ -384,12 +426,12 @@ impl Record {
             }
         }
         let report = self.history.check();
-        let holder_believed = self.history.believed_at(HOLDER, outcome.at);
         let (verdict, note) = verdict(&report, &outcome, stale_write, holder_believed);
         Trial {
             verdict,
             fired,
             note: note.or(stuck.map(String::from)),
+            updates: self.counter.lost().into(),
         }
     }
 
@@ -431,7 +473,7 @@ async fn stale_extend(target: &Target, lock: &Arc<dyn DistributedLock>, mut stal
 }
 
 /// The verdict on a trial from the checker's report, the contender's outcome and, for a
-/// paused holder, whether its write after waking was accepted by the fenced register.
+/// paused holder, whether its write after waking was accepted by the fenced store.
 fn verdict(
     report: &Report,
     outcome: &Contended,
@@ -503,8 +545,22 @@ fn describe(violation: &Violation) -> String {
 struct Holder {
     lock: Arc<dyn DistributedLock>,
     ending: Ending,
+    /// Its increment of the trial's counter, read when it was granted.
+    increment: Option<Increment>,
     /// For a paused holder: whether its write after waking was accepted.
     stale_write: Option<bool>,
+}
+
+impl Holder {
+    /// A holder that has nothing to write when its work ends.
+    fn idle(lock: Arc<dyn DistributedLock>, ending: Ending) -> Self {
+        Self {
+            lock,
+            ending,
+            increment: None,
+            stale_write: None,
+        }
+    }
 }
 
 /// How the holder's part of a trial ends.
@@ -547,36 +603,44 @@ struct Contended {
 }
 
 /// Asks for the trial's key with `lock` (the contender, recorded), waiting up to
-/// [`patience`]. It takes a lease longer than the holder's, so that the witness asks
-/// while it still holds.
-async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, key: &LockKey) -> Contended {
-    contend_for(target, lock, key, target.ttl * 4).await
+/// [`patience`]; if granted, increments the trial's counter at once. It takes a lease
+/// longer than the holder's, so that the witness asks while it still holds.
+async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, record: &Record) -> Contended {
+    contend_for(target, lock, record, target.ttl * 4).await
 }
 
 /// [`contend`] with a lease of `ttl`.
 async fn contend_for(
     target: &Target,
     lock: &Arc<dyn DistributedLock>,
-    key: &LockKey,
+    record: &Record,
     ttl: Duration,
 ) -> Contended {
-    contend_with(lock, key, &AcquireOptions::new(ttl).wait(patience(target))).await
+    contend_with(
+        lock,
+        record,
+        &AcquireOptions::new(ttl).wait(patience(target)),
+    )
+    .await
 }
 
 /// [`contend`] with these options.
 async fn contend_with(
     lock: &Arc<dyn DistributedLock>,
-    key: &LockKey,
+    record: &Record,
     opts: &AcquireOptions,
 ) -> Contended {
-    let result = lock.acquire(key, opts).await;
+    let result = lock.acquire(&record.key, opts).await;
     let at = Instant::now();
     match result {
-        Ok(lease) => Contended {
-            at,
-            granted: Some(lease),
-            error: None,
-        },
+        Ok(lease) => {
+            let _ = record.counter.increment(lease.token());
+            Contended {
+                at,
+                granted: Some(lease),
+                error: None,
+            }
+        }
         Err(error) => Contended {
             at,
             granted: None,
@@ -594,7 +658,7 @@ fn short(error: &LockError) -> String {
 }
 
 /// Takes the trial's key for its holder (`lock`, recorded), with a renewing guard or as a
-/// bare lease, and makes its first fenced write.
+/// bare lease, and starts its increment.
 async fn hold(
     record: &Record,
     lock: Arc<dyn DistributedLock>,
@@ -631,10 +695,10 @@ async fn hold(
         let lease = lock.acquire(&record.key, &opts).await?;
         (lease.token(), Ending::Lease(lease))
     };
-    let _ = record.register.write(token, 0);
     Ok(Holder {
         lock,
         ending,
+        increment: Some(record.counter.read(token)),
         stale_write: None,
     })
 }
@@ -646,6 +710,7 @@ fn setup_failed(what: &str, error: LockError) -> Trial {
         verdict: Verdict::Unavail,
         fired: false,
         note: Some(format!("{what}: {}", short(&error))),
+        updates: Updates::default(),
     }
 }
 
@@ -865,10 +930,10 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
         Ok(r) => r,
         Err(e) => return setup_failed("holder runtime", LockError::backend(e.to_string())),
     };
-    let (thread_target, history, register, key) = (
+    let (thread_target, history, counter, key) = (
         target.clone(),
         record.history.clone(),
-        Arc::clone(&record.register),
+        Arc::clone(&record.counter),
         record.key.clone(),
     );
     let patience = patience(target);
@@ -896,8 +961,7 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
                     return;
                 }
             };
-            let token = guard.fencing_token();
-            let _ = register.write(token, 0);
+            let increment = counter.read(guard.fencing_token());
             let _ = ready_tx.send(Ok(()));
             if freeze.await.is_err() {
                 return;
@@ -907,7 +971,7 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
             let stopped = Instant::now();
             let _ = wake.recv_timeout(patience + Duration::from_secs(5));
             let resumed = Instant::now();
-            let write_accepted = register.write(token, 2).is_ok();
+            let write_accepted = counter.write(increment).is_ok();
             // The watchdog runs again: give it a renewal interval to act on what it
             // finds, recording any loss it reports.
             let interval = tenure_api::renewal_interval(thread_target.ttl);
@@ -937,10 +1001,7 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
         Primitive::Leadership => opts.label("contender"),
         _ => opts,
     };
-    let outcome = contend_with(&contender, &record.key, &opts).await;
-    if let Some(lease) = &outcome.granted {
-        let _ = record.register.write(lease.token(), 1);
-    }
+    let outcome = contend_with(&contender, &record, &opts).await;
     let _ = wake_tx.send(());
     let woken = woken.await;
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -956,9 +1017,8 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
     let fired =
         resumed >= woken.deadline && stopped <= outcome.at && outcome.at <= resumed && same_key;
     let holder = Holder {
-        lock: contender.clone(),
-        ending: Ending::Nothing,
         stale_write: Some(woken.write_accepted),
+        ..Holder::idle(contender.clone(), Ending::Nothing)
     };
     let trial = record
         .judge(target, holder, &contender, outcome, fired)
@@ -1003,7 +1063,7 @@ impl ClientTrial<'_> {
     }
 
     async fn contend(&self) -> Contended {
-        contend(self.target, &self.contender, &self.record.key).await
+        contend(self.target, &self.contender, &self.record).await
     }
 
     async fn judge(self, holder: Holder, outcome: Contended, fired: bool) -> Trial {
@@ -1042,14 +1102,16 @@ impl ClientTrial<'_> {
             Ok(Some(_)) => None,
             Ok(None) | Err(_) => Some("the holder refused the late grant".into()),
         };
-        let ending = match granted {
-            Ok(Some(lease)) => Ending::Lease(lease),
-            Ok(None) | Err(_) => Ending::Nothing,
+        let (ending, increment) = match granted {
+            Ok(Some(lease)) => {
+                let increment = self.record.counter.read(lease.token());
+                (Ending::Lease(lease), Some(increment))
+            }
+            Ok(None) | Err(_) => (Ending::Nothing, None),
         };
         let holder = Holder {
-            lock,
-            ending,
-            stale_write: None,
+            increment,
+            ..Holder::idle(lock, ending)
         };
         let mut trial = self.judge(holder, outcome, fired).await;
         trial.note = trial.note.or(note);
@@ -1076,7 +1138,6 @@ impl ClientTrial<'_> {
             Ok(lease) => lease,
             Err(e) => return setup_failed("holder", e),
         };
-        let _ = self.record.register.write(lease.token(), 0);
         self.set_mode(ProxyMode::Delay {
             up: Duration::ZERO,
             down: delay,
@@ -1094,7 +1155,7 @@ impl ClientTrial<'_> {
         let outcome = contend_for(
             self.target,
             &self.contender,
-            &self.record.key,
+            &self.record,
             self.target.ttl * 4 + delay * 2,
         )
         .await;
@@ -1108,11 +1169,7 @@ impl ClientTrial<'_> {
             ),
             _ => (false, Some("the holder's release did not return".into())),
         };
-        let holder = Holder {
-            lock,
-            ending: Ending::Nothing,
-            stale_write: None,
-        };
+        let holder = Holder::idle(lock, Ending::Nothing);
         let mut trial = self.judge(holder, outcome, fired).await;
         trial.note = trial.note.or(note);
         trial
@@ -1200,11 +1257,7 @@ impl ClientTrial<'_> {
             Ok(Ok(Ok(Some(lease)))) => Ending::Lease(lease),
             _ => Ending::Nothing,
         };
-        let holder = Holder {
-            lock,
-            ending,
-            stale_write: None,
-        };
+        let holder = Holder::idle(lock, ending);
         let fired = reached && reply_lost && orphan_seen;
         let mut trial = self.judge(holder, outcome, fired).await;
         if matches!(trial.verdict, Verdict::Safe | Verdict::Unavail) {
@@ -1388,7 +1441,7 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     let outcomes = futures::future::join_all(
         pairs_held
             .iter()
-            .map(|(record, _, contender, _)| contend(target, contender, &record.key)),
+            .map(|(record, _, contender, _)| contend(target, contender, record)),
     )
     .await;
     let mut trials = early;
@@ -1669,6 +1722,7 @@ async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Trial {
         verdict,
         fired,
         note,
+        updates: Updates::default(),
     }
 }
 
@@ -1747,7 +1801,7 @@ where
         holders
             .iter()
             .zip(&contenders)
-            .map(|((record, _), contender)| contend(target, contender, &record.key)),
+            .map(|((record, _), contender)| contend(target, contender, record)),
     )
     .await;
     let mut trials = Vec::with_capacity(holders.len());

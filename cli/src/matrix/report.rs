@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::faults::{Cell, Fault, Verdict};
+use super::faults::{Cell, Fault, Updates, Verdict};
 use super::{BackendReport, Matrix};
 use crate::bench::{BenchLine, Mode};
 
@@ -295,6 +295,79 @@ fn grid(matrix: &Matrix, out: &mut String) {
     }
 }
 
+/// The share of `written` that `lost` is, in whole percent.
+fn percent(lost: u64, written: u64) -> String {
+    format!("{:.0} %", lost as f64 * 100.0 / written.max(1) as f64)
+}
+
+/// What fencing bought in a cell: its verdicts, and the share of its counter increments
+/// lost by a store that ignores tokens and by one that checks them.
+fn fencing_cell(cell: &Cell) -> String {
+    match cell {
+        Cell::Ran {
+            updates:
+                Updates {
+                    written,
+                    lost_unfenced,
+                    lost_fenced,
+                },
+            ..
+        } if *written > 0 => format!(
+            "{}: {} lost ({lost_unfenced} of {written}) · fenced {}",
+            cell.summary(),
+            percent(*lost_unfenced, *written),
+            percent(*lost_fenced, *written)
+        ),
+        _ => cell.summary(),
+    }
+}
+
+/// The rows of "What fencing buys": every fault under which some backend lost an update,
+/// with each backend's [`fencing_cell`].
+fn fencing_rows(matrix: &Matrix) -> Vec<(Fault, Vec<String>)> {
+    Fault::ALL
+        .into_iter()
+        .filter(|&fault| {
+            matrix.backends.iter().any(|b| {
+                matches!(cell(b, fault), Some(Cell::Ran { updates, .. })
+                    if updates.lost_unfenced + updates.lost_fenced > 0)
+            })
+        })
+        .map(|fault| {
+            let row = matrix
+                .backends
+                .iter()
+                .map(|b| cell(b, fault).map_or("—".into(), fencing_cell))
+                .collect();
+            (fault, row)
+        })
+        .collect()
+}
+
+/// What each trial's counter lost without fencing and with it, where anything was lost.
+fn fencing_table(matrix: &Matrix, out: &mut String) {
+    let rows = fencing_rows(matrix);
+    if rows.is_empty() {
+        let _ = writeln!(out, "No trial lost an update, fenced or not.");
+        return;
+    }
+    let names: Vec<&str> = matrix.backends.iter().map(|b| b.backend.as_str()).collect();
+    let _ = writeln!(out, "| fault | {} |", names.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
+    for (fault, row) in rows {
+        let _ = writeln!(out, "| {} | {} |", fault.title(), row.join(" | "));
+    }
+}
+
+/// How [`fencing_table`] is measured.
+const FENCING_LEGEND: &str = "Jepsen's lock workload, in every trial above: each client \
+    reads a counter when it is granted the lock and writes what it read plus one — the \
+    contender at once, the holder once its work ends, if it still believed it held the lock \
+    when the contender was granted it. A lost update is one a store acknowledged that its \
+    final value does not count; \"lost\" is for a store that ignores fencing tokens, \
+    \"fenced\" for one that rejects a token lower than the highest it has seen. Rows: the \
+    faults under which some backend lost an update.";
+
 fn perf_table(matrix: &Matrix, out: &mut String) {
     let _ = writeln!(
         out,
@@ -414,6 +487,8 @@ pub fn markdown(matrix: &Matrix) -> String {
          the backend's protocol allows (the reviewed table in `cli/src/matrix/expect.rs`).\n"
     );
     grid(matrix, &mut out);
+    let _ = writeln!(out, "\n**What fencing buys** ({FENCING_LEGEND})\n");
+    fencing_table(matrix, &mut out);
     let _ = writeln!(
         out,
         "\n**Performance** (one client process, this machine):\n"
@@ -436,6 +511,8 @@ pub fn markdown(matrix: &Matrix) -> String {
 pub fn terminal(matrix: &Matrix) -> String {
     let mut out = String::new();
     grid(matrix, &mut out);
+    out.push_str("\nWhat fencing buys (updates lost without the fence, and with it):\n\n");
+    fencing_table(matrix, &mut out);
     out.push('\n');
     perf_table(matrix, &mut out);
     out
@@ -562,6 +639,22 @@ pub fn html(matrix: &Matrix) -> String {
                 }
                 None => out.push_str("<td>—</td>"),
             }
+        }
+        out.push_str("</tr>");
+    }
+    let _ = write!(
+        out,
+        "</table><h2>What fencing buys</h2><p>{}</p><table><tr><th>fault</th>",
+        escape(FENCING_LEGEND)
+    );
+    for b in &matrix.backends {
+        let _ = write!(out, "<th>{}</th>", escape(&b.backend));
+    }
+    out.push_str("</tr>");
+    for (fault, row) in fencing_rows(matrix) {
+        let _ = write!(out, "<tr><td>{}</td>", escape(fault.title()));
+        for text in row {
+            let _ = write!(out, "<td>{}</td>", escape(&text));
         }
         out.push_str("</tr>");
     }

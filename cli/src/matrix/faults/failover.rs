@@ -249,14 +249,18 @@ impl Setup {
             let lock = record.client(HOLDER, holder.clone());
             match lock.try_acquire(&record.key, HOLD_TTL).await {
                 Ok(Some(lease)) => {
-                    let _ = record.register.write(lease.token(), 0);
-                    holders.push((record, held(lock, Ending::Lease(lease))));
+                    let increment = record.counter.read(lease.token());
+                    let holder = Holder {
+                        increment: Some(increment),
+                        ..Holder::idle(lock, Ending::Lease(lease))
+                    };
+                    holders.push((record, holder));
                     refused.push(false);
                 }
                 Err(LockError::Unavailable { message, .. })
                     if refusal_expected && message.contains(UNCONFIRMED) =>
                 {
-                    holders.push((record, held(lock, Ending::Nothing)));
+                    holders.push((record, Holder::idle(lock, Ending::Nothing)));
                     refused.push(true);
                 }
                 Ok(None) => trials.push(setup_failed(
@@ -369,14 +373,6 @@ async fn in_sync(primary: &RedisNode, replica: &RedisNode) -> Result<(), String>
     })
     .await
     .map_err(|e| e.to_string())
-}
-
-fn held(lock: Arc<dyn DistributedLock>, ending: Ending) -> Holder {
-    Holder {
-        lock,
-        ending,
-        stale_write: None,
-    }
 }
 
 /// `pairs` trial keys whose locks all live on one primary (a Cluster spreads keys over
