@@ -298,21 +298,82 @@ impl Cell {
                 }
             }
         }
-        let violations = |v| counts.get(&v).copied().unwrap_or(0);
-        let fencing_contained = match (violations(Verdict::FencedSafe), violations(Verdict::Unsafe))
-        {
-            (0, 0) => None,
-            (_, 0) => Some(true),
-            _ => Some(false),
-        };
         Cell::Ran {
+            fencing_contained: contained(&counts),
             counts,
             trials: trials.len(),
             injections,
             not_fired,
-            fencing_contained,
             updates,
             notes,
+        }
+    }
+
+    /// This cell and `later`, another run of the same fault, as one: trials, injections,
+    /// verdicts and updates added up. A run that did not happen (an unhealthy backend)
+    /// leaves its reason in the notes of one that did.
+    pub fn merge(self, later: Cell) -> Cell {
+        match (self, later) {
+            (
+                Cell::Ran {
+                    mut counts,
+                    trials,
+                    injections,
+                    not_fired,
+                    mut updates,
+                    mut notes,
+                    ..
+                },
+                Cell::Ran {
+                    counts: more_counts,
+                    trials: more_trials,
+                    injections: more_injections,
+                    not_fired: more_not_fired,
+                    updates: more_updates,
+                    notes: more_notes,
+                    ..
+                },
+            ) => {
+                for (verdict, n) in more_counts {
+                    *counts.entry(verdict).or_insert(0) += n;
+                }
+                updates += more_updates;
+                for note in more_notes {
+                    if !notes.contains(&note) && notes.len() < 4 {
+                        notes.push(note);
+                    }
+                }
+                Cell::Ran {
+                    fencing_contained: contained(&counts),
+                    counts,
+                    trials: trials + more_trials,
+                    injections: injections + more_injections,
+                    not_fired: not_fired + more_not_fired,
+                    updates,
+                    notes,
+                }
+            }
+            (ran @ Cell::Ran { .. }, other) | (other, ran @ Cell::Ran { .. }) => {
+                let mut ran = ran;
+                if let (Cell::Ran { notes, .. }, Some(reason)) = (&mut ran, other.reason()) {
+                    let note = format!("{}: {reason}", other.summary());
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                }
+                ran
+            }
+            (_, later) => later,
+        }
+    }
+
+    /// Why the cell did not run (`None` if it ran).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Cell::Ran { .. } => None,
+            Cell::NotInjectable { reason }
+            | Cell::NotApplicable { reason }
+            | Cell::Unhealthy { reason } => Some(reason),
         }
     }
 
@@ -338,7 +399,8 @@ impl Cell {
                     parts.push(format!("not fired {not_fired}"));
                 }
                 if parts.is_empty() {
-                    "no trials".into()
+                    // Only a soak's fault that was never drawn has no trials.
+                    "not drawn".into()
                 } else {
                     parts.join(" · ")
                 }
@@ -347,6 +409,16 @@ impl Cell {
             Cell::NotApplicable { .. } => "n/a".into(),
             Cell::Unhealthy { .. } => "unhealthy".into(),
         }
+    }
+}
+
+/// Whether fencing contained every violation counted (`None`: none counted).
+fn contained(counts: &BTreeMap<Verdict, usize>) -> Option<bool> {
+    let violations = |v| counts.get(&v).copied().unwrap_or(0);
+    match (violations(Verdict::FencedSafe), violations(Verdict::Unsafe)) {
+        (0, 0) => None,
+        (_, 0) => Some(true),
+        _ => Some(false),
     }
 }
 
@@ -1820,3 +1892,71 @@ where
 #[cfg(test)]
 #[path = "faults_evidence_tests.rs"]
 mod evidence_tests;
+
+#[cfg(test)]
+mod cell_tests {
+    use super::*;
+
+    fn trial(verdict: Verdict, fired: bool, lost_unfenced: u64) -> Trial {
+        Trial {
+            verdict,
+            fired,
+            note: None,
+            updates: Updates {
+                written: 2,
+                lost_unfenced,
+                lost_fenced: 0,
+            },
+        }
+    }
+
+    /// A soak adds up each fault's draws: verdicts, trials, injections and updates; a
+    /// draw on an unhealthy backend leaves its reason in the notes.
+    #[test]
+    fn draws_of_a_fault_add_up_to_one_cell() {
+        let first = Cell::from_trials(vec![trial(Verdict::Safe, true, 0)], 1);
+        let second = Cell::from_trials(
+            vec![
+                trial(Verdict::FencedSafe, true, 1),
+                trial(Verdict::Safe, false, 1),
+            ],
+            1,
+        );
+        let unhealthy = Cell::Unhealthy {
+            reason: "node 0 is down".into(),
+        };
+        let merged = Cell::from_trials(Vec::new(), 0)
+            .merge(first)
+            .merge(unhealthy)
+            .merge(second);
+        let Cell::Ran {
+            counts,
+            trials,
+            injections,
+            not_fired,
+            fencing_contained,
+            updates,
+            notes,
+        } = &merged
+        else {
+            panic!("{merged:?}")
+        };
+        let expected = BTreeMap::from([(Verdict::Safe, 1), (Verdict::FencedSafe, 1)]);
+        assert_eq!(counts, &expected);
+        assert_eq!((*trials, *injections, *not_fired), (3, 2, 1));
+        assert_eq!(*fencing_contained, Some(true));
+        // The trial that did not fire counts no updates, as it counts no verdict.
+        assert_eq!(
+            *updates,
+            Updates {
+                written: 4,
+                lost_unfenced: 1,
+                lost_fenced: 0
+            }
+        );
+        assert_eq!(notes, &["unhealthy: node 0 is down"]);
+        assert_eq!(merged.summary(), "SAFE 1 · F-SAFE 1 · not fired 1");
+        // A fault never drawn says so.
+        assert_eq!(Cell::from_trials(Vec::new(), 0).summary(), "not drawn");
+    }
+}

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use tenure_api::{Capabilities, DistributedLock, Fairness, LockError, LockKey};
 use tenure_conformance::runner::{run_scenario, ScenarioResult};
@@ -46,6 +48,29 @@ pub struct MatrixOptions {
     /// Local servers require TLS, client certificates and a password, and clients have
     /// only the privileges the README's Security section lists (`--tls`).
     pub tls: bool,
+    /// A chaos run instead of one cell per fault (`--soak`).
+    pub soak: Option<Soak>,
+}
+
+/// A chaos run (`tenure matrix --soak`): for a given time per backend, faults drawn at
+/// random from those its servers allow, each injected once around [`MatrixOptions::trials`]
+/// trials; the draws of a fault add up to its cell.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Soak {
+    /// Seconds each backend draws faults for (a draw under way at the end finishes).
+    pub secs: f64,
+    /// Seeds the draws: a run with the same seed draws the same sequence of faults.
+    pub seed: u64,
+}
+
+impl Soak {
+    /// The random draws for `backend`, from this soak's seed.
+    fn draws(&self, backend: &str) -> StdRng {
+        let salt = backend
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        StdRng::seed_from_u64(self.seed ^ salt)
+    }
 }
 
 impl Default for MatrixOptions {
@@ -58,6 +83,7 @@ impl Default for MatrixOptions {
             faults: Fault::ALL.to_vec(),
             suite_and_perf: true,
             tls: false,
+            soak: None,
         }
     }
 }
@@ -91,6 +117,9 @@ pub struct Target {
     ttl_why: String,
     patient_query: String,
     run_id: u32,
+    /// A soak's draw (0 outside a soak): each draw's trials take keys of their own, so
+    /// that nothing an earlier draw left held can meet them.
+    draw: usize,
 }
 
 impl std::fmt::Debug for Target {
@@ -106,8 +135,8 @@ impl std::fmt::Debug for Target {
 impl Target {
     fn key(&self, fault: Fault, round: usize, index: usize) -> LockKey {
         let name = format!(
-            "tenure-matrix/{:08x}/{fault:?}/{round}/{index}",
-            self.run_id
+            "tenure-matrix/{:08x}/{}/{fault:?}/{round}/{index}",
+            self.run_id, self.draw
         );
         LockKey::new(name).expect("ascii key well under the length limit")
     }
@@ -232,6 +261,9 @@ pub struct BackendReport {
     pub suite: Vec<ScenarioOutcome>,
     /// The fault scenarios.
     pub faults: Vec<FaultOutcome>,
+    /// A soak's draws, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<Fault>,
     /// Performance (no floor: see `tenure bench --floor`).
     pub perf: Vec<BenchLine>,
     /// Declared vs observed.
@@ -511,6 +543,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         ttl,
         ttl_why,
         run_id,
+        draw: 0,
     })
 }
 
@@ -735,6 +768,19 @@ async fn cell(fault: Fault, target: &Target, options: &MatrixOptions) -> Cell {
     cell
 }
 
+/// `cell` judged against what the table of [`expect`] allows on `target`.
+fn outcome(fault: Fault, target: &Target, cell: Cell) -> FaultOutcome {
+    let expected = expect::expect(&target.config, fault);
+    FaultOutcome {
+        fault,
+        title: fault.title(),
+        mismatch: !expected.allows(&cell.verdicts()),
+        cell,
+        expected: expected.verdicts.to_vec(),
+        reason: expected.reason,
+    }
+}
+
 /// Every fault against one backend.
 async fn faults(
     target: &Target,
@@ -744,18 +790,59 @@ async fn faults(
     let mut outcomes = Vec::new();
     for &fault in &options.faults {
         let cell = cell(fault, target, options).await;
-        let expected = expect::expect(&target.config, fault);
-        outcomes.push(FaultOutcome {
-            fault,
-            title: fault.title(),
-            mismatch: !expected.allows(&cell.verdicts()),
-            cell,
-            expected: expected.verdicts.to_vec(),
-            reason: expected.reason,
-        });
+        outcomes.push(outcome(fault, target, cell));
         progress.step(&format!("{}: {}", target.name, fault.title()));
     }
     outcomes
+}
+
+/// A soak of one backend: until its time is up, a fault drawn at random from those that
+/// can run on its servers, run as a cell of one injection (on a backend brought back to
+/// health first, as every cell). Returns each fault's draws as one cell, and the faults
+/// in the order drawn.
+async fn soak(
+    target: &Target,
+    options: &MatrixOptions,
+    soak: &Soak,
+    progress: &Progress,
+) -> (Vec<FaultOutcome>, Vec<Fault>) {
+    let runnable: Vec<Fault> = (options.faults.iter().copied())
+        .filter(|&fault| faults::applicability(fault, target).is_none())
+        .collect();
+    let mut draws = soak.draws(&target.name);
+    let mut cells: std::collections::BTreeMap<Fault, Cell> = Default::default();
+    let mut schedule = Vec::new();
+    let until = Instant::now() + Duration::from_secs_f64(soak.secs);
+    while !runnable.is_empty() && Instant::now() < until {
+        let fault = runnable[draws.random_range(0..runnable.len())];
+        progress.add(1);
+        schedule.push(fault);
+        let this_draw = Target {
+            draw: schedule.len(),
+            ..target.clone()
+        };
+        let drawn = cell(fault, &this_draw, options).await;
+        let merged = match cells.remove(&fault) {
+            Some(earlier) => earlier.merge(drawn),
+            None => drawn,
+        };
+        cells.insert(fault, merged);
+        progress.step(&format!(
+            "{}: draw {}, {}",
+            target.name,
+            schedule.len(),
+            fault.title()
+        ));
+    }
+    let outcomes = (options.faults.iter())
+        .map(|&fault| {
+            let cell = (cells.remove(&fault))
+                .or_else(|| faults::applicability(fault, target))
+                .unwrap_or_else(|| Cell::from_trials(Vec::new(), 0));
+            outcome(fault, target, cell)
+        })
+        .collect();
+    (outcomes, schedule)
 }
 
 fn servers_text(target: &Target) -> String {
@@ -782,6 +869,7 @@ fn failed_report(name: &str, error: String) -> BackendReport {
         capabilities: None,
         suite: Vec::new(),
         faults: Vec::new(),
+        schedule: Vec::new(),
         perf: Vec::new(),
         checks: Vec::new(),
         error: Some(error),
@@ -805,7 +893,12 @@ pub async fn run(
         true => scenarios().len() + Mode::ALL.len(),
         false => 0,
     };
-    let per_backend = suite_and_perf + options.faults.len() + 1;
+    // A soak counts its draws as they come.
+    let cells = match options.soak {
+        Some(_) => 0,
+        None => options.faults.len(),
+    };
+    let per_backend = suite_and_perf + cells + 1;
     progress.add(per_backend * sources.len());
     let targets = futures::future::join_all(sources.iter().map(|(name, source)| async move {
         let t = target(name, source, run_id).await;
@@ -823,9 +916,10 @@ pub async fn run(
         });
     }
     let fault_outcomes = futures::future::join_all(targets.iter().map(|target| async move {
-        match target {
-            Ok(target) => faults(target, options, progress).await,
-            Err(_) => Vec::new(),
+        match (target, &options.soak) {
+            (Ok(target), Some(chaos)) => soak(target, options, chaos, progress).await,
+            (Ok(target), None) => (faults(target, options, progress).await, Vec::new()),
+            (Err(_), _) => (Vec::new(), Vec::new()),
         }
     }))
     .await;
@@ -833,24 +927,27 @@ pub async fn run(
         .iter()
         .zip(&targets)
         .zip(suites.into_iter().zip(fault_outcomes))
-        .map(|(((name, _), target), (suite, faults))| match target {
-            Ok(target) => BackendReport {
-                backend: name.clone(),
-                servers: servers_text(target),
-                capabilities: Some(CapabilitiesReport::from(&target.caps)),
-                ttl_ms: u64::try_from(target.ttl.as_millis()).unwrap_or(u64::MAX),
-                ttl_why: target.ttl_why.clone(),
-                checks: checks(&target.caps, &target.config, &suite, &faults),
-                suite,
-                faults,
-                perf: Vec::new(),
-                error: None,
+        .map(
+            |(((name, _), target), (suite, (faults, schedule)))| match target {
+                Ok(target) => BackendReport {
+                    backend: name.clone(),
+                    servers: servers_text(target),
+                    capabilities: Some(CapabilitiesReport::from(&target.caps)),
+                    ttl_ms: u64::try_from(target.ttl.as_millis()).unwrap_or(u64::MAX),
+                    ttl_why: target.ttl_why.clone(),
+                    checks: checks(&target.caps, &target.config, &suite, &faults),
+                    suite,
+                    faults,
+                    schedule,
+                    perf: Vec::new(),
+                    error: None,
+                },
+                Err(error) => {
+                    progress.skip(per_backend - 1);
+                    failed_report(name, error.clone())
+                }
             },
-            Err(error) => {
-                progress.skip(per_backend - 1);
-                failed_report(name, error.clone())
-            }
-        })
+        )
         .collect();
     for (report, target) in reports.iter_mut().zip(&targets) {
         let (Ok(target), true) = (target, options.suite_and_perf) else {

@@ -400,6 +400,16 @@ fn notes(matrix: &Matrix, out: &mut String) {
         if !b.ttl_why.is_empty() {
             let _ = writeln!(out, "- {}: trials' TTL {}", b.backend, b.ttl_why);
         }
+        if !b.schedule.is_empty() {
+            let drawn: Vec<&str> = b.schedule.iter().map(|f| f.title()).collect();
+            let _ = writeln!(
+                out,
+                "- {}: {} draws: {}",
+                b.backend,
+                drawn.len(),
+                drawn.join(", ")
+            );
+        }
         for f in b.faults.iter().filter(|f| f.mismatch) {
             let expected: Vec<&str> = f.expected.iter().map(|v| v.label()).collect();
             let _ = writeln!(
@@ -452,19 +462,32 @@ fn checks_table(matrix: &Matrix, out: &mut String) {
     }
 }
 
+/// How much was run, in words.
+fn how_much(matrix: &Matrix) -> String {
+    let options = &matrix.options;
+    match &options.soak {
+        Some(soak) => format!(
+            "a soak — faults drawn at random for {} s per backend (seed {}), each draw one \
+             injection around {} trials, the draws of a fault added up in its cell",
+            soak.secs, soak.seed, options.trials
+        ),
+        None => format!(
+            "{} trials per fault ({} injections per server fault), perf {} s per mode",
+            options.trials, options.rounds, options.perf_secs
+        ),
+    }
+}
+
 /// The Markdown report.
 pub fn markdown(matrix: &Matrix) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Measured {} on {} in {:.0} s: {} trials per fault ({} injections per server fault), \
-         perf {} s per mode ({} build).\n",
+        "Measured {} on {} in {:.0} s: {} ({} build).\n",
         matrix.measured_at,
         matrix.machine,
         matrix.elapsed_secs,
-        matrix.options.trials,
-        matrix.options.rounds,
-        matrix.options.perf_secs,
+        how_much(matrix),
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -599,15 +622,13 @@ pub fn html(matrix: &Matrix) -> String {
     );
     let _ = write!(
         out,
-        "<p>Measured {} on {} in {:.0} s · {} trials per fault · {} injections per server \
-         fault.</p><p>SAFE: exclusion held · F-SAFE: two holders, stale write fenced off · \
+        "<p>Measured {} on {} in {:.0} s: {}.</p><p>SAFE: exclusion held · F-SAFE: two holders, stale write fenced off · \
          UNSAFE: not contained · UNAVAIL: no lock for a healthy client. Outlined cells are \
          outside the verdicts the backend's protocol allows.</p><table><tr><th>fault</th>",
         escape(&matrix.measured_at),
         escape(&matrix.machine),
         matrix.elapsed_secs,
-        matrix.options.trials,
-        matrix.options.rounds
+        escape(&how_much(matrix))
     );
     for b in &matrix.backends {
         let _ = write!(out, "<th>{}</th>", escape(&b.backend));

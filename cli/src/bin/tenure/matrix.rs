@@ -2,10 +2,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Args;
 use tenure::LockError;
-use tenure_cli::matrix::{self, report, ClustersConfig, Fault, MatrixOptions, Progress, Source};
+use tenure_cli::matrix::{
+    self, report, ClustersConfig, Fault, MatrixOptions, Progress, Soak, Source,
+};
+
+/// Trials around each of a soak's injections, unless `--trials` says otherwise.
+const SOAK_TRIALS: usize = 4;
 
 #[derive(Args, Debug)]
 pub(crate) struct MatrixArgs {
@@ -43,6 +49,16 @@ pub(crate) struct MatrixArgs {
     /// Directory for matrix.md, matrix.json and matrix.html.
     #[arg(long, default_value = ".")]
     out: PathBuf,
+    /// A chaos run: for this long per backend (`60s`, `30m`), faults drawn at random from
+    /// those its servers allow (with `--faults`, from those), each injected once around
+    /// `--trials` trials (default 4); no suite, no performance runs.
+    #[arg(long, value_parser = humantime::parse_duration,
+          conflicts_with_all = ["quick", "rounds", "perf_secs"])]
+    soak: Option<Duration>,
+    /// Seeds a soak's draws: the same seed draws the same faults in the same order
+    /// (default: a random seed, given in the report).
+    #[arg(long, requires = "soak")]
+    seed: Option<u64>,
     /// Exit 0 even when a cell or a declared capability is outside the expected
     /// verdicts (⚠); the warning is still printed.
     #[arg(long)]
@@ -95,6 +111,18 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
             .map(|name| fault_named(name))
             .collect::<Result<Vec<_>, _>>()?;
         options.faults.retain(|f| wanted.contains(f));
+        options.suite_and_perf = false;
+    }
+    if let Some(duration) = args.soak {
+        if duration.is_zero() {
+            return Err(LockError::InvalidInput("--soak must be positive".into()));
+        }
+        options.soak = Some(Soak {
+            secs: duration.as_secs_f64(),
+            seed: args.seed.unwrap_or_else(rand::random),
+        });
+        options.trials = args.trials.unwrap_or(SOAK_TRIALS);
+        options.rounds = 1;
         options.suite_and_perf = false;
     }
     if options.trials == 0
