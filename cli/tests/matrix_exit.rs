@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+mod clusters_file;
 
 fn matrix(clusters: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenure"))
@@ -19,18 +19,10 @@ fn matrix(clusters: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mismatch_fails_the_run_unless_allowed() {
-    let redis = RedisCluster::start(RedisOptions::default())
-        .await
-        .expect("redis starts");
     let dir = tempfile::tempdir().unwrap();
     // A Redis server filed under "postgres": Redis declares a clock-floored counter, a
     // server TTL and clock dependence, none of which is the Postgres row's premise.
-    let clusters = dir.path().join("clusters.toml");
-    std::fs::write(
-        &clusters,
-        format!("[backends]\npostgres = \"{}\"\n", redis.urls()[0]),
-    )
-    .unwrap();
+    let (_redis, clusters) = clusters_file::redis_as("postgres", dir.path()).await;
     let (strict, allowed) = tokio::task::spawn_blocking({
         let (clusters, out) = (clusters.clone(), dir.path().to_owned());
         move || {

@@ -6,7 +6,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 use tenure_cli::matrix::Fault;
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+
+mod clusters_file;
 
 /// One soak at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -87,16 +88,8 @@ fn a_soak_of_local_servers_draws_faults_and_none_is_unsafe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_a_users_cluster_draws_only_what_it_can_inject() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let redis = RedisCluster::start(RedisOptions::default())
-        .await
-        .expect("redis starts");
     let dir = tempfile::tempdir().unwrap();
-    let clusters = dir.path().join("clusters.toml");
-    std::fs::write(
-        &clusters,
-        format!("[backends]\nredis = \"{}\"\n", redis.urls()[0]),
-    )
-    .unwrap();
+    let (_redis, clusters) = clusters_file::redis_as("redis", dir.path()).await;
     let clusters = clusters.to_str().unwrap().to_owned();
     let args = [
         "--soak",

@@ -199,6 +199,7 @@ scenarios![
     guard_renews_past_the_ttl,
     late_grant_is_never_held_past_its_deadline,
     lost_fires_when_the_link_is_cut[LinkCut],
+    blackholed_holder_is_taken_over_only_after_its_lease[LinkCut],
     waiters_are_served_fifo[Fifo],
     many_keys_stress,
     semaphore_admits_its_permits_and_no_more,
@@ -892,6 +893,97 @@ pub async fn lost_fires_when_the_link_is_cut(ctx: &Ctx<'_>) -> Outcome {
             "loss reported long after the deadline"
         );
     }
+    Ok(())
+}
+
+/// A holder whose link is black-holed while a waiter waits: its guard reports the loss,
+/// and the waiter is granted the lock only after the holder's belief ended (the checker
+/// sees no overlap and no belief past the server's promise) and after its lease's own
+/// deadline, with a larger token that a fenced store uses to reject the stale holder's
+/// write; the stale release, once the link heals, leaves the new holder's lock alone.
+pub async fn blackholed_holder_is_taken_over_only_after_its_lease(ctx: &Ctx<'_>) -> Outcome {
+    let Some(cut) = ctx.harness.cuttable_client().await? else {
+        return Err(Failure(
+            "harness declared link cutting but gave no client".into(),
+        ));
+    };
+    let history = History::new();
+    let holder = history.recorded(0, cut.lock);
+    let waiter = history.recorded(1, ctx.client().await?);
+    let key = ctx.key("k");
+    let ttl = ctx.short_ttl();
+    let fences = holder.capabilities().fencing != FencingKind::None;
+    let register = FencedRegister::new();
+    let guard = holder.lock(&key, &AcquireOptions::new(ttl)).await?;
+    let stale = guard
+        .lease()
+        .await
+        .ok_or_else(|| Failure("the guard had no lease right after the grant".into()))?;
+    let seen_by_stale = register.read(stale.token())?;
+    // Past any session the holder's lease rides on (a ZooKeeper session can be longer
+    // than the TTL: 10 s by default on a user's cluster), however slowly the waiter
+    // learns the lock is free. A correct backend is done long before.
+    let patience = ttl * 4 + Duration::from_secs(30);
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = waiter
+                .acquire(&key, &AcquireOptions::new(LONG_TTL).wait(patience))
+                .await;
+            (lease, Instant::now())
+        })
+    };
+    cut.link.cut();
+    let lost = tokio::time::timeout(patience, guard.lost()).await;
+    history.lost(0, Instant::now());
+    let waited = waiting
+        .await
+        .map_err(|e| Failure(format!("waiter task: {e}")));
+    cut.link.heal();
+    ensure!(cut.link.fired(), "the cut did not hold back any traffic");
+    ensure!(lost.is_ok(), "the guard never reported the loss");
+    let (fresh, granted_at) = waited?;
+    let fresh = fresh?;
+    // The holder's last lease (its latest renewal's) bounds what the server may free.
+    if let Some(last) = guard.lease().await {
+        ensure!(
+            granted_at >= last.valid_until(),
+            "the waiter was granted {:?} before the stale holder's own deadline",
+            last.valid_until() - granted_at
+        );
+    }
+    if fences {
+        ensure!(
+            fresh.token() > stale.token(),
+            "token {} after {}",
+            fresh.token(),
+            stale.token()
+        );
+        ensure!(
+            register.stale_write_after_takeover(fresh.token(), stale.token(), seen_by_stale)?,
+            "the fenced store accepted the stale holder's write"
+        );
+    }
+    let released = guard.release().await;
+    ensure!(
+        matches!(released, Ok(ReleaseOutcome::NotHeld) | Err(_)),
+        "the stale holder's release answered {released:?}"
+    );
+    let info = waiter.inspect(&key).await?;
+    ensure!(
+        info.is_some_and(|h| h.owner == fresh.owner()),
+        "the stale release freed the new holder's lock"
+    );
+    waiter.release(fresh).await?;
+    // Judged after the stale release: had it freed the new lock, the checker would see
+    // the waiter's hold end early, and a later one overlap.
+    let report = history.check();
+    ensure!(report.is_safe(), "{report}");
+    let waiter_holds = history.holds().iter().filter(|h| h.client == 1).count();
+    ensure!(
+        waiter_holds == 1,
+        "the waiter was granted {waiter_holds} times"
+    );
     Ok(())
 }
 

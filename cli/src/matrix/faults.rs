@@ -321,7 +321,7 @@ impl Cell {
                     injections,
                     not_fired,
                     mut updates,
-                    mut notes,
+                    notes,
                     ..
                 },
                 Cell::Ran {
@@ -334,12 +334,20 @@ impl Cell {
                     ..
                 },
             ) => {
+                let more_unsafe = more_counts.contains_key(&Verdict::Unsafe);
                 for (verdict, n) in more_counts {
                     *counts.entry(verdict).or_insert(0) += n;
                 }
                 updates += more_updates;
-                for note in more_notes {
-                    if !notes.contains(&note) && notes.len() < 4 {
+                // The notes of a run that saw an uncontained violation come first: they
+                // say what happened, and must not be crowded out by earlier runs'.
+                let (first, then) = match more_unsafe {
+                    true => (more_notes, notes),
+                    false => (notes, more_notes),
+                };
+                let mut notes: Vec<String> = Vec::new();
+                for note in first.into_iter().chain(then) {
+                    if !notes.contains(&note) && notes.len() < MERGED_NOTES {
                         notes.push(note);
                     }
                 }
@@ -412,6 +420,9 @@ impl Cell {
     }
 }
 
+/// The most distinct notes a merged cell keeps.
+const MERGED_NOTES: usize = 8;
+
 /// Whether fencing contained every violation counted (`None`: none counted).
 fn contained(counts: &BTreeMap<Verdict, usize>) -> Option<bool> {
     let violations = |v| counts.get(&v).copied().unwrap_or(0);
@@ -452,10 +463,12 @@ impl Record {
         self.history.recorded(client, lock)
     }
 
-    /// Judges the trial. The holder finishes its increment if it still believed it held
-    /// the lock when the contender's call returned (it checked then, and wrote after the
-    /// contender's increment), and ends; a witness asks for the lock while the contender
-    /// still holds it; then the checker examines every hold the history recorded, on intervals:
+    /// Judges the trial. Each client's increment of the counter spans its work: read when
+    /// granted, written when the work ends if the client still believes it holds the
+    /// lock. The holder writes first, if it believed it held the lock when the contender
+    /// was granted (it checked then, and wrote later) or still believes; then it ends; a
+    /// witness asks for the lock while the contender still holds it (and increments at
+    /// once if granted); the contender writes last and releases. Then the checker examines every hold the history recorded, on intervals:
     /// any two clients' believed holds that overlap are a double grant (F-SAFE when
     /// their tokens let a fence reject the stale one, else UNSAFE), as are a duplicate or
     /// regressed token and a belief past what the server promised (UNSAFE).
@@ -464,12 +477,13 @@ impl Record {
         target: &Target,
         holder: Holder,
         contender: &Arc<dyn DistributedLock>,
-        outcome: Contended,
+        mut outcome: Contended,
         fired: bool,
     ) -> Trial {
         let holder_believed = self.history.believed_at(HOLDER, outcome.at);
         let mut holder = holder;
-        if let Some(increment) = holder.increment.take().filter(|_| holder_believed) {
+        let writes = holder_believed || self.history.believed_at(HOLDER, Instant::now());
+        if let Some(increment) = holder.increment.take().filter(|_| writes) {
             let _ = self.counter.write(increment);
         }
         let stale_write = holder.stale_write;
@@ -483,8 +497,14 @@ impl Record {
             }
         };
         if let Some(lease) = outcome.granted.clone() {
+            let increment = outcome.increment.take();
             let after_takeover = async {
                 self.witness(target).await;
+                // Like every client, it checks its lease before it writes.
+                let believes = self.history.believed_at(CONTENDER, Instant::now());
+                if let Some(increment) = increment.filter(|_| believes) {
+                    let _ = self.counter.write(increment);
+                }
                 let _ = contender.release(lease).await;
                 if let Some((lock, stale)) = granted {
                     stale_extend(target, &lock, stale).await;
@@ -509,6 +529,7 @@ impl Record {
 
     /// A third client asks once for the lock the contender holds: a grant is a double
     /// grant the checker sees (a release that freed someone else's lock, a shared value).
+    /// Granted, it increments the counter at once, inside the contender's increment.
     async fn witness(&self, target: &Target) {
         let client = match &self.witness {
             Some(client) => client.clone(),
@@ -519,6 +540,7 @@ impl Record {
         };
         let witness = self.client(WITNESS, client);
         if let Ok(Some(lease)) = witness.try_acquire(&self.key, target.ttl).await {
+            let _ = self.counter.increment(lease.token());
             let _ = witness.release(lease).await;
         }
     }
@@ -672,11 +694,14 @@ struct Contended {
     at: Instant,
     granted: Option<Lease>,
     error: Option<LockError>,
+    /// Its increment of the trial's counter, read when it was granted.
+    increment: Option<Increment>,
 }
 
 /// Asks for the trial's key with `lock` (the contender, recorded), waiting up to
-/// [`patience`]; if granted, increments the trial's counter at once. It takes a lease
-/// longer than the holder's, so that the witness asks while it still holds.
+/// [`patience`]; if granted, starts its increment of the trial's counter at once (it
+/// writes when its work ends, see [`Record::judge`]). It takes a lease longer than the
+/// holder's, so that the witness asks while it still holds.
 async fn contend(target: &Target, lock: &Arc<dyn DistributedLock>, record: &Record) -> Contended {
     contend_for(target, lock, record, target.ttl * 4).await
 }
@@ -705,18 +730,17 @@ async fn contend_with(
     let result = lock.acquire(&record.key, opts).await;
     let at = Instant::now();
     match result {
-        Ok(lease) => {
-            let _ = record.counter.increment(lease.token());
-            Contended {
-                at,
-                granted: Some(lease),
-                error: None,
-            }
-        }
+        Ok(lease) => Contended {
+            at,
+            increment: Some(record.counter.read(lease.token())),
+            granted: Some(lease),
+            error: None,
+        },
         Err(error) => Contended {
             at,
             granted: None,
             error: Some(error),
+            increment: None,
         },
     }
 }
@@ -1073,6 +1097,7 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
         Primitive::Leadership => opts.label("contender"),
         _ => opts,
     };
+    // The contender reads when granted, before the holder wakes and writes.
     let outcome = contend_with(&contender, &record, &opts).await;
     let _ = wake_tx.send(());
     let woken = woken.await;
@@ -1958,5 +1983,28 @@ mod cell_tests {
         assert_eq!(merged.summary(), "SAFE 1 · F-SAFE 1 · not fired 1");
         // A fault never drawn says so.
         assert_eq!(Cell::from_trials(Vec::new(), 0).summary(), "not drawn");
+    }
+
+    /// A long soak's notes fill up; the note of a later draw's uncontained violation is
+    /// kept, first.
+    #[test]
+    fn the_note_of_an_unsafe_draw_is_never_crowded_out() {
+        let noted = |verdict, note: String| Trial {
+            note: Some(note),
+            ..trial(verdict, true, 0)
+        };
+        let mut merged = Cell::from_trials(Vec::new(), 0);
+        for i in 0..20 {
+            let run = Cell::from_trials(vec![noted(Verdict::Safe, format!("safe {i}"))], 1);
+            merged = merged.merge(run);
+        }
+        let unsafe_run = Cell::from_trials(vec![noted(Verdict::Unsafe, "the fence".into())], 1);
+        let merged = merged.merge(unsafe_run);
+        let Cell::Ran { notes, .. } = &merged else {
+            panic!("{merged:?}")
+        };
+        assert_eq!(notes.len(), MERGED_NOTES);
+        assert_eq!(notes[0], "the fence");
+        assert_eq!(merged.summary(), "SAFE 20 · UNSAFE 1");
     }
 }

@@ -53,8 +53,8 @@ pub struct MatrixOptions {
 }
 
 /// A chaos run (`tenure matrix --soak`): for a given time per backend, faults drawn at
-/// random from those its servers allow, each injected once around [`MatrixOptions::trials`]
-/// trials; the draws of a fault add up to its cell.
+/// random from those its servers allow, each draw a cell of [`MatrixOptions::trials`]
+/// trials in one round; the draws of a fault add up to its cell.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Soak {
     /// Seconds each backend draws faults for (a draw under way at the end finishes).
@@ -623,8 +623,9 @@ async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<P
     })
 }
 
+/// The cell, if it ran trials (a soak's fault never drawn did not).
 fn ran(cell: Option<&Cell>) -> Option<&Cell> {
-    cell.filter(|c| matches!(c, Cell::Ran { .. }))
+    cell.filter(|c| matches!(c, Cell::Ran { trials, .. } if *trials > 0))
 }
 
 /// Declared capabilities against the table's premises and the cells that test them.

@@ -360,13 +360,13 @@ fn fencing_table(matrix: &Matrix, out: &mut String) {
 }
 
 /// How [`fencing_table`] is measured.
-const FENCING_LEGEND: &str = "Jepsen's lock workload, in every trial above: each client \
-    reads a counter when it is granted the lock and writes what it read plus one — the \
-    contender at once, the holder once its work ends, if it still believed it held the lock \
-    when the contender was granted it. A lost update is one a store acknowledged that its \
-    final value does not count; \"lost\" is for a store that ignores fencing tokens, \
-    \"fenced\" for one that rejects a token lower than the highest it has seen. Rows: the \
-    faults under which some backend lost an update.";
+const FENCING_LEGEND: &str = "Jepsen's lock workload in the holder/contender trials \
+    above: each client reads a counter when it is granted the lock and, when its work \
+    ends, writes what it read plus one if it still believes it holds the lock — the holder \
+    first (also if it believed so when the contender was granted), the contender last. A lost update is one a \
+    store acknowledged that its final value does not count; \"lost\" is for a store that \
+    ignores fencing tokens, \"fenced\" for one that rejects a token lower than the highest \
+    it has seen. Rows: the faults under which some backend lost an update.";
 
 fn perf_table(matrix: &Matrix, out: &mut String) {
     let _ = writeln!(
@@ -467,8 +467,8 @@ fn how_much(matrix: &Matrix) -> String {
     let options = &matrix.options;
     match &options.soak {
         Some(soak) => format!(
-            "a soak — faults drawn at random for {} s per backend (seed {}), each draw one \
-             injection around {} trials, the draws of a fault added up in its cell",
+            "a soak — faults drawn at random for {} s per backend (seed {}), each draw a \
+             cell of {} trials, the draws of a fault added up in its cell",
             soak.secs, soak.seed, options.trials
         ),
         None => format!(

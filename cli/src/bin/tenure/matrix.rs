@@ -50,7 +50,7 @@ pub(crate) struct MatrixArgs {
     #[arg(long, default_value = ".")]
     out: PathBuf,
     /// A chaos run: for this long per backend (`60s`, `30m`), faults drawn at random from
-    /// those its servers allow (with `--faults`, from those), each injected once around
+    /// those its servers allow (with `--faults`, from those), each draw a cell of
     /// `--trials` trials (default 4); no suite, no performance runs.
     #[arg(long, value_parser = humantime::parse_duration,
           conflicts_with_all = ["quick", "rounds", "perf_secs"])]
