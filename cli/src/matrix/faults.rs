@@ -1542,28 +1542,36 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
     )
     .await;
     let mut trials = early;
-    for (((record, holder, contender, links), outcome), before) in
-        pairs_held.into_iter().zip(outcomes).zip(blackholed_before)
-    {
-        let mut fired = fired.is_ok();
-        if fault == Fault::ClockJump {
-            // The jump counts only where it landed while the holder still believed.
-            fired &= record.history.believed_at(HOLDER, landed);
-        }
-        if follower.is_some() {
-            // Evidence: the follower's traffic with the other members was dropped.
-            fired &= dropped() > dropped_before;
-        }
-        if !cut.is_empty() {
-            // Evidence: the holder's requests to the cut-off majority were dropped.
-            fired &= blackholed(&links) > before;
-        }
-        trials.push(
-            record
-                .judge(target, holder, &contender, outcome, fired)
-                .await,
+    // Every pair is judged at once, as its contender got the lock: one after another,
+    // the later pairs' witnesses would ask (and their contenders write) after their
+    // leases ran out, waiting on the earlier pairs' stale holders.
+    let (injected, dropped, blackholed) = (&fired, &dropped, &blackholed);
+    let partitioned = !cut.is_empty();
+    let judged = pairs_held
+        .into_iter()
+        .zip(outcomes)
+        .zip(blackholed_before)
+        .map(
+            |(((record, holder, contender, links), outcome), before)| async move {
+                let mut fired = injected.is_ok();
+                if fault == Fault::ClockJump {
+                    // The jump counts only where it landed while the holder still believed.
+                    fired &= record.history.believed_at(HOLDER, landed);
+                }
+                if follower.is_some() {
+                    // Evidence: the follower's traffic with the other members was dropped.
+                    fired &= dropped() > dropped_before;
+                }
+                if partitioned {
+                    // Evidence: the holder's requests to the cut-off majority were dropped.
+                    fired &= blackholed(&links) > before;
+                }
+                record
+                    .judge(target, holder, &contender, outcome, fired)
+                    .await
+            },
         );
-    }
+    trials.extend(futures::future::join_all(judged).await);
     let healed = heal(fault, target, node).await;
     for trial in &mut trials {
         let note = match (&fired, &healed) {
@@ -1901,17 +1909,15 @@ where
             .map(|((record, _), contender)| contend(target, contender, record)),
     )
     .await;
-    let mut trials = Vec::with_capacity(holders.len());
-    for (((record, holder), contender), outcome) in
-        holders.into_iter().zip(&contenders).zip(outcomes)
-    {
-        trials.push(
+    // Judged at once, as in `server_round`.
+    let judged = holders.into_iter().zip(&contenders).zip(outcomes).map(
+        |(((record, holder), contender), outcome)| async move {
             record
                 .judge(target, holder, contender, outcome, fired)
-                .await,
-        );
-    }
-    Ok(trials)
+                .await
+        },
+    );
+    Ok(futures::future::join_all(judged).await)
 }
 
 #[cfg(test)]
