@@ -798,7 +798,7 @@ async fn faults(
 }
 
 /// A soak of one backend: until its time is up, a fault drawn at random from those that
-/// can run on its servers, run as a cell of one injection (on a backend brought back to
+/// can run on its servers, run as a cell of one round (on a backend brought back to
 /// health first, as every cell). Returns each fault's draws as one cell, and the faults
 /// in the order drawn.
 async fn soak(
