@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tenure_api::urls::{alias_names, percent_encode, redact_url, HostPort, LockUrl};
-use tenure_api::LockError;
+use tenure_api::{LockError, LockKey};
 
 /// How to reach one Redis server and how to name locks there.
 ///
@@ -158,6 +158,12 @@ impl RedisConfig {
     /// The query options the Redis client itself reads from a `redis://` URL (its
     /// `url_to_tcp_connection_info`), handed on to it.
     pub const CLIENT_OPTIONS: &[&str] = &["protocol"];
+
+    /// The Redis key holding `key`'s lock: the prefixed name in a hash tag, so the lock
+    /// and its fence counter share a Cluster slot.
+    pub fn lock_key(&self, key: &LockKey) -> String {
+        format!("{{{}{}}}", self.prefix, key)
+    }
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
     pub fn from_url(text: &str) -> Result<Self, LockError> {

@@ -194,7 +194,7 @@ impl RedisLock {
 
     /// The Redis key holding `key`'s lock: the prefixed name in a hash tag.
     pub fn lock_key(&self, key: &LockKey) -> String {
-        format!("{{{}{}}}", self.config.prefix, key)
+        self.config.lock_key(key)
     }
 
     fn fence_key(lock_key: &str) -> String {

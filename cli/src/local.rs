@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use tenure_conformance::faults::{LeaderFn, PeerLinks};
 use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
@@ -18,36 +19,6 @@ use tenure_conformance::UrlHarness;
 /// ZooKeeper's tick on local ensembles: sessions may then be 0.4–4 s, so expiry scenarios
 /// run in seconds.
 const ZK_TICK_MS: u32 = 200;
-
-/// Finds the index (into [`LocalBackend::nodes`]) of the consensus leader, if any.
-pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
-
-/// Cuts one member of a replicated backend off from the others, for partition faults.
-pub trait PeerLinks: Send + Sync {
-    /// Cuts member `index` (into [`LocalBackend::nodes`]) off from every other member.
-    fn isolate(&self, index: usize) -> Result<(), String>;
-    /// Restores every member-to-member link.
-    fn heal(&self);
-    /// Bytes of member `index`'s traffic with the others dropped so far: evidence a cut
-    /// fired.
-    fn dropped(&self, index: usize) -> u64;
-}
-
-/// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
-impl PeerLinks for ZkEnsemble {
-    fn isolate(&self, index: usize) -> Result<(), String> {
-        ZkEnsemble::isolate(self, index).map_err(|e| e.to_string())
-    }
-
-    fn heal(&self) {
-        ZkEnsemble::heal(self);
-    }
-
-    fn dropped(&self, index: usize) -> u64 {
-        self.peer_link_stats(index)
-            .map_or(0, |s| s.bytes_blackholed)
-    }
-}
 
 /// A backend on servers this process started. Dropping it stops them.
 #[derive(Clone)]

@@ -328,6 +328,15 @@ impl UrlHarness {
         self.cut_query.as_deref().unwrap_or(&self.query)
     }
 
+    /// A client of `url`, made as this harness makes its clients: for servers a fault
+    /// brought up elsewhere (a promoted replica).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a half-made client is dropped.
+    pub async fn client_of(&self, url: String) -> Result<Arc<dyn DistributedLock>, LockError> {
+        (self.connect)(url).await
+    }
+
     /// A client with `query` (instead of the harness's) whose every server link passes
     /// through its own proxy.
     ///

@@ -631,14 +631,17 @@ pub struct Increment {
     plain: u64,
 }
 
-/// What a [`Counter`]'s stores lost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a [`Counter`]'s stores lost (in JSON: `written`, `lost_unfenced`, `lost_fenced`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LostUpdates {
     /// Increments written (each acknowledged by the plain store).
+    #[serde(rename = "written")]
     pub updates: u64,
     /// Increments the plain store acknowledged that its value does not count.
+    #[serde(rename = "lost_unfenced")]
     pub unfenced: u64,
     /// Increments the fenced store accepted that its value does not count.
+    #[serde(rename = "lost_fenced")]
     pub fenced: u64,
 }
 

@@ -13,6 +13,7 @@
 //! ```
 
 pub mod clock_shim;
+pub mod faults;
 pub mod harness;
 pub mod history;
 pub mod proxy;

@@ -13,7 +13,7 @@
 use serde::Serialize;
 use tenure_api::{Capabilities, ExpiryKind, FencingKind, Replication};
 
-use super::faults::{Fault, Verdict};
+use super::{Fault, Verdict};
 
 /// How a Redis node advances its per-key fence counter (the `fence` URL option).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

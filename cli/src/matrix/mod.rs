@@ -7,8 +7,6 @@
 #[doc(hidden)]
 pub mod broken;
 pub mod expect;
-pub mod faults;
-mod health;
 pub mod report;
 
 use std::io::{IsTerminal, Write as _};
@@ -20,14 +18,14 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
-use tenure_api::{Capabilities, DistributedLock, Fairness, LockError, LockKey};
+use tenure_api::{Capabilities, DistributedLock, Fairness, LockError};
+use tenure_conformance::faults::{self, FaultTarget};
 use tenure_conformance::runner::{run_scenario, ScenarioResult};
-use tenure_conformance::servers::Node;
 use tenure_conformance::{scenarios, UrlHarness};
 
 use crate::bench::{self, BenchLine, BenchOptions, Mode};
-use crate::local::{self, LeaderFn, LocalOptions, PeerLinks};
-pub use faults::{Cell, Fault, Verdict};
+use crate::local::{self, LocalOptions};
+pub use tenure_conformance::faults::{Cell, Fault, Verdict};
 
 /// How much to run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -100,50 +98,21 @@ impl MatrixOptions {
     }
 }
 
-/// A backend under test: a harness, and for local servers the processes behind it.
-#[derive(Clone)]
+/// A backend under test: the fault suite's target (a harness, and for local servers the
+/// processes behind it), with its row of the table of [`expect`].
+#[derive(Clone, Debug)]
 pub struct Target {
-    name: String,
-    harness: UrlHarness,
-    nodes: Vec<Arc<dyn Node>>,
-    leader: Option<LeaderFn>,
-    peer_links: Option<Arc<dyn PeerLinks>>,
-    clock_shim: bool,
-    /// Local servers that require TLS and a password.
-    secured: bool,
-    caps: Capabilities,
+    faults: FaultTarget,
     config: expect::Config,
-    ttl: Duration,
+    /// Why the trials' TTL is longer than the harness's short TTL (empty if it is not).
     ttl_why: String,
-    patient_query: String,
-    run_id: u32,
-    /// A soak's draw (0 outside a soak): each draw's trials take keys of their own, so
-    /// that nothing an earlier draw left held can meet them.
-    draw: usize,
 }
 
-impl std::fmt::Debug for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target")
-            .field("name", &self.name)
-            .field("harness", &self.harness)
-            .field("nodes", &self.nodes.len())
-            .finish_non_exhaustive()
-    }
-}
+impl std::ops::Deref for Target {
+    type Target = FaultTarget;
 
-impl Target {
-    fn key(&self, fault: Fault, round: usize, index: usize) -> LockKey {
-        let name = format!(
-            "tenure-matrix/{:08x}/{}/{fault:?}/{round}/{index}",
-            self.run_id, self.draw
-        );
-        LockKey::new(name).expect("ascii key well under the length limit")
-    }
-
-    async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
-        use tenure_conformance::Harness;
-        self.harness.client().await
+    fn deref(&self) -> &FaultTarget {
+        &self.faults
     }
 }
 
@@ -528,22 +497,31 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
     let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
-    let (ttl, ttl_why) = (probe.ttl, probe.ttl_why);
+    let mut faults = FaultTarget::new(name, harness, probe.ttl)
+        .await
+        .map_err(|e| format!("connecting to {name}: {e}"))?
+        .with_nodes(nodes)
+        .with_patient_query(patient_query(backend))
+        .with_run_id(run_id)
+        .secured(secured);
+    if let Some(leader) = leader {
+        faults = faults.with_leader(leader);
+    }
+    if let Some(links) = peer_links {
+        faults = faults.with_peer_links(links);
+    }
+    if clock_shim {
+        faults = faults.with_clock_shim();
+    }
+    if caps.backend == "redis" {
+        let redis = tenure_redis::RedisConfig::from_url(&faults.harness().url())
+            .map_err(|e| format!("{name}: {e}"))?;
+        faults = faults.with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
+    }
     Ok(Target {
-        name: name.to_owned(),
-        patient_query: patient_query(backend).to_owned(),
-        harness,
-        nodes,
-        leader,
-        peer_links,
-        clock_shim,
-        secured,
-        caps,
+        faults,
         config,
-        ttl,
-        ttl_why,
-        run_id,
-        draw: 0,
+        ttl_why: probe.ttl_why,
     })
 }
 
@@ -731,10 +709,10 @@ fn checks(
 /// The shared suite against one backend.
 async fn suite(target: &Target, progress: &Progress) -> Vec<ScenarioOutcome> {
     use tenure_conformance::Harness;
-    let harness: &dyn Harness = &target.harness;
+    let harness: &dyn Harness = target.harness();
     let mut outcomes = Vec::new();
     for scenario in scenarios() {
-        let (result, detail) = match run_scenario(&scenario, harness, &target.caps).await {
+        let (result, detail) = match run_scenario(&scenario, harness, target.capabilities()).await {
             ScenarioResult::Passed => ("passed", None),
             ScenarioResult::Failed(why) => ("failed", Some(why)),
             ScenarioResult::Unsupported(why) => ("ignored", Some(why)),
@@ -744,7 +722,7 @@ async fn suite(target: &Target, progress: &Progress) -> Vec<ScenarioOutcome> {
             result,
             detail,
         });
-        progress.step(&format!("{}: {}", target.name, scenario.name));
+        progress.step(&format!("{}: {}", target.name(), scenario.name));
     }
     outcomes
 }
@@ -756,7 +734,7 @@ async fn cell(fault: Fault, target: &Target, options: &MatrixOptions) -> Cell {
     if let Some(cell) = faults::applicability(fault, target) {
         return cell;
     }
-    let repairs = match health::ensure(target).await {
+    let repairs = match faults::ensure(target).await {
         Ok(repairs) => repairs,
         Err(reason) => return Cell::Unhealthy { reason },
     };
@@ -792,7 +770,7 @@ async fn faults(
     for &fault in &options.faults {
         let cell = cell(fault, target, options).await;
         outcomes.push(outcome(fault, target, cell));
-        progress.step(&format!("{}: {}", target.name, fault.title()));
+        progress.step(&format!("{}: {}", target.name(), fault.title()));
     }
     outcomes
 }
@@ -810,7 +788,7 @@ async fn soak(
     let runnable: Vec<Fault> = (options.faults.iter().copied())
         .filter(|&fault| faults::applicability(fault, target).is_none())
         .collect();
-    let mut draws = soak.draws(&target.name);
+    let mut draws = soak.draws(target.name());
     let mut cells: std::collections::BTreeMap<Fault, Cell> = Default::default();
     let mut schedule = Vec::new();
     let until = Instant::now() + Duration::from_secs_f64(soak.secs);
@@ -819,7 +797,7 @@ async fn soak(
         progress.add(1);
         schedule.push(fault);
         let this_draw = Target {
-            draw: schedule.len(),
+            faults: target.for_draw(schedule.len()),
             ..target.clone()
         };
         let drawn = cell(fault, &this_draw, options).await;
@@ -830,7 +808,7 @@ async fn soak(
         cells.insert(fault, merged);
         progress.step(&format!(
             "{}: draw {}, {}",
-            target.name,
+            target.name(),
             schedule.len(),
             fault.title()
         ));
@@ -847,15 +825,15 @@ async fn soak(
 }
 
 fn servers_text(target: &Target) -> String {
-    let servers: String = match target.nodes.len() {
+    let servers: String = match target.nodes().len() {
         0 => format!(
             "{} host(s) of the user's cluster",
-            target.harness.targets().len()
+            target.harness().targets().len()
         ),
         1 => "1 local server".into(),
         n => format!("{n} local servers"),
     };
-    match target.secured {
+    match target.is_secured() {
         true => servers + " requiring TLS, a client certificate and a password",
         false => servers,
     }
@@ -933,10 +911,10 @@ pub async fn run(
                 Ok(target) => BackendReport {
                     backend: name.clone(),
                     servers: servers_text(target),
-                    capabilities: Some(CapabilitiesReport::from(&target.caps)),
-                    ttl_ms: u64::try_from(target.ttl.as_millis()).unwrap_or(u64::MAX),
+                    capabilities: Some(CapabilitiesReport::from(target.capabilities())),
+                    ttl_ms: u64::try_from(target.ttl().as_millis()).unwrap_or(u64::MAX),
                     ttl_why: target.ttl_why.clone(),
-                    checks: checks(&target.caps, &target.config, &suite, &faults),
+                    checks: checks(target.capabilities(), &target.config, &suite, &faults),
                     suite,
                     faults,
                     schedule,
@@ -954,7 +932,7 @@ pub async fn run(
         let (Ok(target), true) = (target, options.suite_and_perf) else {
             continue;
         };
-        if let Err(why) = health::ensure(target).await {
+        if let Err(why) = faults::ensure(target).await {
             report.error = Some(format!("perf not run, backend unhealthy: {why}"));
             progress.skip(Mode::ALL.len());
             continue;
@@ -965,11 +943,11 @@ pub async fn run(
             ..BenchOptions::default()
         };
         for mode in Mode::ALL {
-            match bench::run(&target.harness.url(), mode, perf_options).await {
+            match bench::run(&target.harness().url(), mode, perf_options).await {
                 Ok(lines) => report.perf.extend(lines),
                 Err(e) => report.error = Some(format!("perf {mode}: {e}")),
             }
-            progress.step(&format!("{}: perf {mode}", target.name));
+            progress.step(&format!("{}: perf {mode}", target.name()));
         }
     }
     drop(targets);
@@ -981,3 +959,8 @@ pub async fn run(
         backends: reports,
     }
 }
+
+#[cfg(test)]
+mod evidence_tests;
+#[cfg(test)]
+mod health_tests;

@@ -5,8 +5,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::faults::{Cell, Fault, Updates, Verdict};
+use tenure_conformance::LostUpdates;
+
 use super::{BackendReport, Matrix};
+use super::{Cell, Fault, Verdict};
 use crate::bench::{BenchLine, Mode};
 
 /// Now, as `YYYY-MM-DDTHH:MM:SSZ`.
@@ -306,10 +308,10 @@ fn fencing_cell(cell: &Cell) -> String {
     match cell {
         Cell::Ran {
             updates:
-                Updates {
-                    written,
-                    lost_unfenced,
-                    lost_fenced,
+                LostUpdates {
+                    updates: written,
+                    unfenced: lost_unfenced,
+                    fenced: lost_fenced,
                 },
             ..
         } if *written > 0 => format!(
@@ -330,7 +332,7 @@ fn fencing_rows(matrix: &Matrix) -> Vec<(Fault, Vec<String>)> {
         .filter(|&fault| {
             matrix.backends.iter().any(|b| {
                 matches!(cell(b, fault), Some(Cell::Ran { updates, .. })
-                    if updates.lost_unfenced + updates.lost_fenced > 0)
+                    if updates.unfenced + updates.fenced > 0)
             })
         })
         .map(|fault| {

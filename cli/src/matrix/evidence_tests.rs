@@ -1,7 +1,9 @@
 //! A fault counts as fired only on evidence observed from the system (issue 17, item 8).
 
-use super::super::{target, Source};
-use super::*;
+use tenure_conformance::faults::{clock_jump_offset_ms, heal, inject, Fault};
+use tenure_conformance::servers::pid_alive;
+
+use super::{target, Source};
 
 /// A stopped server cannot read its clock: writing the offset file is no evidence that
 /// the jump reached it.
@@ -10,7 +12,7 @@ async fn a_clock_jump_the_server_never_read_did_not_fire() {
     let target = target("redis", &Source::Local { secured: false }, 11)
         .await
         .unwrap();
-    let node = &target.nodes[0];
+    let node = &target.nodes()[0];
     node.pause().unwrap();
     let injected = inject(Fault::ClockJump, &target, 0).await;
     node.resume().unwrap();
@@ -36,12 +38,12 @@ async fn restart_and_pause_evidence_is_observed() {
     let target = target("postgres", &Source::Local { secured: false }, 12)
         .await
         .unwrap();
-    let node = &target.nodes[0];
+    let node = &target.nodes()[0];
     let before = node.pid().unwrap();
     let evidence = inject(Fault::Restart, &target, 0).await.unwrap();
     assert_eq!(evidence.0, "a new server process");
     assert_ne!(node.pid(), Some(before));
-    assert!(exited(before));
+    assert!(!pid_alive(before));
 
     let evidence = inject(Fault::ServerPause, &target, 0).await.unwrap();
     assert_eq!(evidence.0, "the server process is stopped (state T)");

@@ -16,18 +16,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_api::{DistributedLock, LockError, LockKey};
-use tenure_conformance::servers::poll_until;
-use tenure_conformance::servers::redis::sentinel::RedisSentinels;
-use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
-use tenure_conformance::servers::redis::RedisNode;
-use tenure_redis::RedisLock;
-
+use super::target::RedisKeyFn;
 use super::{
-    after_failover, round_failed, setup_failed, Ending, Fault, Holder, Record, Trial, Verdict,
-    HOLDER,
+    after_failover, round_failed, setup_failed, Ending, Fault, Holder, Record, Target, Trial,
+    Verdict, HOLDER,
 };
-use crate::matrix::Target;
+use crate::servers::poll_until;
+use crate::servers::redis::sentinel::RedisSentinels;
+use crate::servers::redis::sharded::RedisShardedCluster;
+use crate::servers::redis::RedisNode;
+use tenure_api::{DistributedLock, LockError, LockKey};
 
 /// How long the sentinels, or the cluster's nodes, wait before they call a silent primary
 /// down: long enough that a loaded machine does not fail one over on its own.
@@ -133,7 +131,9 @@ struct Setup {
     group: Group,
     /// The contender's and the witness's URL (the holder's may wait less).
     url: String,
-    holder: Arc<RedisLock>,
+    holder: Arc<dyn DistributedLock>,
+    /// Where the backend keeps a lock (see [`RedisKeyFn`]).
+    key_of: RedisKeyFn,
     keys: Vec<LockKey>,
     primary: Arc<RedisNode>,
     /// The replica kept in step, to confirm the grants and die with the primary.
@@ -182,9 +182,13 @@ async fn set_up(
         }
     };
     let url = url_with(wait);
-    let holder = RedisLock::connect(&url_with(holder_wait)).await;
-    let holder = Arc::new(holder.map_err(|e| ("holder", e))?);
-    let (primary, keys) = keys_on_one_primary(&group, &holder, target, fault, round, pairs)
+    let key_of = target.redis_key.clone().ok_or((
+        "servers",
+        LockError::backend("the target declares no Redis deployments"),
+    ))?;
+    let holder = target.harness.client_of(url_with(holder_wait)).await;
+    let holder = holder.map_err(|e| ("holder", e))?;
+    let (primary, keys) = keys_on_one_primary(&group, &key_of, target, fault, round, pairs)
         .await
         .map_err(backend("keys"))?;
     let replicas = group
@@ -208,6 +212,7 @@ async fn set_up(
         group,
         url,
         holder,
+        key_of,
         keys,
         confirming: confirming.first().cloned(),
         behind: behind.to_vec(),
@@ -271,7 +276,7 @@ impl Setup {
             }
         }
 
-        let lock_key = self.holder.lock_key(&self.keys[0]);
+        let lock_key = (self.key_of)(&self.keys[0]);
         let failover = self.fail_over(&lock_key).await;
         // With wait_replicas, a promoted primary left without replicas confirms no grant.
         let orphaned = match (&failover, refusal_expected) {
@@ -282,10 +287,7 @@ impl Setup {
             _ => false,
         };
         let url = &self.url;
-        let connect = || async move {
-            let lock = RedisLock::connect(url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-        };
+        let connect = || async move { target.harness.client_of(url.clone()).await };
         let judged = match after_failover(target, holders, connect, failover.is_ok()).await {
             Ok(judged) => judged,
             Err(e) => return round_failed(pairs, "contender", e),
@@ -379,7 +381,7 @@ async fn in_sync(primary: &RedisNode, replica: &RedisNode) -> Result<(), String>
 /// its three), with that primary.
 async fn keys_on_one_primary(
     group: &Group,
-    lock: &RedisLock,
+    key_of: &RedisKeyFn,
     target: &Target,
     fault: Fault,
     round: usize,
@@ -393,7 +395,7 @@ async fn keys_on_one_primary(
         for candidate in 0..KEY_CANDIDATES {
             let key = LockKey::new(format!("{}/{candidate}", base.as_str()))
                 .map_err(|e| e.to_string())?;
-            let on = group.primary_for(&lock.lock_key(&key)).await?;
+            let on = group.primary_for(&key_of(&key)).await?;
             match &primary {
                 Some(p) if p.addr() != on.addr() => continue,
                 Some(_) => {}

@@ -1,4 +1,6 @@
-//! The fault scenarios of the matrix, written once for every backend.
+//! The fault suite: every fault scenario, written once for every backend, run by
+//! `tenure matrix`, by the backends' tests and by any harness (see [`FaultTarget`] for
+//! what a harness declares it controls).
 //!
 //! A trial is one holder/contender pair on a key of its own. The holder takes the lock
 //! and starts an increment of a [`Counter`] (reads it); the fault is injected; a
@@ -15,20 +17,26 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tenure_api::{
-    AcquireOptions, DistributedLock, Election, FencingKind, Lease, LockError, LockExt, LockKey,
-    ReleaseOutcome, Semaphore,
+    AcquireOptions, DistributedLock, Election, ExpiryKind, FencingKind, Lease, LockError, LockExt,
+    LockKey, ReleaseOutcome, Replication, Semaphore,
 };
-use tenure_conformance::history::{Report, Violation};
-use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::redis::RedisReplicaPair;
-use tenure_conformance::servers::Node;
-use tenure_conformance::{retrying, Counter, History, Increment, Link, Links, LostUpdates};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::Target;
+use crate::history::{Report, Violation};
+use crate::proxy::ProxyMode;
+use crate::servers::redis::RedisReplicaPair;
+use crate::servers::Node;
+use crate::{retrying, Counter, History, Increment, Link, Links, LostUpdates};
 
-mod failover;
+mod health;
+mod redis;
+mod target;
+
+pub use health::ensure;
+pub use target::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn};
+
+type Target = FaultTarget;
 
 /// A fault the matrix injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -153,6 +161,12 @@ impl Fault {
         )
     }
 
+    /// Whether the fault fails a Redis primary over to a replica that missed grants, on
+    /// servers each round starts.
+    pub fn is_replica_failover(self) -> bool {
+        self == Fault::ReplicaFailover || self.is_topology_failover()
+    }
+
     /// Whether the fault is a real failover of Redis as people run it (Sentinel,
     /// Cluster), on servers each round starts.
     pub fn is_topology_failover(self) -> bool {
@@ -206,37 +220,7 @@ pub struct Trial {
     /// What was observed, when worth saying.
     pub note: Option<String>,
     /// The trial's counter increments, and those lost with and without fencing.
-    pub updates: Updates,
-}
-
-/// Increments of a cell's counters (see [`Counter`]), and those lost: acknowledged by a
-/// store but missing from its final value.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Updates {
-    /// Increments written.
-    pub written: u64,
-    /// Lost by a store that ignores fencing tokens.
-    pub lost_unfenced: u64,
-    /// Lost by a store that rejects a token lower than the highest it has seen.
-    pub lost_fenced: u64,
-}
-
-impl From<LostUpdates> for Updates {
-    fn from(lost: LostUpdates) -> Self {
-        Self {
-            written: lost.updates,
-            lost_unfenced: lost.unfenced,
-            lost_fenced: lost.fenced,
-        }
-    }
-}
-
-impl std::ops::AddAssign for Updates {
-    fn add_assign(&mut self, other: Self) {
-        self.written += other.written;
-        self.lost_unfenced += other.lost_unfenced;
-        self.lost_fenced += other.lost_fenced;
-    }
+    pub updates: LostUpdates,
 }
 
 /// A cell of the matrix: one backend under one fault.
@@ -256,7 +240,7 @@ pub enum Cell {
         /// Whether fencing contained every violation observed (`None`: none observed).
         fencing_contained: Option<bool>,
         /// The counter increments of the trials counted above, and those lost.
-        updates: Updates,
+        updates: LostUpdates,
         /// Distinct observations, for the report.
         notes: Vec<String>,
     },
@@ -284,7 +268,7 @@ impl Cell {
         let mut counts = BTreeMap::new();
         let mut notes: Vec<String> = Vec::new();
         let mut not_fired = 0;
-        let mut updates = Updates::default();
+        let mut updates = LostUpdates::default();
         for trial in &trials {
             if trial.fired {
                 *counts.entry(trial.verdict).or_insert(0) += 1;
@@ -523,7 +507,7 @@ impl Record {
             verdict,
             fired,
             note: note.or(stuck.map(String::from)),
-            updates: self.counter.lost().into(),
+            updates: self.counter.lost(),
         }
     }
 
@@ -806,7 +790,7 @@ fn setup_failed(what: &str, error: LockError) -> Trial {
         verdict: Verdict::Unavail,
         fired: false,
         note: Some(format!("{what}: {}", short(&error))),
-        updates: Updates::default(),
+        updates: LostUpdates::default(),
     }
 }
 
@@ -848,8 +832,8 @@ pub async fn run(fault: Fault, target: &Target, trials: usize, rounds: usize) ->
     Cell::from_trials(results, injections)
 }
 
-/// Why `fault` cannot run on `target`, if it cannot.
-pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
+/// Why `fault` cannot run on `target`, if it cannot: the cell to report instead.
+pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
     let backend = target.caps.backend;
     let not_injectable = |reason: &str| {
         Some(Cell::NotInjectable {
@@ -873,43 +857,41 @@ pub(super) fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
         Fault::MinorityLoss if target.nodes.len() < 3 => Some(Cell::NotApplicable {
             reason: "a single node has no minority to lose".into(),
         }),
-        Fault::ReplicaFailover => match backend {
-            "redis" if target.secured => not_injectable(
-                "the harness's primary-replica pair does not run with TLS and ACL users",
-            ),
-            "redis" => None,
-            "redlock" => Some(Cell::NotApplicable {
-                reason: "independent masters without replicas".into(),
+        _ if fault.is_replica_failover() => {
+            let redis = target.redis_key.is_some();
+            match target.caps.replication {
+                _ if redis && target.secured => not_injectable(if fault.is_topology_failover() {
+                    "the harness starts its Sentinel and Cluster groups without TLS and ACL users"
+                } else {
+                    "the harness's primary-replica pair does not run with TLS and ACL users"
+                }),
+                _ if redis => None,
+                _ if fault.is_topology_failover() => Some(Cell::NotApplicable {
+                    reason: "a failover of a Redis deployment".into(),
+                }),
+                Replication::IndependentQuorum { .. } => Some(Cell::NotApplicable {
+                    reason: "independent masters without replicas".into(),
+                }),
+                Replication::Consensus { .. } => Some(Cell::NotApplicable {
+                    reason: "replication is synchronous consensus".into(),
+                }),
+                _ => not_injectable("the harness starts no replica for this backend"),
+            }
+        }
+        Fault::MinorityPartition => match target.caps.replication {
+            Replication::SingleNode => Some(Cell::NotApplicable {
+                reason: "one server: no minority side".into(),
             }),
-            "etcd" | "zk" => Some(Cell::NotApplicable {
-                reason: "replication is synchronous consensus".into(),
-            }),
-            _ => not_injectable("the harness starts no replica for this backend"),
-        },
-        _ if fault.is_topology_failover() => match backend {
-            "redis" if target.secured => not_injectable(
-                "the harness starts its Sentinel and Cluster groups without TLS and ACL users",
-            ),
-            "redis" => None,
-            _ => Some(Cell::NotApplicable {
-                reason: "a failover of a Redis deployment".into(),
-            }),
-        },
-        Fault::MinorityPartition => match backend {
-            "zk" | "redlock" if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+            _ if target.nodes.len() < 3 => Some(Cell::NotApplicable {
                 reason: "fewer than three servers: no minority side".into(),
             }),
-            "zk" if target.peer_links.is_none() => {
-                not_injectable("no control over the links between the members")
-            }
-            "zk" | "redlock" => None,
-            "etcd" => not_injectable(
+            Replication::IndependentQuorum { .. } => None,
+            _ if target.peer_links.is_some() => None,
+            _ if backend == "etcd" => not_injectable(
                 "the harness has no control over the links between etcd members (its \
                  members reach each other directly)",
             ),
-            _ => Some(Cell::NotApplicable {
-                reason: "one server: no minority side".into(),
-            }),
+            _ => not_injectable("no control over the links between the members"),
         },
         _ => None,
     }
@@ -944,7 +926,7 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         _ => {}
     }
     let query = match fault {
-        Fault::DelayedReply | Fault::LostReply => target.patient_query.as_str(),
+        Fault::DelayedReply | Fault::LostReply => target.patient_query(),
         _ => target.harness.cut_options(),
     };
     let (lock, links) = match target.harness.proxied_client(query).await {
@@ -1223,10 +1205,10 @@ impl ClientTrial<'_> {
     /// the release took at least the delay, and the contender was granted before it
     /// returned.
     async fn delayed_release(self) -> Trial {
-        let delay = match self.target.caps.backend {
-            // Its client drops a connection silent for 2/5 of the session timeout (the
-            // TTL): a longer delay fails the release before its reply is due.
-            "zk" => self.target.ttl / 5,
+        let delay = match self.target.caps.expiry {
+            // ZooKeeper's client drops a connection silent for 2/5 of the session timeout
+            // (the TTL): a longer delay fails the release before its reply is due.
+            ExpiryKind::SessionHeartbeat => self.target.ttl / 5,
             _ => self.target.ttl + Duration::from_millis(500),
         };
         let lock = self.record.client(HOLDER, self.lock.clone());
@@ -1397,10 +1379,18 @@ async fn partitioned(
     Ok((lock, links))
 }
 
+/// Whether the servers are independent masters a client asks a majority of (Redlock).
+fn independent_quorum(target: &Target) -> bool {
+    matches!(
+        target.caps.replication,
+        Replication::IndependentQuorum { .. }
+    )
+}
+
 /// The node a server fault hits: the leader if there is one, else node 0; for a
 /// partitioned Redlock, the node both sides share.
 async fn victim(target: &Target) -> usize {
-    if target.caps.backend == "redlock" {
+    if independent_quorum(target) {
         return redlock_sides(target.nodes.len()).2;
     }
     match &target.leader {
@@ -1415,13 +1405,13 @@ async fn server_round(fault: Fault, target: &Target, round: usize, pairs: usize)
         return replica_failover(target, round, pairs).await;
     }
     if fault.is_topology_failover() {
-        return failover::round(fault, target, round, pairs).await;
+        return redis::round(fault, target, round, pairs).await;
     }
     if fault == Fault::MinorityLoss {
         return minority_loss(target, round, pairs).await;
     }
     let n = target.nodes.len();
-    let redlock = target.caps.backend == "redlock" && fault != Fault::ServerPause;
+    let redlock = independent_quorum(target) && fault != Fault::ServerPause;
     let (mut holder_side, mut contender_side, _) = redlock_sides(n);
     // A minority partition on ZooKeeper: the holder talks to one follower only, the
     // contender to the others (the leader's side).
@@ -1615,11 +1605,16 @@ async fn observed<T>(mut observe: impl FnMut() -> Option<T>) -> Option<T> {
 
 /// Whether the process `pid` is gone (or a zombie).
 fn exited(pid: u32) -> bool {
-    !tenure_conformance::servers::pid_alive(pid)
+    !crate::servers::pid_alive(pid)
 }
 
-/// Injects a server fault on node `node` and returns the evidence that it took effect.
-async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence, String> {
+/// Injects a server fault on node `index` (into [`FaultTarget::nodes`]) and returns the
+/// evidence that it took effect, or why there is none. [`run`] injects its server faults
+/// with it; [`heal`] undoes it.
+///
+/// # Cancel safety
+/// Not cancel safe: cancelled midway, the fault may be left injected ([`ensure`] repairs).
+pub async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence, String> {
     let node = &target.nodes[index];
     match fault {
         Fault::ClockJump => {
@@ -1676,16 +1671,16 @@ async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence,
 /// believes it holds, and landing takes the server's reading its new offset plus its
 /// cron's 100 ms: with Redis's 500 ms trial TTL a loaded machine (TLS handshakes, every
 /// backend's trials on two cores) left too little of the lease for that.
-pub(crate) fn clock_jump_ttl(target: &Target) -> Duration {
+pub fn clock_jump_ttl(target: &Target) -> Duration {
     target.ttl.max(CLOCK_JUMP_MIN_TTL)
 }
 
 /// See [`clock_jump_ttl`].
-const CLOCK_JUMP_MIN_TTL: Duration = Duration::from_secs(3);
+pub const CLOCK_JUMP_MIN_TTL: Duration = Duration::from_secs(3);
 
 /// How far a clock jump moves the server's clock: past every holder's lease on the
 /// server (twice the lease TTL, plus a second).
-pub(crate) fn clock_jump_offset_ms(target: &Target) -> i64 {
+pub fn clock_jump_offset_ms(target: &Target) -> i64 {
     i64::try_from((clock_jump_ttl(target) * 2).as_millis()).unwrap_or(i64::MAX) + 1000
 }
 
@@ -1708,7 +1703,11 @@ async fn set_clock(node: &dyn Node, offset_ms: i64) -> Result<(), String> {
 }
 
 /// Undoes [`inject`], and checks the undo took effect.
-async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
+///
+/// # Cancel safety
+/// Not cancel safe: cancelled midway, the fault may be left half undone ([`ensure`]
+/// repairs).
+pub async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
     let node = &target.nodes[node];
     match fault {
         // Back to real time before the next round takes locks: a grant made on the
@@ -1827,7 +1826,7 @@ async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Trial {
         verdict,
         fired,
         note,
-        updates: Updates::default(),
+        updates: LostUpdates::default(),
     }
 }
 
@@ -1842,7 +1841,7 @@ async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Tr
             return round_failed(pairs, "servers", error);
         }
     };
-    let connect = |url: String| async move { tenure::connect(&url).await };
+    let connect = |url: String| target.harness.client_of(url);
     let setup = async {
         pair.wait_synced()
             .await
@@ -1921,10 +1920,6 @@ where
 }
 
 #[cfg(test)]
-#[path = "faults_evidence_tests.rs"]
-mod evidence_tests;
-
-#[cfg(test)]
 mod cell_tests {
     use super::*;
 
@@ -1933,10 +1928,10 @@ mod cell_tests {
             verdict,
             fired,
             note: None,
-            updates: Updates {
-                written: 2,
-                lost_unfenced,
-                lost_fenced: 0,
+            updates: LostUpdates {
+                updates: 2,
+                unfenced: lost_unfenced,
+                fenced: 0,
             },
         }
     }
@@ -1979,10 +1974,10 @@ mod cell_tests {
         // The trial that did not fire counts no updates, as it counts no verdict.
         assert_eq!(
             *updates,
-            Updates {
-                written: 4,
-                lost_unfenced: 1,
-                lost_fenced: 0
+            LostUpdates {
+                updates: 4,
+                unfenced: 1,
+                fenced: 0
             }
         );
         assert_eq!(notes, &["unhealthy: node 0 is down"]);

@@ -1,0 +1,228 @@
+//! What the fault suite runs against: a backend's harness, and what the harness declares
+//! it controls (the servers' processes, their leader, the links between them, their
+//! clocks, Redis deployments of the backend's own). A fault that needs what is not
+//! declared is reported not injectable, never run half-way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tenure_api::{Capabilities, DistributedLock, LockError, LockKey};
+
+use super::Fault;
+use crate::servers::zk::ZkEnsemble;
+use crate::servers::Node;
+use crate::{Harness as _, UrlHarness};
+
+/// Finds the index (into [`FaultTarget::nodes`]) of the consensus leader, if any.
+pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
+
+/// The Redis key a backend keeps a lock's state under (its hash slot picks a Redis
+/// Cluster's shard).
+pub type RedisKeyFn = Arc<dyn Fn(&LockKey) -> String + Send + Sync>;
+
+/// Cuts one member of a replicated backend off from the others, for partition faults.
+pub trait PeerLinks: Send + Sync {
+    /// Cuts member `index` (into [`FaultTarget::nodes`]) off from every other member.
+    fn isolate(&self, index: usize) -> Result<(), String>;
+    /// Restores every member-to-member link.
+    fn heal(&self);
+    /// Bytes of member `index`'s traffic with the others dropped so far: evidence a cut
+    /// fired.
+    fn dropped(&self, index: usize) -> u64;
+}
+
+/// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
+impl PeerLinks for ZkEnsemble {
+    fn isolate(&self, index: usize) -> Result<(), String> {
+        ZkEnsemble::isolate(self, index).map_err(|e| e.to_string())
+    }
+
+    fn heal(&self) {
+        ZkEnsemble::heal(self);
+    }
+
+    fn dropped(&self, index: usize) -> u64 {
+        self.peer_link_stats(index)
+            .map_or(0, |s| s.bytes_blackholed)
+    }
+}
+
+/// A backend under the fault suite: its harness, its declared [`Capabilities`], the
+/// trials' TTL, and what the harness controls. Build it with [`FaultTarget::new`] and
+/// declare each control the harness has; [`run`](super::run) reports the faults that
+/// need an undeclared one as not injectable.
+///
+/// ```no_run
+/// # async fn demo(harness: tenure_conformance::UrlHarness) -> Result<(), tenure_api::LockError> {
+/// use std::time::Duration;
+/// use tenure_conformance::faults::{self, Fault, FaultTarget, Verdict};
+/// let target = FaultTarget::new("redis", harness, Duration::from_millis(500)).await?;
+/// let cell = faults::run(Fault::PausedHolder, &target, 4, 1).await;
+/// assert!(!cell.verdicts().contains(&Verdict::Unsafe), "{}", cell.summary());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct FaultTarget {
+    pub(super) name: String,
+    pub(super) harness: UrlHarness,
+    pub(super) caps: Capabilities,
+    pub(super) ttl: Duration,
+    pub(super) nodes: Vec<Arc<dyn Node>>,
+    pub(super) leader: Option<LeaderFn>,
+    pub(super) peer_links: Option<Arc<dyn PeerLinks>>,
+    pub(super) clock_shim: bool,
+    pub(super) secured: bool,
+    pub(super) redis_key: Option<RedisKeyFn>,
+    pub(super) patient_query: String,
+    pub(super) run_id: u32,
+    pub(super) draw: usize,
+}
+
+impl std::fmt::Debug for FaultTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultTarget")
+            .field("name", &self.name)
+            .field("harness", &self.harness)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FaultTarget {
+    /// A target named `name` (for reports) whose clients `harness` makes, holding their
+    /// leases for `ttl` in the trials: one client is asked for the backend's
+    /// [`Capabilities`]. It controls nothing until declared: only faults on a client's
+    /// own links and process run on it.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the probing client is dropped.
+    pub async fn new(name: &str, harness: UrlHarness, ttl: Duration) -> Result<Self, LockError> {
+        let caps = harness.client().await?.capabilities();
+        Ok(Self {
+            name: name.to_owned(),
+            harness,
+            caps,
+            ttl,
+            nodes: Vec::new(),
+            leader: None,
+            peer_links: None,
+            clock_shim: false,
+            secured: false,
+            redis_key: None,
+            patient_query: String::new(),
+            run_id: rand::random(),
+            draw: 0,
+        })
+    }
+
+    /// Declares control over the servers' processes (kill, pause, restart): the server
+    /// faults run on them.
+    pub fn with_nodes(mut self, nodes: Vec<Arc<dyn Node>>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Declares how to find the consensus leader among [`nodes`](Self::with_nodes), so
+    /// a server fault hits it.
+    pub fn with_leader(mut self, leader: LeaderFn) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// Declares control over the links between members, for partitions.
+    pub fn with_peer_links(mut self, links: Arc<dyn PeerLinks>) -> Self {
+        self.peer_links = Some(links);
+        self
+    }
+
+    /// Declares that the nodes run under the clock shim ([`crate::clock_shim`]), so
+    /// their clocks can jump.
+    pub fn with_clock_shim(mut self) -> Self {
+        self.clock_shim = true;
+        self
+    }
+
+    /// Declares that the servers require TLS and a password: the suite's own Redis
+    /// deployments (which run without) do not stand in for them.
+    pub fn secured(mut self, secured: bool) -> Self {
+        self.secured = secured;
+        self
+    }
+
+    /// Declares that the backend runs on Redis, and where it keeps a lock: the suite
+    /// then fails over Redis deployments it starts (a primary with an asynchronous
+    /// replica, Sentinel, Cluster), whose clients the harness makes from their URLs.
+    pub fn with_redis_deployments(mut self, key: RedisKeyFn) -> Self {
+        self.redis_key = Some(key);
+        self
+    }
+
+    /// Query options for clients that must wait out a delayed reply instead of timing
+    /// out first (default: none).
+    pub fn with_patient_query(mut self, query: &str) -> Self {
+        self.patient_query = query.to_owned();
+        self
+    }
+
+    /// Names this run in the trials' keys (default: random), so runs never share keys.
+    pub fn with_run_id(mut self, run_id: u32) -> Self {
+        self.run_id = run_id;
+        self
+    }
+
+    /// This target for a soak's `draw`: each draw's trials take keys of their own, so
+    /// that nothing an earlier draw left held can meet them.
+    pub fn for_draw(&self, draw: usize) -> Self {
+        Self {
+            draw,
+            ..self.clone()
+        }
+    }
+
+    /// The name given to [`new`](Self::new).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The harness.
+    pub fn harness(&self) -> &UrlHarness {
+        &self.harness
+    }
+
+    /// What the backend declares.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The trials' TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The servers under process control.
+    pub fn nodes(&self) -> &[Arc<dyn Node>] {
+        &self.nodes
+    }
+
+    /// Whether the servers require TLS and a password.
+    pub fn is_secured(&self) -> bool {
+        self.secured
+    }
+
+    pub(super) fn key(&self, fault: Fault, round: usize, index: usize) -> LockKey {
+        let name = format!(
+            "tenure-matrix/{:08x}/{}/{fault:?}/{round}/{index}",
+            self.run_id, self.draw
+        );
+        LockKey::new(name).expect("ascii key well under the length limit")
+    }
+
+    pub(super) async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
+        self.harness.client().await
+    }
+
+    pub(super) fn patient_query(&self) -> &str {
+        &self.patient_query
+    }
+}
