@@ -6,14 +6,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-
-use tenure_conformance::faults::{LeaderFn, PeerLinks};
+use tenure_conformance::faults::{leader_of, LeaderFn, PeerLinks};
 use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
-use tenure_conformance::servers::Node;
+use tenure_conformance::servers::{dyn_nodes, Node};
 use tenure_conformance::UrlHarness;
 
 /// ZooKeeper's tick on local ensembles: sessions may then be 0.4–4 s, so expiry scenarios
@@ -49,19 +47,6 @@ impl fmt::Debug for LocalBackend {
     }
 }
 
-/// A [`LeaderFn`] over a shared cluster handle.
-fn leader_of<C, F>(cluster: &Arc<C>, find: F) -> LeaderFn
-where
-    C: Send + Sync + 'static,
-    F: for<'a> Fn(&'a C) -> BoxFuture<'a, Option<usize>> + Send + Sync + Copy + 'static,
-{
-    let cluster = cluster.clone();
-    Arc::new(move || {
-        let cluster = cluster.clone();
-        Box::pin(async move { find(&cluster).await })
-    })
-}
-
 /// What to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LocalOptions {
@@ -82,18 +67,13 @@ pub fn backends() -> Vec<&'static str> {
     vec!["redis", "redlock", "etcd", "zk", "postgres"]
 }
 
-fn nodes<N: Node + 'static>(nodes: &[Arc<N>]) -> Vec<Arc<dyn Node>> {
-    nodes.iter().map(|n| n.clone() as Arc<dyn Node>).collect()
-}
-
 /// A harness on `nodes` that follows them when a restart moves one to another port.
 fn harness(name: &str, template: &str, nodes: &[Arc<dyn Node>]) -> UrlHarness {
     let targets = nodes.iter().map(|n| n.addr()).collect();
-    let nodes = nodes.to_vec();
     UrlHarness::new(name, template, targets, |url| async move {
         tenure::connect(&url).await
     })
-    .follow(move || nodes.iter().map(|n| n.addr()).collect())
+    .follow_nodes(nodes)
 }
 
 /// Starts the servers of `backend` on free loopback ports.
@@ -120,7 +100,7 @@ pub async fn start(
         "redis" | "redlock" => {
             let cluster =
                 RedisCluster::start(redis(if backend == "redis" { 1 } else { 5 })).await?;
-            let nodes = nodes(cluster.nodes());
+            let nodes = dyn_nodes(cluster.nodes());
             let template = match cluster.secrets() {
                 Some(secrets) => secrets.url(&format!("{backend}s"), "{hosts}"),
                 None => format!("{backend}://{{hosts}}"),
@@ -167,7 +147,7 @@ pub async fn start(
             leader = Some(leader_of(&cluster, |c| {
                 Box::pin(async move { c.leader_index().await.ok() })
             }));
-            let nodes = nodes(cluster.members());
+            let nodes = dyn_nodes(cluster.members());
             let harness = harness("etcd", &template, &nodes)
                 .cut_query("request_timeout_ms=500")
                 // Leases count whole seconds, at least ~1.5 election timeouts.
@@ -189,7 +169,7 @@ pub async fn start(
                 Box::pin(async move { e.leader_index().await.ok() })
             }));
             peer_links = Some(ensemble.clone());
-            let nodes = nodes(ensemble.nodes());
+            let nodes = dyn_nodes(ensemble.nodes());
             let template = match ensemble.secrets() {
                 Some(secrets) => format!("{}&tick_ms={ZK_TICK_MS}", secrets.url("{hosts}")),
                 None => format!("zk://{{hosts}}?tick_ms={ZK_TICK_MS}"),

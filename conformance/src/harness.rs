@@ -295,6 +295,12 @@ impl UrlHarness {
         self
     }
 
+    /// [`follow`](Self::follow)s `nodes`: clients reach each at its current address.
+    pub fn follow_nodes(self, nodes: &[Arc<dyn crate::servers::Node>]) -> Self {
+        let nodes = nodes.to_vec();
+        self.follow(move || nodes.iter().map(|n| n.addr()).collect())
+    }
+
     /// The servers' addresses (their current ones, with [`follow`](Self::follow)).
     pub fn targets(&self) -> Vec<SocketAddr> {
         match &self.follow {

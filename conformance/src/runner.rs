@@ -1,5 +1,6 @@
-//! Runs the suite as a `cargo test` target (`harness = false`) with `libtest-mimic`: one
-//! named test per scenario, so the output reads as the backend's row of the matrix.
+//! Runs the suite and the fault suite as `cargo test` targets (`harness = false`) with
+//! `libtest-mimic`: one named test per scenario or fault, so the output reads as the
+//! backend's row of the matrix.
 
 use std::error::Error;
 use std::future::Future;
@@ -9,6 +10,8 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 use tenure_api::Capabilities;
 
+use crate::faults::expect::Config;
+use crate::faults::{self, Cell, Fault, FaultTarget};
 use crate::suite::{scenarios, Ctx, Scenario};
 use crate::Harness;
 
@@ -71,6 +74,134 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<H, Box<dyn Error + Send + Sync>>>,
 {
+    let names = scenarios().iter().map(|s| s.name.to_owned()).collect();
+    let start = || async {
+        let harness = start().await?;
+        let caps = harness.client().await?.capabilities();
+        Ok((Arc::new(harness), caps))
+    };
+    run_started(start, names, |(harness, caps), handle| {
+        scenarios()
+            .into_iter()
+            .map(|scenario| {
+                let unmet = scenario.unmet(&caps, harness.as_ref());
+                let (harness, handle) = (harness.clone(), handle.clone());
+                Trial::test(scenario.name, move || {
+                    match handle.block_on(run_scenario(&scenario, harness.as_ref(), &caps)) {
+                        ScenarioResult::Failed(reason) => Err(Failed::from(reason)),
+                        _ => Ok(()),
+                    }
+                })
+                .with_kind(caps.backend)
+                .with_ignored_flag(unmet.is_some())
+            })
+            .collect()
+    })
+}
+
+/// Trials of each fault in a backend's fault-suite test (one injection).
+pub const FAULT_TRIALS: usize = 3;
+
+/// How long one fault's trials may run (a Redis Cluster failover alone may take a minute).
+pub const FAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs [`FAULT_TRIALS`] trials of `fault` on `target`, on servers first brought back
+/// to health, and checks the cell against the table's row for `config`: a fault that
+/// fired in no trial, or a verdict the protocol does not allow (an UNSAFE where fencing
+/// should contain it; a SAFE where the table says the violation must be observed), is
+/// the failure, with the cell's notes.
+///
+/// # Cancel safety
+/// Not cancel safe: cancelled midway, a fault may be left injected (the next run repairs
+/// it).
+pub async fn run_fault(fault: Fault, target: &FaultTarget, config: &Config) -> Result<(), String> {
+    let expected = faults::expect::expect(config, fault);
+    if let Err(why) = faults::ensure(target).await {
+        return Err(format!(
+            "the servers are not healthy before the fault: {why}"
+        ));
+    }
+    let cell = faults::run(fault, target, FAULT_TRIALS, 1).await;
+    let notes = match &cell {
+        Cell::Ran { counts, notes, .. } if counts.values().sum::<usize>() > 0 => notes,
+        Cell::Ran { notes, .. } => {
+            return Err(format!(
+                "the fault fired in no trial: {}: {notes:?}",
+                cell.summary()
+            ))
+        }
+        other => return Err(other.summary()),
+    };
+    match expected.allows(&cell.verdicts()) {
+        true => Ok(()),
+        false => Err(format!(
+            "{}, where the protocol allows only {:?} ({}): {notes:?}",
+            cell.summary(),
+            expected.verdicts,
+            expected.reason
+        )),
+    }
+}
+
+/// The body of a backend's `tests/fault_suite.rs` (`harness = false`): starts the
+/// backend's servers and the [`FaultTarget`] over them with `start`, with the
+/// configuration its row of the table of [`expect`](faults::expect) is read for, and
+/// runs every fault of [`Fault::ALL`] as a named test ([`run_fault`]), one at a time
+/// (they share the servers). A fault the target cannot inject, or that does not apply to
+/// the protocol, is *ignored*. Call `.exit()` on the conclusion after this returns.
+///
+/// ```no_run
+/// # async fn servers() -> Result<(tenure_conformance::faults::FaultTarget, tenure_conformance::faults::expect::Config), Box<dyn std::error::Error + Send + Sync>> { unimplemented!() }
+/// use tenure_conformance::runner;
+/// fn main() {
+///     runner::run_fault_suite(servers).exit();
+/// }
+/// ```
+pub fn run_fault_suite<F, Fut>(start: F) -> Conclusion
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<(FaultTarget, Config), Box<dyn Error + Send + Sync>>>,
+{
+    let names = Fault::ALL.iter().map(|f| f.name().to_owned()).collect();
+    run_started(start, names, |(target, config), handle| {
+        let (target, turn) = (Arc::new(target), Arc::new(tokio::sync::Mutex::new(())));
+        Fault::ALL
+            .into_iter()
+            .map(|fault| {
+                let skip = faults::applicability(fault, &target).is_some()
+                    || faults::expect::expect(&config, fault).verdicts.is_empty();
+                let (target, turn, handle) = (target.clone(), turn.clone(), handle.clone());
+                let backend = target.capabilities().backend;
+                Trial::test(fault.name(), move || {
+                    handle.block_on(async {
+                        let _turn = turn.lock().await;
+                        let run = run_fault(fault, &target, &config);
+                        match tokio::time::timeout(FAULT_TIMEOUT, run).await {
+                            Ok(result) => result.map_err(Failed::from),
+                            Err(_) => Err(format!("timed out after {FAULT_TIMEOUT:?}").into()),
+                        }
+                    })
+                })
+                .with_kind(backend)
+                .with_ignored_flag(skip)
+            })
+            .collect()
+    })
+}
+
+/// Starts what the tests need with `start` on a two-worker runtime, runs the tests
+/// `trials` makes of it, drops it, and stops the runtime (so servers are stopped before
+/// the caller exits the process). When `start` fails, each of `names` is a test that
+/// fails with the reason when `CI=true`, and is ignored (the reason printed) otherwise.
+fn run_started<S, F, Fut>(
+    start: F,
+    names: Vec<String>,
+    trials: impl FnOnce(S, &tokio::runtime::Handle) -> Vec<Trial>,
+) -> Conclusion
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<S, Box<dyn Error + Send + Sync>>>,
+{
     let args = Arguments::from_args();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -83,41 +214,17 @@ where
             return libtest_mimic::run(&args, Vec::new());
         }
     };
-    let started = runtime.block_on(async {
-        let harness = start().await?;
-        let caps = harness.client().await?.capabilities();
-        Ok::<_, Box<dyn Error + Send + Sync>>((Arc::new(harness), caps))
-    });
-    let conclusion = match started {
-        Ok((harness, caps)) => {
-            let trials = scenarios()
-                .into_iter()
-                .map(|scenario| {
-                    let unmet = scenario.unmet(&caps, harness.as_ref());
-                    let (harness, handle) = (harness.clone(), runtime.handle().clone());
-                    Trial::test(scenario.name, move || {
-                        match handle.block_on(run_scenario(&scenario, harness.as_ref(), &caps)) {
-                            ScenarioResult::Failed(reason) => Err(Failed::from(reason)),
-                            _ => Ok(()),
-                        }
-                    })
-                    .with_kind(caps.backend)
-                    .with_ignored_flag(unmet.is_some())
-                })
-                .collect();
-            let conclusion = libtest_mimic::run(&args, trials);
-            drop(harness);
-            conclusion
-        }
+    let conclusion = match runtime.block_on(start()) {
+        Ok(started) => libtest_mimic::run(&args, trials(started, runtime.handle())),
         Err(error) => {
             let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
             eprintln!("the backend's servers could not be started: {error}");
             let message = error.to_string();
-            let trials = scenarios()
+            let trials = names
                 .into_iter()
-                .map(|scenario| {
+                .map(|name| {
                     let message = message.clone();
-                    Trial::test(scenario.name, move || {
+                    Trial::test(name, move || {
                         Err(Failed::from(format!("harness did not start: {message}")))
                     })
                     .with_ignored_flag(!in_ci)

@@ -6,7 +6,6 @@
 
 #[doc(hidden)]
 pub mod broken;
-pub mod expect;
 pub mod report;
 
 use std::io::{IsTerminal, Write as _};
@@ -25,7 +24,7 @@ use tenure_conformance::{scenarios, UrlHarness};
 
 use crate::bench::{self, BenchLine, BenchOptions, Mode};
 use crate::local::{self, LocalOptions};
-pub use tenure_conformance::faults::{Cell, Fault, Verdict};
+pub use tenure_conformance::faults::{expect, Cell, Fault, Verdict};
 
 /// How much to run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -964,3 +963,5 @@ pub async fn run(
 mod evidence_tests;
 #[cfg(test)]
 mod health_tests;
+#[cfg(test)]
+mod run_fault_tests;

@@ -29,12 +29,13 @@ use crate::servers::redis::RedisReplicaPair;
 use crate::servers::Node;
 use crate::{retrying, Counter, History, Increment, Link, Links, LostUpdates};
 
+pub mod expect;
 mod health;
 mod redis;
 mod target;
 
 pub use health::ensure;
-pub use target::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn};
+pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn};
 
 type Target = FaultTarget;
 
@@ -113,6 +114,30 @@ impl Fault {
         Fault::LostReply,
         Fault::MinorityPartition,
     ];
+
+    /// The fault's name in matrix.json and on the command line (`paused-holder`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::PausedHolder => "paused-holder",
+            Fault::PausedPermitHolder => "paused-permit-holder",
+            Fault::PausedLeader => "paused-leader",
+            Fault::DelayedReply => "delayed-reply",
+            Fault::ClockJump => "clock-jump",
+            Fault::Restart => "restart",
+            Fault::Blackhole => "blackhole",
+            Fault::ConnectionCut => "connection-cut",
+            Fault::MinorityLoss => "minority-loss",
+            Fault::ServerPause => "server-pause",
+            Fault::ReplicaFailover => "replica-failover",
+            Fault::LostReply => "lost-reply",
+            Fault::MinorityPartition => "minority-partition",
+            Fault::SentinelFailover => "sentinel-failover",
+            Fault::SentinelFailoverConfirmed => "sentinel-failover-confirmed",
+            Fault::SentinelConfirmingReplicaLost => "sentinel-confirming-replica-lost",
+            Fault::ClusterFailover => "cluster-failover",
+            Fault::ClusterFailoverConfirmed => "cluster-failover-confirmed",
+        }
+    }
 
     /// Short title for tables.
     pub fn title(self) -> &'static str {
@@ -1922,6 +1947,14 @@ where
 #[cfg(test)]
 mod cell_tests {
     use super::*;
+
+    #[test]
+    fn a_fault_is_named_as_in_the_json() {
+        for fault in Fault::ALL {
+            let json = serde_json::to_value(fault).unwrap();
+            assert_eq!(json.as_str(), Some(fault.name()));
+        }
+    }
 
     fn trial(verdict: Verdict, fired: bool, lost_unfenced: u64) -> Trial {
         Trial {

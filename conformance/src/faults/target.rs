@@ -17,6 +17,19 @@ use crate::{Harness as _, UrlHarness};
 /// Finds the index (into [`FaultTarget::nodes`]) of the consensus leader, if any.
 pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
 
+/// A [`LeaderFn`] that asks `cluster` with `find` (e.g. `EtcdCluster::leader_index`).
+pub fn leader_of<C, F>(cluster: &Arc<C>, find: F) -> LeaderFn
+where
+    C: Send + Sync + 'static,
+    F: for<'a> Fn(&'a C) -> BoxFuture<'a, Option<usize>> + Send + Sync + Copy + 'static,
+{
+    let cluster = cluster.clone();
+    Arc::new(move || {
+        let cluster = cluster.clone();
+        Box::pin(async move { find(&cluster).await })
+    })
+}
+
 /// The Redis key a backend keeps a lock's state under (its hash slot picks a Redis
 /// Cluster's shard).
 pub type RedisKeyFn = Arc<dyn Fn(&LockKey) -> String + Send + Sync>;

@@ -21,6 +21,7 @@
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 pub mod etcd;
@@ -339,6 +340,11 @@ macro_rules! node_control_methods {
     };
 }
 pub(crate) use node_control_methods;
+
+/// `nodes` as the trait objects fault code takes.
+pub fn dyn_nodes<N: Node + 'static>(nodes: &[Arc<N>]) -> Vec<Arc<dyn Node>> {
+    nodes.iter().map(|n| n.clone() as Arc<dyn Node>).collect()
+}
 
 /// Process control every server node offers, so a fault scenario can be written once for
 /// all backends (`Arc<dyn Node>`).

@@ -67,15 +67,11 @@ pub(crate) struct MatrixArgs {
 
 /// The fault named `name` as in matrix.json.
 fn fault_named(name: &str) -> Result<Fault, LockError> {
-    let name_of = |f: &Fault| serde_json::to_value(f).ok();
     Fault::ALL
         .into_iter()
-        .find(|f| name_of(f).is_some_and(|n| n == name))
+        .find(|f| f.name() == name)
         .ok_or_else(|| {
-            let known: Vec<String> = Fault::ALL
-                .iter()
-                .filter_map(|f| name_of(f)?.as_str().map(String::from))
-                .collect();
+            let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
             LockError::InvalidInput(format!(
                 "unknown fault {name:?} for --faults (known: {})",
                 known.join(", ")

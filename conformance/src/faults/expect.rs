@@ -4,7 +4,8 @@
 //! The table is derived from how each backend works, never from a run and never from the
 //! backend's own [`Capabilities`]: those are checked against the table's premises
 //! ([`Premise`]) instead. A cell observed outside its row is a ⚠ in the matrix, and
-//! `tenure matrix` fails on it.
+//! `tenure matrix` fails on it; a backend's fault-suite test fails on it
+//! ([`run_fault_suite`](crate::runner::run_fault_suite)).
 //!
 //! Deliberately broken wrappers over a real backend look up the real backend's row with
 //! [`Config::of`] (the underlying backend's name and URL), so the matrix judges them by

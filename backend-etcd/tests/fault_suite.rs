@@ -1,0 +1,41 @@
+//! The fault suite (`tenure_conformance::faults`, the matrix's) against a live 3-member
+//! etcd cluster, its server faults aimed at the leader: every fault, checked against the
+//! table's row for etcd.
+
+use std::time::Duration;
+
+use tenure_conformance::faults::{expect::Config, leader_of, FaultTarget};
+use tenure_conformance::servers::dyn_nodes;
+use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::{runner, UrlHarness};
+use tenure_etcd::EtcdLock;
+
+fn main() {
+    runner::run_fault_suite(|| async {
+        let cluster = std::sync::Arc::new(EtcdCluster::start(3).await?);
+        let leader = leader_of(&cluster, |c| {
+            Box::pin(async { c.leader_index().await.ok() })
+        });
+        let nodes = dyn_nodes(cluster.members());
+        let targets = nodes.iter().map(|n| n.addr()).collect();
+        let template = "etcd://{hosts}/tenure-faults";
+        let harness = UrlHarness::new("etcd", template, targets, |url| async move {
+            EtcdLock::connect(&url).await
+        })
+        .cut_query("request_timeout_ms=500")
+        .follow_nodes(&nodes)
+        .owning(cluster);
+        let url = harness.url();
+        // The trials' leases: what etcd grants for a short request (whole seconds, at
+        // least about 1.5 election timeouts).
+        let probe = EtcdLock::connect(&url).await?;
+        let ttl = probe.granted_ttl(Duration::from_secs(2)).await?;
+        let target = FaultTarget::new("etcd", harness, ttl)
+            .await?
+            .with_nodes(nodes)
+            .with_leader(leader)
+            .with_patient_query("request_timeout_ms=10000");
+        Ok((target, Config::of("etcd", &url, probe.members())?))
+    })
+    .exit();
+}
