@@ -1,5 +1,7 @@
-//! etcd under real faults on a 3-member cluster. Each test asserts its expected outcome
-//! and that its fault really fired.
+//! etcd under real faults on a 3-member cluster, beyond the fault suite every backend
+//! runs (`tests/fault_suite.rs`): the queue across a leader's death, availability with a
+//! minority or majority down, FIFO order, lease TTL rounding. Each test asserts its
+//! expected outcome and that its fault really fired.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
-//! Postgres under real faults. Each test asserts its expected outcome and that its fault
-//! really fired.
+//! Postgres under real faults, beyond the fault suite every backend runs
+//! (`tests/fault_suite.rs`): terminated backends, crash recovery of the fence sequence,
+//! connection slots, migrations, the fenced table. Each test asserts its expected
+//! outcome and that its fault really fired.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

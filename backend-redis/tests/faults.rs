@@ -1,5 +1,8 @@
-//! Redis under real faults. Each test asserts its expected outcome — including the
-//! unsafe ones, which must be *observed* — and that its fault really fired.
+//! Redis under real faults, beyond the fault suite every backend runs
+//! (`tests/fault_suite.rs`: paused holders, clock jumps, restarts and failovers with the
+//! default fence, …): the `fence=counter` option, persistence, availability while the
+//! server is down, what the guard reports. Each test asserts its expected outcome —
+//! including the unsafe ones, which must be *observed* — and that its fault really fired.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +15,7 @@ use tenure_conformance::servers::pid_alive;
 use tenure_conformance::servers::redis::{
     Persistence, RedisCluster, RedisOptions, RedisReplicaPair,
 };
-use tenure_conformance::{FencedRegister, History};
+use tenure_conformance::History;
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -129,29 +132,6 @@ impl DoubleGrant {
             );
         }
     }
-
-    /// The default clock-floored fence: the second holder's token is larger, so a fenced
-    /// store rejects the first holder's stale write.
-    fn assert_fencing_contains_it(&self) {
-        assert_eq!(self.report.token_violations(), 0, "{}", self.report);
-        assert_eq!(
-            self.report.fencing_contained(),
-            Some(true),
-            "the checker finds every violation fenced: {}",
-            self.report
-        );
-        let register = FencedRegister::new();
-        let seen_by_held = register.read(self.held.token()).unwrap();
-        let rejected = register
-            .stale_write_after_takeover(self.stolen.token(), self.held.token(), seen_by_held)
-            .unwrap();
-        assert!(
-            rejected,
-            "the stale holder's write is rejected: tokens {} then {}",
-            self.held.token(),
-            self.stolen.token()
-        );
-    }
 }
 
 /// A holder on a node without persistence; the node restarts; a second client acquires.
@@ -190,13 +170,6 @@ async fn restart_without_persistence_grants_twice_and_a_plain_counter_regresses(
     restart_without_persistence("counter", 5)
         .await
         .assert_fence_regressed();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_without_persistence_grants_twice_and_the_clock_floored_fence_contains_it() {
-    restart_without_persistence("clock", 5)
-        .await
-        .assert_fencing_contains_it();
 }
 
 /// Issue 15, defect 6: after a restart in `fence=counter` mode both holders got the same
@@ -319,92 +292,6 @@ async fn failover_to_an_async_replica_grants_twice_and_a_plain_counter_regresses
     failover_to_an_async_replica("counter")
         .await
         .assert_fence_regressed();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_to_an_async_replica_grants_twice_and_the_clock_floored_fence_contains_it() {
-    failover_to_an_async_replica("clock")
-        .await
-        .assert_fencing_contains_it();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_clock_jump_expires_early_and_fencing_contains_it() {
-    let cluster = RedisCluster::start(RedisOptions::default().clock_shim(true))
-        .await
-        .unwrap();
-    let node = &cluster.nodes()[0];
-    let history = History::new();
-    let a = recorded(&history, 0, connect(&node.url()).await);
-    let b = recorded(&history, 1, connect(&node.url()).await);
-    let k = key("clock");
-    let register = FencedRegister::new();
-
-    let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
-    let seen_by_a = register.read(held.token()).unwrap();
-    node.set_clock_offset(2 * TTL.as_millis() as i64).unwrap();
-
-    // Within a few shim refreshes the server sees the key as expired.
-    let b_invoked = Instant::now();
-    let mut stolen = None;
-    while stolen.is_none() && b_invoked.elapsed() < Duration::from_secs(3) {
-        stolen = b.try_acquire(&k, TTL).await.unwrap();
-        if stolen.is_none() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let stolen = stolen.expect("UNSAFE (expected): the clock jump expired the lock early");
-    assert!(
-        Instant::now() < held.valid_until(),
-        "A still believes it holds the lock"
-    );
-    let report = history.check();
-    assert!(report.overlaps() >= 1, "double grant observed: {report}");
-    assert_eq!(report.fencing_contained(), Some(true), "{report}");
-
-    let seen_by_b = register.read(stolen.token()).unwrap();
-    register.write(stolen.token(), seen_by_b + 1).unwrap();
-    assert!(
-        register.write(held.token(), seen_by_a + 1).is_err(),
-        "fencing contains it: the stale holder's write is rejected"
-    );
-    assert_eq!(register.rejected(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_paused_past_its_ttl_is_fenced_off() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    let history = History::new();
-    let a = recorded(&history, 0, connect(&url).await);
-    let b = recorded(&history, 1, connect(&url).await);
-    let k = key("paused-holder");
-    let register = FencedRegister::new();
-    let ttl = Duration::from_millis(300);
-
-    let stale = a.try_acquire(&k, ttl).await.unwrap().unwrap();
-    let seen_by_stale = register.read(stale.token()).unwrap();
-    // A "GC pause": the holder does nothing while its TTL runs out.
-    tokio::time::sleep(ttl * 2).await;
-    assert!(
-        Instant::now() > stale.valid_until(),
-        "the fault fired: paused past the deadline"
-    );
-    let fresh = b
-        .try_acquire(&k, TTL)
-        .await
-        .unwrap()
-        .expect("expired lock taken over");
-    let seen = register.read(fresh.token()).unwrap();
-    register.write(fresh.token(), seen + 1).unwrap();
-    // The holder wakes and writes as if nothing happened.
-    assert!(register.write(stale.token(), seen_by_stale + 1).is_err());
-    assert_eq!(register.value(), 1, "only the fresh holder's update landed");
-    let report = history.check();
-    assert!(
-        report.is_safe(),
-        "the stale lease ended before the takeover: {report}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

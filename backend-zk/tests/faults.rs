@@ -1,6 +1,8 @@
 //! ZooKeeper under real faults, on a 3-node ensemble and (where cheap) a standalone
-//! server, all with `tickTime` = 200 ms so sessions may last 0.4–4 s. Each test asserts
-//! its expected outcome and that its fault really fired.
+//! server, all with `tickTime` = 200 ms so sessions may last 0.4–4 s: beyond the fault
+//! suite every backend runs (`tests/fault_suite.rs`), the session's own behaviour (local
+//! expiry notice, lost create replies, orphans, the queue). Each test asserts its expected
+//! outcome and that its fault really fired.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
