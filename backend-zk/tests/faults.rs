@@ -577,44 +577,6 @@ async fn failed_acquire_leaves_no_orphan_standalone() {
     failed_acquire_leaves_no_orphan(1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_waiters_are_served_in_fifo_order() {
-    const WAITERS: usize = 16;
-    let _serial = SERIAL.lock().await;
-    let zk = start(3).await;
-    let hosts = zk.connect_string();
-    let holder = connect(&hosts, SESSION, OP).await;
-    let history = History::new();
-    let recorded_holder = recorded(&history, 0, &holder);
-    let k = key("fifo16");
-    let held = recorded_holder
-        .try_acquire(&k, TTL)
-        .await
-        .unwrap()
-        .expect("free");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..WAITERS {
-        let observer = (hosts.as_str(), &holder, &history);
-        waiters.push(spawn_waiter(observer, &k, i, Duration::ZERO, log.clone()).await);
-    }
-    assert_eq!(queue(&holder, &k).await.len(), WAITERS + 1);
-
-    let released_at = Instant::now();
-    assert_eq!(
-        recorded_holder.release(held.clone()).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let mut latencies = served_in_fifo_order(waiters, &log, held.token(), released_at).await;
-    eprintln!(
-        "{WAITERS} waiters: hand-off latency (release → next acquired) {}",
-        summary(&mut latencies)
-    );
-    nothing_queued(&holder, &k, "nothing left queued").await;
-    assert_eq!(history.holds().len(), WAITERS + 1, "every grant recorded");
-    assert_safe(&history);
-}
-
 /// Three members whose links can be cut, with syncLimit = 20 ticks (4 s: a cut-off
 /// follower serves reads well past a session): the ensemble, its leader's index, a
 /// follower's index, and the other two members' connect strings.

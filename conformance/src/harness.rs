@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use tenure_api::{DistributedLock, LockError, MemoryLock};
+use tenure_api::{DistributedLock, LockError, LockKey, MemoryLock};
 
 use crate::proxy::FaultProxy;
 
@@ -63,6 +63,18 @@ pub trait Harness: Send + Sync + Debug {
     /// TTL granularity.
     fn short_ttl(&self) -> Duration {
         Duration::from_millis(500)
+    }
+
+    /// How many clients — the holder and its waiters — the servers have queued for
+    /// `key`, where the harness can read a backend's queue (etcd's and ZooKeeper's are
+    /// keys and nodes); `None` where it cannot. The FIFO scenario then starts each waiter
+    /// once the one before is queued, instead of after a pause.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    async fn queued(&self, key: &LockKey) -> Option<Result<usize, LockError>> {
+        let _ = key;
+        None
     }
 }
 
@@ -194,7 +206,12 @@ pub struct UrlHarness {
     servers: Option<Arc<dyn std::any::Any + Send + Sync>>,
     follow: Option<TargetsFn>,
     cuts: bool,
+    queue: Option<QueueFn>,
 }
+
+/// Counts a key's queue (see [`Harness::queued`]).
+pub type QueueFn =
+    Arc<dyn Fn(LockKey) -> BoxFuture<'static, Result<usize, LockError>> + Send + Sync>;
 
 /// Gives the servers' current addresses (see [`UrlHarness::follow`]).
 pub type TargetsFn = Arc<dyn Fn() -> Vec<SocketAddr> + Send + Sync>;
@@ -227,6 +244,7 @@ impl UrlHarness {
             servers: None,
             follow: None,
             cuts: true,
+            queue: None,
             connect: Arc::new(move |url| {
                 let connect = connect.clone();
                 Box::pin(
@@ -279,6 +297,16 @@ impl UrlHarness {
     /// link-cut scenarios do not apply.
     pub fn without_link_cuts(mut self) -> Self {
         self.cuts = false;
+        self
+    }
+
+    /// Reads a key's queue with `count` (see [`Harness::queued`]).
+    pub fn with_queue_probe<F, Fut>(mut self, count: F) -> Self
+    where
+        F: Fn(LockKey) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<usize, LockError>> + Send + 'static,
+    {
+        self.queue = Some(Arc::new(move |key| Box::pin(count(key))));
         self
     }
 
@@ -385,6 +413,10 @@ impl Harness for UrlHarness {
 
     fn short_ttl(&self) -> Duration {
         self.short_ttl
+    }
+
+    async fn queued(&self, key: &LockKey) -> Option<Result<usize, LockError>> {
+        Some(self.queue.as_ref()?(key.clone()).await)
     }
 }
 

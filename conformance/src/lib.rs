@@ -24,7 +24,7 @@ pub mod suite;
 pub mod url_options;
 
 pub use harness::{
-    retrying, ConnectFn, CuttableClient, Harness, Link, Links, MemoryHarness, UrlHarness,
+    retrying, ConnectFn, CuttableClient, Harness, Link, Links, MemoryHarness, QueueFn, UrlHarness,
 };
 pub use history::{Counter, FencedRegister, History, Increment, LostUpdates, Report};
 pub use suite::{scenarios, Ctx, Failure, Outcome, Requirement, Scenario};

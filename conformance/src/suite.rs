@@ -987,38 +987,88 @@ pub async fn blackholed_holder_is_taken_over_only_after_its_lease(ctx: &Ctx<'_>)
     Ok(())
 }
 
-/// Waiters queued one after another get the lock in that order (backends declaring FIFO).
+/// Waiters queued one after another get the lock in that order (backends declaring FIFO),
+/// each with a larger token, one holder at a time, and leave nothing queued. Where the
+/// harness can count a key's queue ([`Harness::queued`]), sixteen waiters each start once
+/// the one before is queued; otherwise five, 150 ms apart.
 pub async fn waiters_are_served_fifo(ctx: &Ctx<'_>) -> Outcome {
-    const WAITERS: usize = 5;
-    let holder_client = ctx.client().await?;
     let key = ctx.key("k");
-    let held = must_acquire(&holder_client, &key, LONG_TTL).await?;
-    let order = Arc::new(Mutex::new(Vec::new()));
+    let counted = ctx.harness.queued(&key).await.is_some();
+    let waiters = if counted { 16 } else { 5 };
+    let history = History::new();
+    let holder: Arc<dyn DistributedLock> = history.recorded(0, ctx.client().await?);
+    let held = must_acquire(&holder, &key, LONG_TTL).await?;
+    let served = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for i in 0..WAITERS {
-        let lock = ctx.client().await?;
-        let (key, order) = (key.clone(), order.clone());
+    for i in 0..waiters {
+        let lock = history.recorded(i + 1, ctx.client().await?);
+        let (mine, served) = (key.clone(), served.clone());
         tasks.push(tokio::spawn(async move {
-            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(30));
-            let lease = lock.acquire(&key, &opts).await?;
-            order.lock().unwrap_or_else(PoisonError::into_inner).push(i);
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(60));
+            let lease = lock.acquire(&mine, &opts).await?;
+            (served.lock().unwrap_or_else(PoisonError::into_inner)).push((i, lease.token()));
             tokio::time::sleep(Duration::from_millis(5)).await;
             lock.release(lease).await?;
             Ok::<(), LockError>(())
         }));
-        // Let waiter i queue before waiter i+1 asks.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        match counted {
+            // The holder and waiters 0..=i.
+            true => queue_reaches(ctx, &key, |n| n > i + 1, "waiter queued").await?,
+            false => tokio::time::sleep(Duration::from_millis(150)).await,
+        }
     }
-    holder_client.release(held).await?;
+    holder.release(held.clone()).await?;
     for task in tasks {
         task.await.map_err(|e| Failure(format!("task: {e}")))??;
     }
-    let order = order.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let served = served
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let order: Vec<usize> = served.iter().map(|&(i, _)| i).collect();
     ensure!(
-        order == (0..WAITERS).collect::<Vec<_>>(),
+        order == (0..waiters).collect::<Vec<_>>(),
         "declared FIFO but served in order {order:?}"
     );
+    let tokens: Vec<_> = std::iter::once(held.token())
+        .chain(served.iter().map(|&(_, token)| token))
+        .collect();
+    ensure!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens do not increase in the order served: {tokens:?}"
+    );
+    let report = history.check();
+    ensure!(report.is_safe(), "{report}");
+    ensure!(
+        history.holds().len() == waiters + 1,
+        "{} grants recorded, {} expected",
+        history.holds().len(),
+        waiters + 1
+    );
+    if counted {
+        queue_reaches(ctx, &key, |n| n == 0, "nothing left queued").await?;
+    }
     Ok(())
+}
+
+/// Polls [`Harness::queued`] for `key` (every 10 ms, for up to 10 s) until `done`.
+async fn queue_reaches(
+    ctx: &Ctx<'_>,
+    key: &LockKey,
+    done: impl Fn(usize) -> bool,
+    what: &str,
+) -> Outcome {
+    let started = Instant::now();
+    loop {
+        let last = ctx.harness.queued(key).await;
+        match last {
+            Some(Ok(n)) if done(n) => return Ok(()),
+            _ if started.elapsed() > Duration::from_secs(10) => {
+                return Err(Failure(format!("{what}: not within 10 s (last: {last:?})")))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
 }
 
 /// Many keys, several clients, interleaved try/release: no errors, every lock freed.
