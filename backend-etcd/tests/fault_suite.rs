@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use tenure_conformance::faults::{expect::Config, leader_of, FaultTarget};
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::{leader_of, FaultTarget};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::{runner, UrlHarness};
@@ -35,7 +36,8 @@ fn main() {
             .with_nodes(nodes)
             .with_leader(leader)
             .with_patient_query("request_timeout_ms=10000");
-        Ok((target, Config::of("etcd", &url, probe.members())?))
+        let config = Config::of("etcd", &url, probe.members())?;
+        Ok((target, move |fault| expect::expect(&config, fault)))
     })
     .exit();
 }

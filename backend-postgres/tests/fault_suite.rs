@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::faults::{expect::Config, FaultTarget};
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::FaultTarget;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::Node;
 use tenure_conformance::{runner, UrlHarness};
@@ -31,7 +32,8 @@ fn main() {
             .await?
             .with_nodes(nodes)
             .with_patient_query("request_timeout_ms=5000");
-        Ok((target, Config::of("postgres", &url, 1)?))
+        let config = Config::of("postgres", &url, 1)?;
+        Ok((target, move |fault| expect::expect(&config, fault)))
     })
     .exit();
 }

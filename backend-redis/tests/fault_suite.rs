@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::faults::{expect::Config, FaultTarget};
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::FaultTarget;
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::{runner, UrlHarness};
@@ -31,7 +32,8 @@ fn main() {
             .with_clock_shim()
             .with_patient_query("request_timeout_ms=5000")
             .with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
-        Ok((target, Config::of("redis", &url, 1)?))
+        let config = Config::of("redis", &url, 1)?;
+        Ok((target, move |fault| expect::expect(&config, fault)))
     })
     .exit();
 }

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use tenure_conformance::faults::{expect::Config, FaultTarget};
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::FaultTarget;
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::{runner, UrlHarness};
@@ -27,7 +28,8 @@ fn main() {
             .with_nodes(nodes)
             .with_clock_shim()
             .with_patient_query("node_timeout_ms=5000&request_timeout_ms=5000");
-        Ok((target, Config::of("redlock", &url, 5)?))
+        let config = Config::of("redlock", &url, 5)?;
+        Ok((target, move |fault| expect::expect(&config, fault)))
     })
     .exit();
 }

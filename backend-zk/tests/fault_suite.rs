@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::faults::{expect::Config, leader_of, FaultTarget, PeerLinks};
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::{leader_of, FaultTarget, PeerLinks};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::{runner, UrlHarness};
@@ -48,7 +49,8 @@ fn main() {
             .with_leader(leader)
             .with_peer_links(links)
             .with_patient_query("session_timeout_ms=4000&request_timeout_ms=5000");
-        Ok((target, Config::of("zk", &url, 3)?))
+        let config = Config::of("zk", &url, 3)?;
+        Ok((target, move |fault| expect::expect(&config, fault)))
     })
     .exit();
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 use tenure_api::Capabilities;
 
-use crate::faults::expect::Config;
+use crate::faults::expect::Expect;
 use crate::faults::{self, Cell, Fault, FaultTarget};
 use crate::suite::{scenarios, Ctx, Scenario};
 use crate::Harness;
@@ -106,16 +106,20 @@ pub const FAULT_TRIALS: usize = 3;
 pub const FAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs [`FAULT_TRIALS`] trials of `fault` on `target`, on servers first brought back
-/// to health, and checks the cell against the table's row for `config`: a fault that
-/// fired in no trial, or a verdict the protocol does not allow (an UNSAFE where fencing
-/// should contain it; a SAFE where the table says the violation must be observed), is
-/// the failure, with the cell's notes.
+/// to health, and checks the cell against `expected` (the table's cell for the backend,
+/// [`expect`](crate::faults::expect::expect), or [`never_unsafe`](crate::faults::expect::never_unsafe) for a backend the table has no row
+/// for): a fault that fired in no trial, or a verdict the protocol does not allow (an
+/// UNSAFE where fencing should contain it; a SAFE where the table says the violation
+/// must be observed), is the failure, with the cell's notes.
 ///
 /// # Cancel safety
 /// Not cancel safe: cancelled midway, a fault may be left injected (the next run repairs
 /// it).
-pub async fn run_fault(fault: Fault, target: &FaultTarget, config: &Config) -> Result<(), String> {
-    let expected = faults::expect::expect(config, fault);
+pub async fn run_fault(
+    fault: Fault,
+    target: &FaultTarget,
+    expected: &Expect,
+) -> Result<(), String> {
     if let Err(why) = faults::ensure(target).await {
         return Err(format!(
             "the servers are not healthy before the fault: {why}"
@@ -144,38 +148,43 @@ pub async fn run_fault(fault: Fault, target: &FaultTarget, config: &Config) -> R
 }
 
 /// The body of a backend's `tests/fault_suite.rs` (`harness = false`): starts the
-/// backend's servers and the [`FaultTarget`] over them with `start`, with the
-/// configuration its row of the table of [`expect`](faults::expect) is read for, and
-/// runs every fault of [`Fault::ALL`] as a named test ([`run_fault`]), one at a time
-/// (they share the servers). A fault the target cannot inject, or that does not apply to
-/// the protocol, is *ignored*. Call `.exit()` on the conclusion after this returns.
+/// backend's servers and the [`FaultTarget`] over them with `start`, with the verdicts
+/// each fault may show (for the five backends, their row of the table:
+/// `|fault| expect::expect(&config, fault)`; for any other, [`never_unsafe`](crate::faults::expect::never_unsafe)),
+/// and runs every fault of [`Fault::ALL`] as a named test ([`run_fault`]), one at a time
+/// (they share the servers). A fault the target cannot inject, or that does not apply
+/// (no verdict expected), is *ignored*. Call `.exit()` on the conclusion after this
+/// returns.
 ///
 /// ```no_run
-/// # async fn servers() -> Result<(tenure_conformance::faults::FaultTarget, tenure_conformance::faults::expect::Config), Box<dyn std::error::Error + Send + Sync>> { unimplemented!() }
+/// # async fn servers() -> Result<tenure_conformance::faults::FaultTarget, Box<dyn std::error::Error + Send + Sync>> { unimplemented!() }
+/// use tenure_conformance::faults::expect;
 /// use tenure_conformance::runner;
 /// fn main() {
-///     runner::run_fault_suite(servers).exit();
+///     runner::run_fault_suite(|| async { Ok((servers().await?, expect::never_unsafe)) }).exit();
 /// }
 /// ```
-pub fn run_fault_suite<F, Fut>(start: F) -> Conclusion
+pub fn run_fault_suite<F, Fut, E>(start: F) -> Conclusion
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<(FaultTarget, Config), Box<dyn Error + Send + Sync>>>,
+    Fut: Future<Output = Result<(FaultTarget, E), Box<dyn Error + Send + Sync>>>,
+    E: Fn(Fault) -> Expect,
 {
     let names = Fault::ALL.iter().map(|f| f.name().to_owned()).collect();
-    run_started(start, names, |(target, config), handle| {
+    run_started(start, names, |(target, expected), handle| {
         let (target, turn) = (Arc::new(target), Arc::new(tokio::sync::Mutex::new(())));
         Fault::ALL
             .into_iter()
             .map(|fault| {
-                let skip = faults::applicability(fault, &target).is_some()
-                    || faults::expect::expect(&config, fault).verdicts.is_empty();
+                let expected = expected(fault);
+                let skip =
+                    faults::applicability(fault, &target).is_some() || expected.verdicts.is_empty();
                 let (target, turn, handle) = (target.clone(), turn.clone(), handle.clone());
                 let backend = target.capabilities().backend;
                 Trial::test(fault.name(), move || {
                     handle.block_on(async {
                         let _turn = turn.lock().await;
-                        let run = run_fault(fault, &target, &config);
+                        let run = run_fault(fault, &target, &expected);
                         match tokio::time::timeout(FAULT_TIMEOUT, run).await {
                             Ok(result) => result.map_err(Failed::from),
                             Err(_) => Err(format!("timed out after {FAULT_TIMEOUT:?}").into()),

@@ -1,5 +1,6 @@
 //! A backend's fault-suite test ([`runner::run_fault`]) fails where the matrix shows ⚠.
 
+use tenure_conformance::faults::expect::expect;
 use tenure_conformance::faults::Fault;
 use tenure_conformance::runner;
 
@@ -14,13 +15,21 @@ async fn fails_on_a_verdict_outside_the_table_and_passes_the_real_backend() {
     let broken = target("broken:local-counter-token", &local, 21)
         .await
         .unwrap();
-    let error = runner::run_fault(Fault::Blackhole, &broken, &broken.config)
-        .await
-        .expect_err("a local token counter is not fenced");
+    let error = runner::run_fault(
+        Fault::Blackhole,
+        &broken,
+        &expect(&broken.config, Fault::Blackhole),
+    )
+    .await
+    .expect_err("a local token counter is not fenced");
     assert!(error.contains("where the protocol allows only"), "{error}");
     drop(broken);
     let real = target("redis", &local, 22).await.unwrap();
-    runner::run_fault(Fault::Blackhole, &real, &real.config)
-        .await
-        .unwrap();
+    runner::run_fault(
+        Fault::Blackhole,
+        &real,
+        &expect(&real.config, Fault::Blackhole),
+    )
+    .await
+    .unwrap();
 }

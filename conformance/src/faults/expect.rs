@@ -233,6 +233,17 @@ const ANY_CONTAINMENT: &[Verdict] = &[Verdict::Safe, Verdict::FencedSafe, Verdic
 const UNFENCED_VIOLATION: &[Verdict] = &[Verdict::FencedSafe, Verdict::Unsafe];
 const NOT_APPLICABLE: &[Verdict] = &[];
 
+/// What a backend the table has no row for must show under any fault: no UNSAFE (a
+/// double grant that fencing did not contain). The fault suite's expectation for a third
+/// party's backend.
+pub fn never_unsafe(fault: Fault) -> Expect {
+    let _ = fault;
+    Expect {
+        verdicts: &[Verdict::Safe, Verdict::FencedSafe, Verdict::Unavail],
+        reason: "a backend without a row in the table: any verdict but UNSAFE",
+    }
+}
+
 /// The table: what `fault` must produce on a backend configured as `config`.
 pub fn expect(config: &Config, fault: Fault) -> Expect {
     use Protocol::{Etcd, Postgres, Redis, Redlock, Zk};
