@@ -173,6 +173,19 @@ impl EtcdLock {
         format!("{}/", self.escaped_prefix(key.as_str()))
     }
 
+    /// How many clients — the holder and its waiters — are queued for `key`: the keys
+    /// under its [`queue_prefix`](Self::queue_prefix), counted by the server.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    pub async fn queued(&self, key: &LockKey) -> Result<usize, LockError> {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let prefix = self.queue_prefix(key);
+        let reply = self.rpc.get("queue count", &prefix, options).await?;
+        usize::try_from(reply.count())
+            .map_err(|_| LockError::backend(format!("etcd counted {} keys", reply.count())))
+    }
+
     /// The current value of `lease`'s key if it is still ours (same create revision,
     /// owner and lease), else `LeaseLost`.
     async fn check_owned(&self, lease: &Lease) -> Result<KeyValue, LockError> {

@@ -1,7 +1,8 @@
 //! Redis under real faults, beyond the fault suite every backend runs
-//! (`tests/fault_suite.rs`: paused holders, clock jumps, restarts and failovers with the
-//! default fence, …): the `fence=counter` option, persistence, availability while the
-//! server is down, what the guard reports. Each test asserts its expected outcome —
+//! (`tests/fault_suite.rs`: paused holders, clock jumps, failovers with the default
+//! fence, …): restarts without persistence, where the double grant must be observed
+//! (the suite's cell also allows none), the `fence=counter` option, persistence,
+//! availability while the server is down, what the guard reports. Each test asserts its expected outcome —
 //! including the unsafe ones, which must be *observed* — and that its fault really fired.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use tenure_conformance::servers::pid_alive;
 use tenure_conformance::servers::redis::{
     Persistence, RedisCluster, RedisOptions, RedisReplicaPair,
 };
-use tenure_conformance::History;
+use tenure_conformance::{FencedRegister, History};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -132,6 +133,29 @@ impl DoubleGrant {
             );
         }
     }
+
+    /// The default clock-floored fence: the second holder's token is larger, so a fenced
+    /// store rejects the first holder's stale write.
+    fn assert_fencing_contains_it(&self) {
+        assert_eq!(self.report.token_violations(), 0, "{}", self.report);
+        assert_eq!(
+            self.report.fencing_contained(),
+            Some(true),
+            "the checker finds every violation fenced: {}",
+            self.report
+        );
+        let register = FencedRegister::new();
+        let seen_by_held = register.read(self.held.token()).unwrap();
+        let rejected = register
+            .stale_write_after_takeover(self.stolen.token(), self.held.token(), seen_by_held)
+            .unwrap();
+        assert!(
+            rejected,
+            "the stale holder's write is rejected: tokens {} then {}",
+            self.held.token(),
+            self.stolen.token()
+        );
+    }
 }
 
 /// A holder on a node without persistence; the node restarts; a second client acquires.
@@ -170,6 +194,13 @@ async fn restart_without_persistence_grants_twice_and_a_plain_counter_regresses(
     restart_without_persistence("counter", 5)
         .await
         .assert_fence_regressed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_the_clock_floored_fence_contains_it() {
+    restart_without_persistence("clock", 5)
+        .await
+        .assert_fencing_contains_it();
 }
 
 /// Issue 15, defect 6: after a restart in `fence=counter` mode both holders got the same

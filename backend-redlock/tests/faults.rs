@@ -1,6 +1,7 @@
 //! Redlock on five live masters under real faults, beyond the fault suite every backend
-//! runs (`tests/fault_suite.rs`: clock jumps and restarts inside a majority with the
-//! quorum fence, partitions, delayed replies, …): plain counters, persistence, delayed
+//! runs (`tests/fault_suite.rs`: clock jumps inside a majority with the quorum fence,
+//! partitions, delayed replies, …): the seed's A–E restart, where the double grant must
+//! be observed (the suite's cell also allows none), plain counters, persistence, delayed
 //! restarts, quorum loss. Each test asserts its expected outcome — unsafe ones must be
 //! observed — and that its fault fired.
 
@@ -15,7 +16,7 @@ use tenure_conformance::servers::pid_alive;
 use tenure_conformance::servers::redis::{
     Persistence, RedisCluster, RedisNode, RedisOptions, Resp,
 };
-use tenure_conformance::{History, Report};
+use tenure_conformance::{FencedRegister, History, Report};
 use tenure_redlock::Redlock;
 
 mod common;
@@ -355,6 +356,27 @@ async fn restart_without_persistence_grants_twice_and_plain_counters_do_not_fenc
             "checker reports the regression: {report}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_grants_twice_and_clock_floored_counters_fence_it() {
+    let (held, stolen, report) = restart_without_persistence("").await;
+    assert_eq!(
+        report.fencing_contained(),
+        Some(true),
+        "the checker finds every violation fenced: {report}"
+    );
+    // C restarted empty but floors its counter at its clock: above client 1's token.
+    let register = FencedRegister::new();
+    let seen_by_one = register.read(held.token()).unwrap();
+    assert!(
+        register
+            .stale_write_after_takeover(stolen.token(), held.token(), seen_by_one)
+            .unwrap(),
+        "the stale holder's write is rejected: tokens {} then {}",
+        held.token(),
+        stolen.token()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::faults::{leader_of, LeaderFn, PeerLinks};
+use tenure_conformance::faults::leader_of;
+pub use tenure_conformance::faults::{LeaderFn, PeerLinks};
 use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
@@ -151,7 +152,13 @@ pub async fn start(
             let harness = harness("etcd", &template, &nodes)
                 .cut_query("request_timeout_ms=500")
                 // Leases count whole seconds, at least ~1.5 election timeouts.
-                .with_short_ttl(Duration::from_secs(2))
+                .with_short_ttl(Duration::from_secs(2));
+            let observer = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
+            let harness = harness
+                .with_queue_probe(move |key| {
+                    let observer = observer.clone();
+                    async move { observer.queued(&key).await }
+                })
                 .owning(cluster);
             ("etcd", harness, nodes, false)
         }
@@ -176,7 +183,13 @@ pub async fn start(
             };
             let harness = harness("zk", &template, &nodes)
                 .query("session_timeout_ms=4000")
-                .cut_query("session_timeout_ms=1000&request_timeout_ms=300")
+                .cut_query("session_timeout_ms=1000&request_timeout_ms=300");
+            let observer = tenure_zk::ZkLock::connect(&harness.url()).await?;
+            let harness = harness
+                .with_queue_probe(move |key| {
+                    let observer = observer.clone();
+                    async move { Ok(observer.queue(&key).await?.len()) }
+                })
                 .owning(ensemble);
             ("zk", harness, nodes, false)
         }

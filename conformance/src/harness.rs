@@ -357,6 +357,11 @@ impl UrlHarness {
         }
     }
 
+    /// The query options of direct clients (see [`query`](Self::query)).
+    pub fn query_options(&self) -> &str {
+        &self.query
+    }
+
     /// The query options of cuttable clients (see [`cut_query`](Self::cut_query)).
     pub fn cut_options(&self) -> &str {
         self.cut_query.as_deref().unwrap_or(&self.query)

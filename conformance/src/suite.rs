@@ -1008,8 +1008,7 @@ pub async fn waiters_are_served_fifo(ctx: &Ctx<'_>) -> Outcome {
             let lease = lock.acquire(&mine, &opts).await?;
             (served.lock().unwrap_or_else(PoisonError::into_inner)).push((i, lease.token()));
             tokio::time::sleep(Duration::from_millis(5)).await;
-            lock.release(lease).await?;
-            Ok::<(), LockError>(())
+            lock.release(lease).await
         }));
         match counted {
             // The holder and waiters 0..=i.
@@ -1017,9 +1016,21 @@ pub async fn waiters_are_served_fifo(ctx: &Ctx<'_>) -> Outcome {
             false => tokio::time::sleep(Duration::from_millis(150)).await,
         }
     }
-    holder.release(held.clone()).await?;
-    for task in tasks {
-        task.await.map_err(|e| Failure(format!("task: {e}")))??;
+    if counted {
+        let queued = ctx.harness.queued(&key).await;
+        ensure!(
+            matches!(queued, Some(Ok(n)) if n == waiters + 1),
+            "the holder and {waiters} waiters queued, but the queue counts {queued:?}"
+        );
+    }
+    let released = holder.release(held.clone()).await?;
+    ensure!(released == ReleaseOutcome::Released, "holder: {released:?}");
+    for (i, task) in tasks.into_iter().enumerate() {
+        let released = task.await.map_err(|e| Failure(format!("task: {e}")))??;
+        ensure!(
+            released == ReleaseOutcome::Released,
+            "waiter {i}: {released:?}"
+        );
     }
     let served = served
         .lock()

@@ -27,7 +27,7 @@ use crate::history::{Report, Violation};
 use crate::proxy::ProxyMode;
 use crate::servers::redis::RedisReplicaPair;
 use crate::servers::Node;
-use crate::{retrying, Counter, History, Increment, Link, Links, LostUpdates};
+use crate::{retrying, Counter, Harness as _, History, Increment, Link, Links, LostUpdates};
 
 pub mod expect;
 mod health;
@@ -866,8 +866,11 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
         })
     };
     let no_process = target.nodes.is_empty() && fault.is_server_fault();
+    // Client faults run on a client whose every server link passes through a proxy.
+    let no_links = !fault.is_server_fault() && !target.harness.can_cut_links();
     match fault {
         _ if no_process => not_injectable("no process control over these servers"),
+        _ if no_links => not_injectable("the harness cannot put a client's links behind proxies"),
         Fault::ClockJump if !target.clock_shim => not_injectable(match backend {
             "etcd" | "zk" => "the clock shim cannot shift Go or JVM clocks",
             "postgres" => "the harness runs no clock shim under postgres",
@@ -891,6 +894,9 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                     "the harness's primary-replica pair does not run with TLS and ACL users"
                 }),
                 _ if redis => None,
+                _ if backend == "redis" => {
+                    not_injectable("the harness declares no Redis deployments of this backend")
+                }
                 _ if fault.is_topology_failover() => Some(Cell::NotApplicable {
                     reason: "a failover of a Redis deployment".into(),
                 }),
@@ -911,7 +917,12 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                 reason: "fewer than three servers: no minority side".into(),
             }),
             Replication::IndependentQuorum { .. } => None,
-            _ if target.peer_links.is_some() => None,
+            // The holder's follower is cut off from the leader's side: which is which
+            // must be known.
+            _ if target.peer_links.is_some() && target.leader.is_some() => None,
+            _ if target.peer_links.is_some() => {
+                not_injectable("member links declared, but no way to find the leader")
+            }
             _ if backend == "etcd" => not_injectable(
                 "the harness has no control over the links between etcd members (its \
                  members reach each other directly)",

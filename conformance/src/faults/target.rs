@@ -172,7 +172,8 @@ impl FaultTarget {
     }
 
     /// Query options for clients that must wait out a delayed reply instead of timing
-    /// out first (default: none).
+    /// out first. They replace the harness's query options (default: the harness's), so
+    /// repeat any that place the locks (a prefix, a database).
     pub fn with_patient_query(mut self, query: &str) -> Self {
         self.patient_query = query.to_owned();
         self
@@ -236,6 +237,9 @@ impl FaultTarget {
     }
 
     pub(super) fn patient_query(&self) -> &str {
-        &self.patient_query
+        match self.patient_query.is_empty() {
+            true => self.harness.query_options(),
+            false => &self.patient_query,
+        }
     }
 }
