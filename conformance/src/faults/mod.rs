@@ -453,7 +453,8 @@ struct Record {
     history: History,
     counter: Arc<Counter>,
     key: LockKey,
-    /// The witness's client, where a fresh client of the target is not the right one.
+    /// The witness's client, made before the fault (a fresh one of the target when the
+    /// witness asks, if none).
     witness: Option<Arc<dyn DistributedLock>>,
 }
 
@@ -947,15 +948,21 @@ struct ClientTrial<'a> {
 /// One trial of a fault on the holder's own links.
 async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
     let mut record = Record::new(target.key(fault, 0, index));
+    // The witness connects now, not after the contender's grant: a connection made then
+    // (a TLS handshake and a password check, on a loaded machine) could outlast the
+    // contender's lease, which would then end before the contender writes.
+    match target.client().await {
+        // A semaphore's witness asks the semaphore: refused while the contender holds
+        // the permit and the other permit is held.
+        Ok(c) if fault == Fault::PausedPermitHolder => {
+            record.witness = Some(Primitive::Permit.wrap(c));
+        }
+        Ok(c) => record.witness = Some(c),
+        Err(e) => return setup_failed("witness", e),
+    }
     match fault {
         Fault::PausedHolder => return paused_holder(target, record, Primitive::Lock).await,
         Fault::PausedPermitHolder => {
-            // The witness asks the semaphore: refused while the contender holds the
-            // permit and the other permit is held.
-            match target.client().await {
-                Ok(c) => record.witness = Some(Primitive::Permit.wrap(c)),
-                Err(e) => return setup_failed("witness", e),
-            }
             return paused_holder(target, record, Primitive::Permit).await;
         }
         Fault::PausedLeader => return paused_holder(target, record, Primitive::Leadership).await,
@@ -1110,7 +1117,11 @@ async fn paused_holder(target: &Target, record: Record, primitive: Primitive) ->
         Err(_) => return setup_failed("holder", LockError::backend("the holder's thread ended")),
     }
     let _ = freeze_tx.send(());
-    let opts = AcquireOptions::new(target.ttl * 4).wait(patience);
+    // The contender writes once the woken holder has written and released, and a
+    // release of a lease the server ended may first reconnect (a TLS handshake and a
+    // password check, on a loaded machine: seconds): its lease outlasts all that, or it
+    // would no longer believe when it writes.
+    let opts = AcquireOptions::new(patience * 2).wait(patience);
     let opts = match primitive {
         Primitive::Leadership => opts.label("contender"),
         _ => opts,
