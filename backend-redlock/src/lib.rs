@@ -18,7 +18,7 @@ use tenure_api::{
     WaitKind,
 };
 use tenure_redis::{Grant, RedisLock};
-use tokio::sync::{mpsc, watch, OnceCell};
+use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
 use quorum::{gather, Gates, Tally, Verdict};
 
@@ -115,7 +115,7 @@ impl Redlock {
 /// whether it released.
 type ReleaseAnswers = mpsc::UnboundedReceiver<(bool, Result<bool, LockError>)>;
 
-/// Where a round stands, as seen by its node tasks.
+/// Where a round stands, as seen by its node requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Not decided yet.
@@ -130,10 +130,9 @@ enum Phase {
     Abandoned,
 }
 
-/// Spawns `task` boxed. The node tasks embed the whole Redis call chain and are several
-/// KB; tokio moves an unboxed future into its task cell and overwrites it with the output
-/// on completion, copying all of it each time. Boxed, the cell holds a pointer: issue 19
-/// measured 27 % less client CPU per Redlock cycle (16 spawns per acquire + release).
+/// Spawns `task` boxed. The tasks embed the whole Redis call chain of every node and are
+/// several KB; tokio moves an unboxed future into its task cell and overwrites it with the
+/// output on completion, copying all of it each time. Boxed, the cell holds a pointer.
 fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     tokio::spawn(Box::pin(task));
 }
@@ -195,7 +194,7 @@ impl Inner {
         join_all((0..self.nodes.len()).map(|i| self.on_node(i, limit, op))).await
     }
 
-    /// Runs `op` on every node concurrently, each in its own task; the answers in the
+    /// Runs `op` on every node concurrently, in one task of their own; the answers in the
     /// order they arrive. The caller may stop reading once the outcome is certain: the
     /// requests still reach the slower nodes.
     fn broadcast<T, F, Fut>(
@@ -205,17 +204,19 @@ impl Inner {
     ) -> mpsc::UnboundedReceiver<Result<T, LockError>>
     where
         T: Send + 'static,
-        F: Fn(RedisLock) -> Fut + Clone + Send + 'static,
+        F: Fn(RedisLock) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
     {
         let (answers, received) = mpsc::unbounded_channel();
-        for i in 0..self.nodes.len() {
-            let (inner, answers, op) = (self.clone(), answers.clone(), op.clone());
-            spawn(async move {
-                let answer = inner.on_node(i, limit, move |node| op(node.clone())).await;
+        let inner = self.clone();
+        spawn(async move {
+            let (inner, op, answers) = (&inner, &op, &answers);
+            join_all((0..inner.nodes.len()).map(|i| async move {
+                let answer = inner.on_node(i, limit, |node| op(node.clone())).await;
                 let _ = answers.send(answer);
-            });
-        }
+            }))
+            .await;
+        });
         received
     }
 
@@ -223,10 +224,10 @@ impl Inner {
         Tally::new(self.nodes.len(), self.config.quorum())
     }
 
-    /// Sends `owner`'s release to every node, each in its own task behind the owner's
-    /// earlier requests to that node (see [`Gates`]), so it reaches every node even if the
-    /// caller stops listening. The answers arrive on the returned channel, each with
-    /// whether its node was still busy with an earlier request when the release was
+    /// Sends `owner`'s release to every node, each behind the owner's earlier requests to
+    /// that node (see [`Gates`]), in one task of their own, so it reaches every node even
+    /// if the caller stops listening. The answers arrive on the returned channel, each
+    /// with whether its node was still busy with an earlier request when the release was
     /// queued; the second value counts those nodes.
     fn release_everywhere(
         self: &Arc<Self>,
@@ -235,38 +236,49 @@ impl Inner {
         limit: Duration,
     ) -> (ReleaseAnswers, usize) {
         let (answers, received) = mpsc::unbounded_channel();
-        let mut busy = 0;
-        for i in 0..self.nodes.len() {
-            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
-            let queued = ticket.is_queued();
-            busy += usize::from(queued);
-            let (inner, key, answers) = (self.clone(), key.clone(), answers.clone());
-            spawn(async move {
-                ticket.wait_turn().await;
-                let released = inner
-                    .on_node(i, limit, |node| node.release_owner(&key, owner))
-                    .await;
-                let _ = answers.send((queued, released));
-                drop(ticket);
-            });
-        }
+        let tickets: Vec<_> = (0..self.nodes.len())
+            .map(|i| self.gates.ticket(owner, i, self.nodes.len()))
+            .collect();
+        let busy = tickets.iter().filter(|t| t.is_queued()).count();
+        let (inner, key) = (self.clone(), key.clone());
+        spawn(async move {
+            let (inner, key, answers) = (&inner, &key, &answers);
+            join_all(
+                tickets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, mut ticket)| async move {
+                        let queued = ticket.is_queued();
+                        ticket.wait_turn().await;
+                        let released = inner
+                            .on_node(i, limit, |node| node.release_owner(key, owner))
+                            .await;
+                        let _ = answers.send((queued, released));
+                        drop(ticket);
+                    }),
+            )
+            .await;
+        });
         (received, busy)
     }
 
     /// One Redlock round for `owner`, decided as soon as the outcome is certain: a
     /// majority granted (then the fence round), or a majority can no longer grant, or
-    /// more nodes failed for good than a majority can spare. Each node's request runs in
-    /// its own task, which outlives the decision: if the round failed, the task releases
-    /// its node once its request has finished — also a grant that lands after the
-    /// decision; if the round succeeded, a late grant is ours and [`Redlock::release`]
-    /// reaches it (it queues behind the grant).
+    /// more nodes failed for good than a majority can spare; the outcome goes to `reply`
+    /// at once. Each node's request outlives the decision (this future resolves once
+    /// every node is done): if the round failed, the node is released once its request
+    /// has finished — also a grant that lands after the decision; if the round
+    /// succeeded, a late grant is ours and [`Redlock::release`] reaches it (it queues
+    /// behind the grant). If nobody awaits `reply` any more, a granted lease is
+    /// released.
     async fn round(
         self: &Arc<Self>,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
-        label: Option<Arc<str>>,
-    ) -> Result<Option<Lease>, LockError> {
+        label: Option<&str>,
+        reply: oneshot::Sender<Result<Option<Lease>, LockError>>,
+    ) {
         let quorum = self.config.quorum();
         let limit = self.config.node_timeout_for(ttl);
         let drift = default_drift(ttl);
@@ -274,102 +286,109 @@ impl Inner {
         let valid_until = deadline(start, ttl, drift);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
-        for i in 0..self.nodes.len() {
-            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
-            let (inner, key, label) = (self.clone(), key.clone(), label.clone());
-            let (replies, mut decision) = (replies.clone(), decision.clone());
-            spawn(async move {
-                ticket.wait_turn().await;
-                let fencing = inner.config.fencing;
-                let label = label.as_deref();
-                let reply = inner
-                    .on_node(i, limit, |node| {
-                        grant(node, &key, owner, ttl, label, fencing)
-                    })
-                    .await;
-                let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
-                let _ = replies.send(reply);
-                let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
-                    Ok(phase) => *phase,
-                    Err(_) => Phase::Failed, // the round is gone without a decision
-                };
-                if maybe_ours {
-                    let _ = match phase {
-                        // Nobody was told of this grant: withdrawn without waking
-                        // waiters, which would only race again for a lock nobody released.
-                        Phase::Failed => {
-                            inner
-                                .on_node(i, limit, |node| node.withdraw_owner(&key, owner))
-                                .await
-                        }
-                        Phase::Abandoned => {
-                            inner
-                                .on_node(i, limit, |node| node.release_owner(&key, owner))
-                                .await
-                        }
-                        Phase::Pending | Phase::Held => Ok(false),
+        let fencing = self.config.fencing;
+        let nodes: Vec<_> = (0..self.nodes.len())
+            .map(|i| {
+                let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
+                let (replies, mut decision) = (replies.clone(), decision.clone());
+                async move {
+                    ticket.wait_turn().await;
+                    let reply = self
+                        .on_node(i, limit, |node| {
+                            grant(node, key, owner, ttl, label, fencing)
+                        })
+                        .await;
+                    let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
+                    let _ = replies.send(reply);
+                    let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
+                        Ok(phase) => *phase,
+                        Err(_) => Phase::Failed, // the round is gone without a decision
                     };
+                    if maybe_ours {
+                        let _ = match phase {
+                            // Nobody was told of this grant: withdrawn without waking
+                            // waiters, which would only race again for a lock nobody released.
+                            Phase::Failed => {
+                                self.on_node(i, limit, |node| node.withdraw_owner(key, owner))
+                                    .await
+                            }
+                            Phase::Abandoned => {
+                                self.on_node(i, limit, |node| node.release_owner(key, owner))
+                                    .await
+                            }
+                            Phase::Pending | Phase::Held => Ok(false),
+                        };
+                    }
+                    drop(ticket);
                 }
-                drop(ticket);
-            });
-        }
+            })
+            .collect();
         drop((replies, decision));
-        let mut tally = self.quorum_tally();
-        let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
-        let grants = gather(
-            answers,
-            &mut tally,
-            |reply| matches!(reply, Grant::Granted(_)),
-            Tally::settled,
-        )
-        .await;
-        let expired = || {
-            LockError::Unavailable {
-            message: format!(
-                "a majority granted `{key}` but the validity ran out (replies took longer than the ttl minus drift)"
-            ),
-            source: None,
-        }
-        };
-        let outcome = match tally.verdict() {
-            Some(Verdict::Majority) if Instant::now() >= valid_until => Err(expired()),
-            Some(Verdict::Majority) => {
-                let token = grants
-                    .iter()
-                    .filter_map(|reply| match reply {
-                        Grant::Granted(token) => Some(*token),
-                        Grant::Held(_) => None,
-                    })
-                    .max()
-                    .unwrap_or(FencingToken(0));
-                match self.confirm(key, owner, token, limit).await {
-                    Ok(()) if Instant::now() >= valid_until => Err(expired()),
-                    Ok(()) => Ok(Some(token)),
-                    Err(e) => Err(e),
+        let decide = async move {
+            let mut tally = self.quorum_tally();
+            let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
+            let grants = gather(
+                answers,
+                &mut tally,
+                |reply| matches!(reply, Grant::Granted(_)),
+                Tally::settled,
+            )
+            .await;
+            let expired = || LockError::Unavailable {
+                message: format!(
+                    "a majority granted `{key}` but the validity ran out (replies took \
+                     longer than the ttl minus drift)"
+                ),
+                source: None,
+            };
+            let outcome = match tally.verdict() {
+                Some(Verdict::Majority) if Instant::now() >= valid_until => Err(expired()),
+                Some(Verdict::Majority) => {
+                    let token = grants
+                        .iter()
+                        .filter_map(|reply| match reply {
+                            Grant::Granted(token) => Some(*token),
+                            Grant::Held(_) => None,
+                        })
+                        .max()
+                        .unwrap_or(FencingToken(0));
+                    match self.confirm(key, owner, token, limit).await {
+                        Ok(()) if Instant::now() >= valid_until => Err(expired()),
+                        Ok(()) => Ok(Some(token)),
+                        Err(e) => Err(e),
+                    }
                 }
+                Some(Verdict::Fatal) => Err(tally.take_fatal()),
+                Some(Verdict::NoMajority) | None if tally.answered() >= quorum => Ok(None),
+                Some(Verdict::NoMajority) | None => Err(LockError::NoQuorum {
+                    got: tally.yes,
+                    needed: quorum,
+                }),
+            };
+            decide.send_replace(match (&outcome, tally.verdict()) {
+                (Ok(Some(_)), _) => Phase::Held,
+                (_, Some(Verdict::Majority)) => Phase::Abandoned,
+                _ => Phase::Failed,
+            });
+            let lease = outcome.map(|token| {
+                token.map(|token| Lease::new(key.clone(), owner, token, start, ttl, drift))
+            });
+            if let Err(Ok(Some(orphan))) = reply.send(lease) {
+                // The node requests go on without us; nobody needs their answers.
+                drop(
+                    self.release_everywhere(orphan.key(), orphan.owner(), limit)
+                        .0,
+                );
             }
-            Some(Verdict::Fatal) => Err(tally.take_fatal()),
-            Some(Verdict::NoMajority) | None if tally.answered() >= quorum => Ok(None),
-            Some(Verdict::NoMajority) | None => Err(LockError::NoQuorum {
-                got: tally.yes,
-                needed: quorum,
-            }),
         };
-        decide.send_replace(match (&outcome, tally.verdict()) {
-            (Ok(Some(_)), _) => Phase::Held,
-            (_, Some(Verdict::Majority)) => Phase::Abandoned,
-            _ => Phase::Failed,
-        });
-        outcome.map(|token| {
-            token.map(|token| Lease::new(key.clone(), owner, token, start, ttl, drift))
-        })
+        futures::join!(join_all(nodes), decide);
     }
 
     /// The fence round: writes `max(fence, token)` to every node; the grant stands once a
     /// majority acknowledged it while the lock was still ours. Decided as soon as that
-    /// is certain either way. Each write runs in its own task and still reaches the slower
-    /// nodes after the decision (it only ever raises a fence, and it records the lease's
-    /// token in a late grant of ours, so every node names the same token).
+    /// is certain either way. The writes run in a task of their own and still reach the
+    /// slower nodes after the decision (a write only ever raises a fence, and it records
+    /// the lease's token in a late grant of ours, so every node names the same token).
     async fn confirm(
         self: &Arc<Self>,
         key: &LockKey,
@@ -774,19 +793,8 @@ impl Redlock {
         label: Option<Arc<str>>,
     ) -> Result<Option<Lease>, LockError> {
         let (inner, key) = (self.inner.clone(), key.clone());
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        spawn(async move {
-            let result = inner.round(&key, owner, ttl, label).await;
-            if let Err(Ok(Some(orphan))) = reply.send(result) {
-                let limit = inner.config.node_timeout_for(ttl);
-                // The node tasks finish on their own; nobody needs their answers.
-                drop(
-                    inner
-                        .release_everywhere(orphan.key(), orphan.owner(), limit)
-                        .0,
-                );
-            }
-        });
+        let (reply, answer) = oneshot::channel();
+        spawn(async move { inner.round(&key, owner, ttl, label.as_deref(), reply).await });
         answer
             .await
             .unwrap_or_else(|_| Err(LockError::backend("the Redlock round task panicked")))

@@ -139,7 +139,7 @@ async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing
         "expected NoQuorum {{ got: 0..=2, needed: 3 }}, got {err}"
     );
     // The round was decided once a majority could no longer grant; the survivors' grants
-    // are released by the round's node tasks as they come back, possibly just after.
+    // are released by the round's task as they come back, possibly just after.
     for survivor in &nodes[3..] {
         let mut cleaned = false;
         for _ in 0..500 {
