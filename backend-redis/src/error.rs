@@ -1,6 +1,8 @@
 //! Error mapping: a Redis client error to a [`LockError`] of its class, and bounded calls.
 
 use std::future::Future;
+
+use futures::FutureExt;
 use std::time::Duration;
 
 use redis::RedisError;
@@ -10,18 +12,19 @@ use tenure_api::LockError;
 use crate::RedisConfig;
 
 /// Runs `future` for at most `limit`; running out counts as a timeout error.
-pub(crate) async fn bounded<T>(
+pub(crate) fn bounded<T>(
     limit: Duration,
     future: impl Future<Output = Result<T, RedisError>>,
-) -> Result<T, RedisError> {
-    tokio::time::timeout(limit, future)
-        .await
-        .unwrap_or_else(|_| {
+) -> impl Future<Output = Result<T, RedisError>> {
+    // A combinator, not an `async fn`: that would keep `future` twice in its own.
+    tokio::time::timeout(limit, future).map(move |replied| {
+        replied.unwrap_or_else(|_| {
             Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("no reply within {limit:?}"),
             )))
         })
+    })
 }
 
 /// What a Redis client error means for a lock call.

@@ -263,39 +263,44 @@ impl RedisLock {
         let deadline = Instant::now() + limit;
         let left = || deadline.saturating_duration_since(Instant::now());
         let wait = self.config.wait_timeout;
-        let node = self.primary.node_for_call(deadline).await;
-        let mut conn = node.conn.clone();
-        let mut result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
-        // The first command after the server came back fails on the dead socket while the
-        // manager reconnects; with Sentinel, a failed or demoted primary may have been
-        // replaced. Every script is idempotent for its owner (a repeated acquire is
-        // recognised, extend and release compare the owner), so one retry is safe. A
-        // timeout leaves no time to retry: the next call checks the node first.
-        let next = match &result {
-            Err(e) if e.is_timeout() => {
-                node.suspect();
-                None
-            }
-            Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => Some(
-                // Without an answer from the sentinels, the same node, as without them.
-                self.primary
+        let mut node = self.primary.node_for_call(deadline).await;
+        let mut retried = false;
+        // One loop for the call and its retry: a second `send` in the code would double
+        // the space every call's future reserves for it.
+        loop {
+            let mut conn = node.conn.clone();
+            let result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
+            // The first command after the server came back fails on the dead socket while
+            // the manager reconnects; with Sentinel, a failed or demoted primary may have
+            // been replaced. Every script is idempotent for its owner (a repeated acquire
+            // is recognised, extend and release compare the owner), so one retry is safe.
+            // A timeout leaves no time to retry: the next call checks the node first.
+            let next = match &result {
+                _ if retried => None,
+                Err(e) if e.is_timeout() => {
+                    node.suspect();
+                    None
+                }
+                Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => Some(
+                    // Without an answer from the sentinels, the same node, as without them.
+                    self.primary
+                        .rediscover(&node, deadline)
+                        .await
+                        .unwrap_or_else(|_| node.clone()),
+                ),
+                Err(e) if e.kind() == redis::ErrorKind::ReadOnly => self
+                    .primary
                     .rediscover(&node, deadline)
                     .await
-                    .unwrap_or_else(|_| node.clone()),
-            ),
-            Err(e) if e.kind() == redis::ErrorKind::ReadOnly => self
-                .primary
-                .rediscover(&node, deadline)
-                .await
-                .ok()
-                .filter(|next| next.generation != node.generation),
-            _ => None,
-        };
-        if let Some(next) = next.filter(|_| !left().is_zero()) {
-            let mut conn = next.conn.clone();
-            result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
+                    .ok()
+                    .filter(|next| next.generation != node.generation),
+                _ => None,
+            };
+            match next.filter(|_| !left().is_zero()) {
+                Some(next) => (node, retried) = (next, true),
+                None => return result.map_err(|e| classify(&self.config, what, e)),
+            }
         }
-        result.map_err(|e| classify(&self.config, what, e))
     }
 
     /// Runs the acquire script once: the lock for `owner` with a fresh fence token, or

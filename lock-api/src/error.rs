@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::FutureExt;
+
 /// A boxed error from a backend's client library, kept as the `source` of a [`LockError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -111,17 +113,19 @@ impl LockError {
 ///
 /// # Cancel safety
 /// As cancel-safe as `call`, which is dropped with the returned future.
-pub async fn bounded<T, E>(
+pub fn bounded<'a, T, E>(
     limit: Duration,
-    what: &str,
-    endpoint: &str,
-    call: impl Future<Output = Result<T, E>>,
-    convert: impl FnOnce(E) -> LockError,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(limit, call).await {
+    what: &'a str,
+    endpoint: &'a str,
+    call: impl Future<Output = Result<T, E>> + 'a,
+    convert: impl FnOnce(E) -> LockError + 'a,
+) -> impl Future<Output = Result<T, LockError>> + 'a {
+    // A combinator, not an `async fn`: that would keep `call` twice in its future (the
+    // argument, and the timeout it moves into), and calls run on every node request.
+    tokio::time::timeout(limit, call).map(move |replied| match replied {
         Ok(result) => result.map_err(convert),
         Err(_) => Err(LockError::no_reply(what, endpoint, limit)),
-    }
+    })
 }
 
 #[cfg(test)]
