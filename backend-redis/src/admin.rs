@@ -14,7 +14,7 @@ use redis::Script;
 use tenure_api::admin::undecodable;
 use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
-use crate::scripts::parse_lock_value;
+use crate::scripts::{parse_lock_value, ScriptCall};
 use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
@@ -136,12 +136,12 @@ impl RedisLock {
             // Lock keys end with the closing brace; fence counters with `}:fence`.
             let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
             if !locks.is_empty() {
-                let mut invocation = SURVEY_SCRIPT.prepare_invoke();
+                let mut call = ScriptCall::new(&SURVEY_SCRIPT, locks.len());
                 for key in &locks {
-                    invocation.key(key);
+                    call.key(key);
                 }
                 let surveyed: Vec<(String, Option<String>, i64)> =
-                    self.call("survey", invocation).await?;
+                    self.call("survey", call).await?;
                 found.extend(locks.into_iter().zip(surveyed).map(
                     |(redis_key, (kind, value, pttl))| {
                         ScannedLock {

@@ -26,7 +26,7 @@ use error::{bounded, classify};
 use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};
-use scripts::{count_of, parse_lock_value, token_for, SCRIPTS};
+use scripts::{count_of, parse_lock_value, token_for, ScriptCall, SCRIPTS};
 
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
 /// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
@@ -197,8 +197,9 @@ impl RedisLock {
         self.config.lock_key(key)
     }
 
-    fn fence_key(lock_key: &str) -> String {
-        format!("{lock_key}:fence")
+    /// The fence key of the lock key `lock_key`.
+    fn fence_key(lock_key: &str) -> FenceKey<'_> {
+        FenceKey(lock_key)
     }
 
     fn channel(lock_key: &str) -> String {
@@ -208,9 +209,9 @@ impl RedisLock {
     async fn call<T: redis::FromRedisValue>(
         &self,
         what: &str,
-        invocation: redis::ScriptInvocation<'_>,
+        call: ScriptCall,
     ) -> Result<T, LockError> {
-        self.call_within(what, invocation, self.config.request_timeout)
+        self.call_within(what, call, self.config.request_timeout)
             .await
     }
 
@@ -218,10 +219,10 @@ impl RedisLock {
     async fn call_within<T: redis::FromRedisValue>(
         &self,
         what: &str,
-        invocation: redis::ScriptInvocation<'_>,
+        call: ScriptCall,
         limit: Duration,
     ) -> Result<T, LockError> {
-        let (value, _) = self.run_script(what, &invocation, limit, 0).await?;
+        let (value, _) = self.run_script(what, &call, limit, 0).await?;
         Ok(value)
     }
 
@@ -231,11 +232,11 @@ impl RedisLock {
     async fn call_confirmed<T: redis::FromRedisValue>(
         &self,
         what: &str,
-        invocation: redis::ScriptInvocation<'_>,
+        call: ScriptCall,
         limit: Duration,
     ) -> Result<(T, Result<(), String>), LockError> {
         let wanted = self.config.wait_replicas;
-        let (value, confirmed) = self.run_script(what, &invocation, limit, wanted).await?;
+        let (value, confirmed) = self.run_script(what, &call, limit, wanted).await?;
         let confirmed = match confirmed {
             Some(got) if got < i64::from(wanted) => Err(format!(
                 "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
@@ -256,7 +257,7 @@ impl RedisLock {
     async fn run_script<T: redis::FromRedisValue>(
         &self,
         what: &str,
-        invocation: &redis::ScriptInvocation<'_>,
+        call: &ScriptCall,
         limit: Duration,
         replicas: u32,
     ) -> Result<(T, Option<i64>), LockError> {
@@ -269,7 +270,7 @@ impl RedisLock {
         // the space every call's future reserves for it.
         loop {
             let mut conn = node.conn.clone();
-            let result = bounded(left(), send(invocation, replicas, wait, &mut conn)).await;
+            let result = bounded(left(), send(call, replicas, wait, &mut conn)).await;
             // The first command after the server came back fails on the dead socket while
             // the manager reconnects; with Sentinel, a failed or demoted primary may have
             // been replaced. Every script is idempotent for its owner (a repeated acquire
@@ -371,23 +372,23 @@ impl RedisLock {
         fence: Option<FenceMode>,
         limit: Duration,
     ) -> Result<(Grant, usize), LockError> {
-        let mut invocation = SCRIPTS.acquire.prepare_invoke();
+        let per_key = if fence.is_some() { 2 } else { 1 };
+        let mut call = ScriptCall::new(&SCRIPTS.acquire, per_key * keys.len());
         for key in keys {
             let lock_key = self.lock_key(key);
-            invocation.key(&lock_key);
+            call.key(&lock_key);
             if fence.is_some() {
-                invocation.key(Self::fence_key(&lock_key));
+                call.key(Self::fence_key(&lock_key));
             }
         }
-        invocation
-            .arg(&owner.hex()[..])
+        call.arg(&owner.hex()[..])
             .arg(millis(ttl))
             .arg(fence.map_or("none", FenceMode::as_str));
         if let Some(label) = label {
-            invocation.arg(label);
+            call.arg(label);
         }
         let started = Instant::now();
-        let replied = self.call_confirmed("acquire", invocation, limit).await;
+        let replied = self.call_confirmed("acquire", call, limit).await;
         let left = || limit.saturating_sub(started.elapsed());
         let ((granted, value, index), confirmed): ((i64, i64, i64), _) = match replied {
             Ok(replied) => replied,
@@ -444,16 +445,13 @@ impl RedisLock {
         ttl: Duration,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        let mut invocation = SCRIPTS.extend.prepare_invoke();
-        invocation
-            .key(&lock_key)
+        let mut call = ScriptCall::new(&SCRIPTS.extend, 2);
+        call.key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(&owner.hex()[..])
             .arg(millis(ttl));
         let limit = self.config.request_timeout;
-        let (extended, confirmed) = self
-            .call_confirmed::<i64>("extend", invocation, limit)
-            .await?;
+        let (extended, confirmed) = self.call_confirmed::<i64>("extend", call, limit).await?;
         if extended != 1 {
             return Ok(false);
         }
@@ -489,20 +487,17 @@ impl RedisLock {
         announce: bool,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        let channel = if announce {
-            Self::channel(&lock_key)
-        } else {
-            String::new()
-        };
         // On a Redis Cluster, a shard channel: a PUBLISH would go to every node.
         let sharded = if self.is_cluster() { "sharded" } else { "" };
-        let mut invocation = SCRIPTS.release.prepare_invoke();
-        invocation
-            .key(&lock_key)
-            .arg(&owner.hex()[..])
-            .arg(channel)
-            .arg(sharded);
-        Ok(self.call::<i64>("release", invocation).await? == 1)
+        let mut call = ScriptCall::new(&SCRIPTS.release, 1);
+        call.key(&lock_key).arg(&owner.hex()[..]);
+        if announce {
+            call.arg(Self::channel(&lock_key).as_bytes());
+        } else {
+            call.arg("");
+        }
+        call.arg(sharded);
+        Ok(self.call::<i64>("release", call).await? == 1)
     }
 
     /// Raises the key's fence counter to at least `token`'s count (see
@@ -521,16 +516,15 @@ impl RedisLock {
         token: FencingToken,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        let mut invocation = SCRIPTS.raise_fence.prepare_invoke();
-        invocation
-            .key(&lock_key)
+        let mut call = ScriptCall::new(&SCRIPTS.raise_fence, 2);
+        call.key(&lock_key)
             .key(Self::fence_key(&lock_key))
             .arg(&owner.hex()[..])
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
         let limit = self.config.request_timeout;
         let (ours, confirmed) = self
-            .call_confirmed::<i64>("raise fence", invocation, limit)
+            .call_confirmed::<i64>("raise fence", call, limit)
             .await?;
         confirmed.map_err(|message| LockError::Unavailable {
             message,
@@ -1004,9 +998,9 @@ impl DistributedLock for RedisLock {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
-        let mut invocation = SCRIPTS.inspect.prepare_invoke();
-        invocation.key(self.lock_key(key));
-        let (value, pttl): (Option<String>, i64) = self.call("inspect", invocation).await?;
+        let mut call = ScriptCall::new(&SCRIPTS.inspect, 1);
+        call.key(self.lock_key(key));
+        let (value, pttl): (Option<String>, i64) = self.call("inspect", call).await?;
         let Some(value) = value else { return Ok(None) };
         let value = parse_lock_value(&value)?;
         Ok(Some(HolderInfo {
@@ -1068,42 +1062,58 @@ async fn any_released(watches: &mut [ReleaseWatch]) -> bool {
     futures::future::select_all(waits).await.0
 }
 
-/// Sends `invocation`, followed by `WAIT replicas wait` in the same pipeline when
+/// Sends `call`, followed by `WAIT replicas wait` in the same pipeline when
 /// `replicas` > 0 (its answer is the second value). A server that does not have the
 /// script yet gets it loaded, then the whole pipeline again.
 async fn send<T: redis::FromRedisValue>(
-    invocation: &redis::ScriptInvocation<'_>,
+    call: &ScriptCall,
     replicas: u32,
     wait: Duration,
     conn: &mut Conn,
 ) -> redis::RedisResult<(T, Option<i64>)> {
     if replicas == 0 {
-        return invocation.invoke_async(conn).await.map(|v| (v, None));
+        let sent = match call.cmd().query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                call.script().load_async(conn).await?;
+                call.cmd().query_async(conn).await
+            }
+            other => other,
+        };
+        return sent.map(|v| (v, None));
     }
     // Boxed: the pipeline's future would otherwise enlarge every call's, confirmed or not.
-    Box::pin(send_confirmed(invocation, replicas, wait, conn)).await
+    Box::pin(send_confirmed(call, replicas, wait, conn)).await
 }
 
 /// [`send`] with `WAIT`.
 async fn send_confirmed<T: redis::FromRedisValue>(
-    invocation: &redis::ScriptInvocation<'_>,
+    call: &ScriptCall,
     replicas: u32,
     wait: Duration,
     conn: &mut Conn,
 ) -> redis::RedisResult<(T, Option<i64>)> {
     let mut pipe = redis::pipe();
-    pipe.invoke_script(invocation)
+    pipe.add_command(call.cmd().clone())
         .cmd("WAIT")
         .arg(replicas)
         .arg(millis(wait));
     let sent = match pipe.query_async::<(T, i64)>(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-            invocation.load_async(conn).await?;
+            call.script().load_async(conn).await?;
             pipe.query_async(conn).await
         }
         other => other,
     };
     sent.map(|(value, confirmed)| (value, Some(confirmed)))
+}
+
+/// The fence key of a lock key, written where it is needed (without a string of its own).
+struct FenceKey<'a>(&'a str);
+
+impl fmt::Display for FenceKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:fence", self.0)
+    }
 }
 
 fn millis(ttl: Duration) -> u64 {

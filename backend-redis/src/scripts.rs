@@ -238,6 +238,56 @@ pub(crate) fn code_of(hash: &[u8]) -> Option<&'static str> {
     .map(|(_, code)| code)
 }
 
+/// One call of a script, `EVALSHA sha numkeys key… arg…`, written straight into one
+/// command buffer. The client's `ScriptInvocation` first copies every key and argument
+/// into a vector of its own, then again into the command: a dozen allocations per call,
+/// where this takes two.
+pub(crate) struct ScriptCall {
+    script: &'static Script,
+    cmd: redis::Cmd,
+    keys_left: usize,
+}
+
+impl ScriptCall {
+    /// A call of `script` with `keys` keys, to be added with [`key`](Self::key) before
+    /// any [`arg`](Self::arg).
+    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
+        let mut cmd = redis::Cmd::with_capacity(keys + 8, 64 + 64 * keys);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        Self {
+            script,
+            cmd,
+            keys_left: keys,
+        }
+    }
+
+    /// Adds the next key, written as `key` formats (e.g. `format_args!("{k}:fence")`,
+    /// without a string of its own).
+    pub(crate) fn key(&mut self, key: impl std::fmt::Display) -> &mut Self {
+        debug_assert!(self.keys_left > 0, "more keys than announced");
+        self.keys_left = self.keys_left.saturating_sub(1);
+        redis::RedisWrite::write_arg_fmt(&mut self.cmd, key);
+        self
+    }
+
+    /// Adds the next argument, after every key.
+    pub(crate) fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        debug_assert_eq!(self.keys_left, 0, "an argument before the last key");
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The `EVALSHA` command.
+    pub(crate) fn cmd(&self) -> &redis::Cmd {
+        &self.cmd
+    }
+
+    /// The script, to load on a server that does not have it yet.
+    pub(crate) fn script(&self) -> &'static Script {
+        self.script
+    }
+}
+
 /// How many low bits of a fencing token come from the owner id.
 pub const OWNER_BITS: u32 = 10;
 

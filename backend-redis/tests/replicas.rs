@@ -163,3 +163,38 @@ async fn a_grant_whose_wait_fails_is_given_back() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A server that lost its scripts (`SCRIPT FLUSH`, a restart) gets them loaded again
+/// and the call sent once more: a plain call, and the pipeline with `WAIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_the_scripts_gets_them_again() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    pair.wait_synced().await.unwrap();
+    let plain = RedisLock::connect(&format!("redis://{}", pair.primary().addr()))
+        .await
+        .unwrap();
+    let confirming = confirming(&pair).await;
+    let acquire = tenure_redis::scripts::SCRIPTS.acquire.get_hash().to_owned();
+    for (name, lock) in [("plain", &plain), ("confirming", &confirming)] {
+        let flushed = pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        assert!(flushed.is_ok(), "{flushed:?}");
+        let cached = pair.primary().command(&["SCRIPT", "EXISTS", &acquire]).await;
+        assert_eq!(
+            format!("{:?}", cached.unwrap()),
+            "Array(Some([Integer(0)]))",
+            "the fault fired: the server forgot the acquire script"
+        );
+        let k = key(&format!("flushed-{name}"));
+        let mut lease = lock.try_acquire(&k, TTL).await.unwrap().expect("granted");
+        let cached = pair.primary().command(&["SCRIPT", "EXISTS", &acquire]).await;
+        assert_eq!(format!("{:?}", cached.unwrap()), "Array(Some([Integer(1)]))");
+        pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        lock.extend(&mut lease, TTL).await.unwrap();
+        pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        assert_eq!(
+            lock.release(lease).await.unwrap(),
+            tenure_api::ReleaseOutcome::Released,
+            "{name}"
+        );
+    }
+}
