@@ -178,7 +178,10 @@ async fn a_server_without_the_scripts_gets_them_again() {
     for (name, lock) in [("plain", &plain), ("confirming", &confirming)] {
         let flushed = pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
         assert!(flushed.is_ok(), "{flushed:?}");
-        let cached = pair.primary().command(&["SCRIPT", "EXISTS", &acquire]).await;
+        let cached = pair
+            .primary()
+            .command(&["SCRIPT", "EXISTS", &acquire])
+            .await;
         assert_eq!(
             format!("{:?}", cached.unwrap()),
             "Array(Some([Integer(0)]))",
@@ -186,8 +189,14 @@ async fn a_server_without_the_scripts_gets_them_again() {
         );
         let k = key(&format!("flushed-{name}"));
         let mut lease = lock.try_acquire(&k, TTL).await.unwrap().expect("granted");
-        let cached = pair.primary().command(&["SCRIPT", "EXISTS", &acquire]).await;
-        assert_eq!(format!("{:?}", cached.unwrap()), "Array(Some([Integer(1)]))");
+        let cached = pair
+            .primary()
+            .command(&["SCRIPT", "EXISTS", &acquire])
+            .await;
+        assert_eq!(
+            format!("{:?}", cached.unwrap()),
+            "Array(Some([Integer(1)]))"
+        );
         pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
         lock.extend(&mut lease, TTL).await.unwrap();
         pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();

@@ -287,42 +287,43 @@ impl Inner {
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
         let fencing = self.config.fencing;
-        let nodes: Vec<_> = (0..self.nodes.len())
-            .map(|i| {
-                let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
-                let (replies, mut decision) = (replies.clone(), decision.clone());
-                async move {
-                    ticket.wait_turn().await;
-                    let reply = self
-                        .on_node(i, limit, |node| {
-                            grant(node, key, owner, ttl, label, fencing)
-                        })
-                        .await;
-                    let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
-                    let _ = replies.send(reply);
-                    let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
-                        Ok(phase) => *phase,
-                        Err(_) => Phase::Failed, // the round is gone without a decision
+        // Collected by `join_all` at once (tickets are taken in node order, now), into
+        // its own vector: the node futures are large, and collecting them first would
+        // allocate and copy them twice.
+        let nodes = join_all((0..self.nodes.len()).map(|i| {
+            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
+            let (replies, mut decision) = (replies.clone(), decision.clone());
+            async move {
+                ticket.wait_turn().await;
+                let reply = self
+                    .on_node(i, limit, |node| {
+                        grant(node, key, owner, ttl, label, fencing)
+                    })
+                    .await;
+                let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
+                let _ = replies.send(reply);
+                let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
+                    Ok(phase) => *phase,
+                    Err(_) => Phase::Failed, // the round is gone without a decision
+                };
+                if maybe_ours {
+                    let _ = match phase {
+                        // Nobody was told of this grant: withdrawn without waking
+                        // waiters, which would only race again for a lock nobody released.
+                        Phase::Failed => {
+                            self.on_node(i, limit, |node| node.withdraw_owner(key, owner))
+                                .await
+                        }
+                        Phase::Abandoned => {
+                            self.on_node(i, limit, |node| node.release_owner(key, owner))
+                                .await
+                        }
+                        Phase::Pending | Phase::Held => Ok(false),
                     };
-                    if maybe_ours {
-                        let _ = match phase {
-                            // Nobody was told of this grant: withdrawn without waking
-                            // waiters, which would only race again for a lock nobody released.
-                            Phase::Failed => {
-                                self.on_node(i, limit, |node| node.withdraw_owner(key, owner))
-                                    .await
-                            }
-                            Phase::Abandoned => {
-                                self.on_node(i, limit, |node| node.release_owner(key, owner))
-                                    .await
-                            }
-                            Phase::Pending | Phase::Held => Ok(false),
-                        };
-                    }
-                    drop(ticket);
                 }
-            })
-            .collect();
+                drop(ticket);
+            }
+        }));
         drop((replies, decision));
         let decide = async move {
             let mut tally = self.quorum_tally();
@@ -381,7 +382,7 @@ impl Inner {
                 );
             }
         };
-        futures::join!(join_all(nodes), decide);
+        futures::join!(nodes, decide);
     }
 
     /// The fence round: writes `max(fence, token)` to every node; the grant stands once a
