@@ -279,6 +279,7 @@ impl ScriptCall {
 
     /// The `EVALSHA` command.
     pub(crate) fn cmd(&self) -> &redis::Cmd {
+        debug_assert_eq!(self.keys_left, 0, "fewer keys than announced");
         &self.cmd
     }
 

@@ -534,8 +534,8 @@ impl DistributedLock for Redlock {
         }
     }
 
-    /// Releases on every node. The release is sent to all nodes in background tasks, each
-    /// behind this owner's earlier requests to that node, so a grant still in flight (a
+    /// Releases on every node. The release is sent to all nodes from one background task,
+    /// each request behind this owner's earlier requests to that node, so a grant still in flight (a
     /// node that had not answered when the acquire was decided) is released too, once it
     /// has come back or timed out. The answer comes when every node has answered or
     /// timed out — not waiting for nodes still busy with such an earlier request, once a
@@ -547,7 +547,7 @@ impl DistributedLock for Redlock {
     /// - `Err(Unavailable)`: no majority answered. Nothing is known about the other
     ///   nodes: our lock may stay there until its TTL expires (the message says so), and
     ///   until then others may not reach a majority. The lease is gone either way; the
-    ///   background tasks still try each node once.
+    ///   background task still tries each node once.
     /// - a node's non-retryable error (e.g. a script or auth error) when more nodes
     ///   failed that way than a majority can spare.
     ///

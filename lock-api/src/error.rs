@@ -109,7 +109,9 @@ impl LockError {
 
 /// Runs a client call for at most `limit`, converting its error with `convert`; running
 /// out is [`LockError::no_reply`] for step `what` on `endpoint`. Backends bound every
-/// request with it.
+/// request with it. The limit counts from this call, not from the first poll, so call
+/// it where the request starts; like `tokio::time::timeout`, it panics outside a Tokio
+/// runtime.
 ///
 /// # Cancel safety
 /// As cancel-safe as `call`, which is dropped with the returned future.
