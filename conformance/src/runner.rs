@@ -122,10 +122,6 @@ pub async fn run_fault(
     target: &FaultTarget,
     expected: &Expect,
 ) -> Result<(), String> {
-    let fired = |cell: &Cell| match cell {
-        Cell::Ran { counts, .. } => counts.values().sum::<usize>() > 0,
-        _ => true,
-    };
     let mut cell = None;
     for _ in 0..2 {
         if let Err(why) = faults::ensure(target).await {
@@ -138,7 +134,7 @@ pub async fn run_fault(
             Some(earlier) => Cell::merge(earlier, run),
             None => run,
         };
-        let done = fired(&merged);
+        let done = merged.judged();
         cell = Some(merged);
         if done {
             break;
@@ -146,7 +142,7 @@ pub async fn run_fault(
     }
     let cell = cell.expect("at least one run");
     let notes = match &cell {
-        Cell::Ran { notes, .. } if !fired(&cell) => {
+        Cell::Ran { notes, .. } if !cell.judged() => {
             let summary = cell.summary();
             return Err(format!("the fault fired in no trial: {summary}: {notes:?}"));
         }
@@ -170,7 +166,8 @@ pub async fn run_fault(
 /// The body of a backend's `tests/fault_suite.rs` (`harness = false`): starts the
 /// backend's servers and the [`FaultTarget`] over them with `start`, with the verdicts
 /// each fault may show (for the five backends, their row of the table:
-/// `|fault| expect::expect(&config, fault)`; for any other, [`never_unsafe`](crate::faults::expect::never_unsafe)),
+/// `|fault| expect::expect(&config, fault)`; for any other,
+/// [`never_unsafe`](crate::faults::expect::never_unsafe)),
 /// and runs every fault of [`Fault::ALL`] as a named test ([`run_fault`]), one at a time
 /// (they share the servers). A fault the target cannot inject, or that does not apply
 /// (no verdict expected), is *ignored*. Call `.exit()` on the conclusion after this

@@ -496,9 +496,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
     let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
-    let mut faults = FaultTarget::new(name, harness, probe.ttl)
-        .await
-        .map_err(|e| format!("connecting to {name}: {e}"))?
+    let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)
         .with_nodes(nodes)
         .with_patient_query(patient_query(backend))
         .with_run_id(run_id)

@@ -288,6 +288,16 @@ pub enum Cell {
 }
 
 impl Cell {
+    /// Whether the fault fired in some trial: a cell that ran with evidence of it in no
+    /// trial judged nothing. True for cells that ran no trials (not injectable, not
+    /// applicable, failed).
+    pub fn judged(&self) -> bool {
+        match self {
+            Cell::Ran { counts, .. } => counts.values().sum::<usize>() > 0,
+            _ => true,
+        }
+    }
+
     /// Aggregates trials.
     pub fn from_trials(trials: Vec<Trial>, injections: usize) -> Cell {
         let mut counts = BTreeMap::new();

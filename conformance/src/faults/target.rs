@@ -112,7 +112,18 @@ impl FaultTarget {
     /// Cancel-safe: the probing client is dropped.
     pub async fn new(name: &str, harness: UrlHarness, ttl: Duration) -> Result<Self, LockError> {
         let caps = harness.client().await?.capabilities();
-        Ok(Self {
+        Ok(Self::with_capabilities(name, harness, caps, ttl))
+    }
+
+    /// [`new`](Self::new) for a caller that already asked a client for the backend's
+    /// capabilities (no client is made here).
+    pub fn with_capabilities(
+        name: &str,
+        harness: UrlHarness,
+        caps: Capabilities,
+        ttl: Duration,
+    ) -> Self {
+        Self {
             name: name.to_owned(),
             harness,
             caps,
@@ -126,7 +137,7 @@ impl FaultTarget {
             patient_query: String::new(),
             run_id: rand::random(),
             draw: 0,
-        })
+        }
     }
 
     /// Declares control over the servers' processes (kill, pause, restart): the server
