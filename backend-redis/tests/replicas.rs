@@ -175,27 +175,27 @@ async fn a_server_without_the_scripts_gets_them_again() {
         .unwrap();
     let confirming = confirming(&pair).await;
     let acquire = tenure_redis::scripts::SCRIPTS.acquire.get_hash().to_owned();
-    for (name, lock) in [("plain", &plain), ("confirming", &confirming)] {
-        let flushed = pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
-        assert!(flushed.is_ok(), "{flushed:?}");
-        let cached = pair
+    let cached = || async {
+        let exists = pair
             .primary()
             .command(&["SCRIPT", "EXISTS", &acquire])
             .await;
+        format!("{:?}", exists.unwrap())
+    };
+    for (name, lock) in [("plain", &plain), ("confirming", &confirming)] {
+        let flushed = pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
+        assert!(flushed.is_ok(), "{flushed:?}");
         assert_eq!(
-            format!("{:?}", cached.unwrap()),
+            cached().await,
             "Array(Some([Integer(0)]))",
             "the fault fired: the server forgot the acquire script"
         );
         let k = key(&format!("flushed-{name}"));
         let mut lease = lock.try_acquire(&k, TTL).await.unwrap().expect("granted");
-        let cached = pair
-            .primary()
-            .command(&["SCRIPT", "EXISTS", &acquire])
-            .await;
         assert_eq!(
-            format!("{:?}", cached.unwrap()),
-            "Array(Some([Integer(1)]))"
+            cached().await,
+            "Array(Some([Integer(1)]))",
+            "{name}: loaded again"
         );
         pair.primary().command(&["SCRIPT", "FLUSH"]).await.unwrap();
         lock.extend(&mut lease, TTL).await.unwrap();
