@@ -1,10 +1,9 @@
 //! Error mapping: a Redis client error to a [`LockError`] of its class, and bounded calls.
 
 use std::future::Future;
-
-use futures::FutureExt;
 use std::time::Duration;
 
+use futures::FutureExt;
 use redis::RedisError;
 use tenure_api::tls::TlsRefusal;
 use tenure_api::LockError;

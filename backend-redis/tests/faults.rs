@@ -2,8 +2,9 @@
 //! (`tests/fault_suite.rs`: paused holders, clock jumps, failovers with the default
 //! fence, …): restarts without persistence, where the double grant must be observed
 //! (the suite's cell also allows none), the `fence=counter` option, persistence,
-//! availability while the server is down, what the guard reports. Each test asserts its expected outcome —
-//! including the unsafe ones, which must be *observed* — and that its fault really fired.
+//! availability while the server is down, what the guard reports. Each test asserts its
+//! expected outcome — including the unsafe ones, which must be *observed* — and that its
+//! fault really fired.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -535,9 +535,9 @@ impl DistributedLock for Redlock {
     }
 
     /// Releases on every node. The release is sent to all nodes from one background task,
-    /// each request behind this owner's earlier requests to that node, so a grant still in flight (a
-    /// node that had not answered when the acquire was decided) is released too, once it
-    /// has come back or timed out. The answer comes when every node has answered or
+    /// each request behind this owner's earlier requests to that node, so a grant still
+    /// in flight (a node that had not answered when the acquire was decided) is released
+    /// too, once it has come back or timed out. The answer comes when every node has answered or
     /// timed out — not waiting for nodes still busy with such an earlier request, once a
     /// majority has answered — or as soon as a majority can no longer answer:
     ///
