@@ -14,7 +14,7 @@ use redis::Script;
 use tenure_api::admin::undecodable;
 use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
-use crate::scripts::{parse_lock_value, ScriptCall};
+use crate::scripts::{parse_lock_value, Call};
 use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
@@ -136,7 +136,7 @@ impl RedisLock {
             // Lock keys end with the closing brace; fence counters with `}:fence`.
             let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
             if !locks.is_empty() {
-                let mut call = ScriptCall::new(&SURVEY_SCRIPT, locks.len());
+                let mut call = Call::script(&SURVEY_SCRIPT, locks.len());
                 for key in &locks {
                     call.key(key);
                 }

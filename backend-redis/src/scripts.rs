@@ -39,8 +39,9 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// Takes the first free of one or more locks (or the one already ours: a retried acquire
 /// whose reply was lost). KEYS: per lock, the lock key then its fence key (the lock keys
 /// alone in `none` mode). ARGV: owner, ttl ms, fence mode (`clock` for the clock-floored
-/// counter, `none` for no counter, anything else for `INCR`), and optionally a label
-/// stored after the count (a retry keeps the label first stored). Returns
+/// counter, `none` for no counter, anything else for `INCR`), optionally a label stored
+/// after the count (a retry keeps the label first stored; empty for none), and in `none`
+/// mode the count to store. Returns
 /// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
 /// when every lock is held by another (`pttl`: the shortest remaining time among them).
 ///
@@ -50,7 +51,7 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
 /// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
 /// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
-/// passed: the count is the server's time in µs, backed by no counter.
+/// passed: the count is the caller's, backed by no counter (a client sends its clock).
 pub const ACQUIRE: &str = r#"
 local function fence_expiry(fence, ttl)
   local want = math.max(2 * tonumber(ttl), 86400000)
@@ -81,8 +82,7 @@ for i = 1, #KEYS, step do
     local lock, fence = KEYS[i], KEYS[i + 1]
     local token
     if ARGV[3] == 'none' then
-      local now = redis.call('TIME')
-      token = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]))
+      token = string.format('%d', tonumber(ARGV[5]))
     elseif ARGV[3] == 'clock' then
       local now = redis.call('TIME')
       local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -238,24 +238,33 @@ pub(crate) fn code_of(hash: &[u8]) -> Option<&'static str> {
     .map(|(_, code)| code)
 }
 
-/// One call of a script, `EVALSHA sha numkeys key… arg…`, written straight into one
-/// command buffer. The client's `ScriptInvocation` first copies every key and argument
-/// into a vector of its own, then again into the command: a dozen allocations per call,
-/// where this takes two.
-pub(crate) struct ScriptCall {
-    script: &'static Script,
+/// One command, written straight into one command buffer: a script's `EVALSHA sha
+/// numkeys key… arg…`, or a plain command such as `SET`. The client's `ScriptInvocation`
+/// first copies every key and argument into a vector of its own, then again into the
+/// command: a dozen allocations per call, where this takes two.
+pub(crate) struct Call {
+    /// The script an `EVALSHA` runs, to load on a server that lacks it.
+    script: Option<&'static Script>,
     cmd: redis::Cmd,
     keys_left: usize,
 }
 
-impl ScriptCall {
+impl Call {
     /// A call of `script` with `keys` keys, to be added with [`key`](Self::key) before
     /// any [`arg`](Self::arg).
-    pub(crate) fn new(script: &'static Script, keys: usize) -> Self {
+    pub(crate) fn script(script: &'static Script, keys: usize) -> Self {
+        let mut call = Self::command("EVALSHA", keys);
+        call.cmd.arg(script.get_hash()).arg(keys);
+        call.script = Some(script);
+        call
+    }
+
+    /// A plain command `name` with `keys` keys, as [`script`](Self::script).
+    pub(crate) fn command(name: &'static str, keys: usize) -> Self {
         let mut cmd = redis::Cmd::with_capacity(keys + 8, 64 + 64 * keys);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        cmd.arg(name);
         Self {
-            script,
+            script: None,
             cmd,
             keys_left: keys,
         }
@@ -277,14 +286,15 @@ impl ScriptCall {
         self
     }
 
-    /// The `EVALSHA` command.
+    /// The command.
     pub(crate) fn cmd(&self) -> &redis::Cmd {
         debug_assert_eq!(self.keys_left, 0, "fewer keys than announced");
         &self.cmd
     }
 
-    /// The script, to load on a server that does not have it yet.
-    pub(crate) fn script(&self) -> &'static Script {
+    /// The script, to load on a server that does not have it yet (`None` for a plain
+    /// command).
+    pub(crate) fn loadable(&self) -> Option<&'static Script> {
         self.script
     }
 }

@@ -12,15 +12,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 /// How many script calls (`EVALSHA`) `node` has run since its statistics were reset.
 async fn script_calls(node: &RedisNode) -> u64 {
-    let field = node.info_field("commandstats", "cmdstat_evalsha").await;
-    let Some(stats) = field.unwrap() else {
-        return 0;
-    };
-    let calls = stats
-        .split(',')
-        .find_map(|part| part.strip_prefix("calls="))
-        .unwrap_or_else(|| panic!("no calls in {stats:?}"));
-    calls.parse().unwrap()
+    node.command_calls("evalsha").await.unwrap()
 }
 
 /// Whether each of `channels` has a subscriber on `node`.

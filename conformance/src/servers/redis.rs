@@ -232,6 +232,27 @@ impl RedisNode {
         Ok(info_field(&text, field).map(str::to_owned))
     }
 
+    /// How many times the node ran `command` (lower case, e.g. `"evalsha"`) since it
+    /// started or its statistics were last reset (`CONFIG RESETSTAT`), from `INFO
+    /// commandstats`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn command_calls(&self, command: &str) -> Result<u64> {
+        let field = format!("cmdstat_{command}");
+        let Some(stats) = self.info_field("commandstats", &field).await? else {
+            return Ok(0);
+        };
+        stats
+            .split(',')
+            .find_map(|part| part.strip_prefix("calls="))
+            .and_then(|calls| calls.parse().ok())
+            .ok_or_else(|| ServerError::Protocol {
+                what: self.core.process.what().to_owned(),
+                detail: format!("{field}:{stats}"),
+            })
+    }
+
     /// Make this node a primary: `REPLICAOF NO ONE`. Later restarts also start it as a
     /// primary.
     ///
