@@ -590,3 +590,54 @@ async fn bench_held_reports_the_limit_and_the_error_past_it() {
     let refused = held["refused"].as_str().expect("the refusal");
     assert!(refused.contains("max_held=3"), "{refused}");
 }
+
+/// `bench --peers` runs zookeeper-client's lock recipe next to tenure on ZooKeeper, in
+/// every mode (16 recipe clients contend in `contended`), and tenure's lines carry the
+/// ratio to it; a backend without a peer prints no peer line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_peers_runs_the_zookeeper_recipe_beside_tenure() {
+    let ensemble = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let url = format!("zk://{}/bench", ensemble.connect_string());
+    let out = output(&[
+        "--url",
+        &url,
+        "bench",
+        "--mode",
+        "seq,contended",
+        "--secs",
+        "0.5",
+        "--peers",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let find = |mode: &str, implementation: &str| {
+        lines
+            .iter()
+            .find(|l| l["mode"] == mode && l["impl"] == implementation)
+            .unwrap_or_else(|| panic!("no {mode} {implementation} line in {lines:?}"))
+    };
+    for mode in ["seq", "contended"] {
+        let recipe = find(mode, "recipe");
+        assert!(recipe["cycles"].as_u64().unwrap() > 0, "{recipe}");
+        assert_eq!(recipe["errors"], 0, "{recipe}");
+        let ours = find(mode, "tenure");
+        assert!(ours["peer_ratio"].as_f64().unwrap() > 0.0, "{ours}");
+        assert!(
+            ours.get("ratio").is_none(),
+            "no floor was asked for: {ours}"
+        );
+    }
+    let handoffs = find("contended", "recipe")["handoffs_per_s"].as_f64();
+    assert!(
+        handoffs.unwrap() > 0.0,
+        "the recipe's 16 clients hand the lock over"
+    );
+
+    let lines = memory_bench(&["--mode", "seq", "--secs", "0.2", "--peers"]);
+    assert_eq!(lines.len(), 1, "memory:// has no peer: {lines:?}");
+    assert!(lines[0].get("peer_ratio").is_none(), "{}", lines[0]);
+}

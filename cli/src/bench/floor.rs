@@ -203,6 +203,8 @@ mod etcd_floor {
     }
 }
 
+pub(super) use zk_floor::zk_connect;
+
 mod zk_floor {
     use super::*;
     use zookeeper_client::{Acls, Client, CreateMode};
@@ -215,27 +217,34 @@ mod zk_floor {
 
     impl ZkFloor {
         pub(crate) async fn connect(url: &str) -> Result<Self, LockError> {
-            let config = tenure_zk::ZkConfig::from_url(url)?;
-            let mut connector = Client::connector();
-            if let Some(digest) = config.digest() {
-                connector = connector.with_auth("digest", &digest);
-            }
-            let client = connector
-                .connect(&config.connect_string())
-                .await
-                .map_err(|e| LockError::unavailable("floor connect", e))?;
-            let parent = format!("{}/tenure-floor", config.chroot());
-            let mut path = String::new();
-            for part in parent.split('/').filter(|p| !p.is_empty()) {
-                path = format!("{path}/{part}");
-                let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-                match client.create(&path, &[], &persistent).await {
-                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
-                    Err(e) => return Err(LockError::unavailable("floor parent", e)),
-                }
-            }
+            let (client, parent) = zk_connect(url, "tenure-floor").await?;
             Ok(Self { client, parent })
         }
+    }
+
+    /// A plain client session for the server of a `zk://` URL, and the persistent node
+    /// `name` under its chroot (created if missing).
+    pub(crate) async fn zk_connect(url: &str, name: &str) -> Result<(Client, String), LockError> {
+        let config = tenure_zk::ZkConfig::from_url(url)?;
+        let mut connector = Client::connector();
+        if let Some(digest) = config.digest() {
+            connector = connector.with_auth("digest", &digest);
+        }
+        let client = connector
+            .connect(&config.connect_string())
+            .await
+            .map_err(|e| LockError::unavailable("bench connect", e))?;
+        let parent = format!("{}/{name}", config.chroot());
+        let mut path = String::new();
+        for part in parent.split('/').filter(|p| !p.is_empty()) {
+            path = format!("{path}/{part}");
+            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            match client.create(&path, &[], &persistent).await {
+                Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(LockError::unavailable("bench parent node", e)),
+            }
+        }
+        Ok((client, parent))
     }
 
     #[async_trait]

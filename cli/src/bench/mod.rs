@@ -10,6 +10,7 @@
 //! `held` is not a cycle: it holds N leases with renewing guards and reports the RSS.
 
 mod floor;
+mod peer;
 
 use std::fmt;
 use std::str::FromStr;
@@ -86,6 +87,10 @@ pub struct BenchOptions {
     /// change of leader). The `seq` and `par64` floors stay the plain client's; the
     /// `contended` floor campaigns in a 10 ms polling loop.
     pub election: bool,
+    /// Also run the backend's peer library, where the bench has one (see `peer.rs`:
+    /// ZooKeeper's is zookeeper-client's lock recipe), interleaved, and report
+    /// tenure's throughput over the peer's.
+    pub peers: bool,
 }
 
 impl Default for BenchOptions {
@@ -96,6 +101,7 @@ impl Default for BenchOptions {
             floor: false,
             permits: None,
             election: false,
+            peers: false,
         }
     }
 }
@@ -141,6 +147,10 @@ pub struct BenchLine {
     /// on library lines run with a floor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// Library throughput divided by the peer library's (as `ratio`), on library lines
+    /// run with a peer (`--peers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_ratio: Option<f64>,
     /// Rounds this line summarises: with more than one (`--repeat`), every rate, latency,
     /// fairness and ratio is the median over the rounds (each ratio taken within its
     /// round), and `cycles`, `errors` and `secs` are totals.
@@ -198,6 +208,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 handoffs_per_s: known(&|l| l.handoffs_per_s),
                 fairness: known(&|l| l.fairness),
                 ratio: known(&|l| l.ratio),
+                peer_ratio: known(&|l| l.peer_ratio),
                 rounds: group.iter().map(|l| l.rounds).sum(),
             }
         })
@@ -363,6 +374,7 @@ impl Stats {
             p99_us: self.histogram.value_at_quantile(0.99),
             errors: self.errors,
             ratio: None,
+            peer_ratio: None,
             rounds: 1,
         }
     }
@@ -536,18 +548,25 @@ pub async fn run(
             "floor",
         )),
     };
+    let peer = match options.peers {
+        true => peer::lockers(url, mode).await?,
+        false => None,
+    };
     let run = format!("tenure-bench/{:08x}", rand::random::<u32>());
     let total = Duration::from_secs_f64(options.secs);
     let slice = total.min(Duration::from_secs(1));
-    let (mut ours, mut theirs) = (Stats::new(), Stats::new());
+    let (mut ours, mut theirs, mut peers) = (Stats::new(), Stats::new(), Stats::new());
     while ours.elapsed < total {
         let this = slice.min(total - ours.elapsed);
         drive(&library, mode, &format!("{run}/lib"), this, &mut ours).await;
         if let Some((lockers, _)) = &floor {
             drive(lockers, mode, &format!("{run}/floor"), this, &mut theirs).await;
         }
+        if let Some((lockers, _)) = &peer {
+            drive(lockers, mode, &format!("{run}/peer"), this, &mut peers).await;
+        }
     }
-    for (stats, what) in [(&ours, "tenure"), (&theirs, "floor")] {
+    for (stats, what) in [(&ours, "tenure"), (&theirs, "floor"), (&peers, "peer")] {
         if stats.cycles == 0 && stats.errors > 0 {
             return Err(LockError::backend(format!(
                 "{backend} {mode} ({what}): every cycle failed; the first: {}",
@@ -558,24 +577,29 @@ pub async fn run(
     let mut line = ours.line(&backend, mode, "tenure");
     line.permits = options.permits;
     line.election = options.election;
-    let mut lines = Vec::new();
+    let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
+    // Ours over theirs, to two places; none if theirs did nothing.
+    let ratio = |ours: &BenchLine, theirs: &BenchLine| {
+        (throughput(theirs) > 0.0)
+            .then(|| (throughput(ours) / throughput(theirs) * 100.0).round() / 100.0)
+    };
+    let mut others = Vec::new();
     if let Some((_, implementation)) = floor {
         let mut floor_line = theirs.line(&backend, mode, implementation);
         if mode == Mode::Contended {
             floor_line.permits = options.permits;
             floor_line.election = options.election;
         }
-        let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
-        if throughput(&floor_line) > 0.0 {
-            line.ratio =
-                Some((throughput(&line) / throughput(&floor_line) * 100.0).round() / 100.0);
-        }
-        lines.push(line);
-        lines.push(floor_line);
-    } else {
-        lines.push(line);
+        line.ratio = ratio(&line, &floor_line);
+        others.push(floor_line);
     }
-    Ok(lines)
+    if let Some((_, implementation)) = peer {
+        let peer_line = peers.line(&backend, mode, implementation);
+        line.peer_ratio = ratio(&line, &peer_line);
+        others.push(peer_line);
+    }
+    others.insert(0, line);
+    Ok(others)
 }
 
 /// What `held` measured.
@@ -692,6 +716,7 @@ mod tests {
             handoffs_per_s: None,
             fairness: None,
             ratio,
+            peer_ratio: None,
             rounds: 1,
         }
     }

@@ -22,6 +22,10 @@ pub(crate) struct BenchArgs {
     /// Also run the raw protocol floor, interleaved, and print library/floor ratios.
     #[arg(long)]
     floor: bool,
+    /// Also run the backend's peer library where the bench has one (ZooKeeper:
+    /// zookeeper-client's lock recipe), interleaved, and print tenure/peer ratios.
+    #[arg(long)]
+    peers: bool,
     /// Rounds (1..=100): every backend and mode is run this many times, round-robin, and
     /// each line reports the medians over its rounds (ratios taken within each round).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -66,6 +70,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         floor: args.floor,
         permits: args.permits,
         election: args.election,
+        peers: args.peers,
     };
     let mut rows = Vec::new();
     let mut cycles = Vec::new();
@@ -149,13 +154,27 @@ async fn held(
 }
 
 fn print_table(rows: &[Row]) {
+    // The tenure/peer column only where a peer ran.
+    let peers = rows
+        .iter()
+        .any(|r| matches!(r, Row::Cycles(l) if l.peer_ratio.is_some()));
+    let (peer_head, peer_rule) = if peers {
+        (" tenure/peer |", "---:|")
+    } else {
+        ("", "")
+    };
     println!(
-        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | tenure/floor |"
+        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | tenure/floor |{peer_head}"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|{peer_rule}");
+    let times = |r: Option<f64>| r.map_or(String::new(), |r| format!("{r:.2}×"));
     for row in rows {
         if let Row::Cycles(l) = row {
-            let ratio = l.ratio.map_or(String::new(), |r| format!("{r:.2}×"));
+            let ratio = times(l.ratio);
+            let peer_ratio = match peers {
+                true => format!(" {} |", times(l.peer_ratio)),
+                false => String::new(),
+            };
             let handoffs = l
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
@@ -166,7 +185,7 @@ fn print_table(rows: &[Row]) {
                 (None, false) => l.implementation.to_owned(),
             };
             println!(
-                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |",
+                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |{peer_ratio}",
                 l.backend, l.mode, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
             );
         }

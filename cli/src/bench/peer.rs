@@ -1,0 +1,82 @@
+//! Peers: another library's lock on the same servers, run with `--peers` interleaved with
+//! tenure (and its floor), so that "as fast as the library users would otherwise pick" is
+//! measured in the same run.
+//!
+//! | backend | peer |
+//! |---|---|
+//! | zk | `recipe`: zookeeper-client's lock recipe (`Client::lock`, a Curator-style node per contender under the key's directory, created as a container when missing); the release deletes the node and waits for the reply, as tenure's does |
+//!
+//! Other backends have no peer here yet (their Rust peers are separate crates this
+//! project does not depend on).
+
+use std::sync::Arc;
+
+use tenure_api::{async_trait, LockError};
+
+use super::{Locker, Mode};
+
+/// The peer lockers for `url` in `mode` (16 clients for `contended`, as for tenure, else
+/// one) and the peer's name; `None` for a backend without a peer.
+pub(super) async fn lockers(
+    url: &str,
+    mode: Mode,
+) -> Result<Option<(Vec<Arc<dyn Locker>>, &'static str)>, LockError> {
+    if tenure::driver_for(url)?.name != "zk" {
+        return Ok(None);
+    }
+    let clients = if mode == Mode::Contended {
+        mode.tasks()
+    } else {
+        1
+    };
+    let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        lockers.push(Arc::new(zk_recipe::ZkRecipe::connect(url).await?));
+    }
+    Ok(Some((lockers, "recipe")))
+}
+
+mod zk_recipe {
+    use super::*;
+    use zookeeper_client::{Acls, Client, CreateMode, LockOptions, LockPrefix};
+
+    /// zookeeper-client's lock recipe on one session.
+    pub(crate) struct ZkRecipe {
+        client: Client,
+        /// The directory under which each key gets a directory of its own.
+        root: String,
+    }
+
+    impl ZkRecipe {
+        pub(crate) async fn connect(url: &str) -> Result<Self, LockError> {
+            let (client, root) = crate::bench::floor::zk_connect(url, "tenure-recipe").await?;
+            Ok(Self { client, root })
+        }
+    }
+
+    #[async_trait]
+    impl Locker for ZkRecipe {
+        async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+            let failed = |what: &str, e: zookeeper_client::Error| format!("{what}: {e}");
+            let dir = format!("{}/{}", self.root, key.replace('/', "_"));
+            let prefix = LockPrefix::new_curator(&dir, "lock-").map_err(|e| failed("prefix", e))?;
+            let options = LockOptions::new(Acls::anyone_all())
+                .with_ancestor_options(CreateMode::Container.with_acls(Acls::anyone_all()))
+                .map_err(|e| failed("options", e))?;
+            let lock = self
+                .client
+                .lock(prefix, &[], options)
+                .await
+                .map_err(|e| failed("lock", e))?;
+            held();
+            // The recipe's own release (dropping the guard) deletes in the background,
+            // unawaited; a cycle ends when the delete is done, as tenure's release does.
+            let path = lock.lock_path().to_owned();
+            std::mem::forget(lock);
+            self.client
+                .delete(&path, None)
+                .await
+                .map_err(|e| failed("delete", e))
+        }
+    }
+}
