@@ -223,9 +223,9 @@ impl ZkLock {
         }
     }
 
-    /// Lists `dir` (after a `sync` or our node's create, so the listing is as recent as the
-    /// leader's) and places `node` in it; removes any duplicate of ours. Also returns when
-    /// that `sync` or create was sent.
+    /// Lists `dir` (behind a `sync` or our node's create, so the listing is as recent as
+    /// the leader's) and places `node` in it; removes any duplicate of ours. Also returns
+    /// when that `sync` or create was sent.
     ///
     /// `created`: when the create that made `node` was sent, if it was just answered. That
     /// create already went through the leader — which checked the session was alive — and
@@ -239,18 +239,24 @@ impl ZkLock {
         (node, created): (&Created, Option<Instant>),
         owner: OwnerId,
     ) -> Result<(Position, Instant), LockError> {
-        let sent = match created {
+        let (sent, listed) = match created {
             Some(sent) => {
                 session.record(sent);
-                sent
+                (sent, self.children(client, dir).await)
             }
-            // The server this client talks to then has caught up with the leader.
-            None => session
-                .sync_since(client, Instant::now(), self.request_timeout())
-                .await
-                .map_err(|e| self.zk_error("sync with the leader", e))?,
+            // The server this client talks to then has caught up with the leader. The
+            // listing goes out right behind the `sync`, not after its reply: the server
+            // serves it only once the `sync` is done (a session's requests are served in
+            // order), so it proves the same, one round trip sooner. It is used only if
+            // the `sync` succeeded.
+            None => {
+                let synced = session.sync_since(client, Instant::now(), self.request_timeout());
+                let (synced, listed) = futures::join!(synced, self.children(client, dir));
+                let sent = synced.map_err(|e| self.zk_error("sync with the leader", e))?;
+                (sent, listed)
+            }
         };
-        let mut nodes = self.children(client, dir).await?;
+        let mut nodes = listed?;
         for duplicate in nodes
             .iter()
             .filter(|n| n.owner == owner && n.name != node.name)

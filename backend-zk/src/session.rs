@@ -304,7 +304,10 @@ impl Session {
     /// to has then caught up with the leader, so reads that follow are not stale, and the
     /// session's activity up to a tick before is known to the leader) — one already in flight if it
     /// was sent within the last 1/[`JOIN_WITHIN`] of the session timeout, else a new one —
-    /// bounded by `limit`, records it as a proof, and returns when it was sent. Renewals
+    /// bounded by `limit`, records it as a proof, and returns when it was sent. The `sync`
+    /// is on its way when the first poll of this future returns: a read sent after that
+    /// need not wait for the reply, as ZooKeeper serves a session's requests in order (a
+    /// read behind a `sync` sees at least the state the `sync` brought). Renewals
     /// that overlap thus share one `sync`, and one that joins loses at most that much of
     /// its lease. (An older `sync` still in flight is stuck: a renewal joining it would be
     /// worth nothing once it is answered.)
@@ -337,6 +340,10 @@ impl Session {
                     // Taken before the request is made: the `sync` is sent no earlier.
                     let sent = Instant::now();
                     let reply = async move { client.sync("/").await }.boxed().shared();
+                    // Polled once here, under the slot's lock, which sends the `sync`: a
+                    // request sent after this call, or after joining it, is behind it in
+                    // the session's order (see `Self::sync_since`).
+                    let _ = reply.clone().now_or_never();
                     *syncing = Some(InFlight {
                         sent,
                         reply: reply.clone(),

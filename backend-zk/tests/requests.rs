@@ -186,3 +186,64 @@ async fn a_node_deleted_while_the_holder_was_disconnected_is_lost_at_the_next_re
         other => panic!("renewal after its node was deleted during a disconnect: {other:?}"),
     }
 }
+
+/// A waiter woken by its predecessor's deletion sends the queue's listing right behind
+/// its `sync`, not after the `sync`'s reply: ZooKeeper serves a session's requests in
+/// order (a read behind a `sync` sees at least the state the `sync` brought), so the
+/// listing proves the same and the hand-off takes one round trip less. The waiter's proxy
+/// holds every reply back for `DELAY`: the deletion's notification, then the replies to
+/// the `sync` and the listing — two delays before the grant, where waiting for the
+/// `sync`'s reply before listing took three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_lists_the_queue_without_waiting_for_its_sync() {
+    const DELAY: Duration = Duration::from_secs(3);
+    let _serial = SERIAL.lock().await;
+    // Long sessions (a server allows up to 20 ticks): delayed replies must not look like
+    // a dead link.
+    let zk = ZkEnsemble::start(ZkOptions::default().tick_time_ms(1000))
+        .await
+        .unwrap();
+    let connect = |hosts: String| async move {
+        let options = "session_timeout_ms=20000&op_timeout_ms=15000&tick_ms=1000";
+        ZkLock::connect(&format!("zk://{hosts}/requests?{options}"))
+            .await
+            .unwrap()
+    };
+    let holder = connect(zk.connect_string()).await;
+    let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
+    let waiter = connect(proxy.addr().to_string()).await;
+    let k = key(0);
+    let held = holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free key");
+    let waiting = tokio::spawn(async move {
+        let opts = tenure_api::AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+        let lease = waiter.acquire(&k, &opts).await;
+        (lease, std::time::Instant::now(), waiter)
+    });
+    // Queued behind the holder and watching it (the count below holds either way: a
+    // waiter still on its way lists again once its watch finds the holder gone).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: DELAY,
+    });
+    let released = std::time::Instant::now();
+    holder.release(held).await.unwrap();
+    let (lease, granted, waiter) = waiting.await.unwrap();
+    let lease = lease.expect("granted once the holder released");
+    let took = granted - released;
+    eprintln!("hand-off through a proxy delaying replies by {DELAY:?}: {took:?}");
+    assert!(
+        took >= DELAY * 2 - Duration::from_millis(100),
+        "the fault fired: the notification and the listing were both held back ({took:?})"
+    );
+    assert!(
+        took < DELAY * 5 / 2,
+        "the hand-off took {took:?}: three delayed replies, so the listing waited for \
+         the sync's reply"
+    );
+    waiter.release(lease).await.unwrap();
+}
