@@ -640,4 +640,9 @@ async fn bench_peers_runs_the_zookeeper_recipe_beside_tenure() {
     let lines = memory_bench(&["--mode", "seq", "--secs", "0.2", "--peers"]);
     assert_eq!(lines.len(), 1, "memory:// has no peer: {lines:?}");
     assert!(lines[0].get("peer_ratio").is_none(), "{}", lines[0]);
+    // A peer is a lock: a semaphore or an election bench has none to compare with.
+    for other in [["--permits", "2"].as_slice(), ["--election"].as_slice()] {
+        let out = output(&[&["--url", "memory://", "bench", "--peers"], other].concat());
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+    }
 }

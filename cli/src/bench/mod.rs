@@ -512,9 +512,9 @@ async fn library_lockers(
 }
 
 /// Runs `mode` against `url` for `options.secs` (per implementation), in 1 s slices
-/// alternating library and floor. Returns the library line (with its ratio) and, with a
-/// floor, the floor's line. A run where every cycle failed is an error carrying the
-/// first failure.
+/// alternating library, floor and peer. Returns the library line (with its ratios) and,
+/// with a floor or a peer, their lines. A run where every cycle failed is an error
+/// carrying the first failure.
 ///
 /// # Cancel safety
 /// Dropping it abandons the run; locks it held expire by TTL.
@@ -529,6 +529,11 @@ pub async fn run(
             "--secs {} must be in (0, 3600]",
             options.secs
         )));
+    }
+    if options.peers && (options.permits.is_some() || options.election) {
+        return Err(LockError::InvalidInput(
+            "--peers compares locks: not with --permits or --election".into(),
+        ));
     }
     let backend = backend_name(url);
     let wait = if mode == Mode::Contended {
@@ -548,9 +553,10 @@ pub async fn run(
             "floor",
         )),
     };
-    let peer = match options.peers {
-        true => peer::lockers(url, mode).await?,
-        false => None,
+    let peer = if options.peers {
+        peer::lockers(url, mode).await?
+    } else {
+        None
     };
     let run = format!("tenure-bench/{:08x}", rand::random::<u32>());
     let total = Duration::from_secs_f64(options.secs);
@@ -583,23 +589,21 @@ pub async fn run(
         (throughput(theirs) > 0.0)
             .then(|| (throughput(ours) / throughput(theirs) * 100.0).round() / 100.0)
     };
-    let mut others = Vec::new();
-    if let Some((_, implementation)) = floor {
+    let floor_line = floor.map(|(_, implementation)| {
         let mut floor_line = theirs.line(&backend, mode, implementation);
         if mode == Mode::Contended {
             floor_line.permits = options.permits;
             floor_line.election = options.election;
         }
-        line.ratio = ratio(&line, &floor_line);
-        others.push(floor_line);
-    }
-    if let Some((_, implementation)) = peer {
-        let peer_line = peers.line(&backend, mode, implementation);
-        line.peer_ratio = ratio(&line, &peer_line);
-        others.push(peer_line);
-    }
-    others.insert(0, line);
-    Ok(others)
+        floor_line
+    });
+    let peer_line = peer.map(|(_, implementation)| peers.line(&backend, mode, implementation));
+    line.ratio = floor_line.as_ref().and_then(|floor| ratio(&line, floor));
+    line.peer_ratio = peer_line.as_ref().and_then(|peer| ratio(&line, peer));
+    Ok([Some(line), floor_line, peer_line]
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 /// What `held` measured.
@@ -790,5 +794,29 @@ mod tests {
         assert_eq!(stats.fairness(), 0.25);
         stats.per_task = vec![0, 0];
         assert_eq!(stats.fairness(), 0.0);
+    }
+
+    /// A peer is a lock: a semaphore or election bench with peers is refused before
+    /// anything runs.
+    #[tokio::test]
+    async fn peers_are_refused_with_a_semaphore_or_an_election() {
+        for options in [
+            BenchOptions {
+                peers: true,
+                permits: Some(2),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                peers: true,
+                election: true,
+                ..BenchOptions::default()
+            },
+        ] {
+            let refused = run("memory://", Mode::Seq, options).await;
+            assert!(
+                matches!(refused, Err(LockError::InvalidInput(ref m)) if m.contains("--peers")),
+                "{refused:?}"
+            );
+        }
     }
 }

@@ -2,12 +2,12 @@
 //! tenure (and its floor), so that "as fast as the library users would otherwise pick" is
 //! measured in the same run.
 //!
-//! | backend | peer |
-//! |---|---|
-//! | zk | `recipe`: zookeeper-client's lock recipe (`Client::lock`, a Curator-style node per contender under the key's directory, created as a container when missing); the release deletes the node and waits for the reply, as tenure's does |
+//! - zk, `recipe`: zookeeper-client's lock recipe (`Client::lock`, a Curator-style node
+//!   per contender under the key's directory, created as a container when missing); the
+//!   release deletes the node and waits for the reply, as tenure's does.
 //!
 //! Other backends have no peer here yet (their Rust peers are separate crates this
-//! project does not depend on).
+//! project does not depend on). A peer is a lock: not with `--permits` or `--election`.
 
 use std::sync::Arc;
 

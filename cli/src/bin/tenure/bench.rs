@@ -24,7 +24,7 @@ pub(crate) struct BenchArgs {
     floor: bool,
     /// Also run the backend's peer library where the bench has one (ZooKeeper:
     /// zookeeper-client's lock recipe), interleaved, and print tenure/peer ratios.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["permits", "election"])]
     peers: bool,
     /// Rounds (1..=100): every backend and mode is run this many times, round-robin, and
     /// each line reports the medians over its rounds (ratios taken within each round).
