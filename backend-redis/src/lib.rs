@@ -388,19 +388,30 @@ impl RedisLock {
             .arg("NX")
             .arg("PX")
             .arg(millis(ttl));
+        let started = Instant::now();
         let (reply, confirmed) = self.call_confirmed("acquire", call, limit).await?;
         match reply {
             redis::Value::Okay => Ok(Some(((1, count as i64, 0), confirmed))),
             redis::Value::Nil => Ok(None),
-            other => Err(LockError::backend(format!(
-                "SET NX answered {other:?} for `{key}`"
-            ))),
+            other => {
+                // Whatever answered, a grant may stand: given back, as a script's odd
+                // reply is.
+                let left = limit.saturating_sub(started.elapsed());
+                let keys = std::slice::from_ref(key);
+                self.release_in_background(keys, owner, Some(left)).await;
+                Err(LockError::backend(format!(
+                    "SET NX answered {other:?} for `{key}`"
+                )))
+            }
         }
     }
 
     /// Runs the acquire script over `keys` with their fence counters of this kind
     /// (`None`: without, see [`grant_unfenced`](Self::grant_unfenced)), waiting at most
-    /// `limit`: the grant, and the index in `keys` of the key granted.
+    /// `limit`: the grant, and the index in `keys` of the key granted. A single key
+    /// without a fence counter is first tried with a plain `SET NX PX`
+    /// ([`claim_unfenced`](Self::claim_unfenced)); the script runs only if the key exists,
+    /// so a held key costs two round trips there, where the script alone took one.
     async fn run_grant(
         &self,
         keys: &[LockKey],
@@ -423,6 +434,15 @@ impl RedisLock {
         };
         let replied = match claimed {
             Ok(Some(claimed)) => Ok(claimed),
+            // The `SET` used the whole wait: the script would be sent and given up at once.
+            Ok(None) if left().is_zero() => Err(classify(
+                &self.config,
+                "acquire",
+                redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no reply within {limit:?}"),
+                )),
+            )),
             Ok(None) => {
                 let per_key = if fence.is_some() { 2 } else { 1 };
                 let mut call = Call::script(&SCRIPTS.acquire, per_key * keys.len());

@@ -41,7 +41,7 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// alone in `none` mode). ARGV: owner, ttl ms, fence mode (`clock` for the clock-floored
 /// counter, `none` for no counter, anything else for `INCR`), optionally a label stored
 /// after the count (a retry keeps the label first stored; empty for none), and in `none`
-/// mode the count to store. Returns
+/// mode the count to store (the server's time in µs without it). Returns
 /// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
 /// when every lock is held by another (`pttl`: the shortest remaining time among them).
 ///
@@ -82,7 +82,12 @@ for i = 1, #KEYS, step do
     local lock, fence = KEYS[i], KEYS[i + 1]
     local token
     if ARGV[3] == 'none' then
-      token = string.format('%d', tonumber(ARGV[5]))
+      local count = tonumber(ARGV[5])
+      if not count then
+        local now = redis.call('TIME')
+        count = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      end
+      token = string.format('%d', count)
     elseif ARGV[3] == 'clock' then
       local now = redis.call('TIME')
       local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])

@@ -146,3 +146,45 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
         counter.release(lease).await.unwrap();
     }
 }
+
+/// The acquire script's `none` mode (no fence counter) stores the count its caller sends
+/// (a client's clock); called the earlier way, without one, it still grants, with the
+/// server's time in µs as the count. Nothing is written but the lock key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unfenced_acquire_script_takes_the_callers_count_or_the_servers_clock() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let mut conn = plain(&cluster.urls()[0]).await;
+    let owner = "0123456789abcdef0123456789abcdef";
+    let acquire = |key: &'static str, extra: &'static [&'static str]| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(tenure_redis::scripts::ACQUIRE)
+            .arg(1)
+            .arg(key)
+            .arg(owner)
+            .arg(10_000)
+            .arg("none")
+            .arg(extra);
+        cmd
+    };
+    let sent: (i64, i64, i64) = acquire("given", &["", "1234"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(sent, (1, 1234, 0), "the caller's count");
+    let stored: String = query(&mut conn, &["GET", "given"]).await;
+    assert_eq!(stored, format!("{owner}:1234"));
+
+    let server_time: Vec<i64> = query(&mut conn, &["TIME"]).await;
+    let now_us = server_time[0] * 1_000_000 + server_time[1];
+    let (granted, count, _): (i64, i64, i64) = acquire("clocked", &[])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(granted, 1);
+    assert!(
+        (now_us..now_us + 10_000_000).contains(&count),
+        "count {count}: not the server's clock ({now_us} µs)"
+    );
+    let keys: i64 = query(&mut conn, &["DBSIZE"]).await;
+    assert_eq!(keys, 2, "the two lock keys and no fence key");
+}

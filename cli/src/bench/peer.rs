@@ -10,10 +10,14 @@
 //! project does not depend on). A peer is a lock: not with `--permits` or `--election`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tenure_api::{async_trait, LockError};
 
 use super::{Locker, Mode};
+
+/// How long a peer's contender waits for the lock before its cycle counts as failed.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// The peer lockers for `url` in `mode` (16 clients for `contended`, as for tenure, else
 /// one) and the peer's name; `None` for a backend without a peer.
@@ -63,20 +67,29 @@ mod zk_recipe {
             let options = LockOptions::new(Acls::anyone_all())
                 .with_ancestor_options(CreateMode::Container.with_acls(Acls::anyone_all()))
                 .map_err(|e| failed("options", e))?;
-            let lock = self
-                .client
-                .lock(prefix, &[], options)
+            // The recipe waits without a bound: a stuck contender fails its cycle instead
+            // of holding up the whole run.
+            let lock = tokio::time::timeout(LOCK_WAIT, self.client.lock(prefix, &[], options))
                 .await
+                .map_err(|_| format!("lock: not granted within {LOCK_WAIT:?}"))?
                 .map_err(|e| failed("lock", e))?;
             held();
             // The recipe's own release (dropping the guard) deletes in the background,
             // unawaited; a cycle ends when the delete is done, as tenure's release does.
+            // The guard is forgotten once its node is gone (which leaks its path, some 80
+            // bytes a cycle: a second, background delete would add a request to every
+            // cycle); if the delete failed, dropping the guard tries again.
             let path = lock.lock_path().to_owned();
-            std::mem::forget(lock);
-            self.client
-                .delete(&path, None)
-                .await
-                .map_err(|e| failed("delete", e))
+            match self.client.delete(&path, None).await {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => {
+                    std::mem::forget(lock);
+                    Ok(())
+                }
+                Err(e) => {
+                    drop(lock);
+                    Err(failed("delete", e))
+                }
+            }
         }
     }
 }
