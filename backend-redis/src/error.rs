@@ -16,14 +16,16 @@ pub(crate) fn bounded<T>(
     future: impl Future<Output = Result<T, RedisError>>,
 ) -> impl Future<Output = Result<T, RedisError>> {
     // A combinator, not an `async fn`: that would keep `future` twice in its own.
-    tokio::time::timeout(limit, future).map(move |replied| {
-        replied.unwrap_or_else(|_| {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no reply within {limit:?}"),
-            )))
-        })
-    })
+    tokio::time::timeout(limit, future)
+        .map(move |replied| replied.unwrap_or_else(|_| Err(timed_out(limit))))
+}
+
+/// The error of a call that got no reply within `limit`.
+pub(crate) fn timed_out(limit: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no reply within {limit:?}"),
+    ))
 }
 
 /// What a Redis client error means for a lock call.

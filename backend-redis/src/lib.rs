@@ -23,7 +23,7 @@ pub use config::{
     redact, FenceMode, RedisConfig, SentinelConfig, Topology, DEFAULT_SENTINEL_PORT,
     DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS,
 };
-use error::{bounded, classify};
+use error::{bounded, classify, timed_out};
 use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};
@@ -435,14 +435,9 @@ impl RedisLock {
         let replied = match claimed {
             Ok(Some(claimed)) => Ok(claimed),
             // The `SET` used the whole wait: the script would be sent and given up at once.
-            Ok(None) if left().is_zero() => Err(classify(
-                &self.config,
-                "acquire",
-                redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no reply within {limit:?}"),
-                )),
-            )),
+            Ok(None) if left().is_zero() => {
+                Err(classify(&self.config, "acquire", timed_out(limit)))
+            }
             Ok(None) => {
                 let per_key = if fence.is_some() { 2 } else { 1 };
                 let mut call = Call::script(&SCRIPTS.acquire, per_key * keys.len());

@@ -45,6 +45,15 @@ impl Mode {
             Mode::Contended => 16,
         }
     }
+
+    /// Separate clients, as separate processes would be: one per task when contended,
+    /// else one shared by every task.
+    fn clients(self) -> usize {
+        match self {
+            Mode::Contended => self.tasks(),
+            Mode::Seq | Mode::Par64 => 1,
+        }
+    }
 }
 
 impl fmt::Display for Mode {
@@ -480,12 +489,7 @@ async fn library_lockers(
     wait: Wait,
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
     let ttl = options.ttl;
-    // Contended: 16 separate clients, as 16 processes would be. Otherwise one client.
-    let clients = if mode == Mode::Contended {
-        mode.tasks()
-    } else {
-        1
-    };
+    let clients = mode.clients();
     // A `memory://` lock table lives in its client: in-process clients share one (16
     // separate tables would never contend).
     let shared = match backend_name(url).as_str() {

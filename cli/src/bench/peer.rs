@@ -28,13 +28,8 @@ pub(super) async fn lockers(
     if tenure::driver_for(url)?.name != "zk" {
         return Ok(None);
     }
-    let clients = if mode == Mode::Contended {
-        mode.tasks()
-    } else {
-        1
-    };
-    let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(clients);
-    for _ in 0..clients {
+    let mut lockers: Vec<Arc<dyn Locker>> = Vec::with_capacity(mode.clients());
+    for _ in 0..mode.clients() {
         lockers.push(Arc::new(zk_recipe::ZkRecipe::connect(url).await?));
     }
     Ok(Some((lockers, "recipe")))

@@ -171,9 +171,10 @@ fn print_table(rows: &[Row]) {
     for row in rows {
         if let Row::Cycles(l) = row {
             let ratio = times(l.ratio);
-            let peer_ratio = match peers {
-                true => format!(" {} |", times(l.peer_ratio)),
-                false => String::new(),
+            let peer_ratio = if peers {
+                format!(" {} |", times(l.peer_ratio))
+            } else {
+                String::new()
             };
             let handoffs = l
                 .handoffs_per_s
