@@ -320,6 +320,32 @@ impl RedisLock {
         Ok(grant)
     }
 
+    /// [`grant`](Self::grant), proposing the count `proposed` (µs since the epoch): with
+    /// the clock-floored fence counter, the server takes it when it is at least the
+    /// counter's next value and at most [`PROPOSAL_AHEAD_MAX`](scripts::PROPOSAL_AHEAD_MAX)
+    /// ahead of its clock, else counts as `grant` does (a plain counter ignores it).
+    /// Redlock proposes one count to every node of a round: nodes that take it name the
+    /// same token, and a majority that does needs no fence round.
+    ///
+    /// # Cancel safety
+    /// As [`grant`](Self::grant).
+    pub async fn grant_proposing(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        label: Option<&str>,
+        proposed: u64,
+    ) -> Result<Grant, LockError> {
+        let limit = self.config.request_timeout;
+        let keys = std::slice::from_ref(key);
+        let fence = Counting::Fence(self.config.fence, Some(proposed));
+        let (grant, _) = self
+            .run_grant(keys, owner, ttl, label, fence, limit)
+            .await?;
+        Ok(grant)
+    }
+
     /// [`grant`](Self::grant) without the fence counter: the lock key alone, and a token
     /// whose count is this client's time in µs at the grant. Grants of a key by one
     /// client get increasing tokens while its clock moves forward, but no counter backs
@@ -339,7 +365,10 @@ impl RedisLock {
     ) -> Result<Grant, LockError> {
         let limit = self.config.request_timeout;
         let keys = std::slice::from_ref(key);
-        let (grant, _) = self.run_grant(keys, owner, ttl, label, None, limit).await?;
+        let counting = Counting::Unfenced(unfenced_count());
+        let (grant, _) = self
+            .run_grant(keys, owner, ttl, label, counting, limit)
+            .await?;
         Ok(grant)
     }
 
@@ -354,7 +383,8 @@ impl RedisLock {
         label: Option<&str>,
         limit: Duration,
     ) -> Result<(Grant, usize), LockError> {
-        self.run_grant(keys, owner, ttl, label, Some(self.config.fence), limit)
+        let counting = Counting::Fence(self.config.fence, None);
+        self.run_grant(keys, owner, ttl, label, counting, limit)
             .await
     }
 
@@ -406,8 +436,7 @@ impl RedisLock {
         }
     }
 
-    /// Runs the acquire script over `keys` with their fence counters of this kind
-    /// (`None`: without, see [`grant_unfenced`](Self::grant_unfenced)), waiting at most
+    /// Runs the acquire script over `keys`, counting as `counting` says, waiting at most
     /// `limit`: the grant, and the index in `keys` of the key granted. A single key
     /// without a fence counter is first tried with a plain `SET NX PX`
     /// ([`claim_unfenced`](Self::claim_unfenced)); the script runs only if the key exists,
@@ -418,15 +447,20 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
-        fence: Option<FenceMode>,
+        counting: Counting,
         limit: Duration,
     ) -> Result<(Grant, usize), LockError> {
         let started = Instant::now();
         let left = || limit.saturating_sub(started.elapsed());
-        // Without a fence counter, the count is the client's clock (see `grant_unfenced`).
-        let count = fence.is_none().then(unfenced_count);
-        let claimed = match (keys, count) {
-            ([key], Some(count)) => {
+        let (fence, count) = match counting {
+            Counting::Unfenced(count) => (None, Some(count)),
+            Counting::Fence(FenceMode::ClockFloored, proposed) => {
+                (Some(FenceMode::ClockFloored), proposed)
+            }
+            Counting::Fence(mode, _) => (Some(mode), None),
+        };
+        let claimed = match (keys, counting) {
+            ([key], Counting::Unfenced(count)) => {
                 self.claim_unfenced(key, owner, ttl, label, count, limit)
                     .await
             }
@@ -1179,6 +1213,16 @@ async fn send_confirmed<T: redis::FromRedisValue>(
 }
 
 /// The count of an unfenced grant: this client's time in µs, within `1..=MAX_COUNT`.
+/// How [`RedisLock::run_grant`] counts a grant.
+#[derive(Clone, Copy, Debug)]
+enum Counting {
+    /// No fence counter: this count, unbacked (see [`RedisLock::grant_unfenced`]).
+    Unfenced(u64),
+    /// The fence counter of this kind, with a proposed count (see
+    /// [`RedisLock::grant_proposing`]).
+    Fence(FenceMode, Option<u64>),
+}
+
 fn unfenced_count() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

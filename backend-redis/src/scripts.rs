@@ -41,7 +41,10 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// alone in `none` mode). ARGV: owner, ttl ms, fence mode (`clock` for the clock-floored
 /// counter, `none` for no counter, anything else for `INCR`), optionally a label stored
 /// after the count (a retry keeps the label first stored; empty for none), and in `none`
-/// mode the count to store (the server's time in µs without it). Returns
+/// mode the count to store (the server's time in µs without it); in `clock` mode a
+/// proposed count, taken when it is at least the counter's next value and at most a
+/// second ahead of the server's clock (Redlock proposes one count to every node, see
+/// [`PROPOSAL_AHEAD_MAX`]). Returns
 /// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
 /// when every lock is held by another (`pttl`: the shortest remaining time among them).
 ///
@@ -92,6 +95,11 @@ for i = 1, #KEYS, step do
       local now = redis.call('TIME')
       local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
       token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, floor)
+      local proposed = tonumber(ARGV[5])
+      if proposed and proposed == math.floor(proposed) and proposed >= token
+          and proposed <= floor + 1000000 then
+        token = proposed
+      end
       token = string.format('%d', token)
       redis.call('SET', fence, token, 'PX', fence_expiry(fence, ARGV[2]))
     else
@@ -202,6 +210,11 @@ pub const INSPECT: &str = r#"
 local current = redis.call('GET', KEYS[1])
 return {current, redis.call('PTTL', KEYS[1])}
 "#;
+
+/// How far ahead of a server's clock a proposed count may be (see [`ACQUIRE`]): a client
+/// whose clock runs ahead cannot push a node's fence further than this past the node's
+/// own clock floor.
+pub const PROPOSAL_AHEAD_MAX: Duration = Duration::from_secs(1);
 
 /// The scripts, built once per process (their SHA-1 is computed at construction).
 #[derive(Debug)]
@@ -375,6 +388,12 @@ mod tests {
         for script in [ACQUIRE, EXTEND, RAISE_FENCE] {
             assert!(script.contains(&floor), "{script}");
         }
+    }
+
+    #[test]
+    fn the_acquire_script_bounds_proposals_by_the_documented_lead() {
+        let lead = format!("floor + {}", PROPOSAL_AHEAD_MAX.as_micros());
+        assert!(ACQUIRE.contains(&lead), "{ACQUIRE}");
     }
 
     #[test]

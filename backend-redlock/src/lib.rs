@@ -17,7 +17,7 @@ use tenure_api::{
     HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock,
     WaitKind,
 };
-use tenure_redis::{Grant, RedisLock};
+use tenure_redis::{scripts, Grant, RedisLock};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
 use quorum::{gather, Gates, Tally, Verdict};
@@ -137,21 +137,35 @@ fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     tokio::spawn(Box::pin(task));
 }
 
-/// One node's grant: with the node's fence counter, or without any (`fencing=false`: no
-/// fence key is written, see [`RedisLock::grant_unfenced`]).
+/// One node's grant: with the node's fence counter, proposing the round's count
+/// `proposed`, or without any counter (`None`: `fencing=false`, no fence key is written,
+/// see [`RedisLock::grant_unfenced`]).
 async fn grant(
     node: &RedisLock,
     key: &LockKey,
     owner: OwnerId,
     ttl: Duration,
     label: Option<&str>,
-    fencing: bool,
+    proposed: Option<u64>,
 ) -> Result<Grant, LockError> {
-    if fencing {
-        node.grant(key, owner, ttl, label).await
-    } else {
-        node.grant_unfenced(key, owner, ttl, label).await
+    match proposed {
+        Some(proposed) => node.grant_proposing(key, owner, ttl, label, proposed).await,
+        None => node.grant_unfenced(key, owner, ttl, label).await,
     }
+}
+
+/// The count a round proposes to every node (see [`RedisLock::grant_proposing`]): this
+/// client's clock in µs, `lead` ahead (the request bound, at most half of what a node
+/// accepts ahead of its own clock), so that a node answering in time finds it at or
+/// above its clock floor.
+fn proposal(lead: Duration) -> u64 {
+    let lead = lead.min(scripts::PROPOSAL_AHEAD_MAX / 2);
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        + lead;
+    u64::try_from(since_epoch.as_micros())
+        .map_or(scripts::MAX_COUNT, |c| c.clamp(1, scripts::MAX_COUNT))
 }
 
 impl Inner {
@@ -286,7 +300,7 @@ impl Inner {
         let valid_until = deadline(start, ttl, drift);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
-        let fencing = self.config.fencing;
+        let proposed = self.config.fencing.then(|| proposal(limit));
         // Collected by `join_all` at once (tickets are taken in node order, now), into
         // its own vector: the node futures are large, and collecting them first would
         // allocate and copy them twice.
@@ -297,7 +311,7 @@ impl Inner {
                 ticket.wait_turn().await;
                 let reply = self
                     .on_node(i, limit, |node| {
-                        grant(node, key, owner, ttl, label, fencing)
+                        grant(node, key, owner, ttl, label, proposed)
                     })
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
@@ -345,15 +359,17 @@ impl Inner {
             let outcome = match tally.verdict() {
                 Some(Verdict::Majority) if Instant::now() >= valid_until => Err(expired()),
                 Some(Verdict::Majority) => {
-                    let token = grants
-                        .iter()
-                        .filter_map(|reply| match reply {
+                    let tokens = || {
+                        grants.iter().filter_map(|reply| match reply {
                             Grant::Granted(token) => Some(*token),
                             Grant::Held(_) => None,
                         })
-                        .max()
-                        .unwrap_or(FencingToken(0));
-                    match self.confirm(key, owner, token, limit).await {
+                    };
+                    let token = tokens().max().unwrap_or(FencingToken(0));
+                    // Each node wrote its count to its fence key with its grant: where a
+                    // majority counted the token itself, the register already holds it.
+                    let agreed = tokens().filter(|t| *t == token).count() >= quorum;
+                    match self.confirm(key, owner, token, agreed, limit).await {
                         Ok(()) if Instant::now() >= valid_until => Err(expired()),
                         Ok(()) => Ok(Some(token)),
                         Err(e) => Err(e),
@@ -390,14 +406,22 @@ impl Inner {
     /// is certain either way. The writes run in a task of their own and still reach the
     /// slower nodes after the decision (a write only ever raises a fence, and it records
     /// the lease's token in a late grant of ours, so every node names the same token).
+    ///
+    /// Skipped without fencing, and when a majority of grants `agreed` on the token: each
+    /// of those nodes wrote it to its fence key in the same script that granted the lock,
+    /// which is what the round would have made sure of (a later grant there follows this
+    /// one's end, so it reads the raised fence). A node whose grant comes back after the
+    /// decision keeps its own count in its lock value (`inspect` names the token most
+    /// nodes name).
     async fn confirm(
         self: &Arc<Self>,
         key: &LockKey,
         owner: OwnerId,
         token: FencingToken,
+        agreed: bool,
         limit: Duration,
     ) -> Result<(), LockError> {
-        if !self.config.fencing {
+        if !self.config.fencing || agreed {
             return Ok(());
         }
         let key = key.clone();
@@ -605,7 +629,7 @@ impl DistributedLock for Redlock {
     }
 
     /// The owner that a majority of nodes names, with the smallest remaining time among
-    /// them and the token recorded by the fence round (none with `fencing=false`).
+    /// them and the token most of them name (none with `fencing=false`).
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let inner = &self.inner;
         let quorum = inner.config.quorum();
@@ -625,9 +649,11 @@ impl DistributedLock for Redlock {
                 .filter(|h| h.owner == candidate.owner)
                 .collect();
             if same.len() >= quorum {
-                // The fence round records the lease's token on a majority; a node whose
-                // grant came back after the decision may still show its own counter for
-                // a moment. So: the token most nodes name (the largest among equals).
+                // The fence round, or the grants of a majority that agreed, record the
+                // lease's token on a majority; a node whose grant came back after the
+                // decision may show its own count (for a moment, or for good when the
+                // majority agreed). So: the token most nodes name (the largest among
+                // equals).
                 let tokens: Vec<FencingToken> = same.iter().filter_map(|h| h.token).collect();
                 let token = tokens
                     .iter()

@@ -532,27 +532,8 @@ async fn an_unfenced_grant_of_a_free_lock_runs_no_script() {
         tenure_redlock::Redlock::connect(&url).await.unwrap(),
         tenure_redlock::Redlock::connect(&url).await.unwrap(),
     );
-    // Both clients connected to every node, the acquire script loaded (a free key's
-    // grant no longer loads it), every warm-up request done.
-    for client in [&lock, &other] {
-        let warm = client.try_acquire(&key("calls-warm-up"), TTL).await;
-        client
-            .release(warm.unwrap().expect("free key"))
-            .await
-            .unwrap();
-    }
-    for node in nodes {
-        let loaded = node
-            .command(&["SCRIPT", "LOAD", tenure_redis::scripts::ACQUIRE])
-            .await
-            .unwrap();
-        assert!(loaded.as_text().is_some(), "{loaded:?}");
-    }
+    calls_from_now(&[&lock, &other], nodes).await;
     every_node_empty(nodes).await;
-    for node in nodes {
-        let reply = node.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
-        assert!(reply.is_ok(), "{reply:?}");
-    }
     let calls = |node: &Arc<RedisNode>| {
         let node = node.clone();
         async move {
@@ -603,6 +584,148 @@ async fn an_unfenced_grant_of_a_free_lock_runs_no_script() {
         (owner, Some("nightly"))
     );
     assert!(node.release_owner(&k, owner).await.unwrap());
+}
+
+/// Resets every node's statistics once `clients` are connected to every node and a
+/// warm-up grant of each is released everywhere, with the acquire, fence and release
+/// scripts loaded on every node (a free key's unfenced grant does not load the first, an
+/// agreed fenced one not the second): `command_calls` then counts what comes next.
+async fn calls_from_now(clients: &[&tenure_redlock::Redlock], nodes: &[Arc<RedisNode>]) {
+    let warm_key = key("calls-warm-up");
+    for client in clients {
+        let warm = client.try_acquire(&warm_key, TTL).await;
+        client
+            .release(warm.unwrap().expect("free key"))
+            .await
+            .unwrap();
+    }
+    use tenure_redis::scripts::{ACQUIRE, RAISE_FENCE, RELEASE};
+    for node in nodes {
+        for script in [ACQUIRE, RAISE_FENCE, RELEASE] {
+            let loaded = node.command(&["SCRIPT", "LOAD", script]).await.unwrap();
+            assert!(loaded.as_text().is_some(), "{loaded:?}");
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                !node_holds(node, &warm_key).await
+            })
+            .await,
+            "{}: the warm-up's release landed",
+            node.addr()
+        );
+    }
+    for node in nodes {
+        let reply = node.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+        assert!(reply.is_ok(), "{reply:?}");
+    }
+}
+
+/// The µs since the epoch by this machine's clock (the servers' too).
+fn now_us() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    u64::try_from(since.as_micros()).unwrap()
+}
+
+/// Issue 19: a fenced round proposes one count to every node; nodes that take it write it
+/// to their fence keys with their grants, so when a majority names the same token the
+/// quorum register already holds it and the fence round (a second script on every node)
+/// is skipped. Failed on main with two `EVALSHA` calls per node after one grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_grant_whose_nodes_agree_needs_no_fence_round() {
+    let cluster = five().await;
+    let nodes = cluster.nodes();
+    let lock = tenure_redlock::Redlock::connect(&common::url(nodes.iter().map(|n| n.addr()), ""))
+        .await
+        .unwrap();
+    calls_from_now(&[&lock], nodes).await;
+
+    let k = key("agreed");
+    let before = now_us();
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    let count = tenure_redis::scripts::count_of(lease.token());
+    assert!(
+        (before..before + 1_000_000).contains(&count),
+        "the proposed count, near the clock: {count} (clock {before})"
+    );
+    every_node_holds(nodes, &k).await;
+    for node in nodes {
+        assert_eq!(
+            node.command_calls("evalsha").await.unwrap(),
+            1,
+            "{}: the acquire script alone, no fence round",
+            node.addr()
+        );
+        assert_eq!(
+            fence(node, &k).await,
+            Some(count.to_string()),
+            "{}: the grant wrote the token to the fence",
+            node.addr()
+        );
+    }
+    let holder = lock.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(holder.token, Some(lease.token()));
+    assert_eq!(
+        lock.release(lease.clone()).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let next = lock.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    assert!(
+        next.token() > lease.token(),
+        "the next grant is fenced above"
+    );
+    lock.release(next).await.unwrap();
+}
+
+/// When the nodes count apart (here three nodes' fences run ahead of the proposal, each
+/// by a different amount), no majority names one token: the fence round writes the
+/// largest to every node, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_count_apart_still_get_the_fence_round() {
+    let cluster = five().await;
+    let nodes = cluster.nodes();
+    let lock = tenure_redlock::Redlock::connect(&common::url(nodes.iter().map(|n| n.addr()), ""))
+        .await
+        .unwrap();
+    calls_from_now(&[&lock], nodes).await;
+
+    let k = key("apart");
+    let fence_key = format!("{}:fence", lock_key(&k));
+    let ahead = now_us() + 10_000_000;
+    for (i, node) in nodes[..3].iter().enumerate() {
+        let value = (ahead + i as u64).to_string();
+        let reply = node
+            .command(&["SET", &fence_key, &value, "PX", "86400000"])
+            .await
+            .unwrap();
+        assert!(reply.is_ok(), "{reply:?}");
+    }
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    let count = tenure_redis::scripts::count_of(lease.token());
+    assert!(count > ahead, "the largest count of the majority: {count}");
+    for node in nodes {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                let fence = fence(node, &k).await.and_then(|f| f.parse::<u64>().ok());
+                // A node whose own count was larger (not in the deciding majority)
+                // keeps it: a fence is only ever raised.
+                fence >= Some(count) && node.command_calls("evalsha").await.unwrap() == 2
+            })
+            .await,
+            "{}: the fence round raised the fence to at least {count} (fence {:?}, EVALSHA {})",
+            node.addr(),
+            fence(node, &k).await,
+            node.command_calls("evalsha").await.unwrap()
+        );
+    }
+    let holder = lock.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(
+        holder.token,
+        Some(lease.token()),
+        "every node names the token"
+    );
+    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
 
 /// `fencing=false` runs no fence counter: a grant and its release leave nothing behind on
