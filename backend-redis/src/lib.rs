@@ -568,7 +568,8 @@ impl RedisLock {
     }
 
     /// Deletes `owner`'s lock and announces it on the key's release channel (waking the
-    /// waiters); `false` if it is not `owner`'s.
+    /// waiters; if the server refuses the message, e.g. an ACL without the channel, the
+    /// lock is still released and its waiters poll); `false` if it is not `owner`'s.
     ///
     /// # Cancel safety
     /// The server may or may not have released the lock.
@@ -602,7 +603,8 @@ impl RedisLock {
             call.arg("");
         }
         call.arg(sharded);
-        Ok(self.call::<i64>("release", call).await? == 1)
+        // 2: released, but the server refused the message (its waiters poll).
+        Ok(matches!(self.call::<i64>("release", call).await?, 1 | 2))
     }
 
     /// Raises the key's fence counter to at least `token`'s count (see

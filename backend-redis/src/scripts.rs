@@ -149,20 +149,20 @@ return 0
 
 /// Deletes the lock only if it is still ours, and announces the release on the channel
 /// (none if empty): by `PUBLISH`, or with `sharded` by `SPUBLISH` (a Redis Cluster, where
-/// the channel shares the lock key's slot). A server without `SPUBLISH` (before Redis 7)
-/// still releases; its waiters cannot subscribe either, and poll.
-/// KEYS: lock. ARGV: owner, channel, and optionally `sharded`. Returns 1 when released,
-/// 0 otherwise.
+/// the channel shares the lock key's slot). A server that refuses the message (an ACL
+/// without the channel, a server without `SPUBLISH`: before Redis 7) still releases; its
+/// waiters cannot subscribe either, and poll.
+/// KEYS: lock. ARGV: owner, channel, and optionally `sharded`. Returns 1 when released
+/// (2 when the message was refused), 0 otherwise.
 pub const RELEASE: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then
-    if ARGV[3] == 'sharded' then
-      redis.pcall('SPUBLISH', ARGV[2], 'released')
-    else
-      redis.call('PUBLISH', ARGV[2], 'released')
-    end
+    local publish = 'PUBLISH'
+    if ARGV[3] == 'sharded' then publish = 'SPUBLISH' end
+    local sent = redis.pcall(publish, ARGV[2], 'released')
+    if type(sent) == 'table' and sent.err then return 2 end
   end
   return 1
 end

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, Resp};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -277,6 +277,89 @@ async fn a_waiter_that_cannot_subscribe_polls_and_gets_the_lock_after_release() 
         "got it soon after the release, not at the holder's TTL or the wait: {took:?}"
     );
     waiter.release(lease).await.unwrap();
+}
+
+/// Every text in a reply, depth first.
+fn texts(reply: &Resp) -> Vec<String> {
+    match reply {
+        Resp::Array(Some(items)) => items.iter().flat_map(texts).collect(),
+        other => other.as_text().into_iter().collect(),
+    }
+}
+
+/// A release the server may not announce (an ACL user without the key's channel) still
+/// releases: the lock is free and the answer is `Released`, where the script used to
+/// fail on its `PUBLISH` after the `DEL`, so a released lock was reported as an error.
+/// A waiter of the same user cannot subscribe either, and polls its way to the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_server_may_not_announce_still_releases() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    // A real ACL user that may run every command on every key, but use no channel.
+    let reply = node
+        .command(&[
+            "ACL",
+            "SETUSER",
+            "quiet",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ])
+        .await
+        .unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
+    let quiet = RedisLock::connect(&format!("redis://quiet:pw@{}", node.addr()))
+        .await
+        .unwrap();
+    let observer = RedisLock::connect(&node.url()).await.unwrap();
+    let refused = node.command(&["ACL", "LOG", "RESET"]).await.unwrap();
+    assert!(refused.is_ok(), "{refused:?}");
+
+    let k = key("unannounced");
+    let held = quiet.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    assert_eq!(quiet.release(held).await.unwrap(), ReleaseOutcome::Released);
+    assert!(
+        observer.inspect(&k).await.unwrap().is_none(),
+        "the lock is free"
+    );
+    let log = texts(&node.command(&["ACL", "LOG"]).await.unwrap());
+    assert!(
+        ["channel", "quiet", "evalsha"]
+            .iter()
+            .all(|word| log.iter().any(|text| text.contains(word))),
+        "the fault fired: the server refused the user's channel ({log:?})"
+    );
+
+    // A waiter of that user cannot subscribe either, and polls its way to the lock.
+    let waiter = RedisLock::connect(&format!("redis://quiet:pw@{}", node.addr()))
+        .await
+        .unwrap();
+    let held = quiet.try_acquire(&k, TTL).await.unwrap().expect("free key");
+    let release = {
+        let quiet = quiet.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            quiet.release(held).await.unwrap()
+        })
+    };
+    let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(10));
+    let started = Instant::now();
+    let lease = waiter
+        .acquire(&k, &opts)
+        .await
+        .expect("polled its way to the lock after the release");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "soon after the release, not at the holder's TTL: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(release.await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(
+        waiter.release(lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
 }
 
 /// An acquire dropped while its script is in flight (granted on the server, the reply
