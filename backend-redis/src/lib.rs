@@ -322,10 +322,11 @@ impl RedisLock {
 
     /// [`grant`](Self::grant), proposing the count `proposed` (µs since the epoch): with
     /// the clock-floored fence counter, the server takes it when it is at least the
-    /// counter's next value and at most [`PROPOSAL_AHEAD_MAX`](scripts::PROPOSAL_AHEAD_MAX)
-    /// ahead of its clock, else counts as `grant` does (a plain counter ignores it).
-    /// Redlock proposes one count to every node of a round: nodes that take it name the
-    /// same token, and a majority that does needs no fence round.
+    /// counter's next value, not ahead of the server's clock, and behind it by at most
+    /// `window` (capped at [`PROPOSAL_WINDOW_MAX`](scripts::PROPOSAL_WINDOW_MAX)); else
+    /// it counts as `grant` does (a plain counter ignores the proposal). Redlock proposes
+    /// one count to every node of a round: nodes that take it name the same token, and a
+    /// majority that does needs no fence round.
     ///
     /// # Cancel safety
     /// As [`grant`](Self::grant).
@@ -336,10 +337,11 @@ impl RedisLock {
         ttl: Duration,
         label: Option<&str>,
         proposed: u64,
+        window: Duration,
     ) -> Result<Grant, LockError> {
         let limit = self.config.request_timeout;
         let keys = std::slice::from_ref(key);
-        let fence = Counting::Fence(self.config.fence, Some(proposed));
+        let fence = Counting::Fence(self.config.fence, Some((proposed, window)));
         let (grant, _) = self
             .run_grant(keys, owner, ttl, label, fence, limit)
             .await?;
@@ -452,12 +454,16 @@ impl RedisLock {
     ) -> Result<(Grant, usize), LockError> {
         let started = Instant::now();
         let left = || limit.saturating_sub(started.elapsed());
-        let (fence, count) = match counting {
-            Counting::Unfenced(count) => (None, Some(count)),
-            Counting::Fence(FenceMode::ClockFloored, proposed) => {
-                (Some(FenceMode::ClockFloored), proposed)
-            }
-            Counting::Fence(mode, _) => (Some(mode), None),
+        // The count argument (unfenced: the count; clock-floored: a proposal) and, for a
+        // proposal, its window in µs.
+        let (fence, count, window) = match counting {
+            Counting::Unfenced(count) => (None, Some(count), None),
+            Counting::Fence(FenceMode::ClockFloored, Some((proposed, window))) => (
+                Some(FenceMode::ClockFloored),
+                Some(proposed),
+                Some(window.as_micros().min(u128::from(u64::MAX)) as u64),
+            ),
+            Counting::Fence(mode, _) => (Some(mode), None, None),
         };
         let claimed = match (keys, counting) {
             ([key], Counting::Unfenced(count)) => {
@@ -490,6 +496,9 @@ impl RedisLock {
                 }
                 if let Some(count) = count {
                     call.arg(count);
+                }
+                if let Some(window) = window {
+                    call.arg(window);
                 }
                 self.call_confirmed("acquire", call, left()).await
             }
@@ -1214,17 +1223,17 @@ async fn send_confirmed<T: redis::FromRedisValue>(
     sent.map(|(value, confirmed)| (value, Some(confirmed)))
 }
 
-/// The count of an unfenced grant: this client's time in µs, within `1..=MAX_COUNT`.
 /// How [`RedisLock::run_grant`] counts a grant.
 #[derive(Clone, Copy, Debug)]
 enum Counting {
     /// No fence counter: this count, unbacked (see [`RedisLock::grant_unfenced`]).
     Unfenced(u64),
-    /// The fence counter of this kind, with a proposed count (see
+    /// The fence counter of this kind, with a proposed count and its window (see
     /// [`RedisLock::grant_proposing`]).
-    Fence(FenceMode, Option<u64>),
+    Fence(FenceMode, Option<(u64, Duration)>),
 }
 
+/// The count of an unfenced grant: this client's time in µs, within `1..=MAX_COUNT`.
 fn unfenced_count() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -42,9 +42,10 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// counter, `none` for no counter, anything else for `INCR`), optionally a label stored
 /// after the count (a retry keeps the label first stored; empty for none), and in `none`
 /// mode the count to store (the server's time in µs without it); in `clock` mode a
-/// proposed count, taken when it is at least the counter's next value and at most a
-/// second ahead of the server's clock (Redlock proposes one count to every node, see
-/// [`PROPOSAL_AHEAD_MAX`]). Returns
+/// proposed count and a window in µs: the count is taken instead of the counter's when
+/// it is at least the counter's next value, not ahead of the server's clock, and behind
+/// it by at most the window (capped at [`PROPOSAL_WINDOW_MAX`]). Redlock proposes one
+/// count to every node of a round. Returns
 /// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
 /// when every lock is held by another (`pttl`: the shortest remaining time among them).
 ///
@@ -94,10 +95,12 @@ for i = 1, #KEYS, step do
     elseif ARGV[3] == 'clock' then
       local now = redis.call('TIME')
       local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, floor)
+      local next = tonumber(redis.call('GET', fence) or '0') + 1
+      token = math.max(next, floor)
       local proposed = tonumber(ARGV[5])
-      if proposed and proposed == math.floor(proposed) and proposed >= token
-          and proposed <= floor + 1000000 then
+      local window = math.min(math.max(tonumber(ARGV[6]) or 0, 0), 1000000)
+      if proposed and proposed == math.floor(proposed) and proposed >= next
+          and proposed <= floor and proposed >= floor - window then
         token = proposed
       end
       token = string.format('%d', token)
@@ -211,10 +214,10 @@ local current = redis.call('GET', KEYS[1])
 return {current, redis.call('PTTL', KEYS[1])}
 "#;
 
-/// How far ahead of a server's clock a proposed count may be (see [`ACQUIRE`]): a client
-/// whose clock runs ahead cannot push a node's fence further than this past the node's
-/// own clock floor.
-pub const PROPOSAL_AHEAD_MAX: Duration = Duration::from_secs(1);
+/// The widest window behind a server's clock in which it takes a proposed count (see
+/// [`ACQUIRE`]). A count so taken is never ahead of the server's clock, so tokens stay
+/// at most the clock of a node that counted them, as without proposals.
+pub const PROPOSAL_WINDOW_MAX: Duration = Duration::from_secs(1);
 
 /// The scripts, built once per process (their SHA-1 is computed at construction).
 #[derive(Debug)]
@@ -391,9 +394,9 @@ mod tests {
     }
 
     #[test]
-    fn the_acquire_script_bounds_proposals_by_the_documented_lead() {
-        let lead = format!("floor + {}", PROPOSAL_AHEAD_MAX.as_micros());
-        assert!(ACQUIRE.contains(&lead), "{ACQUIRE}");
+    fn the_acquire_script_caps_the_proposal_window_as_documented() {
+        let cap = format!("0), {})", PROPOSAL_WINDOW_MAX.as_micros());
+        assert!(ACQUIRE.contains(&cap), "{ACQUIRE}");
     }
 
     #[test]

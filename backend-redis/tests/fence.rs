@@ -190,53 +190,80 @@ async fn the_unfenced_acquire_script_takes_the_callers_count_or_the_servers_cloc
 }
 
 /// Issue 19: a proposed count (Redlock proposes one to every node of a round) is taken in
-/// clock mode when it keeps the counter increasing and is at most a second ahead of the
-/// server's clock; otherwise the server counts as without it. A plain counter ignores it.
+/// clock mode when it is at least the counter's next value, not ahead of the server's
+/// clock, and behind it by at most the window given (capped at a second); otherwise the
+/// server counts as without it. A plain counter ignores it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposed_count_is_taken_only_within_the_counters_bounds() {
+    use tenure_redis::scripts::PROPOSAL_WINDOW_MAX;
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let url = cluster.urls()[0].clone();
     let lock = RedisLock::connect(&url).await.unwrap();
     let mut conn = plain(&url).await;
     let server_us = |time: Vec<u64>| time[0] * 1_000_000 + time[1];
-    let now: u64 = server_us(query(&mut conn, &["TIME"]).await);
-    let owner = tenure_api::OwnerId::random;
     let k = LockKey::new("fence/proposed").unwrap();
     let fence_key = format!("{}:fence", lock.lock_key(&k));
     let count = |grant: tenure_redis::Grant| match grant {
         tenure_redis::Grant::Granted(token) => count_of(token),
         held => panic!("free key, got {held:?}"),
     };
-    let grant = |owner, proposed| lock.grant_proposing(&k, owner, TTL, None, proposed);
+    // One grant proposing `proposed` with `window`, released at once: its count.
+    let cycle = |proposed: u64, window: Duration| {
+        let (lock, k) = (&lock, &k);
+        async move {
+            let owner = tenure_api::OwnerId::random();
+            let granted = lock.grant_proposing(k, owner, TTL, None, proposed, window);
+            let counted = count(granted.await.unwrap());
+            assert!(lock.release_owner(k, owner).await.unwrap());
+            counted
+        }
+    };
+    let window = Duration::from_millis(800);
 
-    // Ahead of the clock by less than a second: taken, and stored as the fence.
-    let a = owner();
-    let proposed = now + 200_000;
-    assert_eq!(count(grant(a, proposed).await.unwrap()), proposed);
+    // Behind the clock, within the window: taken, and stored as the fence.
+    let before: u64 = server_us(query(&mut conn, &["TIME"]).await);
+    let proposed = before - 500_000;
+    assert_eq!(cycle(proposed, window).await, proposed);
     let fence: u64 = query(&mut conn, &["GET", &fence_key]).await;
     assert_eq!(fence, proposed, "the fence key holds the proposed count");
-    assert!(lock.release_owner(&k, a).await.unwrap());
 
-    // Not above the counter: the counter's next value instead.
-    let b = owner();
-    assert_eq!(count(grant(b, proposed).await.unwrap()), proposed + 1);
-    assert!(lock.release_owner(&k, b).await.unwrap());
-
-    // More than a second ahead of the server's clock: the server's own count.
-    let c = owner();
-    let far = server_us(query(&mut conn, &["TIME"]).await) + 5_000_000;
-    let counted = count(grant(c, far).await.unwrap());
-    assert_eq!(counted, proposed + 2, "the counter's next value, not {far}");
-    assert!(lock.release_owner(&k, c).await.unwrap());
-
+    // Not above the counter: the server's own count (its clock).
+    let own = cycle(proposed, window).await;
+    assert!(own >= before, "the clock floor, not {proposed}: {own}");
+    // Ahead of the server's clock, or behind it by more than the window: its own count.
+    let now: u64 = server_us(query(&mut conn, &["TIME"]).await);
+    let ahead = now + 200_000;
+    let counted = cycle(ahead, window).await;
+    assert!(
+        (now..ahead).contains(&counted),
+        "{counted}: not ahead of the clock"
+    );
+    let now: u64 = server_us(query(&mut conn, &["TIME"]).await);
+    let behind = now - 900_000;
+    let counted = cycle(behind, window).await;
+    assert!(
+        counted >= now,
+        "{counted}: 0.9 s behind is outside a 0.8 s window"
+    );
+    // A window wider than the cap is capped.
+    let now: u64 = server_us(query(&mut conn, &["TIME"]).await);
+    let behind = now - PROPOSAL_WINDOW_MAX.as_micros() as u64 - 200_000;
+    let counted = cycle(behind, Duration::from_secs(5)).await;
+    assert!(counted >= now, "{counted}: outside the capped window");
     // A plain counter never takes a clock value.
     let counter = RedisLock::connect(&format!("{url}?fence=counter"))
         .await
         .unwrap();
     let plain_key = LockKey::new("fence/proposed-counter").unwrap();
-    let d = owner();
     let granted = counter
-        .grant_proposing(&plain_key, d, TTL, None, now + 200_000)
+        .grant_proposing(
+            &plain_key,
+            tenure_api::OwnerId::random(),
+            TTL,
+            None,
+            now,
+            window,
+        )
         .await
         .unwrap();
     assert_eq!(count(granted), 1, "INCR of an absent counter");

@@ -120,8 +120,10 @@ type ReleaseAnswers = mpsc::UnboundedReceiver<(bool, Result<bool, LockError>)>;
 enum Phase {
     /// Not decided yet.
     Pending,
-    /// The lease is held: grants are ours to keep (the holder releases them).
-    Held,
+    /// The lease is held: grants are ours to keep (the holder releases them). With the
+    /// token when no fence round recorded it: a grant that named another count (one
+    /// that came back after the decision) records it then.
+    Held(Option<FencingToken>),
     /// The round failed: every grant, also one that lands late, must be released.
     Failed,
     /// A majority granted, but the round gave the lock up (its validity ran out, or the
@@ -138,32 +140,33 @@ fn spawn(task: impl Future<Output = ()> + Send + 'static) {
 }
 
 /// One node's grant: with the node's fence counter, proposing the round's count
-/// `proposed`, or without any counter (`None`: `fencing=false`, no fence key is written,
-/// see [`RedisLock::grant_unfenced`]).
+/// (`Some`: count and window, see [`RedisLock::grant_proposing`]), or without any counter
+/// (`None`: `fencing=false`, no fence key is written, see [`RedisLock::grant_unfenced`]).
 async fn grant(
     node: &RedisLock,
     key: &LockKey,
     owner: OwnerId,
     ttl: Duration,
     label: Option<&str>,
-    proposed: Option<u64>,
+    proposed: Option<(u64, Duration)>,
 ) -> Result<Grant, LockError> {
     match proposed {
-        Some(proposed) => node.grant_proposing(key, owner, ttl, label, proposed).await,
+        Some((count, window)) => {
+            node.grant_proposing(key, owner, ttl, label, count, window)
+                .await
+        }
         None => node.grant_unfenced(key, owner, ttl, label).await,
     }
 }
 
-/// The count a round proposes to every node (see [`RedisLock::grant_proposing`]): this
-/// client's clock in µs, `lead` ahead (the request bound, at most half of what a node
-/// accepts ahead of its own clock), so that a node answering in time finds it at or
-/// above its clock floor.
-fn proposal(lead: Duration) -> u64 {
-    let lead = lead.min(scripts::PROPOSAL_AHEAD_MAX / 2);
+/// The count a round proposes to every node: this client's clock in µs at the round's
+/// start. A node's script runs later, so on a node whose clock agrees the proposal is
+/// behind its clock by the request's time, and it is taken within the window the round
+/// passes with it (its request bound: an answer later than that does not count).
+fn proposal() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        + lead;
+        .unwrap_or_default();
     u64::try_from(since_epoch.as_micros())
         .map_or(scripts::MAX_COUNT, |c| c.clamp(1, scripts::MAX_COUNT))
 }
@@ -277,7 +280,8 @@ impl Inner {
     }
 
     /// One Redlock round for `owner`, decided as soon as the outcome is certain: a
-    /// majority granted (then the fence round), or a majority can no longer grant, or
+    /// majority granted (then the fence round, unless the majority's grants agreed on the
+    /// token), or a majority can no longer grant, or
     /// more nodes failed for good than a majority can spare; the outcome goes to `reply`
     /// at once. Each node's request outlives the decision (this future resolves once
     /// every node is done): if the round failed, the node is released once its request
@@ -300,7 +304,7 @@ impl Inner {
         let valid_until = deadline(start, ttl, drift);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
-        let proposed = self.config.fencing.then(|| proposal(limit));
+        let proposed = self.config.fencing.then(|| (proposal(), limit));
         // Collected by `join_all` at once (tickets are taken in node order, now), into
         // its own vector: the node futures are large, and collecting them first would
         // allocate and copy them twice.
@@ -315,6 +319,10 @@ impl Inner {
                     })
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
+                let counted = match reply {
+                    Ok(Grant::Granted(token)) => Some(token),
+                    _ => None,
+                };
                 let _ = replies.send(reply);
                 let phase = match decision.wait_for(|phase| *phase != Phase::Pending).await {
                     Ok(phase) => *phase,
@@ -332,7 +340,14 @@ impl Inner {
                             self.on_node(i, limit, |node| node.release_owner(key, owner))
                                 .await
                         }
-                        Phase::Pending | Phase::Held => Ok(false),
+                        // No fence round ran, and this grant named another count (it
+                        // came back after the decision): it records the lease's token,
+                        // so that every node names it.
+                        Phase::Held(Some(token)) if counted.is_some_and(|c| c != token) => {
+                            self.on_node(i, limit, |node| node.raise_fence(key, owner, token))
+                                .await
+                        }
+                        Phase::Pending | Phase::Held(_) => Ok(false),
                     };
                 }
                 drop(ticket);
@@ -356,6 +371,8 @@ impl Inner {
                 ),
                 source: None,
             };
+            // The token to record on late grants, when no fence round did.
+            let mut unrecorded = None;
             let outcome = match tally.verdict() {
                 Some(Verdict::Majority) if Instant::now() >= valid_until => Err(expired()),
                 Some(Verdict::Majority) => {
@@ -368,7 +385,11 @@ impl Inner {
                     let token = tokens().max().unwrap_or(FencingToken(0));
                     // Each node wrote its count to its fence key with its grant: where a
                     // majority counted the token itself, the register already holds it.
-                    let agreed = tokens().filter(|t| *t == token).count() >= quorum;
+                    let agreed =
+                        self.config.fencing && tokens().filter(|t| *t == token).count() >= quorum;
+                    if agreed {
+                        unrecorded = Some(token);
+                    }
                     match self.confirm(key, owner, token, agreed, limit).await {
                         Ok(()) if Instant::now() >= valid_until => Err(expired()),
                         Ok(()) => Ok(Some(token)),
@@ -383,7 +404,7 @@ impl Inner {
                 }),
             };
             decide.send_replace(match (&outcome, tally.verdict()) {
-                (Ok(Some(_)), _) => Phase::Held,
+                (Ok(Some(_)), _) => Phase::Held(unrecorded),
                 (_, Some(Verdict::Majority)) => Phase::Abandoned,
                 _ => Phase::Failed,
             });
@@ -410,9 +431,8 @@ impl Inner {
     /// Skipped without fencing, and when a majority of grants `agreed` on the token: each
     /// of those nodes wrote it to its fence key in the same script that granted the lock,
     /// which is what the round would have made sure of (a later grant there follows this
-    /// one's end, so it reads the raised fence). A node whose grant comes back after the
-    /// decision keeps its own count in its lock value (`inspect` names the token most
-    /// nodes name).
+    /// one's end, so it reads the raised fence). A grant of another count that comes back
+    /// after the decision records the token then (see [`Phase::Held`]).
     async fn confirm(
         self: &Arc<Self>,
         key: &LockKey,
@@ -651,9 +671,8 @@ impl DistributedLock for Redlock {
             if same.len() >= quorum {
                 // The fence round, or the grants of a majority that agreed, record the
                 // lease's token on a majority; a node whose grant came back after the
-                // decision may show its own count (for a moment, or for good when the
-                // majority agreed). So: the token most nodes name (the largest among
-                // equals).
+                // decision may still show its own count for a moment. So: the token
+                // most nodes name (the largest among equals).
                 let tokens: Vec<FencingToken> = same.iter().filter_map(|h| h.token).collect();
                 let token = tokens
                     .iter()
