@@ -95,11 +95,11 @@ for i = 1, #KEYS, step do
     elseif ARGV[3] == 'clock' then
       local now = redis.call('TIME')
       local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      local next = tonumber(redis.call('GET', fence) or '0') + 1
-      token = math.max(next, floor)
+      local least = tonumber(redis.call('GET', fence) or '0') + 1
+      token = math.max(least, floor)
       local proposed = tonumber(ARGV[5])
       local window = math.min(math.max(tonumber(ARGV[6]) or 0, 0), 1000000)
-      if proposed and proposed == math.floor(proposed) and proposed >= next
+      if proposed and proposed == math.floor(proposed) and proposed >= least
           and proposed <= floor and proposed >= floor - window then
         token = proposed
       end
