@@ -226,30 +226,29 @@ async fn a_zero_wait_makes_one_attempt_bounded_by_the_request_timeout() {
     assert!(took < request_timeout * 4, "and only one attempt: {took:?}");
 }
 
+/// A client of `node` as ACL user `user` (password `pw`), created with `rules`.
+async fn acl_client(
+    node: &tenure_conformance::servers::redis::RedisNode,
+    user: &str,
+    rules: &[&str],
+) -> RedisLock {
+    let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw"];
+    setuser.extend(rules);
+    let reply = node.command(&setuser).await.unwrap();
+    assert!(reply.is_ok(), "{reply:?}");
+    RedisLock::connect(&format!("redis://{user}:pw@{}", node.addr()))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_subscribe_polls_and_gets_the_lock_after_release() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     // A real ACL user that may run everything but SUBSCRIBE.
-    let reply = node
-        .command(&[
-            "ACL",
-            "SETUSER",
-            "poller",
-            "on",
-            ">pw",
-            "~*",
-            "allchannels",
-            "+@all",
-            "-subscribe",
-        ])
-        .await
-        .unwrap();
-    assert!(reply.is_ok(), "{reply:?}");
+    let rules = ["~*", "allchannels", "+@all", "-subscribe"];
+    let waiter = acl_client(node, "poller", &rules).await;
     let holder = RedisLock::connect(&node.url()).await.unwrap();
-    let waiter = RedisLock::connect(&format!("redis://poller:pw@{}", node.addr()))
-        .await
-        .unwrap();
     let k = key("no-subscribe");
     let held = holder
         .try_acquire(&k, Duration::from_secs(30))
@@ -296,23 +295,8 @@ async fn a_release_the_server_may_not_announce_still_releases() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
     let node = &cluster.nodes()[0];
     // A real ACL user that may run every command on every key, but use no channel.
-    let reply = node
-        .command(&[
-            "ACL",
-            "SETUSER",
-            "quiet",
-            "on",
-            ">pw",
-            "~*",
-            "resetchannels",
-            "+@all",
-        ])
-        .await
-        .unwrap();
-    assert!(reply.is_ok(), "{reply:?}");
-    let quiet = RedisLock::connect(&format!("redis://quiet:pw@{}", node.addr()))
-        .await
-        .unwrap();
+    let rules = ["~*", "resetchannels", "+@all"];
+    let quiet = acl_client(node, "quiet", &rules).await;
     let observer = RedisLock::connect(&node.url()).await.unwrap();
     let refused = node.command(&["ACL", "LOG", "RESET"]).await.unwrap();
     assert!(refused.is_ok(), "{refused:?}");
@@ -333,9 +317,7 @@ async fn a_release_the_server_may_not_announce_still_releases() {
     );
 
     // A waiter of that user cannot subscribe either, and polls its way to the lock.
-    let waiter = RedisLock::connect(&format!("redis://quiet:pw@{}", node.addr()))
-        .await
-        .unwrap();
+    let waiter = acl_client(node, "quiet", &rules).await;
     let held = quiet.try_acquire(&k, TTL).await.unwrap().expect("free key");
     let release = {
         let quiet = quiet.clone();

@@ -636,9 +636,7 @@ fn now_us() -> u64 {
 async fn a_fenced_grant_whose_nodes_agree_needs_no_fence_round() {
     let cluster = five().await;
     let nodes = cluster.nodes();
-    let lock = tenure_redlock::Redlock::connect(&common::url(nodes.iter().map(|n| n.addr()), ""))
-        .await
-        .unwrap();
+    let lock = direct(&cluster).await;
     calls_from_now(&[&lock], nodes).await;
 
     let k = key("agreed");
@@ -687,9 +685,7 @@ async fn a_fenced_grant_whose_nodes_agree_needs_no_fence_round() {
 async fn nodes_that_count_apart_still_get_the_fence_round() {
     let cluster = five().await;
     let nodes = cluster.nodes();
-    let lock = tenure_redlock::Redlock::connect(&common::url(nodes.iter().map(|n| n.addr()), ""))
-        .await
-        .unwrap();
+    let lock = direct(&cluster).await;
     calls_from_now(&[&lock], nodes).await;
 
     let k = key("apart");
