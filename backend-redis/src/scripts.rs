@@ -215,8 +215,9 @@ return {current, redis.call('PTTL', KEYS[1])}
 "#;
 
 /// The widest window behind a server's clock in which it takes a proposed count (see
-/// [`ACQUIRE`]). A count so taken is never ahead of the server's clock, so tokens stay
-/// at most the clock of a node that counted them, as without proposals.
+/// [`ACQUIRE`]). A count so taken is never ahead of the server's clock: proposals add no
+/// lead, and tokens stay where they were without them (at most the fastest counting
+/// node's clock, or one past a fence raised to that).
 pub const PROPOSAL_WINDOW_MAX: Duration = Duration::from_secs(1);
 
 /// The scripts, built once per process (their SHA-1 is computed at construction).

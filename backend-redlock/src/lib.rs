@@ -159,14 +159,21 @@ async fn grant(
     }
 }
 
+/// How far behind its clock a client proposes (see [`proposal`]).
+const PROPOSAL_MARGIN: Duration = Duration::from_millis(10);
+
 /// The count a round proposes to every node: this client's clock in µs at the round's
-/// start. A node's script runs later, so on a node whose clock agrees the proposal is
-/// behind its clock by the request's time, and it is taken within the window the round
-/// passes with it (its request bound: an answer later than that does not count).
+/// start, less [`PROPOSAL_MARGIN`]. A node takes it only when it is not ahead of the
+/// node's clock, so the margin lets a client whose clock runs ahead of the nodes' by up
+/// to that much still agree with them; a node's script runs later still, and the
+/// proposal is taken within the window the round passes with it (its request bound: an
+/// answer later than that does not count). One constant margin for every client keeps
+/// the proposals of clients whose clocks agree increasing.
 fn proposal() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .saturating_sub(PROPOSAL_MARGIN);
     u64::try_from(since_epoch.as_micros())
         .map_or(scripts::MAX_COUNT, |c| c.clamp(1, scripts::MAX_COUNT))
 }
@@ -341,9 +348,10 @@ impl Inner {
                                 .await
                         }
                         // No fence round ran, and this grant named another count (it
-                        // came back after the decision): it records the lease's token,
-                        // so that every node names it.
-                        Phase::Held(Some(token)) if counted.is_some_and(|c| c != token) => {
+                        // came back after the decision) or may have landed unseen (its
+                        // reply failed): it records the lease's token, so that every
+                        // node names it (only if the lock is ours there).
+                        Phase::Held(Some(token)) if counted != Some(token) => {
                             self.on_node(i, limit, |node| node.raise_fence(key, owner, token))
                                 .await
                         }
@@ -426,7 +434,8 @@ impl Inner {
     /// majority acknowledged it while the lock was still ours. Decided as soon as that
     /// is certain either way. The writes run in a task of their own and still reach the
     /// slower nodes after the decision (a write only ever raises a fence, and it records
-    /// the lease's token in a late grant of ours, so every node names the same token).
+    /// the lease's token in a late grant of ours that has landed, so that nodes name the
+    /// same token).
     ///
     /// Skipped without fencing, and when a majority of grants `agreed` on the token: each
     /// of those nodes wrote it to its fence key in the same script that granted the lock,
