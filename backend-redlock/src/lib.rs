@@ -159,21 +159,17 @@ async fn grant(
     }
 }
 
-/// How far behind its clock a client proposes (see [`proposal`]).
-const PROPOSAL_MARGIN: Duration = Duration::from_millis(10);
-
 /// The count a round proposes to every node: this client's clock in µs at the round's
-/// start, less [`PROPOSAL_MARGIN`]. A node takes it only when it is not ahead of the
-/// node's clock, so the margin lets a client whose clock runs ahead of the nodes' by up
-/// to that much still agree with them; a node's script runs later still, and the
-/// proposal is taken within the window the round passes with it (its request bound: an
-/// answer later than that does not count). One constant margin for every client keeps
-/// the proposals of clients whose clocks agree increasing.
+/// start. A node's script runs later, so on a node whose clock agrees the proposal is
+/// behind its clock by the request's time, and it is taken within the window the round
+/// passes with it (its request bound: an answer later than that does not count). (A
+/// margin below the clock, for clients whose clocks run ahead of the nodes', kept a
+/// contended key's rounds disagreeing: the last fence, a node's clock, stayed ahead of
+/// the proposals made within the margin of it.)
 fn proposal() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .saturating_sub(PROPOSAL_MARGIN);
+        .unwrap_or_default();
     u64::try_from(since_epoch.as_micros())
         .map_or(scripts::MAX_COUNT, |c| c.clamp(1, scripts::MAX_COUNT))
 }
