@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use crate::client::{discard, Dedicated};
 use crate::error::{map_err, sqlstate, LOCK_NOT_AVAILABLE};
 use crate::held::{refresh, Entry, HeldTask};
+use crate::records::Record;
 use crate::sql::{begin_batch, timeout_ms, LOCKED_INDEX, LOCKED_XID};
 use crate::{Locking, PgLock};
 
@@ -280,19 +281,14 @@ impl PgLock {
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let holder = holder_text(owner, label);
-        let record = || async {
-            let mut conn = self.pooled().await?;
-            self.bounded(
-                "take fence",
-                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.record.as_str()))
-                    .bind(row_key)
-                    .bind(&holder)
-                    .bind(&xid)
-                    .bind(pid)
-                    .bind(ttl_ms)
-                    .fetch_optional(&mut *conn),
-            )
-            .await
+        let record = || {
+            self.record(Record {
+                row_key: row_key.clone(),
+                holder: holder.clone(),
+                xid: xid.clone(),
+                pid,
+                ttl_ms,
+            })
         };
         let mut token: Result<Option<i64>, LockError> = record().await;
         if token.as_ref().is_err_and(LockError::is_retryable) {

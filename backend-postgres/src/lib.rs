@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod fenced;
 mod held;
+mod records;
 mod socket;
 mod sql;
 
@@ -65,6 +66,8 @@ struct Inner {
     waiting: Arc<Semaphore>,
     /// Clean dedicated connections (not in a transaction) for reuse.
     idle: Mutex<VecDeque<(Dedicated, Instant)>>,
+    /// Grant records waiting for a pool connection (sent together).
+    records: records::Records,
 }
 
 impl fmt::Debug for PgLock {
@@ -143,6 +146,7 @@ impl PgLock {
                 client_check: AtomicBool::new(true),
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(VecDeque::new()),
+                records: Default::default(),
             }),
         };
         tokio::spawn(close_unused(Arc::downgrade(&lock.inner)));

@@ -64,15 +64,19 @@ impl Statements {
             ),
             // Only the live holder of the row lock records itself, and never over a holder
             // whose transaction is still running (a late record from a dead holder loses).
+            // One row per grant, from parallel arrays (see `records`); distinct keys.
             record: format!(
                 "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
-                 SELECT $1, $2, nextval('{fence}'), $3::text::xid8, $4, $5, clock_timestamp() \
-                 WHERE pg_xact_status($3::text::xid8) = 'in progress' \
+                 SELECT r.key, r.owner, nextval('{fence}'), r.xid::xid8, r.pid, r.ttl_ms, \
+                 clock_timestamp() \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[]) \
+                 AS r(key, owner, xid, pid, ttl_ms) \
+                 WHERE pg_xact_status(r.xid::xid8) = 'in progress' \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, \
                  xid = EXCLUDED.xid, pid = EXCLUDED.pid, ttl_ms = EXCLUDED.ttl_ms, \
                  granted_at = EXCLUDED.granted_at \
                  WHERE pg_xact_status(h.xid) IS DISTINCT FROM 'in progress' \
-                 RETURNING token"
+                 RETURNING key, token"
             ),
             inspect: format!(
                 "SELECT h.owner, h.token, CASE a.state \

@@ -932,6 +932,88 @@ async fn a_pool_connection_ended_between_uses_costs_no_failed_acquire() {
     }
 }
 
+/// Grants that come while the pool's connections are busy share one fence statement and
+/// its flushed commit (a client-side group commit), each still recorded with its own
+/// token. Through a proxy that delays every reply by 300 ms and a pool of one
+/// connection, 8 concurrent grants were recorded in 8 statements (8 transaction ids on
+/// the holder rows) before; now the records queued behind the first go out together (2
+/// statements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_queued_behind_a_busy_pool_share_one_fence_statement() {
+    use tenure_conformance::proxy::ProxyMode;
+    let server = Postgres::start().await.unwrap();
+    let lock = PgLock::connect(&format!("{}?pool_size=1", server.proxied_url()))
+        .await
+        .unwrap();
+    // Opens the pool's connection and 8 lock connections (kept for reuse) before the
+    // delay, so that the grants below reach their records together.
+    let grant_all = |prefix: &'static str| {
+        let mut grants = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let lock = lock.clone();
+            grants.spawn(async move {
+                let key = key(&format!("{prefix}/{i}"));
+                lock.try_acquire(&key, TTL)
+                    .await
+                    .unwrap()
+                    .expect("a free key")
+            });
+        }
+        grants.join_all()
+    };
+    for lease in grant_all("warm").await {
+        lock.release(lease).await.unwrap();
+    }
+    let delay = Duration::from_millis(300);
+    server.proxy().set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: delay,
+    });
+    let started = Instant::now();
+    let leases = grant_all("shared").await;
+    let took = started.elapsed();
+    server.proxy().set_mode(ProxyMode::Pass);
+    assert!(
+        took >= 2 * delay,
+        "the fault fired: the grants took {took:?}"
+    );
+    let rows = server
+        .psql(
+            "SELECT key || ' ' || token || ' ' || xmin::text FROM tenure_locks_holders \
+             WHERE key LIKE 'faults/shared/_' ORDER BY key",
+        )
+        .await
+        .unwrap();
+    let rows: Vec<Vec<&str>> = rows.lines().map(|r| r.split(' ').collect()).collect();
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for lease in &leases {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == lease.key().as_str())
+            .expect("every grant recorded");
+        assert_eq!(
+            row[1],
+            lease.token().0.to_string(),
+            "{row:?}: its own token"
+        );
+    }
+    let mut tokens: Vec<u64> = leases.iter().map(|l| l.token().0).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "distinct tokens: {tokens:?}");
+    let mut statements: Vec<&str> = rows.iter().map(|r| r[2]).collect();
+    statements.sort_unstable();
+    statements.dedup();
+    assert!(
+        statements.len() <= 4,
+        "8 grants recorded in {} statements: {rows:?}",
+        statements.len()
+    );
+    for lease in leases {
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    }
+}
+
 /// Locks held at once, released, and taken again reuse the same connections (no new
 /// session per lock, which is what makes 64 concurrent locks cost as much as 64 pooled
 /// queries); once unused for `idle_timeout_ms` those connections are closed.
