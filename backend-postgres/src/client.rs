@@ -12,6 +12,7 @@ use tenure_api::LockError;
 
 use crate::error::{bounded_for, client_check_rejected, map_err};
 use crate::socket::Socket;
+use crate::sql::SESSION_SETTINGS;
 use crate::{Inner, PgConfig, PgLock};
 
 /// A pool connection idle for longer is pinged before use. sqlx pings every connection as
@@ -193,6 +194,14 @@ impl PgLock {
         // Closing the pool now makes the connection close (not wait in the pool) once the
         // listener lets go of it.
         drop(pool.close());
+        let settings = bounded_for(
+            config,
+            config.request_timeout,
+            "connect",
+            // To the end of the reply (see `lock_row`).
+            sqlx::query(SESSION_SETTINGS).fetch_all(&mut conn),
+        );
+        settings.await.map_err(|e| (e, false))?;
         let seen = tokio::time::timeout(
             config.request_timeout,
             // To the end of the reply (see `lock_row`).

@@ -122,10 +122,17 @@ impl PgLock {
         // Pool connections commit the fence: make sure that commit is flushed before it
         // is acknowledged, whatever the role's or database's default.
         let pool_options = named(base.clone()).options([("synchronous_commit", "on")]);
+        // Lock connections: keepalive probes (`begin_batch` sets the idle time per lease)
+        // and no statement timeout, whatever the role's or database's default (a startup
+        // option overrides them; see `sql::SESSION_SETTINGS`).
         let unchecked = named(base).options([
-            ("tcp_keepalives_idle", "10"),
-            ("tcp_keepalives_interval", "3"),
-            ("tcp_keepalives_count", "3"),
+            ("tcp_keepalives_idle", "10".to_string()),
+            (
+                "tcp_keepalives_interval",
+                sql::KEEPALIVE_INTERVAL.to_string(),
+            ),
+            ("tcp_keepalives_count", sql::KEEPALIVE_COUNT.to_string()),
+            ("statement_timeout", "0".to_string()),
         ]);
         let dedicated = unchecked.clone().options([(
             "client_connection_check_interval",

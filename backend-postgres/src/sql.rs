@@ -176,13 +176,13 @@ pub(crate) fn tables_ddl(config: &PgConfig) -> String {
 ///    own (an explicit `BEGIN … COMMIT`, so the server logs no "no
 ///    transaction in progress" warning), so that concurrent first acquirers never wait
 ///    on each other's uncommitted insert and the lock below always finds the row;
-/// 2. the lock transaction: the lease as the idle timeout; server TCP keepalives that
-///    cannot give up on a silent client before the lease's TTL has run (a keepalive
-///    failure ends the session, which frees the lock); no statement or transaction
-///    timeout (role or database defaults) that could end it sooner; and the lock wait
-///    bound, if any. `transaction_timeout` exists from Postgres 17 on; it is looked up with
-///    `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
-///    row: 0.7–1.2 ms of server time per lock, more than the rest of a cycle together);
+/// 2. the lock transaction: the lease as the idle timeout; a server TCP keepalive idle
+///    time that cannot give up on a silent client before the lease's TTL has run (a
+///    keepalive failure ends the session, which frees the lock; the probes' interval and
+///    count are the connection's, [`KEEPALIVE_INTERVAL`] and [`KEEPALIVE_COUNT`]); and
+///    the lock wait bound, if any. No statement or transaction timeout can end it sooner:
+///    the connection switched them off for its whole session when it opened
+///    ([`SESSION_SETTINGS`]);
 /// 3. for a single attempt (`lock_timeout` is `None`), the `NOWAIT` lock itself, so a
 ///    try-acquire takes three round trips in all: this one, the fence, the `COMMIT`;
 ///    with several keys (a single attempt only), the lock of the first one free
@@ -197,18 +197,14 @@ pub(crate) fn begin_batch(
     lock_timeout: Option<Duration>,
     row_keys: &[String],
 ) -> String {
-    let (idle, interval, count) = keepalives(ttl);
+    let (idle, _, _) = keepalives(ttl);
     let mut batch = match sql.locking {
         Locking::Row => format!("BEGIN; {}; COMMIT; ", sql.insert_rows(row_keys)),
         Locking::Advisory => String::new(),
     };
     batch.push_str(&format!(
-        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
-         SET tcp_keepalives_count = {count}; \
-         BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
-         SET LOCAL statement_timeout = 0; \
-         SELECT set_config('transaction_timeout', '0', true) \
-         WHERE current_setting('transaction_timeout', true) IS NOT NULL",
+        "SET tcp_keepalives_idle = {idle}; \
+         BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
         timeout_ms(ttl)
     ));
     match (lock_timeout, row_keys) {
@@ -246,16 +242,32 @@ fn literal(text: &str) -> String {
     quoted
 }
 
+/// Seconds between the server's keepalive probes on a lock connection (a startup
+/// option of the connection).
+pub(crate) const KEEPALIVE_INTERVAL: u64 = 3;
+
+/// Unanswered keepalive probes after which the server gives up on a lock connection (a
+/// startup option of the connection).
+pub(crate) const KEEPALIVE_COUNT: u64 = 3;
+
 /// Server keepalive settings (idle, interval, count; seconds) for a lease of `ttl`: the
 /// server gives up on a silent client no sooner than `idle + interval × count`, which is
 /// at least `ttl`.
 pub(crate) fn keepalives(ttl: Duration) -> (u64, u64, u64) {
-    const INTERVAL: u64 = 3;
-    const COUNT: u64 = 3;
     // Linux caps TCP_KEEPIDLE at 32767 s; MAX_TTL is far below it.
     let idle = ttl.as_secs_f64().ceil().clamp(1.0, 32_767.0) as u64;
-    (idle, INTERVAL, COUNT)
+    (idle, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT)
 }
+
+/// What a lock connection sets for its whole session once it opens: no timeout of the
+/// role's or database's defaults may end a lock transaction before its lease. The
+/// `statement_timeout` (which would cut a lock wait) is a startup option of the
+/// connection, which overrides those defaults; `transaction_timeout` exists from
+/// Postgres 17 on, so it is switched off here only where it exists, looked up with
+/// `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
+/// row: 0.7–1.2 ms of server time).
+pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('transaction_timeout', '0', false) \
+     WHERE current_setting('transaction_timeout', true) IS NOT NULL";
 
 /// A duration as whole milliseconds for a Postgres timeout setting: at least 1 (0 would
 /// mean "no timeout"), at most `i32::MAX`.
@@ -281,8 +293,6 @@ mod tests {
         }
         let batch = try_batch("postgres://u@h/db", Duration::from_secs(30), "k");
         assert!(batch.contains("tcp_keepalives_idle = 30;"), "{batch}");
-        assert!(batch.contains("statement_timeout = 0"), "{batch}");
-        assert!(batch.contains("transaction_timeout"), "{batch}");
     }
 
     /// The begin batch of a try-acquire of `key` by a client of `url`.

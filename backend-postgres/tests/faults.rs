@@ -932,6 +932,55 @@ async fn a_pool_connection_ended_between_uses_costs_no_failed_acquire() {
     }
 }
 
+/// A role's or database's defaults never end a lock transaction before its lease: a
+/// `statement_timeout` would cancel the blocking lock wait, an
+/// `idle_in_transaction_session_timeout` would end the held transaction early. A client
+/// logged in as a role whose defaults are both 300 ms waits 1.2 s in the server's lock
+/// queue and holds for 1.2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roles_timeouts_never_end_a_lock_transaction() {
+    let server = Postgres::start().await.unwrap();
+    server
+        .psql(
+            "CREATE ROLE impatient LOGIN SUPERUSER; \
+             ALTER ROLE impatient SET statement_timeout = '300ms'; \
+             ALTER ROLE impatient SET idle_in_transaction_session_timeout = '300ms'",
+        )
+        .await
+        .unwrap();
+    let impatient_url = server.url().replace("postgres@", "impatient@");
+    // The fault is armed: a plain session of the role has its statements cut at 300 ms.
+    let mut plain = <sqlx::PgConnection as sqlx::Connection>::connect(&impatient_url)
+        .await
+        .unwrap();
+    let cut = sqlx::query("SELECT pg_sleep(1)")
+        .execute(&mut plain)
+        .await
+        .unwrap_err();
+    assert!(cut.to_string().contains("statement timeout"), "{cut}");
+    let a = connect(&server).await;
+    let b = PgLock::connect(&impatient_url).await.unwrap();
+    let k = key("impatient-role");
+    let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let waiter = tokio::spawn(async move {
+        let opts = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(20));
+        let lease = b.acquire(&key("impatient-role"), &opts).await;
+        (b, lease)
+    });
+    wait_queued(&server, 1).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    a.release(held).await.unwrap();
+    let (b, lease) = waiter.await.unwrap();
+    let mut lease = lease.unwrap_or_else(|e| panic!("the waiter got {e:?}"));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let notice = lease
+        .loss_notice()
+        .expect("a Postgres lease carries its loss notice");
+    assert!(!notice.is_fired(), "lost: {:?}", notice.reason());
+    b.extend(&mut lease, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(b.release(lease).await.unwrap(), ReleaseOutcome::Released);
+}
+
 /// Grants that come while the pool's connections are busy share one fence statement and
 /// its flushed commit (a client-side group commit), each still recorded with its own
 /// token. Through a proxy that delays every reply by 300 ms and a pool of one
