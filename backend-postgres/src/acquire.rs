@@ -295,7 +295,8 @@ impl PgLock {
             // Most likely a pool connection that died since its last use (they are not
             // pinged before every use): once more, with the pool's connections pinged
             // first. Safe whether or not the first statement took effect: a record this
-            // transaction already made leaves the second nothing to match (`Ok(None)`).
+            // transaction already made is replaced, with a newer token (only that one is
+            // handed out).
             self.inner.pool_failed.mark();
             token = record().await;
         }

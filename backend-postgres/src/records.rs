@@ -8,10 +8,11 @@
 //! sent at once, as before.
 //!
 //! Each record keeps its own guard: it is written only while its lock transaction runs,
-//! and never over a holder whose transaction still runs, row by row. A statement never
-//! names one key twice (`ON CONFLICT DO UPDATE` may touch a row once): a key queued
+//! and never over another holder whose transaction still runs, row by row. A statement
+//! never names one key twice (`ON CONFLICT DO UPDATE` may touch a row once): a key queued
 //! twice (a grant that died before its record, then the next one) goes out in a second
-//! statement on the same connection, in queue order.
+//! statement on the same connection, in queue order. A statement's rows are sorted by
+//! key, so that statements under way at once lock holder rows in one order.
 
 use std::collections::HashSet;
 use std::mem;
@@ -22,7 +23,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::Postgres;
 use sqlx::{AssertSqlSafe, Row};
 use tenure_api::LockError;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::{Inner, PgLock};
 
@@ -51,6 +52,9 @@ struct Queued {
 pub(crate) struct Records {
     queue: Mutex<Vec<Queued>>,
     next_id: AtomicU64,
+    /// Woken when a statement takes records, so that their callers stop waiting for a
+    /// connection of their own.
+    taken: Notify,
 }
 
 impl Records {
@@ -62,8 +66,21 @@ impl Records {
     /// dropped (their grant was never handed out).
     fn take_all(&self) -> Vec<Queued> {
         let mut taken = mem::take(&mut *self.queue());
+        self.taken.notify_waiters();
         taken.retain(|queued| !queued.reply.is_closed());
         taken
+    }
+
+    /// Until a statement has taken record `id`.
+    async fn taken(&self, id: u64) {
+        loop {
+            // Registered before the check, so no wake-up between the two is missed.
+            let taken = self.taken.notified();
+            if !self.queue().iter().any(|queued| queued.id == id) {
+                return;
+            }
+            taken.await;
+        }
     }
 
     /// Takes record `id` out of the queue; false when a statement already took it.
@@ -90,7 +107,9 @@ impl Drop for Withdraw<'_> {
 
 impl PgLock {
     /// Takes `record`'s fencing token and records its holder, in a statement shared with
-    /// every other record queued by the time a pool connection is free.
+    /// every other record queued by the time a pool connection is free. Bounded by the
+    /// wait for a pool connection (`connect_timeout`) and then one `request_timeout` per
+    /// statement on it.
     ///
     /// # Cancel safety
     /// Cancel safe: a record not yet sent is withdrawn; one sent with others completes
@@ -99,20 +118,21 @@ impl PgLock {
     pub(crate) async fn record(&self, record: Record) -> Reply {
         let records = &self.inner.records;
         let id = records.next_id.fetch_add(1, Ordering::Relaxed);
-        let (reply, mut replied) = oneshot::channel();
+        let (reply, replied) = oneshot::channel();
         records.queue().push(Queued { id, record, reply });
         let _withdraw = Withdraw { records, id };
         let conn = tokio::select! {
             biased;
-            // Sent in a statement someone else started.
-            reply = &mut replied => return reply.unwrap_or_else(|_| Err(dropped())),
-            conn = self.pooled() => conn,
+            // A statement someone else started took it: that statement's reply is ours.
+            () = records.taken(id) => None,
+            conn = self.pooled() => Some(conn),
         };
         match conn {
-            Err(e) if records.withdraw(id) => return Err(e),
-            // A statement under way took the record: its reply is ours.
-            Err(_) => {}
-            Ok(conn) => {
+            None => {}
+            Some(Err(e)) if records.withdraw(id) => return Err(e),
+            // Taken meanwhile.
+            Some(Err(_)) => {}
+            Some(Ok(conn)) => {
                 let batch = records.take_all();
                 match batch.as_slice() {
                     [] => {}
@@ -172,30 +192,41 @@ async fn send(inner: Arc<Inner>, mut conn: PoolConnection<Postgres>, mut batch: 
                 }
             }
             Err(e) => {
-                for queued in round.into_iter().chain(mem::take(&mut batch)) {
+                let mut failed = round.into_iter().chain(mem::take(&mut batch));
+                let first = failed.next();
+                for queued in failed {
                     let _ = queued.reply.send(Err(copy(&e)));
+                }
+                if let Some(first) = first {
+                    let _ = first.reply.send(Err(e));
                 }
             }
         }
     }
 }
 
-/// The first record of each key in `batch`, taken out in queue order: one statement's
-/// worth (a statement may name a key once).
+/// The first record of each key in `batch`, taken out: one statement's worth (a
+/// statement may name a key once), sorted by key, so that two statements under way
+/// (this client's or another's) lock holder rows in one order and never deadlock.
 fn next_round(batch: &mut Vec<Queued>) -> Vec<Queued> {
     let mut keys = HashSet::new();
-    let (round, later) = mem::take(batch)
+    let (mut round, later): (Vec<Queued>, Vec<Queued>) = mem::take(batch)
         .into_iter()
         .partition(|queued| keys.insert(queued.record.row_key.clone()));
     *batch = later;
+    round.sort_by(|a, b| a.record.row_key.cmp(&b.record.row_key));
     round
 }
 
 /// The same error for another caller of one failed statement (the client library's
-/// source stays with the first; its text is in the message).
+/// error, the source, goes to one of them; its text is in every message).
 fn copy(error: &LockError) -> LockError {
     match error {
         LockError::Unavailable { message, .. } => LockError::Unavailable {
+            message: message.clone(),
+            source: None,
+        },
+        LockError::Backend { message, .. } => LockError::Backend {
             message: message.clone(),
             source: None,
         },
@@ -227,9 +258,9 @@ mod tests {
     }
 
     #[test]
-    fn a_key_queued_twice_goes_out_in_a_later_statement_in_queue_order() {
+    fn a_key_queued_twice_goes_out_in_a_later_statement_each_sorted_by_key() {
         let records = Records::default();
-        let _replies: Vec<_> = ["a", "b", "a", "c", "a", "b"]
+        let _replies: Vec<_> = ["b", "a", "b", "c", "a", "b"]
             .into_iter()
             .map(|key| queue(&records, key))
             .collect();
@@ -237,7 +268,24 @@ mod tests {
         let rounds: Vec<Vec<Queued>> =
             std::iter::from_fn(|| (!batch.is_empty()).then(|| next_round(&mut batch))).collect();
         let rounds: Vec<Vec<&str>> = rounds.iter().map(|r| keys(r)).collect();
-        assert_eq!(rounds, [vec!["a", "b", "c"], vec!["a", "b"], vec!["a"]]);
+        assert_eq!(rounds, [vec!["a", "b", "c"], vec!["a", "b"], vec!["b"]]);
+    }
+
+    #[tokio::test]
+    async fn a_caller_whose_record_was_taken_stops_waiting_for_a_connection() {
+        let records = Arc::new(Records::default());
+        let (id, _reply) = queue(&records, "k");
+        let waiting = tokio::spawn({
+            let records = records.clone();
+            async move { records.taken(id).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "still queued");
+        assert_eq!(keys(&records.take_all()), ["k"]);
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+            .await
+            .expect("woken once taken")
+            .unwrap();
     }
 
     #[test]

@@ -62,8 +62,11 @@ impl Statements {
             ensure_row: format!(
                 "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
             ),
-            // Only the live holder of the row lock records itself, and never over a holder
-            // whose transaction is still running (a late record from a dead holder loses).
+            // Only the live holder of the row lock records itself, and never over another
+            // holder whose transaction is still running (a late record from a dead holder
+            // loses). A record of its own transaction is replaced: a record sent again
+            // after the first one's reply was lost (it may have committed) takes a newer
+            // token, and only the newer one is handed out.
             // One row per grant, from parallel arrays (see `records`); distinct keys.
             record: format!(
                 "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
@@ -76,6 +79,7 @@ impl Statements {
                  xid = EXCLUDED.xid, pid = EXCLUDED.pid, ttl_ms = EXCLUDED.ttl_ms, \
                  granted_at = EXCLUDED.granted_at \
                  WHERE pg_xact_status(h.xid) IS DISTINCT FROM 'in progress' \
+                 OR h.xid = EXCLUDED.xid \
                  RETURNING key, token"
             ),
             inspect: format!(

@@ -981,6 +981,56 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
     assert_eq!(b.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
 
+/// Defect: a grant's record whose reply came too late (the statement committed after the
+/// client gave up on it) failed the attempt: the record is sent once more, and that
+/// second statement found the grant's own live transaction already recorded and wrote
+/// nothing, so `try_acquire` returned "could not be recorded" for a lock it held. With
+/// records sent together this would fail every grant of a slow statement at once. A
+/// record now replaces one of its own transaction (with a newer token, never handed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_committed_after_its_timeout_still_grants() {
+    let server = Postgres::start().await.unwrap();
+    let lock = PgLock::connect(&format!("{}?request_timeout_ms=2000", server.url()))
+        .await
+        .unwrap();
+    let k = key("late-record");
+    // Creates the tables, and opens connections, before the fault.
+    let warm = lock
+        .try_acquire(&key("late-record/warm"), TTL)
+        .await
+        .unwrap();
+    lock.release(warm.expect("free")).await.unwrap();
+    // The fault: the next record's statement takes 2.5 s (once), past the client's 2 s bound.
+    server
+        .psql(
+            "CREATE TABLE slowed (at timestamptz); \
+             CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NOT EXISTS (SELECT 1 FROM slowed) THEN \
+                 INSERT INTO slowed VALUES (now()); PERFORM pg_sleep(2.5); \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER slow_once AFTER INSERT OR UPDATE ON tenure_locks_holders \
+               FOR EACH ROW EXECUTE FUNCTION slow_once()",
+        )
+        .await
+        .unwrap();
+    let lease = lock.try_acquire(&k, TTL).await;
+    let slowed = server.psql("SELECT count(*) FROM slowed").await.unwrap();
+    assert_eq!(slowed, "1", "the fault fired: a record was slowed");
+    let lease = lease
+        .unwrap_or_else(|e| panic!("try_acquire returned {e:?}"))
+        .expect("a free key");
+    let recorded = server
+        .psql("SELECT token FROM tenure_locks_holders WHERE key = 'faults/late-record'")
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded,
+        lease.token().0.to_string(),
+        "the lease's token is recorded"
+    );
+    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+}
+
 /// Grants that come while the pool's connections are busy share one fence statement and
 /// its flushed commit (a client-side group commit), each still recorded with its own
 /// token. Through a proxy that delays every reply by 300 ms and a pool of one
