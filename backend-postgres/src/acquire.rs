@@ -281,24 +281,22 @@ impl PgLock {
         };
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let holder = holder_text(owner, label);
-        let record = || {
-            self.record(Record {
-                row_key: row_key.clone(),
-                holder: holder.clone(),
-                xid: xid.clone(),
-                pid,
-                ttl_ms,
-            })
+        let record = || Record {
+            row_key: row_key.clone(),
+            holder: holder.clone(),
+            xid: xid.clone(),
+            pid,
+            ttl_ms,
         };
-        let mut token: Result<Option<i64>, LockError> = record().await;
+        let mut token: Result<Option<i64>, LockError> = self.record(record()).await;
         if token.as_ref().is_err_and(LockError::is_retryable) {
             // Most likely a pool connection that died since its last use (they are not
             // pinged before every use): once more, with the pool's connections pinged
-            // first. Safe whether or not the first statement took effect: a record this
-            // transaction already made is replaced, with a newer token (only that one is
-            // handed out).
+            // first. Safe whether or not the first statement took effect: the second
+            // replaces a record of this transaction, with a newer token, and only that one
+            // is handed out (the first never replaces one, so it cannot undo the second).
             self.inner.pool_failed.mark();
-            token = record().await;
+            token = self.record_again(record()).await;
         }
         let token = match token {
             Ok(Some(token)) => token,

@@ -52,7 +52,8 @@ struct Inner {
     pool: PgPool,
     /// When a pool connection last failed (its siblings are then pinged before use).
     pool_failed: Arc<RecentFailure>,
-    /// Options for dedicated connections (keepalives, client check interval).
+    /// Options for dedicated connections (keepalives, no statement timeout, client check
+    /// interval).
     dedicated: PgConnectOptions,
     /// The same without `client_connection_check_interval`, for servers that refuse it.
     unchecked: PgConnectOptions,

@@ -136,13 +136,28 @@ impl PgLock {
                 let batch = records.take_all();
                 match batch.as_slice() {
                     [] => {}
-                    [alone] if alone.id == id => send(self.inner.clone(), conn, batch).await,
+                    [alone] if alone.id == id => send(self.inner.clone(), conn, batch, false).await,
                     // In a task of its own, so that no caller's cancellation cuts off the
                     // others.
-                    _ => drop(tokio::spawn(send(self.inner.clone(), conn, batch))),
+                    _ => drop(tokio::spawn(send(self.inner.clone(), conn, batch, false))),
                 }
             }
         }
+        replied.await.unwrap_or_else(|_| Err(dropped()))
+    }
+
+    /// [`record`](Self::record) once more, after its reply was lost: alone, and replacing
+    /// a record of the same transaction (the first statement may have committed; its
+    /// token was never handed out).
+    ///
+    /// # Cancel safety
+    /// As [`record`](Self::record)'s for a record sent alone.
+    pub(crate) async fn record_again(&self, record: Record) -> Reply {
+        let conn = self.pooled().await?;
+        let id = self.inner.records.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, replied) = oneshot::channel();
+        let alone = vec![Queued { id, record, reply }];
+        send(self.inner.clone(), conn, alone, true).await;
         replied.await.unwrap_or_else(|_| Err(dropped()))
     }
 }
@@ -157,15 +172,25 @@ fn dropped() -> LockError {
 }
 
 /// Sends `batch` on `conn`: one statement per round of distinct keys (almost always
-/// one), each record answered with its token, `None`, or the statement's error.
-async fn send(inner: Arc<Inner>, mut conn: PoolConnection<Postgres>, mut batch: Vec<Queued>) {
+/// one), each record answered with its token, `None`, or the statement's error; `again`:
+/// with the statement that replaces a record of the same transaction.
+async fn send(
+    inner: Arc<Inner>,
+    mut conn: PoolConnection<Postgres>,
+    mut batch: Vec<Queued>,
+    again: bool,
+) {
     let config = &inner.config;
+    let sql = match again {
+        false => inner.sql.record.as_str(),
+        true => inner.sql.record_again.as_str(),
+    };
     while !batch.is_empty() {
         let round = next_round(&mut batch);
         let column = |field: fn(&Record) -> String| -> Vec<String> {
             round.iter().map(|q| field(&q.record)).collect()
         };
-        let statement = sqlx::query(AssertSqlSafe(inner.sql.record.as_str()))
+        let statement = sqlx::query(AssertSqlSafe(sql))
             .bind(column(|r| r.row_key.clone()))
             .bind(column(|r| r.holder.clone()))
             .bind(column(|r| r.xid.clone()))

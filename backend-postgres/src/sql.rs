@@ -23,7 +23,10 @@ pub(crate) struct Statements {
     /// The advisory lock id of the row key `$1`.
     advisory_id: String,
     pub(crate) ensure_row: String,
+    /// Takes each grant's fence and records its holder (see `records`).
     pub(crate) record: String,
+    /// The same, replacing a record of the grant's own transaction.
+    pub(crate) record_again: String,
     pub(crate) inspect: String,
     pub(crate) update_ttl: String,
     pub(crate) migrate: String,
@@ -62,26 +65,12 @@ impl Statements {
             ensure_row: format!(
                 "INSERT INTO {table} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
             ),
-            // Only the live holder of the row lock records itself, and never over another
-            // holder whose transaction is still running (a late record from a dead holder
-            // loses). A record of its own transaction is replaced: a record sent again
-            // after the first one's reply was lost (it may have committed) takes a newer
-            // token, and only the newer one is handed out.
-            // One row per grant, from parallel arrays (see `records`); distinct keys.
-            record: format!(
-                "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
-                 SELECT r.key, r.owner, nextval('{fence}'), r.xid::xid8, r.pid, r.ttl_ms, \
-                 clock_timestamp() \
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[]) \
-                 AS r(key, owner, xid, pid, ttl_ms) \
-                 WHERE pg_xact_status(r.xid::xid8) = 'in progress' \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, \
-                 xid = EXCLUDED.xid, pid = EXCLUDED.pid, ttl_ms = EXCLUDED.ttl_ms, \
-                 granted_at = EXCLUDED.granted_at \
-                 WHERE pg_xact_status(h.xid) IS DISTINCT FROM 'in progress' \
-                 OR h.xid = EXCLUDED.xid \
-                 RETURNING key, token"
-            ),
+            record: record(&holders, &fence, ""),
+            // Sent alone, once, after the record's reply was lost: the first statement
+            // may have committed, so a record of the same transaction is replaced (with a
+            // newer token; only this one's is handed out). The first statement never
+            // replaces one, so arriving late it cannot undo this.
+            record_again: record(&holders, &fence, " OR h.xid = EXCLUDED.xid"),
             inspect: format!(
                 "SELECT h.owner, h.token, CASE a.state \
                  WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
@@ -154,6 +143,26 @@ impl Statements {
             }
         }
     }
+}
+
+/// The statement that takes each grant's fence and records its holder: one row per grant,
+/// from parallel arrays (see `records`), with distinct keys. Only the live holder of the
+/// lock records itself (a late record from a dead holder loses), and never over another
+/// holder whose transaction is still running, unless `replace` says so.
+fn record(holders: &str, fence: &str, replace: &str) -> String {
+    format!(
+        "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
+         SELECT r.key, r.owner, nextval('{fence}'), r.xid::xid8, r.pid, r.ttl_ms, \
+         clock_timestamp() \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[]) \
+         AS r(key, owner, xid, pid, ttl_ms) \
+         WHERE pg_xact_status(r.xid::xid8) = 'in progress' \
+         ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, \
+         xid = EXCLUDED.xid, pid = EXCLUDED.pid, ttl_ms = EXCLUDED.ttl_ms, \
+         granted_at = EXCLUDED.granted_at \
+         WHERE pg_xact_status(h.xid) IS DISTINCT FROM 'in progress'{replace} \
+         RETURNING key, token"
+    )
 }
 
 /// The lock table, holder table and fence sequence, each created only if missing.
@@ -265,13 +274,15 @@ pub(crate) fn keepalives(ttl: Duration) -> (u64, u64, u64) {
 
 /// What a lock connection sets for its whole session once it opens: no timeout of the
 /// role's or database's defaults may end a lock transaction before its lease. The
-/// `statement_timeout` (which would cut a lock wait) is a startup option of the
-/// connection, which overrides those defaults; `transaction_timeout` exists from
+/// `statement_timeout` (which would cut a lock wait) is also a startup option of the
+/// connection, which overrides those defaults (and is what `RESET` restores), and is set
+/// here again for a pooler that drops startup options; `transaction_timeout` exists from
 /// Postgres 17 on, so it is switched off here only where it exists, looked up with
 /// `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
 /// row: 0.7–1.2 ms of server time).
-pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('transaction_timeout', '0', false) \
-     WHERE current_setting('transaction_timeout', true) IS NOT NULL";
+pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('statement_timeout', '0', false), \
+     CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL \
+     THEN set_config('transaction_timeout', '0', false) END";
 
 /// A duration as whole milliseconds for a Postgres timeout setting: at least 1 (0 would
 /// mean "no timeout"), at most `i32::MAX`.

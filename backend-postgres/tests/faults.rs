@@ -985,42 +985,71 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
 /// client gave up on it) failed the attempt: the record is sent once more, and that
 /// second statement found the grant's own live transaction already recorded and wrote
 /// nothing, so `try_acquire` returned "could not be recorded" for a lock it held. With
-/// records sent together this would fail every grant of a slow statement at once. A
-/// record now replaces one of its own transaction (with a newer token, never handed out).
+/// records sent together this would fail every grant of a slow statement at once. The
+/// second statement now replaces a record of its own transaction (with a newer token,
+/// the only one handed out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_committed_after_its_timeout_still_grants() {
+    // The slowed statement writes its row, then waits: the second waits for it, and
+    // replaces it once it commits.
+    a_late_record_leaves_the_leases_token_recorded("AFTER", "late-record").await;
+}
+
+/// The other order: the first statement, slowed before it writes, reaches the holder row
+/// after the second committed and its token was handed out. It never replaces a record
+/// (only the second may), so the row keeps the lease's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_record_never_replaces_the_one_sent_again() {
+    a_late_record_leaves_the_leases_token_recorded("BEFORE", "late-first-record").await;
+}
+
+/// Slows the first record statement of a grant by 2.5 s (a trigger `when` its row is
+/// written, once), past the client's 2 s bound, so the grant sends its record again;
+/// then checks that the grant succeeded and its holder row names the lease's token.
+async fn a_late_record_leaves_the_leases_token_recorded(when: &str, name: &str) {
     let server = Postgres::start().await.unwrap();
     let lock = PgLock::connect(&format!("{}?request_timeout_ms=2000", server.url()))
         .await
         .unwrap();
-    let k = key("late-record");
     // Creates the tables, and opens connections, before the fault.
-    let warm = lock
-        .try_acquire(&key("late-record/warm"), TTL)
-        .await
-        .unwrap();
-    lock.release(warm.expect("free")).await.unwrap();
-    // The fault: the next record's statement takes 2.5 s (once), past the client's 2 s bound.
+    let warm = lock.try_acquire(&key(&format!("{name}/warm")), TTL).await;
+    lock.release(warm.unwrap().expect("free")).await.unwrap();
     server
-        .psql(
-            "CREATE TABLE slowed (at timestamptz); \
+        .psql(&format!(
+            "CREATE SEQUENCE fired; \
              CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-               IF NOT EXISTS (SELECT 1 FROM slowed) THEN \
-                 INSERT INTO slowed VALUES (now()); PERFORM pg_sleep(2.5); \
-               END IF; RETURN NEW; END $$; \
-             CREATE TRIGGER slow_once AFTER INSERT OR UPDATE ON tenure_locks_holders \
-               FOR EACH ROW EXECUTE FUNCTION slow_once()",
-        )
+               IF nextval('fired') = 1 THEN PERFORM pg_sleep(2.5); END IF; \
+               RETURN NEW; END $$; \
+             CREATE TRIGGER slow_once {when} INSERT OR UPDATE ON tenure_locks_holders \
+               FOR EACH ROW EXECUTE FUNCTION slow_once()"
+        ))
         .await
         .unwrap();
-    let lease = lock.try_acquire(&k, TTL).await;
-    let slowed = server.psql("SELECT count(*) FROM slowed").await.unwrap();
-    assert_eq!(slowed, "1", "the fault fired: a record was slowed");
+    let lease = lock.try_acquire(&key(name), TTL).await;
     let lease = lease
         .unwrap_or_else(|e| panic!("try_acquire returned {e:?}"))
         .expect("a free key");
+    // Until the slowed statement is over.
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'";
+    let started = Instant::now();
+    while server.psql(sleeping).await.unwrap() != "0" {
+        assert!(started.elapsed() < Duration::from_secs(20), "still asleep");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fired: u64 = server
+        .psql("SELECT last_value FROM fired")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        fired >= 2,
+        "the fault fired: a record slowed, then sent again ({fired})"
+    );
     let recorded = server
-        .psql("SELECT token FROM tenure_locks_holders WHERE key = 'faults/late-record'")
+        .psql(&format!(
+            "SELECT token FROM tenure_locks_holders WHERE key = 'faults/{name}'"
+        ))
         .await
         .unwrap();
     assert_eq!(
