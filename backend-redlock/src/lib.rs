@@ -121,8 +121,9 @@ enum Phase {
     /// Not decided yet.
     Pending,
     /// The lease is held: grants are ours to keep (the holder releases them). With the
-    /// token when no fence round recorded it: a grant that named another count (one
-    /// that came back after the decision) records it then.
+    /// token when no fence round recorded it: a grant of ours not known to name it (one
+    /// that came back after the decision with another count, or whose reply was lost)
+    /// records it then.
     Held(Option<FencingToken>),
     /// The round failed: every grant, also one that lands late, must be released.
     Failed,
