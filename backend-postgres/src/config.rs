@@ -74,7 +74,7 @@ pub enum Locking {
 /// | `locking` | `row` | `row`: a row lock in the lock table; `advisory`: a transaction-level advisory lock on a 64-bit hash of table and key, with no lock table row (see [`Locking`]) |
 /// | `max_held` | `64` | locks this client may hold at once (one dedicated connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
 /// | `max_waiting` | `64` | blocking acquires this client may have queued in the server at once (one dedicated connection each); past it a blocking acquire fails at once |
-/// | `pool_size` | `4` | autocommit connections (row insert, fence, inspect) |
+/// | `pool_size` | `2` | autocommit connections (fence records, inspect, migration); grants that come while they are busy share one record statement and flushed commit, so more connections mean smaller batches |
 /// | `idle_connections` | `64` | clean dedicated connections kept for reuse after a release (as many as were recently held at once, up to this) |
 /// | `idle_timeout_ms` | `30000` | a cached dedicated connection unused this long is closed |
 /// | `connect_timeout_ms` | `5000` | bound on opening a connection |
@@ -166,7 +166,7 @@ impl PgConfig {
             locking: Locking::Row,
             max_held: 64,
             max_waiting: 64,
-            pool_size: 4,
+            pool_size: 2,
             idle_connections: 64,
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(5000),
@@ -502,7 +502,7 @@ mod tests {
                 ("locking", "advisory"),
                 ("max_held", "8"),
                 ("max_waiting", "8"),
-                ("pool_size", "2"),
+                ("pool_size", "3"),
                 ("idle_connections", "0"),
                 ("idle_timeout_ms", "500"),
                 ("connect_timeout_ms", "250"),
