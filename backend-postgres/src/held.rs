@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use crate::client::{discard, rollback_and_recycle, Dedicated};
 use crate::error::map_err;
 use crate::socket::Socket;
-use crate::sql::{keepalives, timeout_ms};
+use crate::sql::{keepalive_idle, timeout_ms};
 use crate::{Inner, PgConfig, PgLock};
 
 /// A held lease: what identifies the grant, and the channel to the task that owns its
@@ -293,7 +293,7 @@ pub(crate) async fn refresh(
              pg_current_xact_id_if_assigned()::text",
         )
         .bind(timeout_ms(ttl).to_string())
-        .bind(keepalives(ttl).0.to_string())
+        .bind(keepalive_idle(ttl).to_string())
         // To the end of the reply (see `lock_row`).
         .fetch_all(conn.listener()),
     )

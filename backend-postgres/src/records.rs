@@ -14,7 +14,6 @@
 //! statement on the same connection, in queue order. A statement's rows are sorted by
 //! key, so that statements under way at once lock holder rows in one order.
 
-use std::collections::HashSet;
 use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +24,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tenure_api::LockError;
 use tokio::sync::{oneshot, Notify};
 
+use crate::error::{bounded_for, map_err};
 use crate::{Inner, PgLock};
 
 /// One grant to record: the lock row's key, the holder text, and the lock transaction.
@@ -187,25 +187,24 @@ async fn send(
     };
     while !batch.is_empty() {
         let round = next_round(&mut batch);
-        let column = |field: fn(&Record) -> String| -> Vec<String> {
+        let column = |field: fn(&Record) -> &str| -> Vec<&str> {
             round.iter().map(|q| field(&q.record)).collect()
         };
         let statement = sqlx::query(AssertSqlSafe(sql))
-            .bind(column(|r| r.row_key.clone()))
-            .bind(column(|r| r.holder.clone()))
-            .bind(column(|r| r.xid.clone()))
+            .bind(column(|r| &r.row_key))
+            .bind(column(|r| &r.holder))
+            .bind(column(|r| &r.xid))
             .bind(round.iter().map(|q| q.record.pid).collect::<Vec<i32>>())
             .bind(round.iter().map(|q| q.record.ttl_ms).collect::<Vec<i64>>())
             .fetch_all(&mut *conn);
-        let rows =
-            crate::error::bounded_for(config, config.request_timeout, "take fence", statement)
-                .await
-                .and_then(|rows| {
-                    rows.iter()
-                        .map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)))
-                        .collect::<Result<Vec<_>, sqlx::Error>>()
-                        .map_err(|e| crate::error::map_err(config, "take fence", e))
-                });
+        let rows = bounded_for(config, config.request_timeout, "take fence", statement)
+            .await
+            .and_then(|rows| {
+                rows.iter()
+                    .map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)))
+                    .collect::<Result<Vec<_>, sqlx::Error>>()
+                    .map_err(|e| map_err(config, "take fence", e))
+            });
         match rows {
             Ok(tokens) => {
                 for queued in round {
@@ -234,12 +233,17 @@ async fn send(
 /// statement may name a key once), sorted by key, so that two statements under way
 /// (this client's or another's) lock holder rows in one order and never deadlock.
 fn next_round(batch: &mut Vec<Queued>) -> Vec<Queued> {
-    let mut keys = HashSet::new();
-    let (mut round, later): (Vec<Queued>, Vec<Queued>) = mem::take(batch)
-        .into_iter()
-        .partition(|queued| keys.insert(queued.record.row_key.clone()));
+    // A stable sort keeps each key's records in queue order: the first goes now.
+    batch.sort_by(|a, b| a.record.row_key.cmp(&b.record.row_key));
+    let mut round: Vec<Queued> = Vec::with_capacity(batch.len());
+    let mut later = Vec::new();
+    for queued in mem::take(batch) {
+        match round.last() {
+            Some(last) if last.record.row_key == queued.record.row_key => later.push(queued),
+            _ => round.push(queued),
+        }
+    }
     *batch = later;
-    round.sort_by(|a, b| a.record.row_key.cmp(&b.record.row_key));
     round
 }
 
@@ -285,15 +289,27 @@ mod tests {
     #[test]
     fn a_key_queued_twice_goes_out_in_a_later_statement_each_sorted_by_key() {
         let records = Records::default();
-        let _replies: Vec<_> = ["b", "a", "b", "c", "a", "b"]
+        let replies: Vec<_> = ["b", "a", "b", "c", "a", "b"]
             .into_iter()
             .map(|key| queue(&records, key))
             .collect();
         let mut batch = records.take_all();
         let rounds: Vec<Vec<Queued>> =
             std::iter::from_fn(|| (!batch.is_empty()).then(|| next_round(&mut batch))).collect();
-        let rounds: Vec<Vec<&str>> = rounds.iter().map(|r| keys(r)).collect();
-        assert_eq!(rounds, [vec!["a", "b", "c"], vec!["a", "b"], vec!["b"]]);
+        let names: Vec<Vec<&str>> = rounds.iter().map(|r| keys(r)).collect();
+        assert_eq!(names, [vec!["a", "b", "c"], vec!["a", "b"], vec!["b"]]);
+        // Each key's records go out in queue order.
+        let ids_of = |key: &str| -> Vec<u64> {
+            rounds
+                .iter()
+                .flatten()
+                .filter(|q| q.record.row_key == key)
+                .map(|q| q.id)
+                .collect()
+        };
+        let queued_ids: Vec<u64> = replies.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids_of("b"), [queued_ids[0], queued_ids[2], queued_ids[5]]);
+        assert_eq!(ids_of("a"), [queued_ids[1], queued_ids[4]]);
     }
 
     #[tokio::test]
