@@ -162,7 +162,12 @@ impl RedisConfig {
     /// The Redis key holding `key`'s lock: the prefixed name in a hash tag, so the lock
     /// and its fence counter share a Cluster slot.
     pub fn lock_key(&self, key: &LockKey) -> String {
-        format!("{{{}{}}}", self.prefix, key)
+        // Not `format!`: this runs on every request, and the formatter's first guess at
+        // the capacity makes it grow the string again.
+        let key = key.as_str();
+        let mut lock_key = String::with_capacity(self.prefix.len() + key.len() + 2);
+        lock_key.extend(["{", &self.prefix, key, "}"]);
+        lock_key
     }
 
     /// Parses a URL; a bad URL or option is [`LockError::Config`].
@@ -687,6 +692,15 @@ pub fn redact(url: &url::Url) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_key_is_the_prefixed_key_in_one_hash_tag() {
+        let c = RedisConfig::from_url("redis://h?prefix=app:").unwrap();
+        let key = LockKey::new("jobs/nightly-report").unwrap();
+        assert_eq!(c.lock_key(&key), "{app:jobs/nightly-report}");
+        let bare = RedisConfig::from_url("redis://h?prefix=").unwrap();
+        assert_eq!(bare.lock_key(&key), "{jobs/nightly-report}");
+    }
 
     #[test]
     fn options_are_parsed_and_stripped() {

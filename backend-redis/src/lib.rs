@@ -204,7 +204,7 @@ impl RedisLock {
     }
 
     fn channel(lock_key: &str) -> String {
-        format!("{lock_key}:released")
+        [lock_key, ":released"].concat()
     }
 
     async fn call<T: redis::FromRedisValue>(&self, what: &str, call: Call) -> Result<T, LockError> {

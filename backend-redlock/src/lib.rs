@@ -33,6 +33,8 @@ pub struct Redlock {
 struct Inner {
     config: RedlockConfig,
     nodes: Vec<OnceCell<RedisLock>>,
+    /// Each node's `host:port`, for errors (formatted once, not on every request).
+    endpoints: Vec<String>,
     gates: Arc<Gates>,
 }
 
@@ -79,6 +81,7 @@ impl Redlock {
             .saturating_mul(2);
         let lock = Self {
             inner: Arc::new(Inner {
+                endpoints: config.nodes.iter().map(|node| node.endpoint()).collect(),
                 config,
                 nodes,
                 gates: Arc::default(),
@@ -203,7 +206,7 @@ impl Inner {
             };
             op(node).await
         };
-        tenure_api::bounded(limit, "request", &config.endpoint(), call, |e| e).await
+        tenure_api::bounded(limit, "request", &self.endpoints[index], call, |e| e).await
     }
 
     /// Runs `op` on every node concurrently (never one after another) and waits for all.
