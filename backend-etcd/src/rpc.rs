@@ -66,6 +66,16 @@ impl Rpc {
         self.call(what, request).await
     }
 
+    /// Deletes `key` (one key, no prefix); how many keys that deleted, 0 or 1.
+    pub(crate) async fn delete(&self, what: &str, key: &str) -> Result<i64, LockError> {
+        let request = || {
+            let mut kv = self.client.kv_client();
+            let key = key.to_owned();
+            async move { kv.delete(key, None).await }
+        };
+        Ok(self.call(what, request).await?.deleted())
+    }
+
     /// Grants a lease of `ttl` rounded up to whole seconds. Returns its id and the TTL to
     /// believe: the requested one, or the granted one if the server granted less.
     pub(crate) async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Duration), LockError> {
