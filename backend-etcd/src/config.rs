@@ -62,7 +62,7 @@ pub struct EtcdConfig {
 pub enum LeaseMode {
     /// One lease per client and TTL in whole seconds, kept alive in the background and
     /// shared by the client's keys (etcd's `concurrency.Session`): a cycle is one
-    /// transaction to acquire and one to release. The client deletes a key its holder
+    /// transaction to acquire and one delete to release. The client deletes a key its holder
     /// stopped renewing once its TTL has passed.
     #[default]
     Session,

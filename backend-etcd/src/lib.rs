@@ -237,9 +237,10 @@ impl EtcdLock {
     }
 
     /// The compare that makes a write apply only to the key `lease` was granted on (with
-    /// [`names_its_own_key`](Self::names_its_own_key)): key names are never reused, so the
-    /// key's create revision, the token, identifies the grant. One read per compare on
-    /// every member: the owner is checked in the name, not in the value.
+    /// [`names_its_own_key`](Self::names_its_own_key)), and only while it exists: a put
+    /// without it would create a released or expired key again. Key names are never
+    /// reused, so the key's create revision, the token, identifies the grant. One read
+    /// per compare on every member: the owner is checked in the name, not in the value.
     fn created_by(lease: &Lease) -> Compare {
         let path = lease.handle().path.as_str();
         Compare::create_revision(path, CompareOp::Equal, lease.token().get() as i64)
@@ -463,11 +464,11 @@ impl DistributedLock for EtcdLock {
         Ok(())
     }
 
-    /// Deletes the key if it is still there: its name carries the owner id and is never
-    /// reused, so a key of that name is this grant's (a plain delete; a transaction
-    /// comparing the create revision with the token cost the servers as much again as
-    /// the rest of the cycle, and could not tell anything more). A lease of its own is
-    /// then revoked in the background; a session's lease stays, for its other keys.
+    /// Deletes the key if it is still there, with a plain delete: its name carries the
+    /// owner id and an attempt number and is never reused, so a key of that name is this
+    /// grant's (a stale or replayed release finds it gone, etcd#22082). A lease of its
+    /// own is then revoked in the background; a session's lease stays, for its other
+    /// keys.
     ///
     /// # Cancel safety
     /// If dropped, the lock may stay held until its lease's TTL (or, on a session lease,
@@ -477,7 +478,8 @@ impl DistributedLock for EtcdLock {
             return Ok(ReleaseOutcome::NotHeld);
         }
         if self.rpc.delete("release", &lease.handle().path).await? == 0 {
-            // Gone (expired): a session keeps deleting the key at its deadline.
+            // Gone: expired, reaped by its session, or released before. A session still
+            // deletes the key at its deadline, which then finds nothing.
             return Ok(ReleaseOutcome::NotHeld);
         }
         let id = lease.handle().id;

@@ -309,7 +309,8 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         (Fault::DelayedReply, Etcd) => e(
             SAFE,
             "the lease's deadline counts from the lease grant's send: a late grant arrives \
-             expired; a release is one owner-checked delete transaction, applied on arrival",
+             expired; a release deletes the grant's own key (its name carries the owner \
+             and is never reused), applied on arrival",
         ),
         (Fault::DelayedReply, Zk) => e(
             SAFE,
