@@ -62,8 +62,8 @@ pub struct EtcdConfig {
 pub enum LeaseMode {
     /// One lease per client and TTL in whole seconds, kept alive in the background and
     /// shared by the client's keys (etcd's `concurrency.Session`): a cycle is one
-    /// transaction to acquire and one delete to release. The client deletes a key its holder
-    /// stopped renewing once its TTL has passed.
+    /// transaction to acquire and one delete to release. The client deletes a key its
+    /// holder stopped renewing once its TTL has passed.
     #[default]
     Session,
     /// A lease granted for each lock and revoked at its release: two more Raft writes
