@@ -66,8 +66,9 @@ pub enum LeaseMode {
     /// holder stopped renewing once its TTL has passed.
     #[default]
     Session,
-    /// A lease granted for each lock and revoked at its release: two more Raft writes
-    /// per cycle, and no background task.
+    /// A lease granted for each lock and revoked at its release by the client that
+    /// granted it (a lease from elsewhere runs out its TTL): two more Raft writes per
+    /// cycle, and no background task.
     PerLock,
 }
 

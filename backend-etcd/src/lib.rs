@@ -23,7 +23,7 @@ use tenure_api::{
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
-use queue::{own_prefix, Ticket, Turn};
+use queue::{own_prefix, OwnLeases, Ticket, Turn};
 use rpc::{bounded, lease_seconds, Rpc};
 use session::Sessions;
 
@@ -35,6 +35,8 @@ pub struct EtcdLock {
     members: usize,
     /// Session leases ([`LeaseMode::Session`]), shared by clones.
     sessions: Arc<Sessions>,
+    /// Leases granted per lock ([`LeaseMode::PerLock`]), shared by clones.
+    own_leases: Arc<OwnLeases>,
 }
 
 impl fmt::Debug for EtcdLock {
@@ -133,6 +135,7 @@ impl EtcdLock {
         Ok(Self {
             members: members.max(1),
             sessions: Arc::new(Sessions::new(rpc.clone())),
+            own_leases: Arc::default(),
             rpc,
         })
     }
@@ -447,7 +450,7 @@ impl DistributedLock for EtcdLock {
         }
         match &session {
             Some(old) => old.forget(&path),
-            None if self.rpc.config.lease == LeaseMode::PerLock => {
+            None if self.own_leases.take(old_id) => {
                 let _ = self.rpc.revoke(old_id).await;
             }
             // Another client's lease, possibly shared by its other keys: left alone.
@@ -466,9 +469,9 @@ impl DistributedLock for EtcdLock {
 
     /// Deletes the key if it is still there, with a plain delete: its name carries the
     /// owner id and an attempt number and is never reused, so a key of that name is this
-    /// grant's (a stale or replayed release finds it gone, etcd#22082). A lease of its
-    /// own is then revoked in the background; a session's lease stays, for its other
-    /// keys.
+    /// grant's (a stale or replayed release finds it gone, etcd#22082). A lease this
+    /// client granted for the lock is then revoked in the background; any other lease
+    /// (a session's, or one from another client) stays, for its other keys.
     ///
     /// # Cancel safety
     /// If dropped, the lock may stay held until its lease's TTL (or, on a session lease,
@@ -489,15 +492,17 @@ impl DistributedLock for EtcdLock {
                     session.forget(&lease.handle().path);
                 }
             }
-            LeaseMode::PerLock => {
-                // The key is gone and the lock free. Revoking the now empty lease is
-                // housekeeping, off the caller's latency (a failed or dropped revoke only
-                // lets the lease run out its TTL).
+            // The key is gone and the lock free. Revoking the now empty lease is
+            // housekeeping, off the caller's latency (a failed or dropped revoke only lets
+            // the lease run out its TTL); a lease this client did not grant per lock may
+            // carry other keys (a session's) and is left alone.
+            LeaseMode::PerLock if self.own_leases.take(id) => {
                 let rpc = self.rpc.clone();
                 tokio::spawn(async move {
                     let _ = rpc.revoke(id).await;
                 });
             }
+            LeaseMode::PerLock => {}
         }
         Ok(ReleaseOutcome::Released)
     }

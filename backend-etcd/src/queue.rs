@@ -1,7 +1,8 @@
 //! The lock queue: a ticket (our key on an etcd lease) per acquisition, its place by
 //! create revision, and the wait for the key before it to be deleted.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -15,6 +16,35 @@ use tenure_api::{
 use crate::rpc::{convert, delete_on_lease, is_lease_gone};
 use crate::session::Session;
 use crate::{EtcdLock, LeaseMode};
+
+/// The etcd leases this client granted for one lock each (`?lease=per-lock`): the only
+/// leases it revokes once their key is released or moved. A lease from elsewhere (a
+/// lease is plain data, and may come from a client on session leases, whose lease
+/// carries its other locks) is never revoked here. Forgetting one only leaves it to its
+/// TTL, so the set is simply emptied when it grows past [`OwnLeases::MAX`].
+#[derive(Default)]
+pub(crate) struct OwnLeases(Mutex<HashSet<i64>>);
+
+impl OwnLeases {
+    const MAX: usize = 1 << 16;
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(&self, id: i64) {
+        let mut ids = self.ids();
+        if ids.len() >= Self::MAX {
+            ids.clear();
+        }
+        ids.insert(id);
+    }
+
+    /// Whether `id` is a lease of this client's own (it is then forgotten).
+    pub(crate) fn take(&self, id: i64) -> bool {
+        self.ids().remove(&id)
+    }
+}
 
 /// A queued lock key and the lease it lives on. Until disarmed, dropping it deletes the
 /// key in the background (revoking a lease of its own, or through its session): a
@@ -96,7 +126,10 @@ impl EtcdLock {
     /// background; the TTL is the last resort.
     pub(crate) async fn abandon(&self, mut ticket: Ticket) {
         let done = match &ticket.session {
-            None => self.rpc.revoke(ticket.lease_id).await.is_ok(),
+            None => {
+                self.own_leases.take(ticket.lease_id);
+                self.rpc.revoke(ticket.lease_id).await.is_ok()
+            }
             Some(session) => {
                 let txn = delete_on_lease(&ticket.key, ticket.lease_id);
                 let deleted = self.rpc.txn("queue key delete", txn).await.is_ok();
@@ -123,6 +156,7 @@ impl EtcdLock {
         let (lease_id, believed, refreshed_at, session) = match self.rpc.config.lease {
             LeaseMode::PerLock => {
                 let (lease_id, ttl) = self.rpc.grant_lease(ttl).await?;
+                self.own_leases.add(lease_id);
                 (lease_id, ttl, sent, None)
             }
             LeaseMode::Session => {

@@ -222,3 +222,59 @@ async fn a_key_written_after_its_caller_gave_up_is_deleted_by_its_session() {
     assert_eq!(info.owner, guard.lease().await.unwrap().owner());
     guard.release().await.unwrap();
 }
+
+/// A lease taken on a session and handed to a client with `?lease=per-lock` (a lease is
+/// plain data) is released or moved there without revoking the session's lease: only a
+/// lease the client granted per lock is its to revoke. The session's other locks stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_lock_client_never_revokes_a_session_lease_it_did_not_grant() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let sessions = connect(&cluster, "").await;
+    let per_lock = connect(&cluster, "lease=per-lock").await;
+    let ttl = Duration::from_secs(5);
+    let mut kept = sessions
+        .try_acquire(&key("kept"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut moved = sessions
+        .try_acquire(&key("moved"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let released = sessions
+        .try_acquire(&key("released"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let session = kept.handle().id;
+    assert_eq!(moved.handle().id, session, "one session lease");
+
+    // A longer TTL moves the key to a lease of the per-lock client's own; the move
+    // returns once done (and, before the fix, once the old lease was revoked).
+    per_lock
+        .extend(&mut moved, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_ne!(moved.handle().id, session, "moved to another lease");
+    sessions.extend(&mut kept, ttl).await.unwrap();
+
+    assert_eq!(
+        per_lock.release(released).await.unwrap(),
+        tenure_api::ReleaseOutcome::Released
+    );
+    // A revoke after a release goes out in the background: give it time to land (only
+    // this check's power depends on it, never its outcome on a correct client).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sessions.extend(&mut kept, ttl).await.unwrap();
+    let ttl_left = plain(&cluster)
+        .await
+        .lease_time_to_live(session, None)
+        .await
+        .unwrap()
+        .ttl();
+    assert!(ttl_left > 0, "the session's lease lives: {ttl_left}");
+
+    per_lock.release(moved).await.unwrap();
+    sessions.release(kept).await.unwrap();
+}
