@@ -223,32 +223,40 @@ impl ZkLock {
         }
     }
 
-    /// Lists `dir` (behind a `sync` or our node's create, so the listing is as recent as
-    /// the leader's) and places `node` in it; removes any duplicate of ours. Also returns
-    /// when that `sync` or create was sent.
+    /// Lists `dir` and places `node` in it; removes any duplicate of ours. Also returns
+    /// when the request that proves the listing (see below) was sent.
     ///
-    /// `created`: when the create that made `node` was sent, if it was just answered. That
-    /// create already went through the leader — which checked the session was alive — and
-    /// the server applied everything the leader had committed before it before answering,
-    /// so it proves what a `sync` sent at that instant would: the listing needs no `sync`.
+    /// `proven`: when a request of this acquisition that went through the leader was
+    /// sent, if it stands for a new `sync` — our node's create, just answered, or (for a
+    /// woken waiter) that create or a `sync` sent [recently enough](Session::stands_for_sync);
+    /// otherwise the listing goes out behind a new `sync`. The create went through the
+    /// leader, which checked the session was alive; a completed `sync` proves the same as
+    /// of when it was sent: the leader cannot expire the session before that proof's
+    /// [anchor](Session::anchor) plus the session timeout, and the lease is bounded by it
+    /// (see [`Self::lease`]). Whether the listing shows our node first needs no fresher
+    /// state than our create: a node ahead of ours was created before it (the sequence
+    /// follows the leader's order), so it is in any listing served after our create
+    /// unless it was deleted, and a deleted node never returns. So a listing that shows
+    /// our node first, served by a server that may lag the leader (or have lost it),
+    /// proves we hold the lock for as long as our node lives, which the proof's bound
+    /// covers.
     pub(crate) async fn position(
         &self,
         client: &Client,
         session: &Session,
         dir: &str,
-        (node, created): (&Created, Option<Instant>),
+        (node, proven): (&Created, Option<Instant>),
         owner: OwnerId,
     ) -> Result<(Position, Instant), LockError> {
-        let (sent, listed) = match created {
+        let (sent, listed) = match proven {
             Some(sent) => {
                 session.record(sent);
                 (sent, self.children(client, dir).await)
             }
-            // The server this client talks to then has caught up with the leader. The
-            // listing goes out right behind the `sync`, not after its reply: the server
-            // serves it only once the `sync` is done (a session's requests are served in
-            // order), so it proves the same, one round trip sooner. It is used only if
-            // the `sync` succeeded.
+            // The listing goes out right behind the `sync`, not after its reply: the
+            // server serves it only once the `sync` is done (a session's requests are
+            // served in order), so it proves the same, one round trip sooner. It is used
+            // only if the `sync` succeeded.
             None => {
                 let synced = session.sync_since(client, Instant::now(), self.request_timeout());
                 let (synced, listed) = futures::join!(synced, self.children(client, dir));
@@ -370,10 +378,17 @@ impl ZkLock {
             None => self.enqueue(&client, pending, retry_until).await?,
         };
         pending.node = Some(node.clone());
+        // When this acquisition's latest proof through the leader was sent (its create,
+        // then each `sync`): a waiter woken soon after it lists without a new `sync`.
+        let mut proven = None;
         loop {
+            let proof = created
+                .take()
+                .or(proven.filter(|sent| session.stands_for_sync(*sent, ttl)));
             let (position, sent) = self
-                .position(&client, &session, &dir, (&node, created.take()), owner)
+                .position(&client, &session, &dir, (&node, proof), owner)
                 .await?;
+            proven = Some(sent);
             let predecessor = match position {
                 // A session declared lost is being closed, and our node with it.
                 _ if session.is_lost() => return Err(Stop::Failed(lost_while_queued(&session))),

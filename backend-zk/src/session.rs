@@ -90,7 +90,8 @@ struct InFlight {
 }
 
 /// A `sync` in flight is shared by renewals for 1/`JOIN_WITHIN` of the session timeout
-/// after it was sent (see [`Session::sync_since`]).
+/// after it was sent (see [`Session::sync_since`]), and a woken waiter's own proof stands
+/// for a new `sync` for 1/`JOIN_WITHIN` of its lease (see [`Session::stands_for_sync`]).
 const JOIN_WITHIN: u32 = 100;
 
 /// How many proofs [`Proofs`] keeps.
@@ -363,6 +364,14 @@ impl Session {
         answered?;
         self.record(sent);
         Ok(sent)
+    }
+
+    /// Whether an earlier proof sent at `sent` (a `sync` or a create that completed)
+    /// still stands for a new `sync` for a lease of `ttl`: sent within the last
+    /// 1/[`JOIN_WITHIN`] of the lease's length (the TTL, at most the session timeout),
+    /// so a lease counted from it loses at most that much.
+    pub(crate) fn stands_for_sync(&self, sent: Instant, ttl: Duration) -> bool {
+        sent.elapsed() <= ttl.min(self.timeout) / JOIN_WITHIN
     }
 
     /// Records that a request sent at `sent` through this session was answered by way of

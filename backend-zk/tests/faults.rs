@@ -983,7 +983,8 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
 ///
 /// Queue: holder H, a stray node X, waiter A (through two chained proxies: `tap` counts
 /// what A sends, `cut` holds it back and then resets the link), waiter B. Deleting X wakes
-/// A, whose `sync` is held by `cut` and lost when `cut` resets the connection.
+/// A, whose `sync` (and listing) is held by `cut` and lost when `cut` resets the
+/// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_keeps_its_place_after_a_failed_request() {
     let _serial = SERIAL.lock().await;

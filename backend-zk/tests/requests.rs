@@ -247,3 +247,97 @@ async fn a_woken_waiter_lists_the_queue_without_waiting_for_its_sync() {
     );
     waiter.release(lease).await.unwrap();
 }
+
+/// Watches the server holds (`wchs`'s "Total watches").
+async fn watches(node: &ZkNode) -> u64 {
+    let wchs = node.four_letter("wchs").await.unwrap();
+    wchs.lines()
+        .find_map(|line| line.strip_prefix("Total watches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no total in wchs:\n{wchs}"))
+}
+
+/// A waiter woken right after it queued lists the queue without a `sync`: its create,
+/// within 1 % of the lease's length, still stands for one (see `Queue::position`). A
+/// hand-off is then the holder's delete, the notification and one listing; before, the
+/// listing went out behind a `sync` each time, which waits behind the server's writes.
+/// Each round: the holder takes the key (create, listing), the waiter queues (create,
+/// listing, watch on the holder's node), the holder releases (delete), the waiter is
+/// woken and lists (one request; two with a `sync`), and releases (delete): 8 requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_woken_soon_after_queueing_lists_without_a_sync() {
+    let _serial = SERIAL.lock().await;
+    let zk = ZkEnsemble::start(ZkOptions::default().tick_time_ms(1000))
+        .await
+        .unwrap();
+    let node = &zk.nodes()[0];
+    // A 20 s session and a 10 s TTL: a proof stands for a `sync` for 100 ms, and the
+    // wake-up below comes a few milliseconds after the waiter's create.
+    let options = "session_timeout_ms=20000&op_timeout_ms=5000&tick_ms=1000";
+    let connect = |hosts: String| async move {
+        ZkLock::connect(&format!("zk://{hosts}/requests?{options}"))
+            .await
+            .unwrap()
+    };
+    let holder = connect(zk.connect_string()).await;
+    let waiter = std::sync::Arc::new(connect(zk.connect_string()).await);
+    let k = key(0);
+    // The key's directory exists from the first round on.
+    let lease = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    holder.release(lease).await.unwrap();
+    const ROUNDS: u64 = 30;
+    let before = packets_received(node).await;
+    let started = std::time::Instant::now();
+    let mut polls = 0;
+    for _ in 0..ROUNDS {
+        let held = holder
+            .try_acquire(&k, TTL)
+            .await
+            .unwrap()
+            .expect("free key");
+        let waiting = tokio::spawn({
+            let (waiter, k) = (waiter.clone(), k.clone());
+            async move {
+                let opts = tenure_api::AcquireOptions::new(TTL).wait(Duration::from_secs(30));
+                waiter.acquire(&k, &opts).await
+            }
+        });
+        // The waiter is queued and watches the holder's node. The server counts each
+        // four-letter word as one packet received: those are taken off below.
+        polls += 1;
+        while watches(node).await == 0 {
+            assert!(
+                !waiting.is_finished(),
+                "the waiter returned before it queued"
+            );
+            polls += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        holder.release(held).await.unwrap();
+        let lease = waiting
+            .await
+            .unwrap()
+            .expect("granted once the holder released");
+        waiter.release(lease).await.unwrap();
+    }
+    let requests = packets_received(node).await - before - polls;
+    eprintln!("{ROUNDS} hand-offs: {requests} requests");
+    // Each session's own traffic on top, by time (a `sync` every 5 s, a ping when idle
+    // for a third of the session timeout), and a waiter that a loaded machine wakes
+    // later than 100 ms after its create sends its `sync` after all: allowed in a sixth
+    // of the rounds.
+    let background = 2 * (2 * started.elapsed().as_secs() / 5 + 1);
+    let expected = 8 * ROUNDS;
+    assert!(
+        requests <= expected + ROUNDS / 6 + background,
+        "{ROUNDS} hand-offs cost {requests} requests to the server ({expected} without \
+         a `sync` per wake-up, {} with one)",
+        9 * ROUNDS
+    );
+    // The fault that matters fired in each round: the waiter was queued behind the
+    // holder (its watch set) when the holder let go, so each grant was a wake-up.
+    assert!(
+        requests >= expected,
+        "{requests} requests: some rounds had no wake-up"
+    );
+}
