@@ -90,9 +90,12 @@ struct InFlight {
 }
 
 /// A `sync` in flight is shared by renewals for 1/`JOIN_WITHIN` of the session timeout
-/// after it was sent (see [`Session::sync_since`]), and a woken waiter's own proof stands
-/// for a new `sync` for 1/`JOIN_WITHIN` of its lease (see [`Session::stands_for_sync`]).
+/// after it was sent (see [`Session::sync_since`]).
 const JOIN_WITHIN: u32 = 100;
+
+/// A woken waiter's own proof stands for a new `sync` for 1/`REUSE_WITHIN` of its lease's
+/// length (see [`Session::stands_for_sync`]).
+const REUSE_WITHIN: u32 = 10;
 
 /// How many proofs [`Proofs`] keeps.
 const PROOFS_KEPT: usize = 16;
@@ -368,10 +371,11 @@ impl Session {
 
     /// Whether an earlier proof sent at `sent` (a `sync` or a create that completed)
     /// still stands for a new `sync` for a lease of `ttl`: sent within the last
-    /// 1/[`JOIN_WITHIN`] of the lease's length (the TTL, at most the session timeout),
-    /// so a lease counted from it loses at most that much.
+    /// 1/[`REUSE_WITHIN`] of the lease's length (the TTL, at most the session timeout).
+    /// A lease counted from it is as safe as one proven by a new `sync` — the bound is
+    /// computed from a proof either way — and at most that much shorter.
     pub(crate) fn stands_for_sync(&self, sent: Instant, ttl: Duration) -> bool {
-        sent.elapsed() <= ttl.min(self.timeout) / JOIN_WITHIN
+        sent.elapsed() <= ttl.min(self.timeout) / REUSE_WITHIN
     }
 
     /// Records that a request sent at `sent` through this session was answered by way of
