@@ -4,13 +4,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tenure_api::{AcquireOptions, DistributedLock, LockError, LockExt, LockKey};
+use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey};
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_etcd::EtcdLock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("sessions/{name}")).unwrap()
+}
+
+/// Takes the free lock `name`.
+async fn take(lock: &EtcdLock, name: &str, ttl: Duration) -> Lease {
+    lock.try_acquire(&key(name), ttl)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} is free"))
 }
 
 async fn connect(cluster: &EtcdCluster, options: &str) -> EtcdLock {
@@ -57,7 +65,7 @@ async fn a_cycle_on_a_session_lease_is_a_transaction_and_a_delete() {
     let lock = connect(&cluster, "").await;
     let ttl = Duration::from_secs(10);
     // The first acquisition grants the session's lease.
-    let warm = lock.try_acquire(&key("warm"), ttl).await.unwrap().unwrap();
+    let warm = take(&lock, "warm", ttl).await;
     lock.release(warm).await.unwrap();
     let methods = [
         "LeaseGrant",
@@ -110,7 +118,7 @@ async fn a_lost_session_loses_every_lock_on_it_and_the_client_carries_on() {
         .lock(&key("guarded"), &AcquireOptions::new(ttl))
         .await
         .unwrap();
-    let mut held = lock.try_acquire(&key("held"), ttl).await.unwrap().unwrap();
+    let mut held = take(&lock, "held", ttl).await;
     let session = held.handle().id;
     assert_eq!(
         guard.lease().await.unwrap().handle().id,
@@ -121,11 +129,7 @@ async fn a_lost_session_loses_every_lock_on_it_and_the_client_carries_on() {
     plain(&cluster).await.lease_revoke(session).await.unwrap();
     // At once, before the session's task can notice: a new acquisition must not fail on
     // the dead lease.
-    let fresh = lock
-        .try_acquire(&key("fresh"), ttl)
-        .await
-        .unwrap()
-        .expect("free");
+    let fresh = take(&lock, "fresh", ttl).await;
     assert_ne!(fresh.handle().id, session, "a new session");
 
     tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
@@ -150,11 +154,7 @@ async fn a_dropped_client_stops_keeping_its_session_alive() {
     let mut client = plain(&cluster).await;
     let lock = connect(&cluster, "").await;
     let ttl = Duration::from_secs(2);
-    let lease = lock
-        .try_acquire(&key("dropped"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take(&lock, "dropped", ttl).await;
     let session = lease.handle().id;
     // While the client lives, its task keeps the lease alive past its TTL.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
@@ -232,21 +232,9 @@ async fn a_per_lock_client_never_revokes_a_session_lease_it_did_not_grant() {
     let sessions = connect(&cluster, "").await;
     let per_lock = connect(&cluster, "lease=per-lock").await;
     let ttl = Duration::from_secs(5);
-    let mut kept = sessions
-        .try_acquire(&key("kept"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut moved = sessions
-        .try_acquire(&key("moved"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
-    let released = sessions
-        .try_acquire(&key("released"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    let mut kept = take(&sessions, "kept", ttl).await;
+    let mut moved = take(&sessions, "moved", ttl).await;
+    let released = take(&sessions, "released", ttl).await;
     let session = kept.handle().id;
     assert_eq!(moved.handle().id, session, "one session lease");
 
