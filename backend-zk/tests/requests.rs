@@ -35,13 +35,19 @@ fn key(i: usize) -> LockKey {
     LockKey::new(format!("renewals/{i}")).unwrap()
 }
 
+/// The number after `label` in the server's answer to the four-letter word `word`.
+async fn four_letter_count(node: &ZkNode, word: &str, label: &str) -> u64 {
+    let answer = node.four_letter(word).await.unwrap();
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix(label))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {label} in {word}:\n{answer}"))
+}
+
 /// Requests the server has received from clients (`mntr`'s `zk_packets_received`).
 async fn packets_received(node: &ZkNode) -> u64 {
-    let mntr = node.four_letter("mntr").await.unwrap();
-    mntr.lines()
-        .find_map(|line| line.strip_prefix("zk_packets_received"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no zk_packets_received in mntr:\n{mntr}"))
+    four_letter_count(node, "mntr", "zk_packets_received").await
 }
 
 /// An uncontended try-acquire and release on a key whose directory exists: the create,
@@ -250,11 +256,7 @@ async fn a_woken_waiter_lists_the_queue_without_waiting_for_its_sync() {
 
 /// Watches the server holds (`wchs`'s "Total watches").
 async fn watches(node: &ZkNode) -> u64 {
-    let wchs = node.four_letter("wchs").await.unwrap();
-    wchs.lines()
-        .find_map(|line| line.strip_prefix("Total watches:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no total in wchs:\n{wchs}"))
+    four_letter_count(node, "wchs", "Total watches:").await
 }
 
 /// A waiter woken right after it queued lists the queue without a `sync`: its create,
