@@ -233,6 +233,27 @@ impl PgLock {
         format!("{}{}", self.inner.config.prefix, key)
     }
 
+    /// How many clients — the holder and its waiters — the server has queued for `key`,
+    /// read from `pg_locks`: with row locking, the transaction holding the key's row and
+    /// those waiting for it; with advisory locking, those holding or awaiting its advisory
+    /// lock. Tries (`NOWAIT`) are not queued, so never counted.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    pub async fn queued(&self, key: &LockKey) -> Result<usize, LockError> {
+        let mut conn = self.pooled().await?;
+        let count: i64 = self
+            .bounded(
+                "queue count",
+                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.queued.as_str()))
+                    .bind(self.row_key(key))
+                    .fetch_one(&mut *conn),
+            )
+            .await?;
+        usize::try_from(count)
+            .map_err(|_| LockError::backend(format!("Postgres counted {count} queued clients")))
+    }
+
     /// Number of leases this client holds now.
     pub fn held_count(&self) -> usize {
         self.inner

@@ -28,6 +28,8 @@ pub(crate) struct Statements {
     /// The same, replacing a record of the grant's own transaction.
     pub(crate) record_again: String,
     pub(crate) inspect: String,
+    /// Counts the holder and the waiters of the row key `$1` in `pg_locks`.
+    pub(crate) queued: String,
     pub(crate) update_ttl: String,
     pub(crate) migrate: String,
 }
@@ -56,6 +58,7 @@ impl Statements {
                 format!("{granted} FROM pg_advisory_xact_lock({advisory_id})"),
             ),
         };
+        let queued = queued(config.locking, &table, &advisory_id);
         Self {
             locking: config.locking,
             lock_nowait,
@@ -71,6 +74,7 @@ impl Statements {
             // newer token; only this one's is handed out). The first statement never
             // replaces one, so arriving late it cannot undo this.
             record_again: record(&holders, &fence, " OR h.xid = EXCLUDED.xid"),
+            queued,
             inspect: format!(
                 "SELECT h.owner, h.token, CASE a.state \
                  WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
@@ -242,6 +246,35 @@ pub(crate) const LOCKED_INDEX: &str = "tenure_locked_index";
 
 /// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
 /// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
+/// The statement counting a key's holder and waiters, from `pg_locks`.
+///
+/// - Row locking: the holder is the running transaction whose id is the row's `xmax` (it
+///   holds the `ExclusiveLock` on its own id). A waiter holds or awaits the row's tuple
+///   lock, which the server takes while a `FOR UPDATE` waits and gives up once granted.
+/// - Advisory locking: the holder and its waiters hold or await the key's advisory lock,
+///   whose 64-bit id `pg_locks` shows in halves (`classid`, `objid`; `objsubid` 1).
+fn queued(locking: Locking, table: &str, advisory_id: &str) -> String {
+    let database = "(SELECT oid FROM pg_database WHERE datname = current_database())";
+    match locking {
+        Locking::Row => format!(
+            "SELECT count(*) FROM {table} t JOIN pg_locks l ON \
+             (l.locktype = 'transactionid' AND l.transactionid = t.xmax \
+             AND l.mode = 'ExclusiveLock' AND l.granted) \
+             OR (l.locktype = 'tuple' AND l.database = {database} \
+             AND l.relation = {}::regclass \
+             AND format('(%s,%s)', l.page, l.tuple)::tid = t.ctid) \
+             WHERE t.key = $1",
+            literal(table)
+        ),
+        Locking::Advisory => format!(
+            "SELECT count(*) FROM pg_locks l, (SELECT {advisory_id} AS id) k \
+             WHERE l.locktype = 'advisory' AND l.database = {database} AND l.objsubid = 1 \
+             AND l.classid = ((k.id >> 32) & 4294967295)::oid \
+             AND l.objid = (k.id & 4294967295)::oid"
+        ),
+    }
+}
+
 fn literal(text: &str) -> String {
     let mut quoted = String::with_capacity(text.len() + 4);
     quoted.push_str("E'");

@@ -2,6 +2,8 @@
 
 mod harness;
 
+use tenure_conformance::runner;
+
 fn main() {
-    harness::run_suite("")
+    runner::run_suite(|| harness::suite_harness("")).exit()
 }

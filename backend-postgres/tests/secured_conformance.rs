@@ -4,6 +4,8 @@
 //!
 //! [`PgConfig::grant_sql`]: tenure_postgres::PgConfig::grant_sql
 
+#[path = "harness/probe.rs"]
+mod probe;
 mod secured;
 
 use tenure_conformance::{runner, UrlHarness};
@@ -12,15 +14,15 @@ use tenure_postgres::PgLock;
 fn main() {
     runner::run_suite(|| async {
         let (server, secrets) = secured::start().await?;
-        Ok(UrlHarness::new(
+        let harness = UrlHarness::new(
             "postgres",
             &secrets.url("{hosts}"),
             vec![server.addr()],
             |url| async move { PgLock::connect(&url).await },
         )
         .query("pool_size=2")
-        .cut_query("pool_size=2&request_timeout_ms=300")
-        .owning(server))
+        .cut_query("pool_size=2&request_timeout_ms=300");
+        Ok(probe::with_queue_probe(harness).await?.owning(server))
     })
     .exit()
 }

@@ -211,7 +211,13 @@ pub async fn start(
             let harness = harness("postgres", &template, &nodes)
                 // The schema exists once a direct client has connected; a short command
                 // timeout would cut a migration queued behind concurrent ones.
-                .cut_query("request_timeout_ms=300&migrate=false")
+                .cut_query("request_timeout_ms=300&migrate=false");
+            let observer = tenure_postgres::PgLock::connect(&harness.url()).await?;
+            let harness = harness
+                .with_queue_probe(move |key| {
+                    let observer = observer.clone();
+                    async move { observer.queued(&key).await }
+                })
                 .owning(server);
             ("postgres", harness, nodes, false)
         }

@@ -67,8 +67,9 @@ pub trait Harness: Send + Sync + Debug {
 
     /// How many clients — the holder and its waiters — the servers have queued for
     /// `key`, where the harness can read a backend's queue (etcd's and ZooKeeper's are
-    /// keys and nodes); `None` where it cannot. The FIFO scenario then starts each waiter
-    /// once the one before is queued, instead of after a pause.
+    /// keys and nodes, Postgres's are in `pg_locks`); `None` where it cannot. The FIFO
+    /// scenario then starts each waiter once the one before is queued, instead of after a
+    /// pause that a waiter slow to reach its server can outlast.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only reads.
@@ -104,6 +105,10 @@ impl Harness for MemoryHarness {
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         Ok(Arc::new(self.lock.clone()))
+    }
+
+    async fn queued(&self, key: &LockKey) -> Option<Result<usize, LockError>> {
+        Some(Ok(self.lock.queued(key)))
     }
 }
 

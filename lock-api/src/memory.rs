@@ -183,6 +183,16 @@ impl MemoryLock {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How many — the holder and its waiters — are queued for `key` now.
+    pub fn queued(&self, key: &LockKey) -> usize {
+        let state = self.state();
+        let now = self.clock.now();
+        state.keys.get(key).map_or(0, |entry| {
+            let held = entry.holder.as_ref().is_some_and(|h| h.expires_at > now);
+            usize::from(held) + entry.waiters.len()
+        })
+    }
+
     /// The live holders of keys starting with `prefix`, sorted by key (for
     /// [`crate::LockAdmin`]).
     pub(crate) fn holders_with_prefix(&self, prefix: &str) -> Vec<(LockKey, HolderInfo)> {
