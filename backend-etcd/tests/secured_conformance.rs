@@ -13,16 +13,17 @@ fn main() {
     runner::run_suite(|| async {
         let (cluster, secrets) = secured::start(3).await?;
         let targets = cluster.members().iter().map(|m| m.addr()).collect();
-        Ok(
-            UrlHarness::new("etcd", &secrets.url("{hosts}"), targets, |url| async move {
-                EtcdLock::connect(&url).await
-            })
-            .cut_query("request_timeout_ms=500")
-            // etcd leases count whole seconds, with a minimum of about 1.5 election
-            // timeouts.
-            .with_short_ttl(Duration::from_secs(2))
-            .owning(cluster),
-        )
+        let harness = UrlHarness::new("etcd", &secrets.url("{hosts}"), targets, |url| async move {
+            EtcdLock::connect(&url).await
+        })
+        .cut_query("request_timeout_ms=500")
+        // etcd leases count whole seconds, with a minimum of about 1.5 election
+        // timeouts.
+        .with_short_ttl(Duration::from_secs(2));
+        // Counted, so the FIFO scenario starts each waiter once the one before is queued.
+        let observer = EtcdLock::connect(&harness.url()).await?;
+        let count = |observer: EtcdLock, key| async move { observer.queued(&key).await };
+        Ok(harness.with_queue_observer(observer, count).owning(cluster))
     })
     .exit();
 }

@@ -4,8 +4,6 @@
 //!
 //! [`PgConfig::grant_sql`]: tenure_postgres::PgConfig::grant_sql
 
-#[path = "harness/probe.rs"]
-mod probe;
 mod secured;
 
 use tenure_conformance::{runner, UrlHarness};
@@ -22,7 +20,9 @@ fn main() {
         )
         .query("pool_size=2")
         .cut_query("pool_size=2&request_timeout_ms=300");
-        Ok(probe::with_queue_probe(harness).await?.owning(server))
+        let observer = PgLock::connect(&harness.url()).await?;
+        let count = |observer: PgLock, key| async move { observer.queued(&key).await };
+        Ok(harness.with_queue_observer(observer, count).owning(server))
     })
     .exit()
 }

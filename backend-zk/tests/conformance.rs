@@ -4,7 +4,6 @@
 //! backend does not meet: a ZooKeeper lock lasts as long as its holder's session, so they
 //! are reported ignored. Session expiry is exercised in `tests/faults.rs` instead.
 
-use tenure_api::LockKey;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::{runner, UrlHarness};
 use tenure_zk::ZkLock;
@@ -21,11 +20,10 @@ fn main() {
         .cut_query("session_timeout_ms=4000&op_timeout_ms=500");
         // A key's queue is its lock directory's children, holder and waiters alike.
         let observer = ZkLock::connect(&harness.url()).await?;
-        let count = move |key: LockKey| {
-            let observer = observer.clone();
-            async move { Ok(observer.queue(&key).await?.len()) }
-        };
-        Ok(harness.with_queue_probe(count).owning(ensemble))
+        let count = |observer: ZkLock, key| async move { Ok(observer.queue(&key).await?.len()) };
+        Ok(harness
+            .with_queue_observer(observer, count)
+            .owning(ensemble))
     })
     .exit();
 }

@@ -11,15 +11,18 @@ fn main() {
         let ensemble = ZkEnsemble::start(ZkOptions::default().secured()).await?;
         let secrets = ensemble.secrets().ok_or("a secured ensemble")?.clone();
         let targets = ensemble.nodes().iter().map(|n| n.addr()).collect();
-        Ok(
-            UrlHarness::new("zk", &secrets.url("{hosts}"), targets, |url| async move {
-                ZkLock::connect(&url).await
-            })
-            .query("session_timeout_ms=10000")
-            // The shortest session the server allows (2 × tickTime): a cut is noticed fast.
-            .cut_query("session_timeout_ms=4000&request_timeout_ms=500")
-            .owning(ensemble),
-        )
+        let harness = UrlHarness::new("zk", &secrets.url("{hosts}"), targets, |url| async move {
+            ZkLock::connect(&url).await
+        })
+        .query("session_timeout_ms=10000")
+        // The shortest session the server allows (2 × tickTime): a cut is noticed fast.
+        .cut_query("session_timeout_ms=4000&request_timeout_ms=500");
+        // Counted, so the FIFO scenario starts each waiter once the one before is queued.
+        let observer = ZkLock::connect(&harness.url()).await?;
+        let count = |observer: ZkLock, key| async move { Ok(observer.queue(&key).await?.len()) };
+        Ok(harness
+            .with_queue_observer(observer, count)
+            .owning(ensemble))
     })
     .exit();
 }

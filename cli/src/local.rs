@@ -154,12 +154,15 @@ pub async fn start(
                 // Leases count whole seconds, at least ~1.5 election timeouts.
                 .with_short_ttl(Duration::from_secs(2));
             let observer = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
-            let harness = harness
-                .with_queue_probe(move |key| {
-                    let observer = observer.clone();
-                    async move { observer.queued(&key).await }
-                })
-                .owning(cluster);
+            let harness =
+                harness
+                    .with_queue_observer(
+                        observer,
+                        |observer: tenure_etcd::EtcdLock, key| async move {
+                            observer.queued(&key).await
+                        },
+                    )
+                    .owning(cluster);
             ("etcd", harness, nodes, false)
         }
         "zk" => {
@@ -186,9 +189,8 @@ pub async fn start(
                 .cut_query("session_timeout_ms=1000&request_timeout_ms=300");
             let observer = tenure_zk::ZkLock::connect(&harness.url()).await?;
             let harness = harness
-                .with_queue_probe(move |key| {
-                    let observer = observer.clone();
-                    async move { Ok(observer.queue(&key).await?.len()) }
+                .with_queue_observer(observer, |observer: tenure_zk::ZkLock, key| async move {
+                    Ok(observer.queue(&key).await?.len())
                 })
                 .owning(ensemble);
             ("zk", harness, nodes, false)
@@ -213,12 +215,15 @@ pub async fn start(
                 // timeout would cut a migration queued behind concurrent ones.
                 .cut_query("request_timeout_ms=300&migrate=false");
             let observer = tenure_postgres::PgLock::connect(&harness.url()).await?;
-            let harness = harness
-                .with_queue_probe(move |key| {
-                    let observer = observer.clone();
-                    async move { observer.queued(&key).await }
-                })
-                .owning(server);
+            let harness =
+                harness
+                    .with_queue_observer(
+                        observer,
+                        |observer: tenure_postgres::PgLock, key| async move {
+                            observer.queued(&key).await
+                        },
+                    )
+                    .owning(server);
             ("postgres", harness, nodes, false)
         }
         other => {

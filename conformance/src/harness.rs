@@ -315,6 +315,17 @@ impl UrlHarness {
         self
     }
 
+    /// Reads a key's queue as `count(observer, key)`, through `observer`, a client of its
+    /// own (see [`Harness::queued`]).
+    pub fn with_queue_observer<O, F, Fut>(self, observer: O, count: F) -> Self
+    where
+        O: Clone + Send + Sync + 'static,
+        F: Fn(O, LockKey) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<usize, LockError>> + Send + 'static,
+    {
+        self.with_queue_probe(move |key| count(observer.clone(), key))
+    }
+
     /// The TTL for expiry scenarios (default 500 ms).
     pub fn with_short_ttl(mut self, ttl: Duration) -> Self {
         self.short_ttl = ttl;

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use tenure_api::LockKey;
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_etcd::EtcdLock;
@@ -29,11 +28,8 @@ pub(crate) fn run_suite(options: &'static str) {
             // timeouts.
             .with_short_ttl(Duration::from_secs(2));
             let observer = EtcdLock::connect(&harness.url()).await?;
-            let count = move |key: LockKey| {
-                let observer = observer.clone();
-                async move { observer.queued(&key).await }
-            };
-            Ok(harness.with_queue_probe(count).owning(cluster))
+            let count = |observer: EtcdLock, key| async move { observer.queued(&key).await };
+            Ok(harness.with_queue_observer(observer, count).owning(cluster))
         }
     })
     .exit();

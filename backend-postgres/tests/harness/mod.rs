@@ -1,8 +1,6 @@
 //! The shared suite's harness for a live PostgreSQL server started by the harness, with
 //! extra URL options (e.g. `locking=advisory`).
 
-mod probe;
-
 use std::error::Error;
 
 use tenure_conformance::servers::postgres::Postgres;
@@ -24,5 +22,7 @@ pub(crate) async fn suite_harness(
     )
     .query(&format!("pool_size=2{options}"))
     .cut_query(&format!("pool_size=2&command_timeout_ms=300{options}"));
-    Ok(probe::with_queue_probe(harness).await?.owning(server))
+    let observer = PgLock::connect(&harness.url()).await?;
+    let count = |observer: PgLock, key| async move { observer.queued(&key).await };
+    Ok(harness.with_queue_observer(observer, count).owning(server))
 }
