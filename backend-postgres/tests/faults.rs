@@ -150,7 +150,8 @@ async fn silent_holder_is_cut_off_by_the_server_after_its_ttl() {
     let a = recorded(&history, 0, connect(&server).await);
     let b = recorded(&history, 1, connect(&server).await);
     let k = key("silent");
-    let ttl = Duration::from_millis(600);
+    // Long enough for the inspect below to see the holder on a loaded machine.
+    let ttl = Duration::from_secs(2);
 
     let mut stale = a.try_acquire(&k, ttl).await.unwrap().unwrap();
     let info = b.inspect(&k).await.unwrap().expect("held");
@@ -1003,8 +1004,10 @@ async fn a_late_first_record_never_replaces_the_one_sent_again() {
     a_late_record_leaves_the_leases_token_recorded("BEFORE", "late-first-record").await;
 }
 
-/// Slows the first record statement of a grant by 2.5 s (a trigger `when` its row is
-/// written, once), past the client's 2 s bound, so the grant sends its record again;
+/// Slows the first record statement of a grant by 3 s (a trigger `when` its row is
+/// written, once), past the client's 2 s bound, so the grant sends its record again
+/// (a second that waits for the first's row is then bound by 2 s too: 3 s leaves either
+/// bound a second of slack);
 /// then checks that the grant succeeded and its holder row names the lease's token.
 async fn a_late_record_leaves_the_leases_token_recorded(when: &str, name: &str) {
     let server = Postgres::start().await.unwrap();
@@ -1018,7 +1021,7 @@ async fn a_late_record_leaves_the_leases_token_recorded(when: &str, name: &str) 
         .psql(&format!(
             "CREATE SEQUENCE fired; \
              CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-               IF nextval('fired') = 1 THEN PERFORM pg_sleep(2.5); END IF; \
+               IF nextval('fired') = 1 THEN PERFORM pg_sleep(3); END IF; \
                RETURN NEW; END $$; \
              CREATE TRIGGER slow_once {when} INSERT OR UPDATE ON tenure_locks_holders \
                FOR EACH ROW EXECUTE FUNCTION slow_once()"

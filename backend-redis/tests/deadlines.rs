@@ -352,7 +352,9 @@ async fn a_release_the_server_may_not_announce_still_releases() {
 async fn an_acquire_dropped_in_flight_leaves_no_grant() {
     let (_cluster, proxy, lock, observer) = behind_a_proxy().await;
     let ttl = Duration::from_secs(30);
-    let delay = Duration::from_millis(800);
+    // Long enough that the grant is seen and the call dropped before its reply, on a
+    // loaded machine too.
+    let delay = Duration::from_secs(3);
     for (i, blocking) in [false, true].into_iter().enumerate() {
         let k = key(&format!("dropped-in-flight-{i}"));
         proxy.set_mode(ProxyMode::Delay {
@@ -370,12 +372,13 @@ async fn an_acquire_dropped_in_flight_leaves_no_grant() {
                 }
             })
         };
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let granted = observer.inspect(&k).await.unwrap();
-        assert!(
-            granted.is_some(),
-            "the fault fired: the script ran on the server"
-        );
+        granted_within(
+            &observer,
+            &k,
+            delay,
+            "the fault fired: the script ran on the server",
+        )
+        .await;
         attempt.abort();
         assert!(attempt.await.unwrap_err().is_cancelled());
         assert!(
@@ -421,17 +424,22 @@ async fn an_acquire_dropped_after_an_unanswered_attempt_leaves_no_grant() {
         tokio::spawn(async move { lock.acquire(&k, &opts).await })
     };
     // The first attempt times out at 200 ms; the acquire then backs off for 2 s.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let granted = observer.inspect(&k).await.unwrap();
-    assert!(
-        granted.is_some(),
-        "the fault fired: the script ran, its reply came too late"
-    );
+    let what = "the fault fired: the script ran, its reply came too late";
+    granted_within(&observer, &k, Duration::from_secs(2), what).await;
     assert!(!attempt.is_finished(), "still waiting, backing off");
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());
     proxy.set_mode(ProxyMode::Pass);
     assert_freed_within_5s(&observer, &k, "the dropped acquire's possible grant").await;
+}
+
+/// Waits until `observer` sees `k` held; fails with `what` if it is not within `limit`.
+async fn granted_within(observer: &RedisLock, k: &LockKey, limit: Duration, what: &str) {
+    let started = Instant::now();
+    while observer.inspect(k).await.unwrap().is_none() {
+        assert!(started.elapsed() < limit, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Waits until `observer` sees `k` free; fails if `what` is still held after 5 s.

@@ -13,6 +13,10 @@ mod common;
 use common::refused_unconfirmed;
 
 const TTL: Duration = Duration::from_secs(10);
+/// `WAIT`'s bound where a replica must confirm: a healthy replica acks within a round
+/// trip, but on two loaded cores that can take longer than a short bound.
+const PATIENT: &str = "wait_timeout_ms=5000&request_timeout_ms=15000";
+/// `WAIT`'s bound where no replica can confirm (the link is cut): the refusal is certain.
 const WAIT_MS: u64 = 300;
 
 fn key(name: &str) -> LockKey {
@@ -21,13 +25,25 @@ fn key(name: &str) -> LockKey {
 
 /// A client of the pair's primary that asks one replica to confirm every write, as an
 /// ACL user with exactly [`tenure_redis::ACL_COMMANDS`] on its prefix (the README's
-/// least privilege: `WAIT` included).
+/// least privilege: `WAIT` included), and waits for it [`PATIENT`]ly.
 async fn confirming(pair: &RedisReplicaPair) -> RedisLock {
-    confirming_as(pair, "locker", &[]).await
+    confirming_as(pair, "locker", &[], PATIENT).await
 }
 
-/// [`confirming`] as ACL user `user`, whose rule ends with `amend` (e.g. `-wait`).
-async fn confirming_as(pair: &RedisReplicaPair, user: &str, amend: &[&str]) -> RedisLock {
+/// [`confirming`], but `WAIT` gives up after [`WAIT_MS`]: for writes no replica can
+/// confirm.
+async fn impatient(pair: &RedisReplicaPair) -> RedisLock {
+    confirming_as(pair, "locker", &[], &format!("wait_timeout_ms={WAIT_MS}")).await
+}
+
+/// [`confirming`] as ACL user `user`, whose rule ends with `amend` (e.g. `-wait`), with
+/// `wait` (`WAIT`'s bound) in its URL.
+async fn confirming_as(
+    pair: &RedisReplicaPair,
+    user: &str,
+    amend: &[&str],
+    wait: &str,
+) -> RedisLock {
     let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw", "resetkeys"];
     setuser.extend(["~{tenure:*", "resetchannels", "&{tenure:*"]);
     setuser.extend(tenure_redis::ACL_COMMANDS.split_whitespace());
@@ -35,7 +51,7 @@ async fn confirming_as(pair: &RedisReplicaPair, user: &str, amend: &[&str]) -> R
     let reply = pair.primary().command(&setuser).await.unwrap();
     assert!(reply.is_ok(), "{reply:?}");
     let url = format!(
-        "redis://{user}:pw@{}?wait_replicas=1&wait_timeout_ms={WAIT_MS}",
+        "redis://{user}:pw@{}?wait_replicas=1&{wait}",
         pair.primary().addr()
     );
     RedisLock::connect(&url).await.unwrap()
@@ -83,7 +99,7 @@ async fn a_grant_counts_once_the_replica_has_it() {
 async fn a_grant_no_replica_confirms_is_refused_and_released() {
     let pair = RedisReplicaPair::start().await.unwrap();
     pair.wait_synced().await.unwrap();
-    let lock = confirming(&pair).await;
+    let lock = impatient(&pair).await;
     cut_replication(&pair).await;
     let k = key("unconfirmed");
     let started = Instant::now();
@@ -143,7 +159,7 @@ async fn an_extension_no_replica_confirms_does_not_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_whose_wait_fails_is_given_back() {
     let pair = RedisReplicaPair::start().await.unwrap();
-    let lock = confirming_as(&pair, "nowait", &["-wait"]).await;
+    let lock = confirming_as(&pair, "nowait", &["-wait"], PATIENT).await;
     let k = key("wait-refused");
     match lock.try_acquire(&k, TTL).await {
         Err(LockError::Config(message)) => assert!(message.contains("NOPERM"), "{message}"),

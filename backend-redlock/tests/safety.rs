@@ -475,9 +475,10 @@ async fn a_waiter_subscribes_once_per_node_and_unsubscribes_when_done() {
         }
     };
     // Pauses of 40..200 ms, each shorter than the 300 ms bound on the black-holed node's
-    // subscription.
+    // subscription. The wait outlasts the 3 s of pauses and the count after them, on a
+    // loaded machine too.
     let waited = tokio::spawn(async move {
-        let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(4));
+        let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(8));
         let result = waiter.acquire(&k, &opts).await;
         (waiter, result)
     });

