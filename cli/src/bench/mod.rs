@@ -477,9 +477,15 @@ async fn drive(
 
 /// The backend name of a URL, from its scheme.
 fn backend_name(url: &str) -> String {
-    tenure::driver_for(url)
-        .map_or("unknown", |driver| driver.name)
-        .to_owned()
+    let name = tenure::driver_for(url).map_or("unknown", |driver| driver.name);
+    // Advisory locking has a floor of its own: its rows stay apart from the row lock's.
+    let advisory = name == "postgres"
+        && tenure_postgres::PgConfig::from_url(url)
+            .is_ok_and(|config| config.locking == tenure_postgres::Locking::Advisory);
+    match advisory {
+        true => "postgres advisory".to_owned(),
+        false => name.to_owned(),
+    }
 }
 
 async fn library_lockers(
@@ -707,6 +713,17 @@ pub async fn held(url: &str, leases: usize, ttl: Duration) -> Result<HeldLine, L
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_advisory_rows_are_named_apart_from_row_locks() {
+        assert_eq!(backend_name("postgres://u@h/db"), "postgres");
+        assert_eq!(backend_name("postgres://u@h/db?locking=row"), "postgres");
+        assert_eq!(
+            backend_name("postgres://u@h/db?pool_size=2&locking=advisory"),
+            "postgres advisory"
+        );
+        assert_eq!(backend_name("redis://h"), "redis");
+    }
 
     fn line(implementation: &'static str, cycles_per_s: f64, ratio: Option<f64>) -> BenchLine {
         BenchLine {

@@ -31,7 +31,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
     /// Start local servers for every backend of this build and bench them all (plus
-    /// memory://); ignores --url.
+    /// memory://, and Postgres again with `locking=advisory` against its advisory floor);
+    /// ignores --url.
     #[arg(long)]
     all_local: bool,
     /// Also hold this many leases at once with renewing guards and report the RSS and how
@@ -81,7 +82,16 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
             let backend = local::start(name, LocalOptions::default())
                 .await
                 .map_err(|e| LockError::backend(format!("starting local {name}: {e}")))?;
-            targets.push((name.to_owned(), backend.harness.url(), Some(backend)));
+            let url = backend.harness.url();
+            if name == "postgres" {
+                // Advisory locking, against the advisory floor, on the same server.
+                let separator = if url.contains('?') { '&' } else { '?' };
+                let advisory = format!("{url}{separator}locking=advisory");
+                targets.push((name.to_owned(), url, Some(backend)));
+                targets.push(("postgres advisory".to_owned(), advisory, None));
+            } else {
+                targets.push((name.to_owned(), url, Some(backend)));
+            }
         }
         for round in 1..=args.repeat {
             for (name, url, _servers) in &targets {
