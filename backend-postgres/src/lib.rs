@@ -236,7 +236,8 @@ impl PgLock {
     /// How many clients — the holder and its waiters — the server has queued for `key`,
     /// read from `pg_locks`: with row locking, the transaction holding the key's row and
     /// those waiting for it; with advisory locking, those holding or awaiting its advisory
-    /// lock. Tries (`NOWAIT`) are not queued, so never counted.
+    /// lock. Tries (`NOWAIT`) are not queued: with row locking one is counted at most for
+    /// the instant it holds the row's tuple lock, as is a new holder during a hand-off.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only reads.

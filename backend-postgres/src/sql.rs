@@ -244,8 +244,6 @@ pub(crate) const LOCKED_XID: &str = "tenure_locked_xid";
 /// The column of [`Statements::lock_any`]'s reply naming which key it locked.
 pub(crate) const LOCKED_INDEX: &str = "tenure_locked_index";
 
-/// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
-/// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
 /// The statement counting a key's holder and waiters, from `pg_locks`.
 ///
 /// - Row locking: the holder is the running transaction whose id is the row's `xmax` (it
@@ -262,7 +260,7 @@ fn queued(locking: Locking, table: &str, advisory_id: &str) -> String {
              AND l.mode = 'ExclusiveLock' AND l.granted) \
              OR (l.locktype = 'tuple' AND l.database = {database} \
              AND l.relation = {}::regclass \
-             AND format('(%s,%s)', l.page, l.tuple)::tid = t.ctid) \
+             AND l.page = (t.ctid::text::point)[0] AND l.tuple = (t.ctid::text::point)[1]) \
              WHERE t.key = $1",
             literal(table)
         ),
@@ -275,6 +273,8 @@ fn queued(locking: Locking, table: &str, advisory_id: &str) -> String {
     }
 }
 
+/// `text` as an escape-string literal, `E'…'`, whose meaning does not depend on
+/// `standard_conforming_strings`. Keys and prefixes have no NUL (checked before).
 fn literal(text: &str) -> String {
     let mut quoted = String::with_capacity(text.len() + 4);
     quoted.push_str("E'");

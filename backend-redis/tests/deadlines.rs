@@ -419,6 +419,7 @@ async fn an_acquire_dropped_after_an_unanswered_attempt_leaves_no_grant() {
     let opts = AcquireOptions::new(Duration::from_secs(30))
         .wait(Duration::from_secs(10))
         .backoff(backoff);
+    let spawned = Instant::now();
     let attempt = {
         let (lock, k) = (lock.clone(), k.clone());
         tokio::spawn(async move { lock.acquire(&k, &opts).await })
@@ -426,6 +427,11 @@ async fn an_acquire_dropped_after_an_unanswered_attempt_leaves_no_grant() {
     // The first attempt times out at 200 ms; the acquire then backs off for 2 s.
     let what = "the fault fired: the script ran, its reply came too late";
     granted_within(&observer, &k, Duration::from_secs(2), what).await;
+    tokio::time::sleep_until((spawned + Duration::from_millis(600)).into()).await;
+    assert!(
+        spawned.elapsed() < Duration::from_secs(2),
+        "dropped within the backoff after the first attempt"
+    );
     assert!(!attempt.is_finished(), "still waiting, backing off");
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());
