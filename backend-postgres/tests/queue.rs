@@ -150,3 +150,32 @@ async fn queued_counts_one_keys_holder_and_waiters_row_locks() {
 async fn queued_counts_one_keys_holder_and_waiters_advisory_locks() {
     queued_counts_one_keys_holder_and_waiters("&locking=advisory").await;
 }
+
+/// `pg_locks` shows an advisory lock's 64-bit id in two unsigned halves: a key whose id is
+/// negative is counted as well as one whose id is positive.
+#[tokio::test]
+async fn queued_reads_advisory_ids_of_either_sign() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?pool_size=2&locking=advisory", server.url());
+    let lock = PgLock::connect(&url).await.unwrap();
+    let mut signs = Vec::new();
+    for i in 0..8 {
+        let key = LockKey::new(format!("sign-{i}")).unwrap();
+        let held = lock.try_acquire(&key, TTL).await.unwrap().unwrap();
+        assert_eq!(lock.queued(&key).await.unwrap(), 1, "{key}");
+        lock.release(held).await.unwrap();
+        assert_eq!(lock.queued(&key).await.unwrap(), 0, "{key}");
+        let id = server
+            .psql(&format!(
+                "SELECT hashtextextended('\"public\".\"tenure_locks\":' || '{}', 0) < 0",
+                lock.row_key(&key)
+            ))
+            .await
+            .unwrap();
+        signs.push(id);
+    }
+    assert!(
+        signs.iter().any(|s| s == "t") && signs.iter().any(|s| s == "f"),
+        "the keys' advisory ids cover both signs: {signs:?}"
+    );
+}
