@@ -111,10 +111,10 @@ async fn queue(observer: &ZkLock, key: &LockKey) -> Vec<QueuedNode> {
 
 /// Waits until `observer` sees `key`'s queue empty. Another session's deletes reach
 /// `observer`'s server a little later (ZooKeeper reads are not linearizable across
-/// sessions), but well within a quarter of a session: a node left behind for the
-/// session's lifetime still fails.
+/// sessions), in milliseconds, or a loaded machine's stall, well within half a session:
+/// a node left behind for the session's lifetime still fails.
 async fn nothing_queued(observer: &ZkLock, key: &LockKey, what: &str) {
-    poll(what, SESSION / 4, || async {
+    poll(what, SESSION / 2, || async {
         queue(observer, key).await.is_empty().then_some(())
     })
     .await;
@@ -545,8 +545,10 @@ async fn failed_acquire_leaves_no_orphan(nodes: usize) {
         .expect("the orphan goes away");
     let freed = failed_at.elapsed();
     eprintln!("{nodes} node(s): orphan of a failed acquire gone {freed:?} after the failure");
+    // The session id below proves the sweep freed it; this bound only has to tell the
+    // sweep from an expiry, with room for a loaded machine's reconnect.
     assert!(
-        freed < SESSION / 2,
+        freed < SESSION * 3 / 4,
         "freed after {freed:?}: not well below the session timeout {SESSION:?}"
     );
     assert_eq!(
