@@ -3,8 +3,10 @@
 //! `initdb` (trust authentication, user `postgres`, `--no-sync`) runs into a temporary
 //! directory; the server listens on `127.0.0.1:<port>` with its Unix socket inside the same
 //! directory, `fsync=on` and `synchronous_commit=on`, so a committed transaction survives a
-//! crash. When running as root, `initdb` and `postgres` run as the `postgres` user (initdb
-//! refuses root); the PID held is the postmaster's own.
+//! crash. Its dynamic shared memory is files in the data directory
+//! (`dynamic_shared_memory_type=mmap`), so nothing outlives the handle in `/dev/shm`, even
+//! after a `SIGKILL`. When running as root, `initdb` and `postgres` run as the `postgres`
+//! user (initdb refuses root); the PID held is the postmaster's own.
 //!
 //! A [secured](Postgres::start_secured) server requires TLS with a client certificate and
 //! a SCRAM password on TCP (`hostssl` only); the harness's own `psql` uses the Unix socket.
@@ -171,6 +173,10 @@ impl Postgres {
             .arg("synchronous_commit=on")
             .arg("-c")
             .arg("shared_buffers=16MB")
+            // Dynamic shared memory as files in the data directory, deleted with it: POSIX
+            // segments in /dev/shm outlive a SIGKILLed postmaster.
+            .arg("-c")
+            .arg("dynamic_shared_memory_type=mmap")
             .arg("-c")
             .arg("max_connections=300")
             .arg("-c")
