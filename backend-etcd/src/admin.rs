@@ -183,4 +183,8 @@ impl LockAdmin for EtcdLock {
         }
         Ok(findings)
     }
+
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        EtcdLock::queued(self, key).await.map(Some)
+    }
 }

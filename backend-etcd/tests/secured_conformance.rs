@@ -22,8 +22,7 @@ fn main() {
         .with_short_ttl(Duration::from_secs(2));
         // Counted, so the FIFO scenario starts each waiter once the one before is queued.
         let observer = EtcdLock::connect(&harness.url()).await?;
-        let count = |observer: EtcdLock, key| async move { observer.queued(&key).await };
-        Ok(harness.with_queue_observer(observer, count).owning(cluster))
+        Ok(harness.with_queue_admin(observer).owning(cluster))
     })
     .exit();
 }

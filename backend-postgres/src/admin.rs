@@ -156,6 +156,10 @@ impl LockAdmin for PgLock {
             })
             .collect())
     }
+
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        PgLock::queued(self, key).await.map(Some)
+    }
 }
 
 #[cfg(test)]

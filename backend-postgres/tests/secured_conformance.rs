@@ -21,8 +21,7 @@ fn main() {
         .query("pool_size=2")
         .cut_query("pool_size=2&request_timeout_ms=300");
         let observer = PgLock::connect(&harness.url()).await?;
-        let count = |observer: PgLock, key| async move { observer.queued(&key).await };
-        Ok(harness.with_queue_observer(observer, count).owning(server))
+        Ok(harness.with_queue_admin(observer).owning(server))
     })
     .exit()
 }

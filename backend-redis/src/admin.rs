@@ -200,6 +200,11 @@ impl LockAdmin for RedisLock {
             .filter_map(|lock| lock.finding(&endpoint))
             .collect())
     }
+
+    /// A single Redis node keeps no queue: waiters retry when the release wakes them.
+    async fn queued(&self, _key: &LockKey) -> Result<Option<usize>, LockError> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

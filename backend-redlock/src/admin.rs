@@ -59,4 +59,9 @@ impl LockAdmin for Redlock {
             .flatten()
             .collect())
     }
+
+    /// Redlock keeps no queue: waiters retry when a release wakes them.
+    async fn queued(&self, _key: &LockKey) -> Result<Option<usize>, LockError> {
+        Ok(None)
+    }
 }

@@ -96,4 +96,8 @@ impl LockAdmin for ZkLock {
         }
         Ok(findings)
     }
+
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        Ok(Some(self.queue(key).await?.len()))
+    }
 }

@@ -20,10 +20,7 @@ fn main() {
         .cut_query("session_timeout_ms=4000&op_timeout_ms=500");
         // A key's queue is its lock directory's children, holder and waiters alike.
         let observer = ZkLock::connect(&harness.url()).await?;
-        let count = |observer: ZkLock, key| async move { Ok(observer.queue(&key).await?.len()) };
-        Ok(harness
-            .with_queue_observer(observer, count)
-            .owning(ensemble))
+        Ok(harness.with_queue_admin(observer).owning(ensemble))
     })
     .exit();
 }

@@ -19,10 +19,7 @@ fn main() {
         .cut_query("session_timeout_ms=4000&request_timeout_ms=500");
         // Counted, so the FIFO scenario starts each waiter once the one before is queued.
         let observer = ZkLock::connect(&harness.url()).await?;
-        let count = |observer: ZkLock, key| async move { Ok(observer.queue(&key).await?.len()) };
-        Ok(harness
-            .with_queue_observer(observer, count)
-            .owning(ensemble))
+        Ok(harness.with_queue_admin(observer).owning(ensemble))
     })
     .exit();
 }

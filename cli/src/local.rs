@@ -153,17 +153,7 @@ pub async fn start(
                 .cut_query("request_timeout_ms=500")
                 // Leases count whole seconds, at least ~1.5 election timeouts.
                 .with_short_ttl(Duration::from_secs(2));
-            let observer = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
-            let harness =
-                harness
-                    .with_queue_observer(
-                        observer,
-                        |observer: tenure_etcd::EtcdLock, key| async move {
-                            observer.queued(&key).await
-                        },
-                    )
-                    .owning(cluster);
-            ("etcd", harness, nodes, false)
+            ("etcd", harness.owning(cluster), nodes, false)
         }
         "zk" => {
             let zk_options = ZkOptions::default()
@@ -187,13 +177,7 @@ pub async fn start(
             let harness = harness("zk", &template, &nodes)
                 .query("session_timeout_ms=4000")
                 .cut_query("session_timeout_ms=1000&request_timeout_ms=300");
-            let observer = tenure_zk::ZkLock::connect(&harness.url()).await?;
-            let harness = harness
-                .with_queue_observer(observer, |observer: tenure_zk::ZkLock, key| async move {
-                    Ok(observer.queue(&key).await?.len())
-                })
-                .owning(ensemble);
-            ("zk", harness, nodes, false)
+            ("zk", harness.owning(ensemble), nodes, false)
         }
         "postgres" => {
             let (server, template) = if secured {
@@ -211,20 +195,10 @@ pub async fn start(
             let server = Arc::new(server);
             let nodes: Vec<Arc<dyn Node>> = vec![server.clone()];
             let harness = harness("postgres", &template, &nodes)
-                // The schema exists once a direct client has connected; a short command
-                // timeout would cut a migration queued behind concurrent ones.
+                // The schema exists once the queue's client below has connected; a short
+                // command timeout would cut a migration queued behind concurrent ones.
                 .cut_query("request_timeout_ms=300&migrate=false");
-            let observer = tenure_postgres::PgLock::connect(&harness.url()).await?;
-            let harness =
-                harness
-                    .with_queue_observer(
-                        observer,
-                        |observer: tenure_postgres::PgLock, key| async move {
-                            observer.queued(&key).await
-                        },
-                    )
-                    .owning(server);
-            ("postgres", harness, nodes, false)
+            ("postgres", harness.owning(server), nodes, false)
         }
         other => {
             return Err(format!(
@@ -234,6 +208,10 @@ pub async fn start(
             .into())
         }
     };
+    // Where the backend keeps a queue, the FIFO scenario counts it, through a client of
+    // its own, instead of trusting pauses between its waiters.
+    let admin = tenure::admin::connect_admin(&harness.url()).await?;
+    let harness = harness.with_queue_admin(admin);
     Ok(LocalBackend {
         name,
         harness,

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use tenure_api::{DistributedLock, LockError, LockKey, MemoryLock};
+use futures::TryFutureExt;
+use tenure_api::{DistributedLock, LockAdmin, LockError, LockKey, MemoryLock};
 
 use crate::proxy::FaultProxy;
 
@@ -214,9 +215,9 @@ pub struct UrlHarness {
     queue: Option<QueueFn>,
 }
 
-/// Counts a key's queue (see [`Harness::queued`]).
+/// Counts a key's queue; `None` where its backend keeps none (see [`Harness::queued`]).
 pub type QueueFn =
-    Arc<dyn Fn(LockKey) -> BoxFuture<'static, Result<usize, LockError>> + Send + Sync>;
+    Arc<dyn Fn(LockKey) -> BoxFuture<'static, Result<Option<usize>, LockError>> + Send + Sync>;
 
 /// Gives the servers' current addresses (see [`UrlHarness::follow`]).
 pub type TargetsFn = Arc<dyn Fn() -> Vec<SocketAddr> + Send + Sync>;
@@ -311,19 +312,19 @@ impl UrlHarness {
         F: Fn(LockKey) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<usize, LockError>> + Send + 'static,
     {
-        self.queue = Some(Arc::new(move |key| Box::pin(count(key))));
+        self.queue = Some(Arc::new(move |key| Box::pin(count(key).map_ok(Some))));
         self
     }
 
-    /// Reads a key's queue as `count(observer, key)`, through `observer`, a client of its
-    /// own (see [`Harness::queued`]).
-    pub fn with_queue_observer<O, F, Fut>(self, observer: O, count: F) -> Self
-    where
-        O: Clone + Send + Sync + 'static,
-        F: Fn(O, LockKey) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<usize, LockError>> + Send + 'static,
-    {
-        self.with_queue_probe(move |key| count(observer.clone(), key))
+    /// Reads a key's queue through `admin`, a client of its own
+    /// ([`LockAdmin::queued`]), where its backend keeps one (see [`Harness::queued`]).
+    pub fn with_queue_admin(mut self, admin: impl LockAdmin + 'static) -> Self {
+        let admin = Arc::new(admin);
+        self.queue = Some(Arc::new(move |key| {
+            let admin = admin.clone();
+            Box::pin(async move { admin.queued(&key).await })
+        }));
+        self
     }
 
     /// The TTL for expiry scenarios (default 500 ms).
@@ -437,7 +438,7 @@ impl Harness for UrlHarness {
     }
 
     async fn queued(&self, key: &LockKey) -> Option<Result<usize, LockError>> {
-        Some(self.queue.as_ref()?(key.clone()).await)
+        self.queue.as_ref()?(key.clone()).await.transpose()
     }
 }
 

@@ -9,9 +9,10 @@ use async_trait::async_trait;
 
 use crate::{HolderInfo, LockError, LockKey, MemoryLock};
 
-/// Inspection of a whole lock namespace: who holds what, and which locks leaked.
+/// Inspection of a whole lock namespace: who holds what, which locks leaked, and how many
+/// wait for a key.
 ///
-/// Both methods only read. Scans walk the backend's own namespace (under its configured
+/// Every method only reads. Scans walk the backend's own namespace (under its configured
 /// prefix) incrementally (`SCAN`, paged ranges, directory listings), never with one
 /// blocking whole-keyspace command.
 #[async_trait]
@@ -29,6 +30,15 @@ pub trait LockAdmin: Send + Sync + Debug {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     async fn doctor(&self) -> Result<Vec<Finding>, LockError>;
+
+    /// How many clients — the holder and its waiters — the servers have queued for `key`
+    /// now, on a backend whose servers queue waiters (etcd's queue keys, ZooKeeper's
+    /// sequential nodes, Postgres's `pg_locks`, the memory lock's table); `None` on one
+    /// that keeps no queue (Redis and Redlock waiters retry when woken).
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError>;
 }
 
 #[async_trait]
@@ -38,6 +48,9 @@ impl<A: LockAdmin + ?Sized> LockAdmin for Arc<A> {
     }
     async fn doctor(&self) -> Result<Vec<Finding>, LockError> {
         (**self).doctor().await
+    }
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        (**self).queued(key).await
     }
 }
 
@@ -133,6 +146,10 @@ impl LockAdmin for MemoryLock {
     async fn doctor(&self) -> Result<Vec<Finding>, LockError> {
         Ok(Vec::new())
     }
+
+    async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        Ok(Some(MemoryLock::queued(self, key)))
+    }
 }
 
 #[cfg(test)]
@@ -142,7 +159,7 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn memory_lists_holders_by_prefix_sorted() {
+    async fn memory_lists_holders_by_prefix_sorted_and_counts_queues() {
         let lock = MemoryLock::new();
         let ttl = Duration::from_secs(5);
         for key in ["jobs/b", "jobs/a", "other"] {
@@ -158,6 +175,9 @@ mod tests {
         assert!(listed.iter().all(|(_, h)| h.remaining <= Some(ttl)));
         assert_eq!(admin.holders("").await.unwrap().len(), 3);
         assert!(admin.doctor().await.unwrap().is_empty());
+        let (held, unused) = (LockKey::new("jobs/a").unwrap(), LockKey::new("u").unwrap());
+        assert_eq!(admin.queued(&held).await.unwrap(), Some(1), "the holder");
+        assert_eq!(admin.queued(&unused).await.unwrap(), Some(0));
     }
 
     #[test]

@@ -28,8 +28,7 @@ pub(crate) fn run_suite(options: &'static str) {
             // timeouts.
             .with_short_ttl(Duration::from_secs(2));
             let observer = EtcdLock::connect(&harness.url()).await?;
-            let count = |observer: EtcdLock, key| async move { observer.queued(&key).await };
-            Ok(harness.with_queue_observer(observer, count).owning(cluster))
+            Ok(harness.with_queue_admin(observer).owning(cluster))
         }
     })
     .exit();

@@ -23,6 +23,5 @@ pub(crate) async fn suite_harness(
     .query(&format!("pool_size=2{options}"))
     .cut_query(&format!("pool_size=2&command_timeout_ms=300{options}"));
     let observer = PgLock::connect(&harness.url()).await?;
-    let count = |observer: PgLock, key| async move { observer.queued(&key).await };
-    Ok(harness.with_queue_observer(observer, count).owning(server))
+    Ok(harness.with_queue_admin(observer).owning(server))
 }

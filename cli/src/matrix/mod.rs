@@ -402,7 +402,8 @@ pub enum Source {
     External(String),
 }
 
-/// Splits `scheme://[user@]h1:p1,h2:p2/rest` into a `{hosts}` template and the addresses.
+/// Splits `scheme://[user@]h1:p1,h2:p2/rest` into a `{hosts}` template and the addresses,
+/// and counts queues through an admin client of `url`.
 async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError> {
     let bad = || {
         LockError::Config(format!(
@@ -433,12 +434,12 @@ async fn external_harness(name: &str, url: &str) -> Result<UrlHarness, LockError
         )));
     }
     let template = format!("{scheme}://{userinfo}{{hosts}}{tail}");
-    Ok(UrlHarness::new(
-        name,
-        &template,
-        targets,
-        |url| async move { tenure::connect(&url).await },
-    ))
+    // Where the backend keeps a queue, the FIFO scenario counts it, as on local servers.
+    let admin = tenure::admin::connect_admin(url).await?;
+    Ok(UrlHarness::new(name, &template, targets, |url| async move {
+        tenure::connect(&url).await
+    })
+    .with_queue_admin(admin))
 }
 
 async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, String> {
@@ -961,6 +962,8 @@ pub async fn run(
 
 #[cfg(test)]
 mod evidence_tests;
+#[cfg(test)]
+mod external_tests;
 #[cfg(test)]
 mod health_tests;
 #[cfg(test)]

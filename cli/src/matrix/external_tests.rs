@@ -1,0 +1,38 @@
+//! On servers given by URL (`tenure matrix --clusters`), the FIFO scenario counts a key's
+//! queue as on the matrix's own servers, instead of pausing between waiters.
+
+use std::time::Duration;
+
+use tenure_api::LockKey;
+use tenure_conformance::Harness;
+
+use super::{target, Source};
+use crate::local::{self, LocalOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_the_queue_on_servers_given_by_url() {
+    for (run_id, backend) in (41..).zip(["postgres", "etcd", "zk", "redis"]) {
+        let local = local::start(backend, LocalOptions::default())
+            .await
+            .unwrap();
+        let url = local.harness.url();
+        let external = target(backend, &Source::External(url), run_id)
+            .await
+            .unwrap();
+        let harness = external.harness();
+        let key = LockKey::new(format!("counted/{backend}")).unwrap();
+        let client = harness.client().await.unwrap();
+        let lease = client
+            .try_acquire(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("a free key");
+        let queued = harness.queued(&key).await.transpose().unwrap();
+        // Redis keeps no queue: its waiters retry when woken.
+        let expected = (backend != "redis").then_some(1);
+        assert_eq!(queued, expected, "{backend}: the holder alone");
+        client.release(lease).await.unwrap();
+        let queued = harness.queued(&key).await.transpose().unwrap();
+        assert_eq!(queued, expected.map(|_| 0), "{backend}: released");
+    }
+}
