@@ -1,5 +1,6 @@
 //! [`LockAdmin`] for Postgres: one query over the holder table joined with
-//! `pg_stat_activity`, for the holders whose transaction is still running.
+//! `pg_stat_activity`, for the holders whose transaction is still running; a key's queue
+//! is counted in `pg_locks` ([`PgLock::queued`]).
 //!
 //! A lock is held by an open transaction; the server ends it when the holder stays idle
 //! in it for its TTL (`idle_in_transaction_session_timeout`). A holder whose session has

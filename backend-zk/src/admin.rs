@@ -97,7 +97,13 @@ impl LockAdmin for ZkLock {
         Ok(findings)
     }
 
+    /// The server read from is first synced with the leader, as in `inspect`: a
+    /// follower's plain reads may lag behind a grant or a release.
     async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        let client = self.session().await?.client()?;
+        bounded(self.request_timeout(), client.sync("/"))
+            .await
+            .map_err(|e| self.zk_error("queue sync", e))?;
         Ok(Some(self.queue(key).await?.len()))
     }
 }

@@ -1,5 +1,5 @@
-//! [`LockAdmin`]: listing the holders of a lock service and finding leaked locks, for
-//! operators. Deliberately a separate trait from [`DistributedLock`](crate::DistributedLock),
+//! [`LockAdmin`]: listing the holders of a lock service, finding leaked locks and counting
+//! a key's queue, for operators (and the conformance suite's FIFO scenario). Deliberately a separate trait from [`DistributedLock`](crate::DistributedLock),
 //! so wrappers (tracing, metrics, drift margins) never inherit it silently.
 
 use std::fmt::{self, Debug};
@@ -14,7 +14,8 @@ use crate::{HolderInfo, LockError, LockKey, MemoryLock};
 ///
 /// Every method only reads. Scans walk the backend's own namespace (under its configured
 /// prefix) incrementally (`SCAN`, paged ranges, directory listings), never with one
-/// blocking whole-keyspace command.
+/// blocking whole-keyspace command. (Postgres's [`queued`](Self::queued) reads
+/// `pg_locks`, which takes the server's lock-table partition locks for a moment.)
 #[async_trait]
 pub trait LockAdmin: Send + Sync + Debug {
     /// Every lock held now whose key starts with `prefix` (`""`: all of them), with its

@@ -466,7 +466,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         Source::External(url) => {
             let harness = external_harness(name, url)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("{name}: {e}"))?;
             (harness, Vec::new(), None, None, false, false)
         }
     };
