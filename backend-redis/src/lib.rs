@@ -267,16 +267,24 @@ impl RedisLock {
         // the space every call's future reserves for it.
         loop {
             let mut conn = node.conn.clone();
-            let result = bounded(left(), send(call, replicas, wait, &mut conn)).await;
+            let budget = left();
+            let result = bounded(budget, send(call, replicas, wait, &mut conn)).await;
             // The first command after the server came back fails on the dead socket while
             // the manager reconnects; with Sentinel, a failed or demoted primary may have
             // been replaced. Every script is idempotent for its owner (a repeated acquire
             // is recognised, extend and release compare the owner), so one retry is safe.
-            // A timeout leaves no time to retry: the next call checks the node first.
+            // A timeout leaves no time to retry: the next call checks the node first (a
+            // fresh connection; with Sentinel, asking the sentinels). Without Sentinel,
+            // only a request that had at least half the request timeout on this
+            // connection counts: one cut short (by its caller's wait, or by a
+            // reconnection before it) says nothing about the connection.
             let next = match &result {
                 _ if retried => None,
                 Err(e) if e.is_timeout() => {
-                    node.suspect();
+                    let long = budget.saturating_mul(2) >= self.config.request_timeout;
+                    if self.primary.follows_sentinel() || long {
+                        node.suspect();
+                    }
                     None
                 }
                 Err(e) if e.is_connection_dropped() || e.is_connection_refusal() => Some(
@@ -1048,7 +1056,9 @@ impl DistributedLock for RedisLock {
     /// Cancel-safe: dropped while the script is in flight, it releases that owner's
     /// possible grant in the background (owner-checked, behind the script on the same
     /// connection), as it does when the call fails without knowing whether the script ran
-    /// (a timeout, a dropped connection).
+    /// (a timeout, a dropped connection). After a timeout that release may go over a
+    /// fresh connection (see the crate docs, *Connections*), so a script still on its
+    /// way may land after it: that grant then stays until its TTL.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         self.try_once(std::slice::from_ref(key), ttl, None).await

@@ -92,8 +92,11 @@ pub(crate) struct Node {
     addr: Option<HostPort>,
     /// Counts the switches: 0 for the first node.
     pub(crate) generation: u64,
-    /// A call timed out on it: the next call asks the sentinels first, and takes a fresh
-    /// connection even to the same address (the old one may hang on a dead peer).
+    /// A call timed out on it: the next call tries a fresh connection first, even to the
+    /// same address (asking the sentinels first, if any). The old one may hang on a dead
+    /// peer, or owe replies to requests lost on the way (a middlebox that ends TCP can
+    /// drop them): replies are matched to requests in order, so every later request on
+    /// it would wait behind a reply that never comes. (Redis Cluster: its own connection.)
     suspect: AtomicBool,
 }
 
@@ -149,8 +152,14 @@ impl Primary {
         })
     }
 
-    fn follows_sentinel(&self) -> bool {
+    pub(crate) fn follows_sentinel(&self) -> bool {
         matches!(self.config.topology, Topology::Sentinel(_))
+    }
+
+    /// Whether a suspect node is replaced by a fresh connection: always but on a Redis
+    /// Cluster, whose connection routes and reconnects by itself.
+    fn replaces_suspects(&self) -> bool {
+        !matches!(self.config.topology, Topology::Cluster(_))
     }
 
     /// The node commands go to now.
@@ -161,26 +170,38 @@ impl Primary {
             .clone()
     }
 
-    /// The node a call should go to: the current one, after asking the sentinels (by
-    /// `deadline`) if a call timed out on it. Never fails: without an answer, the current
-    /// node.
+    /// The node a call should go to: the current one, replaced first (see
+    /// [`rediscover`](Self::rediscover); by `deadline` with Sentinel, else within half
+    /// the time left) if a call timed out on it. Never fails: without a replacement, the
+    /// current node.
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`rediscover`](Self::rediscover).
     pub(crate) async fn node_for_call(&self, deadline: Instant) -> Arc<Node> {
         let node = self.node();
-        if !node.is_suspect() || !self.follows_sentinel() {
+        if !node.is_suspect() || !self.replaces_suspects() {
             return node;
         }
-        self.rediscover(&node, deadline).await.unwrap_or(node)
+        // Without Sentinel, half the time is kept for the call itself: on the old
+        // connection if no fresh one came (its server may only be slow), rather than
+        // not sending it at all.
+        let by = if self.follows_sentinel() {
+            deadline
+        } else {
+            let now = Instant::now();
+            now + deadline.saturating_duration_since(now) / 2
+        };
+        self.rediscover(&node, by).await.unwrap_or(node)
     }
 
     /// After `failed` (the node a call just failed on) stopped answering or said it is a
     /// replica: with Sentinel, asks the sentinels which node is the primary now and
-    /// switches to it. Callers that saw the same node fail while a check ran take that
-    /// check's answer instead of asking again. The node to retry on (`failed` itself
-    /// without Sentinel, or when it is still the primary), or why the sentinels named
-    /// none, by `deadline`.
+    /// switches to it; without, switches to a fresh connection to the configured server
+    /// if `failed` is suspect (a dropped connection its manager reconnects by itself).
+    /// Callers that saw the same node fail while a check ran take that check's answer
+    /// instead of asking again. The node to retry on (`failed` itself on a Redis
+    /// Cluster, or when it is still the primary and not suspect), or why none was
+    /// reached, by `deadline`.
     ///
     /// # Cancel safety
     /// Cancel-safe: the switch happens whole or not at all.
@@ -189,7 +210,8 @@ impl Primary {
         failed: &Arc<Node>,
         deadline: Instant,
     ) -> Result<Arc<Node>, LockError> {
-        if !self.follows_sentinel() {
+        let replace = failed.is_suspect() && self.replaces_suspects();
+        if !(self.follows_sentinel() || replace) {
             return Ok(failed.clone());
         }
         // Boxed: every call's future would otherwise carry the whole discovery.

@@ -353,6 +353,60 @@ async fn blackholed_holder_reports_loss_before_the_server_frees_the_key() {
     );
 }
 
+/// A connection a request timed out on is not used again. Requests lost in a blackhole
+/// (the proxy drops their bytes, as a middlebox that ends TCP can) leave replies owed on
+/// that connection that will never come, and its replies are matched to requests in
+/// order: on the same connection, every later request would wait behind a reply that
+/// never comes, and time out. Once the blackhole lifts, the client must answer again
+/// (from a fresh connection), each key with its own grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_timed_out_is_replaced() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let lock = connect(&format!("redis://{}", proxy.addr())).await;
+    let observer = connect(&node.url()).await;
+    lock.try_acquire(&key("before"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let err = lock.try_acquire(&key("lost"), TTL).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        proxy.stats().bytes_blackholed > 0,
+        "the fault fired: a request was dropped"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+
+    // Each try on a key of its own: a grant whose reply was lost is held until released.
+    let started = Instant::now();
+    let mut leases = Vec::new();
+    for attempt in 0.. {
+        let k = key(&format!("after-{attempt}"));
+        match lock.try_acquire(&k, TTL).await {
+            Ok(Some(lease)) => leases.push((k, lease)),
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => {}
+            Err(e) => panic!("{k}: {e}"),
+        }
+        if leases.len() == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the client answers again once the blackhole lifted (granted {} of 3)",
+            leases.len()
+        );
+    }
+    for (k, lease) in &leases {
+        let holder = observer.inspect(k).await.unwrap().expect("held");
+        assert_eq!(holder.owner, lease.owner(), "{k}: the grant is this key's");
+        assert_eq!(Some(lease.token()), holder.token, "{k}: and its token");
+    }
+}
+
 /// A release is announced on the key's channel (what waiters, and Redlock's, wake on); a
 /// withdrawal of a grant nobody was told about is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
