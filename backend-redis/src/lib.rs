@@ -57,6 +57,9 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +
 /// resubscription can fail — or never sent (clients of versions that polled there).
 const CLUSTER_RECHECK: Duration = Duration::from_secs(1);
 
+/// The longest a call waits, whatever `limit` it is given (a year: for ever).
+const LIMIT_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A lock service on one Redis server, the primary Redis Sentinel names, or a Redis
 /// Cluster. Cheap to share (`Arc`); all calls multiplex over one auto-reconnecting
 /// connection (a cluster connection, routed by slot, on a cluster), and all waiters
@@ -208,18 +211,8 @@ impl RedisLock {
     }
 
     async fn call<T: redis::FromRedisValue>(&self, what: &str, call: Call) -> Result<T, LockError> {
-        self.call_within(what, call, self.config.request_timeout)
-            .await
-    }
-
-    /// Runs a script, waiting at most `limit` in all (reconnect and retry included).
-    async fn call_within<T: redis::FromRedisValue>(
-        &self,
-        what: &str,
-        call: Call,
-        limit: Duration,
-    ) -> Result<T, LockError> {
-        let (value, _) = self.run_script(what, &call, limit, 0).await?;
+        let bound = Bound::full(self.config.request_timeout);
+        let (value, _) = self.run_script(what, &call, bound, 0).await?;
         Ok(value)
     }
 
@@ -230,10 +223,10 @@ impl RedisLock {
         &self,
         what: &str,
         call: Call,
-        limit: Duration,
+        bound: Bound,
     ) -> Result<(T, Result<(), String>), LockError> {
         let wanted = self.config.wait_replicas;
-        let (value, confirmed) = self.run_script(what, &call, limit, wanted).await?;
+        let (value, confirmed) = self.run_script(what, &call, bound, wanted).await?;
         let confirmed = match confirmed {
             Some(got) if got < i64::from(wanted) => Err(format!(
                 "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
@@ -246,7 +239,7 @@ impl RedisLock {
         Ok((value, confirmed))
     }
 
-    /// Runs a script, waiting at most `limit` in all (reconnect and retry included).
+    /// Runs a script, waiting at most `bound.limit` in all (reconnect and retry included).
     /// With `replicas` > 0, `WAIT replicas wait_timeout` follows in the same pipeline, so
     /// on the same connection (`WAIT` counts that connection's writes: sent separately,
     /// after a reconnect, it would confirm nothing yet report every replica); the second
@@ -255,10 +248,10 @@ impl RedisLock {
         &self,
         what: &str,
         call: &Call,
-        limit: Duration,
+        bound: Bound,
         replicas: u32,
     ) -> Result<(T, Option<i64>), LockError> {
-        let deadline = Instant::now() + limit;
+        let deadline = Instant::now() + bound.limit.min(LIMIT_MAX);
         let left = || deadline.saturating_duration_since(Instant::now());
         let wait = self.config.wait_timeout;
         let mut node = self.primary.node_for_call(deadline).await;
@@ -275,13 +268,13 @@ impl RedisLock {
             // is recognised, extend and release compare the owner), so one retry is safe.
             // A timeout leaves no time to retry: the next call checks the node first (a
             // fresh connection; with Sentinel, asking the sentinels). Without Sentinel,
-            // only a request that had at least half the request timeout on this
-            // connection counts: one cut short (by its caller's wait, or by a
-            // reconnection before it) says nothing about the connection.
+            // only a request that had at least half its full time on this connection
+            // counts: one cut short (by its caller's wait, or by a reconnection before
+            // it) says nothing about the connection.
             let next = match &result {
                 _ if retried => None,
                 Err(e) if e.is_timeout() => {
-                    let long = budget.saturating_mul(2) >= self.config.request_timeout;
+                    let long = !budget.is_zero() && budget.saturating_mul(2) >= bound.full;
                     if self.primary.follows_sentinel() || long {
                         node.suspect();
                     }
@@ -313,6 +306,13 @@ impl RedisLock {
     /// the holder's remaining PTTL. The building block of [`DistributedLock::try_acquire`]
     /// and of Redlock's per-node round.
     ///
+    /// Like every building block here, it waits at most `limit` in all (reconnecting
+    /// included; [`RedisConfig::request_timeout`] is what this client's own calls give
+    /// each request, and a reply is never awaited longer than that). A request that had
+    /// at least half of `limit` on its connection and got no reply condemns the
+    /// connection: the next call first takes a fresh one (see the crate docs,
+    /// *Connections*).
+    ///
     /// # Cancel safety
     /// If dropped after sending, the lock may be granted to nobody until its TTL.
     pub async fn grant(
@@ -321,18 +321,21 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
+        limit: Duration,
     ) -> Result<Grant, LockError> {
-        let limit = self.config.request_timeout;
         let keys = std::slice::from_ref(key);
-        let (grant, _) = self.grant_within(keys, owner, ttl, label, limit).await?;
+        let (grant, _) = self
+            .grant_within(keys, owner, ttl, label, Bound::full(limit))
+            .await?;
         Ok(grant)
     }
 
-    /// [`grant`](Self::grant), proposing the count `proposed` (µs since the epoch): with
-    /// the clock-floored fence counter, the server takes it when it is at least the
+    /// [`grant`](Self::grant), proposing a count (see [`Proposal`]): with the
+    /// clock-floored fence counter, the server takes it when it is at least the
     /// counter's next value, not ahead of the server's clock, and behind it by at most
-    /// `window` (capped at [`PROPOSAL_WINDOW_MAX`](scripts::PROPOSAL_WINDOW_MAX)); else
-    /// it counts as `grant` does (a plain counter ignores the proposal). Redlock proposes
+    /// the proposal's window (capped at
+    /// [`PROPOSAL_WINDOW_MAX`](scripts::PROPOSAL_WINDOW_MAX)); else it counts as `grant`
+    /// does (a plain counter ignores the proposal). Redlock proposes
     /// one count to every node of a round: nodes that take it name the same token, and a
     /// majority that does needs no fence round.
     ///
@@ -344,14 +347,13 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
-        proposed: u64,
-        window: Duration,
+        proposal: Proposal,
+        limit: Duration,
     ) -> Result<Grant, LockError> {
-        let limit = self.config.request_timeout;
         let keys = std::slice::from_ref(key);
-        let fence = Counting::Fence(self.config.fence, Some((proposed, window)));
+        let fence = Counting::Fence(self.config.fence, Some(proposal));
         let (grant, _) = self
-            .run_grant(keys, owner, ttl, label, fence, limit)
+            .run_grant(keys, owner, ttl, label, fence, Bound::full(limit))
             .await?;
         Ok(grant)
     }
@@ -372,29 +374,28 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
+        limit: Duration,
     ) -> Result<Grant, LockError> {
-        let limit = self.config.request_timeout;
         let keys = std::slice::from_ref(key);
         let counting = Counting::Unfenced(unfenced_count());
         let (grant, _) = self
-            .run_grant(keys, owner, ttl, label, counting, limit)
+            .run_grant(keys, owner, ttl, label, counting, Bound::full(limit))
             .await?;
         Ok(grant)
     }
 
     /// [`grant`](Self::grant) of the first free of `keys` (or the one `owner` already
-    /// holds), waiting at most `limit` for the reply: the grant, and which key it is for
-    /// (0 when all are held).
+    /// holds), within `bound`: the grant, and which key it is for (0 when all are held).
     async fn grant_within(
         &self,
         keys: &[LockKey],
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
-        limit: Duration,
+        bound: Bound,
     ) -> Result<(Grant, usize), LockError> {
         let counting = Counting::Fence(self.config.fence, None);
-        self.run_grant(keys, owner, ttl, label, counting, limit)
+        self.run_grant(keys, owner, ttl, label, counting, bound)
             .await
     }
 
@@ -414,7 +415,7 @@ impl RedisLock {
         ttl: Duration,
         label: Option<&str>,
         count: u64,
-        limit: Duration,
+        bound: Bound,
     ) -> Result<Option<((i64, i64, i64), Result<(), String>)>, LockError> {
         let mut value = owner.hex().to_vec();
         write!(value, ":{count}").expect("writing to a vector cannot fail");
@@ -429,14 +430,14 @@ impl RedisLock {
             .arg("PX")
             .arg(millis(ttl));
         let started = Instant::now();
-        let (reply, confirmed) = self.call_confirmed("acquire", call, limit).await?;
+        let (reply, confirmed) = self.call_confirmed("acquire", call, bound).await?;
         match reply {
             redis::Value::Okay => Ok(Some(((1, count as i64, 0), confirmed))),
             redis::Value::Nil => Ok(None),
             other => {
                 // Whatever answered, a grant may stand: given back, as a script's odd
                 // reply is.
-                let left = limit.saturating_sub(started.elapsed());
+                let left = bound.limit.saturating_sub(started.elapsed());
                 let keys = std::slice::from_ref(key);
                 self.release_in_background(keys, owner, Some(left)).await;
                 Err(LockError::backend(format!(
@@ -446,8 +447,8 @@ impl RedisLock {
         }
     }
 
-    /// Runs the acquire script over `keys`, counting as `counting` says, waiting at most
-    /// `limit`: the grant, and the index in `keys` of the key granted. A single key
+    /// Runs the acquire script over `keys`, counting as `counting` says, within `bound`:
+    /// the grant, and the index in `keys` of the key granted. A single key
     /// without a fence counter is first tried with a plain `SET NX PX`
     /// ([`claim_unfenced`](Self::claim_unfenced)); the script runs only if the key exists,
     /// so a held key costs two round trips there, where the script alone took one.
@@ -458,24 +459,24 @@ impl RedisLock {
         ttl: Duration,
         label: Option<&str>,
         counting: Counting,
-        limit: Duration,
+        bound: Bound,
     ) -> Result<(Grant, usize), LockError> {
         let started = Instant::now();
-        let left = || limit.saturating_sub(started.elapsed());
+        let left = || bound.limit.saturating_sub(started.elapsed());
         // The count argument (unfenced: the count; clock-floored: a proposal) and, for a
         // proposal, its window in µs.
         let (fence, count, window) = match counting {
             Counting::Unfenced(count) => (None, Some(count), None),
-            Counting::Fence(FenceMode::ClockFloored, Some((proposed, window))) => (
+            Counting::Fence(FenceMode::ClockFloored, Some(proposal)) => (
                 Some(FenceMode::ClockFloored),
-                Some(proposed),
-                Some(window.as_micros().min(u128::from(u64::MAX)) as u64),
+                Some(proposal.count),
+                Some(proposal.window.as_micros().min(u128::from(u64::MAX)) as u64),
             ),
             Counting::Fence(mode, _) => (Some(mode), None, None),
         };
         let claimed = match (keys, counting) {
             ([key], Counting::Unfenced(count)) => {
-                self.claim_unfenced(key, owner, ttl, label, count, limit)
+                self.claim_unfenced(key, owner, ttl, label, count, bound)
                     .await
             }
             _ => Ok(None),
@@ -484,7 +485,7 @@ impl RedisLock {
             Ok(Some(claimed)) => Ok(claimed),
             // The `SET` used the whole wait: the script would be sent and given up at once.
             Ok(None) if left().is_zero() => {
-                Err(classify(&self.config, "acquire", timed_out(limit)))
+                Err(classify(&self.config, "acquire", timed_out(bound.limit)))
             }
             Ok(None) => {
                 let per_key = if fence.is_some() { 2 } else { 1 };
@@ -508,7 +509,8 @@ impl RedisLock {
                 if let Some(window) = window {
                     call.arg(window);
                 }
-                self.call_confirmed("acquire", call, left()).await
+                self.call_confirmed("acquire", call, bound.within(left()))
+                    .await
             }
             Err(e) => Err(e),
         };
@@ -565,6 +567,7 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        limit: Duration,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
         let mut call = Call::script(&SCRIPTS.extend, 2);
@@ -572,8 +575,9 @@ impl RedisLock {
             .key(Self::fence_key(&lock_key))
             .arg(&owner.hex()[..])
             .arg(millis(ttl));
-        let limit = self.config.request_timeout;
-        let (extended, confirmed) = self.call_confirmed::<i64>("extend", call, limit).await?;
+        let (extended, confirmed) = self
+            .call_confirmed::<i64>("extend", call, Bound::full(limit))
+            .await?;
         if extended != 1 {
             return Ok(false);
         }
@@ -590,8 +594,13 @@ impl RedisLock {
     ///
     /// # Cancel safety
     /// The server may or may not have released the lock.
-    pub async fn release_owner(&self, key: &LockKey, owner: OwnerId) -> Result<bool, LockError> {
-        self.delete_owner(key, owner, true).await
+    pub async fn release_owner(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        self.delete_owner(key, owner, true, limit).await
     }
 
     /// Deletes `owner`'s lock without announcing it: for a grant nobody was told about
@@ -599,8 +608,13 @@ impl RedisLock {
     ///
     /// # Cancel safety
     /// As [`release_owner`](Self::release_owner).
-    pub async fn withdraw_owner(&self, key: &LockKey, owner: OwnerId) -> Result<bool, LockError> {
-        self.delete_owner(key, owner, false).await
+    pub async fn withdraw_owner(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        self.delete_owner(key, owner, false, limit).await
     }
 
     async fn delete_owner(
@@ -608,6 +622,7 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         announce: bool,
+        limit: Duration,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
         // On a Redis Cluster, a shard channel: a PUBLISH would go to every node.
@@ -621,7 +636,9 @@ impl RedisLock {
         }
         call.arg(sharded);
         // 2: released, but the server refused the message (its waiters poll).
-        Ok(matches!(self.call::<i64>("release", call).await?, 1 | 2))
+        let bound = Bound::full(limit);
+        let (released, _) = self.run_script::<i64>("release", &call, bound, 0).await?;
+        Ok(matches!(released, 1 | 2))
     }
 
     /// Raises the key's fence counter to at least `token`'s count (see
@@ -638,6 +655,7 @@ impl RedisLock {
         key: &LockKey,
         owner: OwnerId,
         token: FencingToken,
+        limit: Duration,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
         let mut call = Call::script(&SCRIPTS.raise_fence, 2);
@@ -646,9 +664,8 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
-        let limit = self.config.request_timeout;
         let (ours, confirmed) = self
-            .call_confirmed::<i64>("raise fence", call, limit)
+            .call_confirmed::<i64>("raise fence", call, Bound::full(limit))
             .await?;
         confirmed.map_err(|message| LockError::Unavailable {
             message,
@@ -657,7 +674,7 @@ impl RedisLock {
         Ok(ours == 1)
     }
 
-    /// One run of the acquire script for `owner`, waiting at most `limit` for its reply.
+    /// One run of the acquire script for `owner`, within `bound`.
     ///
     /// A grant whose reply arrives after the lease's own deadline is refused: it is
     /// released (owner-checked, in a task of its own bounded by the request timeout) and
@@ -670,7 +687,7 @@ impl RedisLock {
         owner: OwnerId,
         ttl: Duration,
         label: Option<&str>,
-        limit: Duration,
+        bound: Bound,
         release_wait: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
@@ -679,7 +696,7 @@ impl RedisLock {
             keys,
             owner,
         };
-        let granted = self.grant_within(keys, owner, ttl, label, limit).await;
+        let granted = self.grant_within(keys, owner, ttl, label, bound).await;
         std::mem::forget(in_flight);
         let (token, key) = match granted? {
             (Grant::Held(pttl), _) => return Ok(Attempt::Held { pttl }),
@@ -731,8 +748,8 @@ impl RedisLock {
         label: Option<&str>,
     ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
-        let limit = self.config.request_timeout;
-        match self.attempt(keys, owner, ttl, label, limit, None).await {
+        let bound = Bound::full(self.config.request_timeout);
+        match self.attempt(keys, owner, ttl, label, bound, None).await {
             Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
             Ok(Attempt::Held { .. }) => Ok(None),
             Ok(Attempt::Late { error, .. }) => Err(error),
@@ -760,7 +777,8 @@ impl RedisLock {
     /// Releases `owner`'s lock of each of `keys`, all at once (pipelined on the one
     /// connection): whether one was released, or the first error.
     async fn release_each(&self, keys: &[LockKey], owner: OwnerId) -> Result<bool, LockError> {
-        let releases = keys.iter().map(|key| self.release_owner(key, owner));
+        let limit = self.config.request_timeout;
+        let releases = keys.iter().map(|key| self.release_owner(key, owner, limit));
         let mut released = Ok(false);
         for outcome in futures::future::join_all(releases).await {
             match (outcome, &mut released) {
@@ -831,7 +849,8 @@ impl RedisLock {
             }
             attempts += 1;
             let sent = Instant::now();
-            let attempt = self.attempt(keys, owner, opts.ttl, label, limit, Some(limit));
+            let bound = Bound::full(request_timeout).within(limit);
+            let attempt = self.attempt(keys, owner, opts.ttl, label, bound, Some(limit));
             let retry_in = match attempt.await {
                 Ok(Attempt::Granted(lease)) => {
                     if let Some(possible) = maybe_ours {
@@ -1100,7 +1119,10 @@ impl DistributedLock for RedisLock {
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
         let sent = Instant::now();
-        let extended = self.extend_owner(lease.key(), lease.owner(), ttl).await?;
+        let limit = self.config.request_timeout;
+        let extended = self
+            .extend_owner(lease.key(), lease.owner(), ttl, limit)
+            .await?;
         if !extended {
             return Err(LockError::lost(format!(
                 "`{}` is no longer held by {} (expired or taken over)",
@@ -1115,7 +1137,10 @@ impl DistributedLock for RedisLock {
     /// # Cancel safety
     /// If dropped, the lock may stay held until its TTL.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-        let released = self.release_owner(lease.key(), lease.owner()).await?;
+        let limit = self.config.request_timeout;
+        let released = self
+            .release_owner(lease.key(), lease.owner(), limit)
+            .await?;
         Ok(if released {
             ReleaseOutcome::Released
         } else {
@@ -1233,6 +1258,32 @@ async fn send_confirmed<T: redis::FromRedisValue>(
     sent.map(|(value, confirmed)| (value, Some(confirmed)))
 }
 
+/// How long a call may take: at most `limit` in all (reconnect and retry included), of
+/// the `full` time such a call has when nothing cuts it short (the request timeout, or
+/// the bound a caller such as Redlock gives a node's request). Only a request that had
+/// at least half of `full` and got no reply condemns its connection (see
+/// [`RedisLock::run_script`]).
+#[derive(Clone, Copy, Debug)]
+struct Bound {
+    limit: Duration,
+    full: Duration,
+}
+
+impl Bound {
+    /// A call with its full time.
+    fn full(limit: Duration) -> Self {
+        Self { limit, full: limit }
+    }
+
+    /// The same call, cut to at most `limit`.
+    fn within(self, limit: Duration) -> Self {
+        Self {
+            limit: self.limit.min(limit),
+            full: self.full,
+        }
+    }
+}
+
 /// How [`RedisLock::run_grant`] counts a grant.
 #[derive(Clone, Copy, Debug)]
 enum Counting {
@@ -1240,7 +1291,16 @@ enum Counting {
     Unfenced(u64),
     /// The fence counter of this kind, with a proposed count and its window (see
     /// [`RedisLock::grant_proposing`]).
-    Fence(FenceMode, Option<(u64, Duration)>),
+    Fence(FenceMode, Option<Proposal>),
+}
+
+/// A fence count proposed with a grant (see [`RedisLock::grant_proposing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proposal {
+    /// The count: µs since the epoch, on the proposer's clock.
+    pub count: u64,
+    /// How far behind the server's clock the count may be and still be taken.
+    pub window: Duration,
 }
 
 /// The count of an unfenced grant: this client's time in µs, within `1..=MAX_COUNT`.

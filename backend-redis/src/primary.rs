@@ -171,27 +171,34 @@ impl Primary {
     }
 
     /// The node a call should go to: the current one, replaced first (see
-    /// [`rediscover`](Self::rediscover); by `deadline` with Sentinel, else within half
-    /// the time left) if a call timed out on it. Never fails: without a replacement, the
-    /// current node.
+    /// [`rediscover`](Self::rediscover)) if a request timed out on it. With Sentinel the
+    /// check runs by `deadline`. Without, a fresh connection is made in a task of its own
+    /// within the connect timeout (one at a time: callers that find the same node
+    /// suspect meanwhile take that attempt's answer), and the call waits for it up to
+    /// half its time left: past that, it goes over the old connection (its server may
+    /// only be slow), and the fresh one serves the calls after it. A call's short bound
+    /// (Redlock's node timeout) thus never cuts a reconnection short. Never fails:
+    /// without a replacement, the current node.
     ///
     /// # Cancel safety
-    /// Cancel-safe, as [`rediscover`](Self::rediscover).
-    pub(crate) async fn node_for_call(&self, deadline: Instant) -> Arc<Node> {
+    /// Cancel-safe: the reconnection carries on without the call.
+    pub(crate) async fn node_for_call(self: &Arc<Self>, deadline: Instant) -> Arc<Node> {
         let node = self.node();
         if !node.is_suspect() || !self.replaces_suspects() {
             return node;
         }
-        // Without Sentinel, half the time is kept for the call itself: on the old
-        // connection if no fresh one came (its server may only be slow), rather than
-        // not sending it at all.
-        let by = if self.follows_sentinel() {
-            deadline
-        } else {
-            let now = Instant::now();
-            now + deadline.saturating_duration_since(now) / 2
-        };
-        self.rediscover(&node, by).await.unwrap_or(node)
+        if self.follows_sentinel() {
+            return self.rediscover(&node, deadline).await.unwrap_or(node);
+        }
+        let (this, failed) = (Arc::clone(self), Arc::clone(&node));
+        let connect_by = Instant::now() + self.config.connect_timeout;
+        let fresh = tokio::spawn(async move { this.rediscover(&failed, connect_by).await });
+        let now = Instant::now();
+        let by = now + deadline.saturating_duration_since(now) / 2;
+        match tokio::time::timeout_at(by.into(), fresh).await {
+            Ok(Ok(Ok(fresh))) => fresh,
+            _ => node,
+        }
     }
 
     /// After `failed` (the node a call just failed on) stopped answering or said it is a

@@ -21,6 +21,8 @@ use tenure_conformance::{FencedRegister, History};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
+/// The bound given a building block's request (the request timeout's default).
+const LIMIT: Duration = Duration::from_secs(1);
 
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("faults/{name}")).unwrap()
@@ -421,13 +423,13 @@ async fn a_release_is_announced_and_a_withdrawal_is_not() {
     let lease = acquire_eventually(&lock, &k, Duration::from_secs(10))
         .await
         .expect("free key");
-    assert!(lock.withdraw_owner(&k, lease.owner()).await.unwrap());
+    assert!(lock.withdraw_owner(&k, lease.owner(), LIMIT).await.unwrap());
     let lease = lock
         .try_acquire(&k, TTL)
         .await
         .unwrap()
         .expect("withdrawn: free");
-    assert!(lock.release_owner(&k, lease.owner()).await.unwrap());
+    assert!(lock.release_owner(&k, lease.owner(), LIMIT).await.unwrap());
     let first = tokio::time::timeout(Duration::from_secs(10), subscription.released()).await;
     assert!(matches!(first, Ok(true)), "the release was announced");
     let second = tokio::time::timeout(Duration::from_millis(500), subscription.released()).await;

@@ -7,9 +7,11 @@ use redis::aio::MultiplexedConnection;
 use tenure_api::{DistributedLock, LockKey};
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_redis::scripts::{count_of, token_for};
-use tenure_redis::RedisLock;
+use tenure_redis::{Proposal, RedisLock};
 
 const TTL: Duration = Duration::from_secs(10);
+/// The bound given a building block's request (the request timeout's default).
+const LIMIT: Duration = Duration::from_secs(1);
 
 /// A plain client connection to the server, for setting up and reading raw keys.
 async fn plain(url: &str) -> MultiplexedConnection {
@@ -113,7 +115,10 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
 
     // Redlock's write round keeps an expiry in clock mode, on an existing fence key…
     let raised = token_for(count_of(lease.token()) + 1000, lease.owner()).unwrap();
-    assert!(clock.raise_fence(&k, lease.owner(), raised).await.unwrap());
+    assert!(clock
+        .raise_fence(&k, lease.owner(), raised, LIMIT)
+        .await
+        .unwrap());
     let pttl = fence_pttl(&mut conn, &clock, &k).await;
     assert!(pttl > ttl_ms, "raise_fence kept an expiry: PTTL {pttl}");
     let value: String = query(&mut conn, &["GET", &fence_key]).await;
@@ -121,7 +126,10 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
     // …and on a node that had no fence key for it yet.
     let fresh = LockKey::new("fence/raised-only").unwrap();
     let owner = tenure_api::OwnerId::random();
-    assert!(!clock.raise_fence(&fresh, owner, raised).await.unwrap());
+    assert!(!clock
+        .raise_fence(&fresh, owner, raised, LIMIT)
+        .await
+        .unwrap());
     let pttl = fence_pttl(&mut conn, &clock, &fresh).await;
     assert!(
         pttl > day_ms - 60_000,
@@ -141,7 +149,7 @@ async fn clock_fence_key_expires_after_its_lock_and_a_plain_counter_persists() {
         );
         let owner = lease.owner();
         let next = token_for(count_of(lease.token()) + 5, lease.owner()).unwrap();
-        assert!(counter.raise_fence(&k, owner, next).await.unwrap());
+        assert!(counter.raise_fence(&k, owner, next, LIMIT).await.unwrap());
         assert_eq!(fence_pttl(&mut conn, &counter, &k).await, -1, "{name}");
         counter.release(lease).await.unwrap();
     }
@@ -212,9 +220,19 @@ async fn a_proposed_count_is_taken_only_within_the_counters_bounds() {
         let (lock, k) = (&lock, &k);
         async move {
             let owner = tenure_api::OwnerId::random();
-            let granted = lock.grant_proposing(k, owner, TTL, None, proposed, window);
+            let granted = lock.grant_proposing(
+                k,
+                owner,
+                TTL,
+                None,
+                Proposal {
+                    count: proposed,
+                    window,
+                },
+                LIMIT,
+            );
             let counted = count(granted.await.unwrap());
-            assert!(lock.release_owner(k, owner).await.unwrap());
+            assert!(lock.release_owner(k, owner, LIMIT).await.unwrap());
             counted
         }
     };
@@ -261,8 +279,8 @@ async fn a_proposed_count_is_taken_only_within_the_counters_bounds() {
             tenure_api::OwnerId::random(),
             TTL,
             None,
-            now,
-            window,
+            Proposal { count: now, window },
+            LIMIT,
         )
         .await
         .unwrap();

@@ -19,13 +19,15 @@ const NODE_SCAN_LIMIT: Duration = Duration::from_secs(60);
 
 impl Redlock {
     /// Runs `scan` on every node; the first failure, if any node failed.
-    async fn on_every_node<'a, T, F, Fut>(&'a self, scan: F) -> Result<Vec<T>, LockError>
+    async fn on_every_node<'a, T: 'a, F, Fut>(&'a self, scan: F) -> Result<Vec<T>, LockError>
     where
         F: Fn(&'a tenure_redis::RedisLock) -> Fut + Copy,
         Fut: std::future::Future<Output = Result<T, LockError>> + 'a,
     {
         self.inner
-            .fan_out(NODE_SCAN_LIMIT, scan)
+            .fan_out(NODE_SCAN_LIMIT, |node, limit| {
+                crate::within("scan", node, limit, scan(node))
+            })
             .await
             .into_iter()
             .collect()

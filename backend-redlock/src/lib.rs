@@ -17,7 +17,7 @@ use tenure_api::{
     HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock,
     WaitKind,
 };
-use tenure_redis::{scripts, Grant, RedisLock};
+use tenure_redis::{scripts, Grant, Proposal, RedisLock};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
 use quorum::{gather, Gates, Tally, Verdict};
@@ -87,7 +87,7 @@ impl Redlock {
                 gates: Arc::default(),
             }),
         };
-        let results = lock.inner.fan_out(limit, |_| async { Ok(()) }).await;
+        let results = lock.inner.fan_out(limit, |_, _| async { Ok(()) }).await;
         let connected = results.iter().filter(|r| r.is_ok()).count();
         let needed = lock.inner.config.quorum();
         if connected < needed {
@@ -143,8 +143,20 @@ fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     tokio::spawn(Box::pin(task));
 }
 
+/// `call` (step `what`) on `node`, given up after `limit` (as a request with no reply):
+/// for the rare calls that take no bound of their own (inspection, admin scans).
+async fn within<T>(
+    what: &str,
+    node: &RedisLock,
+    limit: Duration,
+    call: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    let endpoint = node.config().endpoint();
+    tenure_api::bounded(limit, what, &endpoint, call, |e| e).await
+}
+
 /// One node's grant: with the node's fence counter, proposing the round's count
-/// (`Some`: count and window, see [`RedisLock::grant_proposing`]), or without any counter
+/// (`Some`, see [`RedisLock::grant_proposing`]), or without any counter
 /// (`None`: `fencing=false`, no fence key is written, see [`RedisLock::grant_unfenced`]).
 async fn grant(
     node: &RedisLock,
@@ -152,14 +164,15 @@ async fn grant(
     owner: OwnerId,
     ttl: Duration,
     label: Option<&str>,
-    proposed: Option<(u64, Duration)>,
+    proposed: Option<Proposal>,
+    limit: Duration,
 ) -> Result<Grant, LockError> {
     match proposed {
-        Some((count, window)) => {
-            node.grant_proposing(key, owner, ttl, label, count, window)
+        Some(proposal) => {
+            node.grant_proposing(key, owner, ttl, label, proposal, limit)
                 .await
         }
-        None => node.grant_unfenced(key, owner, ttl, label).await,
+        None => node.grant_unfenced(key, owner, ttl, label, limit).await,
     }
 }
 
@@ -179,7 +192,11 @@ fn proposal() -> u64 {
 }
 
 impl Inner {
-    /// Runs `op` on node `index`, connecting first if needed, all within `limit`.
+    /// Runs `op` on node `index`, connecting first if needed, all within `limit`: `op`
+    /// gets the time left, and bounds its request by it. The node client itself bounds
+    /// the request, so one that got no reply in its time condemns its connection there
+    /// (see [`RedisLock::grant`]), where a timer around the call would cut it first and
+    /// leave the node client using a connection that owes a reply.
     async fn on_node<'a, T, F, Fut>(
         &'a self,
         index: usize,
@@ -187,32 +204,31 @@ impl Inner {
         op: F,
     ) -> Result<T, LockError>
     where
-        F: FnOnce(&'a RedisLock) -> Fut,
+        F: FnOnce(&'a RedisLock, Duration) -> Fut,
         Fut: Future<Output = Result<T, LockError>> + 'a,
     {
-        let config = &self.config.nodes[index];
-        let call = async {
-            let node = match self.nodes[index].get() {
-                Some(node) => node,
+        let node = match self.nodes[index].get() {
+            Some(node) => node,
+            None => {
+                let config = &self.config.nodes[index];
+                let started = Instant::now();
                 // Boxed: the connect future is large, and every call's future would
                 // carry (and move) its space although it runs once per node.
-                None => {
-                    Box::pin(
-                        self.nodes[index]
-                            .get_or_try_init(|| RedisLock::with_config(config.clone())),
-                    )
-                    .await?
-                }
-            };
-            op(node).await
+                let connect = Box::pin(
+                    self.nodes[index].get_or_try_init(|| RedisLock::with_config(config.clone())),
+                );
+                let endpoint = &self.endpoints[index];
+                let node = tenure_api::bounded(limit, "connect", endpoint, connect, |e| e).await?;
+                return op(node, limit.saturating_sub(started.elapsed())).await;
+            }
         };
-        tenure_api::bounded(limit, "request", &self.endpoints[index], call, |e| e).await
+        op(node, limit).await
     }
 
     /// Runs `op` on every node concurrently (never one after another) and waits for all.
     async fn fan_out<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<Result<T, LockError>>
     where
-        F: Fn(&'a RedisLock) -> Fut + Copy,
+        F: Fn(&'a RedisLock, Duration) -> Fut + Copy,
         Fut: Future<Output = Result<T, LockError>> + 'a,
     {
         join_all((0..self.nodes.len()).map(|i| self.on_node(i, limit, op))).await
@@ -228,7 +244,7 @@ impl Inner {
     ) -> mpsc::UnboundedReceiver<Result<T, LockError>>
     where
         T: Send + 'static,
-        F: Fn(RedisLock) -> Fut + Send + Sync + 'static,
+        F: Fn(RedisLock, Duration) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
     {
         let (answers, received) = mpsc::unbounded_channel();
@@ -236,7 +252,9 @@ impl Inner {
         spawn(async move {
             let (inner, op, answers) = (&inner, &op, &answers);
             join_all((0..inner.nodes.len()).map(|i| async move {
-                let answer = inner.on_node(i, limit, |node| op(node.clone())).await;
+                let answer = inner
+                    .on_node(i, limit, |node, left| op(node.clone(), left))
+                    .await;
                 let _ = answers.send(answer);
             }))
             .await;
@@ -275,7 +293,7 @@ impl Inner {
                         let queued = ticket.is_queued();
                         ticket.wait_turn().await;
                         let released = inner
-                            .on_node(i, limit, |node| node.release_owner(key, owner))
+                            .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
                             .await;
                         let _ = answers.send((queued, released));
                         drop(ticket);
@@ -311,7 +329,10 @@ impl Inner {
         let valid_until = deadline(start, ttl, drift);
         let (decide, decision) = watch::channel(Phase::Pending);
         let (replies, mut received) = mpsc::unbounded_channel();
-        let proposed = self.config.fencing.then(|| (proposal(), limit));
+        let proposed = self.config.fencing.then(|| Proposal {
+            count: proposal(),
+            window: limit,
+        });
         // Collected by `join_all` at once (tickets are taken in node order, now), into
         // its own vector: the node futures are large, and collecting them first would
         // allocate and copy them twice.
@@ -321,8 +342,8 @@ impl Inner {
             async move {
                 ticket.wait_turn().await;
                 let reply = self
-                    .on_node(i, limit, |node| {
-                        grant(node, key, owner, ttl, label, proposed)
+                    .on_node(i, limit, |node, left| {
+                        grant(node, key, owner, ttl, label, proposed, left)
                     })
                     .await;
                 let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
@@ -340,20 +361,26 @@ impl Inner {
                         // Nobody was told of this grant: withdrawn without waking
                         // waiters, which would only race again for a lock nobody released.
                         Phase::Failed => {
-                            self.on_node(i, limit, |node| node.withdraw_owner(key, owner))
-                                .await
+                            self.on_node(i, limit, |node, left| {
+                                node.withdraw_owner(key, owner, left)
+                            })
+                            .await
                         }
                         Phase::Abandoned => {
-                            self.on_node(i, limit, |node| node.release_owner(key, owner))
-                                .await
+                            self.on_node(i, limit, |node, left| {
+                                node.release_owner(key, owner, left)
+                            })
+                            .await
                         }
                         // No fence round ran, and this grant named another count (it
                         // came back after the decision) or may have landed unseen (its
                         // reply failed): it records the lease's token, so that every
                         // node names it (only if the lock is ours there).
                         Phase::Held(Some(token)) if counted != Some(token) => {
-                            self.on_node(i, limit, |node| node.raise_fence(key, owner, token))
-                                .await
+                            self.on_node(i, limit, |node, left| {
+                                node.raise_fence(key, owner, token, left)
+                            })
+                            .await
                         }
                         Phase::Pending | Phase::Held(_) => Ok(false),
                     };
@@ -454,9 +481,9 @@ impl Inner {
             return Ok(());
         }
         let key = key.clone();
-        let mut received = self.broadcast(limit, move |node| {
+        let mut received = self.broadcast(limit, move |node, left| {
             let key = key.clone();
-            async move { node.raise_fence(&key, owner, token).await }
+            async move { node.raise_fence(&key, owner, token, left).await }
         });
         let mut tally = self.quorum_tally();
         let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
@@ -555,9 +582,9 @@ impl DistributedLock for Redlock {
         let (key, owner) = (lease.key().clone(), lease.owner());
         let mut tally = inner.quorum_tally();
         let extend_key = key.clone();
-        let mut received = inner.broadcast(limit, move |node| {
+        let mut received = inner.broadcast(limit, move |node, left| {
             let key = extend_key.clone();
-            async move { node.extend_owner(&key, owner, ttl).await }
+            async move { node.extend_owner(&key, owner, ttl, left).await }
         });
         let answers = futures::stream::poll_fn(|cx| received.poll_recv(cx));
         gather(answers, &mut tally, |ours| *ours, Tally::settled).await;
@@ -666,7 +693,11 @@ impl DistributedLock for Redlock {
             .config
             .node_timeout_for(Duration::from_secs(1))
             .saturating_mul(10);
-        let replies = inner.fan_out(limit, |node| node.inspect(key)).await;
+        let replies = inner
+            .fan_out(limit, |node, left| {
+                within("inspect", node, left, node.inspect(key))
+            })
+            .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let holders: Vec<HolderInfo> = replies
             .into_iter()
@@ -801,8 +832,9 @@ impl Inner {
                 let (inner, key) = (self.clone(), key.clone());
                 let (count, settle) = (count.clone(), settle.clone());
                 tokio::spawn(async move {
-                    let subscribe =
-                        || inner.on_node(i, limit, |node| node.subscribe_releases(&key, limit));
+                    let subscribe = || {
+                        inner.on_node(i, limit, |node, left| node.subscribe_releases(&key, left))
+                    };
                     let subscribed = subscribe().await;
                     settle.send_modify(|n| *n += 1);
                     drop(settle);

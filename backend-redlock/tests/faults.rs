@@ -109,6 +109,57 @@ async fn a_held_key_with_a_minority_down_is_contention_not_no_quorum() {
     );
 }
 
+/// A node's connection goes silent for good while TCP stays up on both ends (a NAT or
+/// load balancer lost its state: nothing tells the client until TCP gives up, many
+/// minutes later). A request that got no reply within its whole node bound condemns the
+/// connection, so the next call to that node takes a fresh one: the node counts towards
+/// a majority again at once (here it is needed for one: two other nodes are cut off).
+/// Before, Redlock's own timer cut each node request first, and the node client kept
+/// the silent connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_connection_is_replaced() {
+    let cluster = five(RedisOptions::default()).await;
+    // A node timeout with room for a reconnection on a loaded machine, and still well
+    // under the nodes' 1 s request timeout (which decided before).
+    let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=300").await;
+    warm_up(&lock).await;
+    let accepted = proxies[0].stats().accepted;
+    proxies[0].strand();
+    for proxy in &proxies[3..] {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+
+    // Each try on a key of its own: a grant whose reply was lost is held until it expires.
+    let nodes = cluster.nodes();
+    let started = Instant::now();
+    let mut granted = 0;
+    for attempt in 0.. {
+        let k = key(&format!("silent-{attempt}"));
+        match lock.try_acquire(&k, TTL).await {
+            Ok(Some(_)) => {
+                assert!(node_holds(&nodes[0], &k).await, "{k}: node 0 granted it");
+                granted += 1;
+            }
+            Ok(None) => {}
+            Err(e) if e.is_retryable() => {}
+            Err(e) => panic!("{k}: {e}"),
+        }
+        if granted == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "node 0 answers on a fresh connection (granted {granted} of 3)"
+        );
+    }
+    let stats = proxies[0].stats();
+    assert!(
+        stats.bytes_blackholed > 0,
+        "the fault fired: a request to node 0 was lost"
+    );
+    assert!(stats.accepted > accepted, "node 0's client reconnected");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_down_still_locks_majority_down_is_no_quorum_and_leaves_nothing() {
     let cluster = five(RedisOptions::default()).await;

@@ -568,7 +568,8 @@ async fn an_unfenced_grant_of_a_free_lock_runs_no_script() {
         .await
         .unwrap();
     let (owner, k) = (tenure_api::OwnerId::random(), key("retried"));
-    let grant = || node.grant_unfenced(&k, owner, TTL, Some("nightly"));
+    let limit = node.config().request_timeout;
+    let grant = || node.grant_unfenced(&k, owner, TTL, Some("nightly"), limit);
     let first = grant().await.unwrap();
     assert!(
         matches!(first, tenure_redis::Grant::Granted(_)),
@@ -584,7 +585,7 @@ async fn an_unfenced_grant_of_a_free_lock_runs_no_script() {
         (holder.owner, holder.label.as_deref()),
         (owner, Some("nightly"))
     );
-    assert!(node.release_owner(&k, owner).await.unwrap());
+    assert!(node.release_owner(&k, owner, limit).await.unwrap());
 }
 
 /// Resets every node's statistics once `clients` are connected to every node and a

@@ -1,6 +1,7 @@
 //! A TCP fault proxy: listens on a loopback port, forwards to one target, and can be
 //! switched at run time to black-hole, reset or delay traffic — on existing connections as
-//! well as new ones.
+//! well as new ones — or strand the connections open so far (silent for good) while new
+//! ones pass.
 //!
 //! ```no_run
 //! # async fn demo(target: std::net::SocketAddr) -> std::io::Result<()> {
@@ -70,7 +71,9 @@ pub struct ProxyStats {
     pub bytes_up: u64,
     /// Bytes delivered server→client.
     pub bytes_down: u64,
-    /// Bytes read in either direction and dropped because of [`ProxyMode::Blackhole`].
+    /// Bytes read in either direction and dropped: [`ProxyMode::Blackhole`] (or
+    /// [`ProxyMode::Reset`] before it took effect), or a stranded connection
+    /// ([`FaultProxy::strand`]).
     pub bytes_blackholed: u64,
 }
 
@@ -98,6 +101,9 @@ impl Shared {
 struct Shared {
     target: std::sync::Mutex<SocketAddr>,
     mode: watch::Sender<ProxyMode>,
+    /// Connections accepted before the last [`FaultProxy::strand`] are stranded: how
+    /// many strands there were.
+    strands: AtomicU64,
     counters: Counters,
 }
 
@@ -122,6 +128,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             target: std::sync::Mutex::new(target),
             mode: watch::Sender::new(ProxyMode::Pass),
+            strands: AtomicU64::new(0),
             counters: Counters::default(),
         });
         let cancel = CancellationToken::new();
@@ -156,6 +163,15 @@ impl FaultProxy {
     /// Switch mode; takes effect on existing and new connections.
     pub fn set_mode(&self, mode: ProxyMode) {
         self.shared.mode.send_replace(mode);
+    }
+
+    /// Strands the connections accepted so far: from now on nothing they carry is
+    /// delivered, in either direction, and neither end is told (as when a NAT or a load
+    /// balancer lost their state: TCP gives up only after many minutes), until
+    /// [`ProxyMode::Reset`] resets them. Connections accepted later pass as the mode
+    /// says. Their dropped bytes count as [`ProxyStats::bytes_blackholed`].
+    pub fn strand(&self) {
+        self.shared.strands.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The current mode.
@@ -206,7 +222,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cancel: Cancell
             shared.counters.resets.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        tokio::spawn(connection(client, shared.clone(), cancel.child_token()));
+        let born = shared.strands.load(Ordering::Relaxed);
+        tokio::spawn(connection(
+            client,
+            shared.clone(),
+            born,
+            cancel.child_token(),
+        ));
     }
 }
 
@@ -223,7 +245,12 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
-async fn connection(mut client: TcpStream, shared: Arc<Shared>, cancel: CancellationToken) {
+async fn connection(
+    mut client: TcpStream,
+    shared: Arc<Shared>,
+    born: u64,
+    cancel: CancellationToken,
+) {
     let c = &shared.counters;
     c.active.fetch_add(1, Ordering::Relaxed);
     let _active = ActiveGuard(c);
@@ -247,8 +274,12 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>, cancel: Cancella
     let was_reset = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
-        let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, c);
-        let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, c);
+        let dropping = Dropping {
+            shared: &shared,
+            born,
+        };
+        let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, &dropping);
+        let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, &dropping);
         let both = futures::future::try_join(up, down);
         tokio::select! {
             _ = cancel.cancelled() => false,
@@ -260,6 +291,24 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>, cancel: Cancella
         reset(&client);
         reset(&server);
         c.resets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a connection's bytes are dropped now: black-holed (or reset) by the mode, or
+/// stranded (see [`FaultProxy::strand`]).
+struct Dropping<'a> {
+    shared: &'a Shared,
+    /// The strands before the connection was accepted.
+    born: u64,
+}
+
+impl Dropping<'_> {
+    fn stranded(&self) -> bool {
+        self.shared.strands.load(Ordering::Relaxed) > self.born
+    }
+
+    fn now(&self, mode: ProxyMode) -> bool {
+        matches!(mode, ProxyMode::Blackhole | ProxyMode::Reset) || self.stranded()
     }
 }
 
@@ -276,8 +325,9 @@ async fn pump(
     mut to: tokio::net::tcp::WriteHalf<'_>,
     mut mode: watch::Receiver<ProxyMode>,
     dir: Direction,
-    c: &Counters,
+    dropping: &Dropping<'_>,
 ) -> io::Result<()> {
+    let c = &dropping.shared.counters;
     /// Stop reading while this much is queued for delayed delivery.
     const MAX_QUEUED: usize = 4 << 20;
     let delivered = match dir {
@@ -291,8 +341,11 @@ async fn pump(
     loop {
         if eof && queue.is_empty() {
             // A partition does not deliver FINs either: hold the half-close while
-            // black-holed.
+            // black-holed (for good once stranded).
             let _ = mode.wait_for(|m| *m != ProxyMode::Blackhole).await;
+            if dropping.stranded() {
+                std::future::pending::<()>().await;
+            }
             let _ = to.shutdown().await;
             return Ok(());
         }
@@ -304,16 +357,17 @@ async fn pump(
                     eof = true;
                     continue;
                 }
-                let delay = match *mode.borrow() {
-                    ProxyMode::Blackhole | ProxyMode::Reset => {
-                        c.bytes_blackholed.fetch_add(n as u64, Ordering::Relaxed);
-                        continue;
+                let now = *mode.borrow();
+                if dropping.now(now) {
+                    c.bytes_blackholed.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                }
+                let delay = match (now, dir) {
+                    (ProxyMode::Delay { up, .. }, Direction::Up) => up,
+                    (ProxyMode::Delay { down, .. }, Direction::Down) => down,
+                    (ProxyMode::Pass | ProxyMode::Blackhole | ProxyMode::Reset, _) => {
+                        Duration::ZERO
                     }
-                    ProxyMode::Pass => Duration::ZERO,
-                    ProxyMode::Delay { up, down } => match dir {
-                        Direction::Up => up,
-                        Direction::Down => down,
-                    },
                 };
                 if delay.is_zero() && queue.is_empty() {
                     // Nothing to wait for: forward at once, not on the timer's next tick
@@ -328,7 +382,7 @@ async fn pump(
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
                 let Some((_, chunk)) = queue.pop_front() else { continue };
                 queued -= chunk.len();
-                if matches!(*mode.borrow(), ProxyMode::Blackhole | ProxyMode::Reset) {
+                if dropping.now(*mode.borrow()) {
                     c.bytes_blackholed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     continue;
                 }

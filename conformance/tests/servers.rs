@@ -244,6 +244,26 @@ async fn proxy_faults() -> TestResult {
         t.elapsed()
     );
 
+    // Strand: the connections open now go silent for good (replies included), new
+    // ones pass.
+    let mut stranded = RespConnection::connect(via).await?;
+    assert_eq!(
+        stranded.command(&["PING"]).await?,
+        Resp::Simple("PONG".into())
+    );
+    let dropped_before = proxy.stats().bytes_blackholed;
+    proxy.strand();
+    let r = tokio::time::timeout(Duration::from_millis(300), stranded.command(&["PING"])).await;
+    assert!(r.is_err(), "a stranded connection: {r:?}");
+    ping_within(via, 2000).await?;
+    let r = tokio::time::timeout(Duration::from_millis(300), stranded.command(&["PING"])).await;
+    assert!(r.is_err(), "still stranded after a new connection: {r:?}");
+    assert!(
+        proxy.stats().bytes_blackholed > dropped_before,
+        "{:?}",
+        proxy.stats()
+    );
+
     // The proxy is stable across a restart of its node.
     n.restart().await?;
     ping_within(via, 2000).await?;

@@ -182,12 +182,12 @@ async fn pg_conn(config: &tenure_postgres::PgConfig) -> Result<sqlx::PgConnectio
 /// after a `NOSCRIPT` round trip (as in any long-running process).
 async fn warm_up(lock: &RedisLock) -> Result<(), LockError> {
     let key = LockKey::new("tenure-broken/warm-up")?;
-    let owner = OwnerId::random();
-    lock.grant(&key, owner, Duration::from_secs(1), None)
+    let (owner, limit) = (OwnerId::random(), lock.config().request_timeout);
+    lock.grant(&key, owner, Duration::from_secs(1), None, limit)
         .await?;
-    lock.extend_owner(&key, owner, Duration::from_secs(1))
+    lock.extend_owner(&key, owner, Duration::from_secs(1), limit)
         .await?;
-    lock.release_owner(&key, owner).await?;
+    lock.release_owner(&key, owner, limit).await?;
     Ok(())
 }
 
@@ -389,7 +389,9 @@ impl Broken {
                     Flaw::FixedValue => sent,
                     _ => replied,
                 };
-                match self.redis().0.grant(key, owner, ttl, None).await? {
+                let redis = &self.redis().0;
+                let limit = redis.config().request_timeout;
+                match redis.grant(key, owner, ttl, None, limit).await? {
                     Grant::Granted(token) => Ok(Some(self.lease(
                         key,
                         owner,
@@ -405,16 +407,14 @@ impl Broken {
                 let (nodes, bound, needed) = self.nodes(ttl);
                 let owner = OwnerId::random();
                 let grants = futures::future::join_all(
-                    nodes
-                        .iter()
-                        .map(|n| tokio::time::timeout(bound, n.grant(key, owner, ttl, None))),
+                    nodes.iter().map(|n| n.grant(key, owner, ttl, None, bound)),
                 )
                 .await;
                 let replied = Instant::now();
                 let tokens: Vec<FencingToken> = grants
                     .into_iter()
                     .filter_map(|g| match g {
-                        Ok(Ok(Grant::Granted(token))) => Some(token),
+                        Ok(Grant::Granted(token)) => Some(token),
                         _ => None,
                     })
                     .collect();
@@ -428,12 +428,8 @@ impl Broken {
                     let token = tokens.into_iter().max().unwrap_or(FencingToken(0));
                     return Ok(Some(self.lease(key, owner, token, from, ttl)));
                 }
-                futures::future::join_all(
-                    nodes
-                        .iter()
-                        .map(|n| tokio::time::timeout(bound, n.release_owner(key, owner))),
-                )
-                .await;
+                futures::future::join_all(nodes.iter().map(|n| n.release_owner(key, owner, bound)))
+                    .await;
                 Ok(None)
             }
         }
@@ -512,12 +508,12 @@ impl DistributedLock for Broken {
                 let extended = futures::future::join_all(
                     nodes
                         .iter()
-                        .map(|n| tokio::time::timeout(bound, n.extend_owner(&key, owner, ttl))),
+                        .map(|n| n.extend_owner(&key, owner, ttl, bound)),
                 )
                 .await;
                 if extended
                     .into_iter()
-                    .filter(|e| matches!(e, Ok(Ok(true))))
+                    .filter(|e| matches!(e, Ok(true)))
                     .count()
                     < needed
                 {
@@ -606,11 +602,13 @@ impl DistributedLock for Broken {
                 // Each node's request bounded as the real Redlock bounds it: a cut-off
                 // node must not hold the release up.
                 let (nodes, bound, _) = self.nodes(lease.ttl());
-                let released = futures::future::join_all(nodes.iter().map(|n| {
-                    tokio::time::timeout(bound, n.release_owner(lease.key(), lease.owner()))
-                }))
+                let released = futures::future::join_all(
+                    nodes
+                        .iter()
+                        .map(|n| n.release_owner(lease.key(), lease.owner(), bound)),
+                )
                 .await;
-                Ok(outcome(released.iter().any(|r| matches!(r, Ok(Ok(true))))))
+                Ok(outcome(released.iter().any(|r| matches!(r, Ok(true)))))
             }
             _ => self.inner.release(lease).await,
         }
