@@ -1,7 +1,7 @@
 //! A TCP fault proxy: listens on a loopback port, forwards to one target, and can be
 //! switched at run time to black-hole, reset or delay traffic — on existing connections as
-//! well as new ones — or strand the connections open so far (silent for good) while new
-//! ones pass.
+//! well as new ones — or strand the connections open so far (silent for good), or stall
+//! them (their requests delivered late), while new ones pass.
 //!
 //! ```no_run
 //! # async fn demo(target: std::net::SocketAddr) -> std::io::Result<()> {
@@ -75,6 +75,9 @@ pub struct ProxyStats {
     /// [`ProxyMode::Reset`] before it took effect), or a stranded connection
     /// ([`FaultProxy::strand`]).
     pub bytes_blackholed: u64,
+    /// Bytes read client→server on a stalled connection, to be delivered late (see
+    /// [`FaultProxy::stall`]; counted as they are read).
+    pub bytes_stalled: u64,
 }
 
 #[derive(Debug, Default)]
@@ -86,9 +89,18 @@ struct Counters {
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
     bytes_blackholed: AtomicU64,
+    bytes_stalled: AtomicU64,
 }
 
 impl Shared {
+    /// How many stalls there were.
+    fn stalls(&self) -> u64 {
+        self.stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+
     fn target(&self) -> SocketAddr {
         *self
             .target
@@ -104,6 +116,8 @@ struct Shared {
     /// Connections accepted before the last [`FaultProxy::strand`] are stranded: how
     /// many strands there were.
     strands: AtomicU64,
+    /// The last [`FaultProxy::stall`]: how many stalls there were, and its delay.
+    stall: std::sync::Mutex<(u64, Duration)>,
     counters: Counters,
 }
 
@@ -129,6 +143,7 @@ impl FaultProxy {
             target: std::sync::Mutex::new(target),
             mode: watch::Sender::new(ProxyMode::Pass),
             strands: AtomicU64::new(0),
+            stall: std::sync::Mutex::new((0, Duration::ZERO)),
             counters: Counters::default(),
         });
         let cancel = CancellationToken::new();
@@ -174,6 +189,21 @@ impl FaultProxy {
         self.shared.strands.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Stalls the connections accepted so far: what their clients send from now on
+    /// reaches the server `up` late (on top of the mode's delay), in order, while
+    /// connections accepted later pass as the mode says — one path to the server held up
+    /// (a congested route, a peer stuck on one socket) while a new connection gets
+    /// through at once. A later stall replaces this one (`Duration::ZERO` lifts it).
+    /// Counted as [`ProxyStats::bytes_stalled`].
+    pub fn stall(&self, up: Duration) {
+        let mut stall = self
+            .shared
+            .stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *stall = (stall.0 + 1, up);
+    }
+
     /// The current mode.
     pub fn mode(&self) -> ProxyMode {
         *self.shared.mode.borrow()
@@ -191,6 +221,7 @@ impl FaultProxy {
             bytes_up: get(&c.bytes_up),
             bytes_down: get(&c.bytes_down),
             bytes_blackholed: get(&c.bytes_blackholed),
+            bytes_stalled: get(&c.bytes_stalled),
         }
     }
 }
@@ -222,7 +253,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cancel: Cancell
             shared.counters.resets.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let born = shared.strands.load(Ordering::Relaxed);
+        let born = Born {
+            strands: shared.strands.load(Ordering::Relaxed),
+            stalls: shared.stalls(),
+        };
         tokio::spawn(connection(
             client,
             shared.clone(),
@@ -248,7 +282,7 @@ impl Drop for ActiveGuard<'_> {
 async fn connection(
     mut client: TcpStream,
     shared: Arc<Shared>,
-    born: u64,
+    born: Born,
     cancel: CancellationToken,
 ) {
     let c = &shared.counters;
@@ -274,12 +308,12 @@ async fn connection(
     let was_reset = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
-        let dropping = Dropping {
+        let faults = Faults {
             shared: &shared,
             born,
         };
-        let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, &dropping);
-        let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, &dropping);
+        let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, &faults);
+        let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, &faults);
         let both = futures::future::try_join(up, down);
         tokio::select! {
             _ = cancel.cancelled() => false,
@@ -294,21 +328,42 @@ async fn connection(
     }
 }
 
-/// Whether a connection's bytes are dropped now: black-holed (or reset) by the mode, or
-/// stranded (see [`FaultProxy::strand`]).
-struct Dropping<'a> {
-    shared: &'a Shared,
-    /// The strands before the connection was accepted.
-    born: u64,
+/// The strands and stalls before a connection was accepted (the later ones are its).
+#[derive(Clone, Copy)]
+struct Born {
+    strands: u64,
+    stalls: u64,
 }
 
-impl Dropping<'_> {
+/// The faults on one connection beyond the mode: stranded or stalled.
+struct Faults<'a> {
+    shared: &'a Shared,
+    born: Born,
+}
+
+impl Faults<'_> {
     fn stranded(&self) -> bool {
-        self.shared.strands.load(Ordering::Relaxed) > self.born
+        self.shared.strands.load(Ordering::Relaxed) > self.born.strands
     }
 
-    fn now(&self, mode: ProxyMode) -> bool {
+    /// Whether its bytes are dropped now: black-holed (or reset) by the mode, or
+    /// stranded (see [`FaultProxy::strand`]).
+    fn dropping(&self, mode: ProxyMode) -> bool {
         matches!(mode, ProxyMode::Blackhole | ProxyMode::Reset) || self.stranded()
+    }
+
+    /// The delay of a stall of this connection (see [`FaultProxy::stall`]).
+    fn stall(&self) -> Duration {
+        let (stalls, up) = *self
+            .shared
+            .stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stalls > self.born.stalls {
+            up
+        } else {
+            Duration::ZERO
+        }
     }
 }
 
@@ -325,9 +380,9 @@ async fn pump(
     mut to: tokio::net::tcp::WriteHalf<'_>,
     mut mode: watch::Receiver<ProxyMode>,
     dir: Direction,
-    dropping: &Dropping<'_>,
+    faults: &Faults<'_>,
 ) -> io::Result<()> {
-    let c = &dropping.shared.counters;
+    let c = &faults.shared.counters;
     /// Stop reading while this much is queued for delayed delivery.
     const MAX_QUEUED: usize = 4 << 20;
     let delivered = match dir {
@@ -343,7 +398,7 @@ async fn pump(
             // A partition does not deliver FINs either: hold the half-close while
             // black-holed (for good once stranded).
             let _ = mode.wait_for(|m| *m != ProxyMode::Blackhole).await;
-            if dropping.stranded() {
+            if faults.stranded() {
                 std::future::pending::<()>().await;
             }
             let _ = to.shutdown().await;
@@ -358,11 +413,18 @@ async fn pump(
                     continue;
                 }
                 let now = *mode.borrow();
-                if dropping.now(now) {
+                if faults.dropping(now) {
                     c.bytes_blackholed.fetch_add(n as u64, Ordering::Relaxed);
                     continue;
                 }
-                let delay = match (now, dir) {
+                let stall = match dir {
+                    Direction::Up => faults.stall(),
+                    Direction::Down => Duration::ZERO,
+                };
+                if !stall.is_zero() {
+                    c.bytes_stalled.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                let delay = stall + match (now, dir) {
                     (ProxyMode::Delay { up, .. }, Direction::Up) => up,
                     (ProxyMode::Delay { down, .. }, Direction::Down) => down,
                     (ProxyMode::Pass | ProxyMode::Blackhole | ProxyMode::Reset, _) => {
@@ -382,7 +444,7 @@ async fn pump(
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
                 let Some((_, chunk)) = queue.pop_front() else { continue };
                 queued -= chunk.len();
-                if dropping.now(*mode.borrow()) {
+                if faults.dropping(*mode.borrow()) {
                     c.bytes_blackholed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     continue;
                 }

@@ -264,6 +264,41 @@ async fn proxy_faults() -> TestResult {
         proxy.stats()
     );
 
+    // Stall: what the connections open now send reaches the server late, in order;
+    // new connections pass at once.
+    let mut stalled = RespConnection::connect(via).await?;
+    assert_eq!(
+        stalled.command(&["PING"]).await?,
+        Resp::Simple("PONG".into())
+    );
+    proxy.stall(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let (late, fresh) = tokio::join!(stalled.command(&["ECHO", "late"]), async {
+        let mut fresh = RespConnection::connect(via).await?;
+        let pong = fresh.command(&["PING"]).await?;
+        Ok::<_, tenure_conformance::servers::ServerError>((pong, sent.elapsed()))
+    });
+    let (pong, answered) = fresh?;
+    assert_eq!(pong, Resp::Simple("PONG".into()));
+    assert!(
+        answered < Duration::from_millis(1500),
+        "a new connection passes at once ({answered:?})"
+    );
+    assert_eq!(late?, Resp::Bulk(Some(b"late".to_vec())), "delivered, late");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(proxy.stats().bytes_stalled > 0, "{:?}", proxy.stats());
+    proxy.stall(Duration::ZERO);
+    let sent = Instant::now();
+    stalled.command(&["PING"]).await?;
+    assert!(
+        sent.elapsed() < Duration::from_millis(1500),
+        "the stall lifted"
+    );
+
     // The proxy is stable across a restart of its node.
     n.restart().await?;
     ping_within(via, 2000).await?;
