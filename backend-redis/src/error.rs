@@ -46,7 +46,10 @@ enum ErrorClass {
 /// - Unavailable (retryable): I/O errors, timeouts, refused or dropped connections, and
 ///   the server states that pass — `LOADING` (loading its dataset), `MASTERDOWN` (a
 ///   replica that lost its primary), `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` (a replica,
-///   e.g. a former primary after a failover), `BUSY` (a long script is running), and on
+///   e.g. a former primary after a failover), `BUSY` (a long script is running),
+///   `NOREPLICAS` (`min-replicas-to-write` not met: a replica is catching up), `OOM`
+///   (`maxmemory` reached: keys expire or get freed), `MISCONF` (writes stopped after a
+///   failed snapshot, until one succeeds), and on
 ///   a Redis Cluster `MOVED`/`ASK` and `NOSCRIPT` left over after the client's own
 ///   retries (a slot moving, a failover under way).
 /// - Config (never retried): authentication failures (`NOAUTH`, `WRONGPASS`, the client's
@@ -77,7 +80,7 @@ fn error_class(error: &RedisError) -> ErrorClass {
         Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorClass::Config,
         Some(
             "BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY" | "MOVED"
-            | "ASK" | "NOSCRIPT",
+            | "ASK" | "NOSCRIPT" | "NOREPLICAS" | "OOM" | "MISCONF",
         ) => ErrorClass::Unavailable,
         _ if error.is_timeout()
             || error.is_connection_refusal()
@@ -164,6 +167,9 @@ mod tests {
             "READONLY You can't write against a read only replica. script: 7cd7, on @user_script:1.",
             "CLUSTERDOWN The cluster is down",
             "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
         ] {
             assert_eq!(class(reply(line)), "unavailable", "{line}");
         }

@@ -6,6 +6,7 @@ mod error;
 mod primary;
 mod releases;
 pub mod scripts;
+mod unanswered;
 
 use std::fmt;
 use std::io::Write as _;
@@ -28,6 +29,7 @@ use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, Call, MAX_COUNT, SCRIPTS};
+use unanswered::Unanswered;
 
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
 /// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
@@ -71,6 +73,8 @@ pub struct RedisLock {
     primary: Arc<Primary>,
     /// The shared subscriber, with the generation of the node it is on.
     subscriber: Arc<tokio::sync::Mutex<Option<(Subscriber, u64)>>>,
+    /// The connection each owner's unanswered request went over, where its clean-up goes.
+    unanswered: Arc<Unanswered>,
 }
 
 impl fmt::Debug for RedisLock {
@@ -105,44 +109,15 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A grant `owner` may hold on one of `keys` after an attempt whose outcome is unknown (a
-/// timeout, a dropped connection): released in the background when dropped armed — the
-/// caller gave up on the acquire, or the acquire ended without a lease.
-struct PossibleGrant {
-    lock: RedisLock,
-    keys: Vec<LockKey>,
-    owner: OwnerId,
-    armed: bool,
-}
-
-impl PossibleGrant {
-    /// The owner's grant, if any, turned out to be known (a lease, or held by another).
-    fn settle(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for PossibleGrant {
-    fn drop(&mut self) {
-        if self.armed {
-            self.lock.release_detached(&self.keys, self.owner);
-        }
-    }
-}
-
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
     Held {
         pttl: Duration,
     },
-    /// Granted, but the reply came after the lease's deadline: refused (see
-    /// [`RedisLock::attempt`]). `settled` is true once the release of that grant is known
-    /// to have run; until then the owner id must not be used again.
-    Late {
-        error: LockError,
-        settled: bool,
-    },
+    /// Granted, but the reply came after the lease's deadline: refused and released (see
+    /// [`RedisLock::attempt`]).
+    Late(LockError),
 }
 
 impl RedisLock {
@@ -183,6 +158,7 @@ impl RedisLock {
             config,
             primary,
             subscriber: Arc::default(),
+            unanswered: Arc::default(),
         })
     }
 
@@ -212,21 +188,26 @@ impl RedisLock {
 
     async fn call<T: redis::FromRedisValue>(&self, what: &str, call: Call) -> Result<T, LockError> {
         let bound = Bound::full(self.config.request_timeout);
-        let (value, _) = self.run_script(what, &call, bound, 0).await?;
+        let (value, _) = self
+            .run_script(what, &call, bound, 0, Whose::Nobody)
+            .await?;
         Ok(value)
     }
 
-    /// Runs a script that writes, then checks that [`RedisConfig::wait_replicas`]
-    /// replicas have the write: the value, and `Err` naming what `what` did and how many
-    /// replicas confirmed it when too few did (`Ok` at once without `wait_replicas`).
+    /// Runs a script that writes for `owner`, then checks that
+    /// [`RedisConfig::wait_replicas`] replicas have the write: the value, and `Err`
+    /// naming what `what` did and how many replicas confirmed it when too few did (`Ok`
+    /// at once without `wait_replicas`).
     async fn call_confirmed<T: redis::FromRedisValue>(
         &self,
         what: &str,
         call: Call,
         bound: Bound,
+        owner: OwnerId,
     ) -> Result<(T, Result<(), String>), LockError> {
         let wanted = self.config.wait_replicas;
-        let (value, confirmed) = self.run_script(what, &call, bound, wanted).await?;
+        let whose = Whose::Request(owner);
+        let (value, confirmed) = self.run_script(what, &call, bound, wanted, whose).await?;
         let confirmed = match confirmed {
             Some(got) if got < i64::from(wanted) => Err(format!(
                 "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
@@ -244,24 +225,47 @@ impl RedisLock {
     /// on the same connection (`WAIT` counts that connection's writes: sent separately,
     /// after a reconnect, it would confirm nothing yet report every replica); the second
     /// value is its answer.
+    ///
+    /// `whose` request it is: an owner's request is noted until its reply comes, and a
+    /// clean-up goes over the connection of its owner's last unanswered request, behind
+    /// it (see [`unanswered`]).
     async fn run_script<T: redis::FromRedisValue>(
         &self,
         what: &str,
         call: &Call,
         bound: Bound,
         replicas: u32,
+        whose: Whose,
     ) -> Result<(T, Option<i64>), LockError> {
         let deadline = Instant::now() + bound.limit.min(LIMIT_MAX);
         let left = || deadline.saturating_duration_since(Instant::now());
         let wait = self.config.wait_timeout;
-        let mut node = self.primary.node_for_call(deadline).await;
+        let behind = match whose {
+            Whose::CleanUp(owner) => self.unanswered.behind(owner),
+            _ => None,
+        };
+        let mut node = match behind {
+            Some(node) => node,
+            None => self.primary.node_for_call(deadline).await,
+        };
         let mut retried = false;
         // One loop for the call and its retry: a second `send` in the code would double
         // the space every call's future reserves for it.
         loop {
             let mut conn = node.conn.clone();
             let budget = left();
+            if let Whose::Request(owner) = whose {
+                self.unanswered.sending(owner, &node);
+            }
             let result = bounded(budget, send(call, replicas, wait, &mut conn)).await;
+            match (whose, &result) {
+                // No reply: the request may still reach the server (noted).
+                (Whose::Request(_), Err(e)) if e.is_timeout() => {}
+                (Whose::Request(owner) | Whose::CleanUp(owner), _) => {
+                    self.unanswered.done(owner, &node);
+                }
+                (Whose::Nobody, _) => {}
+            }
             // The first command after the server came back fails on the dead socket while
             // the manager reconnects; with Sentinel, a failed or demoted primary may have
             // been replaced. Every script is idempotent for its owner (a repeated acquire
@@ -430,7 +434,7 @@ impl RedisLock {
             .arg("PX")
             .arg(millis(ttl));
         let started = Instant::now();
-        let (reply, confirmed) = self.call_confirmed("acquire", call, bound).await?;
+        let (reply, confirmed) = self.call_confirmed("acquire", call, bound, owner).await?;
         match reply {
             redis::Value::Okay => Ok(Some(((1, count as i64, 0), confirmed))),
             redis::Value::Nil => Ok(None),
@@ -509,7 +513,7 @@ impl RedisLock {
                 if let Some(window) = window {
                     call.arg(window);
                 }
-                self.call_confirmed("acquire", call, bound.within(left()))
+                self.call_confirmed("acquire", call, bound.within(left()), owner)
                     .await
             }
             Err(e) => Err(e),
@@ -576,7 +580,7 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(millis(ttl));
         let (extended, confirmed) = self
-            .call_confirmed::<i64>("extend", call, Bound::full(limit))
+            .call_confirmed::<i64>("extend", call, Bound::full(limit), owner)
             .await?;
         if extended != 1 {
             return Ok(false);
@@ -636,8 +640,10 @@ impl RedisLock {
         }
         call.arg(sharded);
         // 2: released, but the server refused the message (its waiters poll).
-        let bound = Bound::full(limit);
-        let (released, _) = self.run_script::<i64>("release", &call, bound, 0).await?;
+        let (bound, whose) = (Bound::full(limit), Whose::CleanUp(owner));
+        let (released, _) = self
+            .run_script::<i64>("release", &call, bound, 0, whose)
+            .await?;
         Ok(matches!(released, 1 | 2))
     }
 
@@ -665,7 +671,7 @@ impl RedisLock {
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
         let (ours, confirmed) = self
-            .call_confirmed::<i64>("raise fence", call, Bound::full(limit))
+            .call_confirmed::<i64>("raise fence", call, Bound::full(limit), owner)
             .await?;
         confirmed.map_err(|message| LockError::Unavailable {
             message,
@@ -718,13 +724,10 @@ impl RedisLock {
         let released = self
             .release_in_background(granted, owner, release_wait)
             .await;
-        let (settled, released) = match released {
-            Some(Ok(_)) => (true, "it was released".to_owned()),
-            Some(Err(e)) => (
-                false,
-                format!("releasing it failed ({e}); it expires within its TTL"),
-            ),
-            None => (false, "its release is still under way".to_owned()),
+        let released = match released {
+            Some(Ok(_)) => "it was released".to_owned(),
+            Some(Err(e)) => format!("releasing it failed ({e}); it expires within its TTL"),
+            None => "its release is still under way".to_owned(),
         };
         let error = LockError::Unavailable {
             message: format!(
@@ -735,7 +738,7 @@ impl RedisLock {
             ),
             source: None,
         };
-        Ok(Attempt::Late { error, settled })
+        Ok(Attempt::Late(error))
     }
 
     /// One attempt at the first free of `keys` with a fresh owner id, as
@@ -752,13 +755,12 @@ impl RedisLock {
         match self.attempt(keys, owner, ttl, label, bound, None).await {
             Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
             Ok(Attempt::Held { .. }) => Ok(None),
-            Ok(Attempt::Late { error, .. }) => Err(error),
+            Ok(Attempt::Late(error)) => Err(error),
             Err(e) => {
                 if e.is_retryable() {
                     // The script may have run without its reply reaching us: free what
-                    // may be a grant to an owner nobody will ever use.
-                    self.release_in_background(keys, owner, Some(Duration::ZERO))
-                        .await;
+                    // may be a grant to an owner nobody will ever use (behind it).
+                    self.release_detached(keys, owner);
                 }
                 Err(e)
             }
@@ -831,14 +833,11 @@ impl RedisLock {
         }
         let deadline = opts.wait_deadline(started);
         let left = || deadline.saturating_duration_since(Instant::now());
-        let mut owner = OwnerId::random();
         let mut pubsub = None;
         // A subscription refused for good (e.g. an ACL without SUBSCRIBE): poll instead.
         let mut subscribe_refused = false;
         let mut failures = 0u32;
         let mut polls = 0u32;
-        // An attempt for `owner` failed in flight: the server may hold the lock for it.
-        let mut maybe_ours: Option<PossibleGrant> = None;
         // Why the lock is not ours yet, if not "held by another".
         let mut why: Option<LockError> = None;
         let mut attempts = 0u32;
@@ -850,19 +849,14 @@ impl RedisLock {
             attempts += 1;
             let sent = Instant::now();
             let bound = Bound::full(request_timeout).within(limit);
+            // An owner id of its own per attempt: a request of an earlier attempt that
+            // lands late, or its clean-up, cannot act on this attempt's grant.
+            let owner = OwnerId::random();
             let attempt = self.attempt(keys, owner, opts.ttl, label, bound, Some(limit));
             let retry_in = match attempt.await {
-                Ok(Attempt::Granted(lease)) => {
-                    if let Some(possible) = maybe_ours {
-                        possible.settle();
-                    }
-                    return Ok(lease);
-                }
+                Ok(Attempt::Granted(lease)) => return Ok(lease),
                 Ok(Attempt::Held { pttl }) => {
                     failures = 0;
-                    if let Some(possible) = maybe_ours.take() {
-                        possible.settle();
-                    }
                     why = None;
                     // Held: subscribe to its release, then try again at once, as it may
                     // have been released before the subscription took effect. A failed
@@ -890,26 +884,17 @@ impl RedisLock {
                         pttl
                     }
                 }
-                Ok(Attempt::Late { error, settled }) => {
-                    if !settled {
-                        // A release for `owner` may still land: never reuse it.
-                        owner = OwnerId::random();
-                    }
+                Ok(Attempt::Late(error)) => {
                     failures += 1;
-                    if let Some(possible) = maybe_ours.take() {
-                        possible.settle();
-                    }
                     why = Some(error);
                     opts.backoff.delay(failures)
                 }
                 Err(e) if e.is_retryable() => {
                     failures += 1;
-                    maybe_ours.get_or_insert_with(|| PossibleGrant {
-                        lock: self.clone(),
-                        keys: keys.to_vec(),
-                        owner,
-                        armed: true,
-                    });
+                    // The script may have run without its reply reaching us: the grant
+                    // it may have made is released behind it, now (its owner id is
+                    // never used again).
+                    self.release_detached(keys, owner);
                     pubsub = None;
                     // An attempt the end of the wait cut off before its own timeout says
                     // nothing new (e.g. while `WAIT` waited): what came before stands.
@@ -919,7 +904,6 @@ impl RedisLock {
                     }
                     opts.backoff.delay(failures)
                 }
-                // A possible grant of ours is released as `maybe_ours` drops.
                 Err(e) => return Err(e),
             };
             let wait = retry_in.min(left());
@@ -939,7 +923,6 @@ impl RedisLock {
                 None => sleep.await,
             }
         }
-        drop(maybe_ours); // releases a possible grant of ours
         Err(why.unwrap_or(LockError::Timeout {
             waited: started.elapsed(),
         }))
@@ -1074,10 +1057,9 @@ impl DistributedLock for RedisLock {
     /// # Cancel safety
     /// Cancel-safe: dropped while the script is in flight, it releases that owner's
     /// possible grant in the background (owner-checked, behind the script on the same
-    /// connection), as it does when the call fails without knowing whether the script ran
-    /// (a timeout, a dropped connection). After a timeout that release may go over a
-    /// fresh connection (see the crate docs, *Connections*), so a script still on its
-    /// way may land after it: that grant then stays until its TTL.
+    /// connection, also after a timeout: see the crate docs, *Stale requests*), as it
+    /// does when the call fails without knowing whether the script ran (a timeout, a
+    /// dropped connection).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         self.try_once(std::slice::from_ref(key), ttl, None).await
@@ -1086,9 +1068,10 @@ impl DistributedLock for RedisLock {
     /// Tries; while the lock is held, subscribes to the key's release channel (then tries
     /// again at once, in case the release came first) and retries on each release
     /// message, or when the holder's PTTL runs out, until `opts.wait` has passed. An
-    /// uncontended acquire is one script call. Retries of one call reuse its owner id, so
-    /// a retry after a lost reply is recognised as ours (after a refused late grant whose
-    /// release is not confirmed, a new owner id is used instead).
+    /// uncontended acquire is one script call. Each attempt has an owner id of its own:
+    /// an attempt that failed without knowing whether the script ran has its possible
+    /// grant released at once, behind it on its connection, and no later attempt can be
+    /// touched by that release or by the late request.
     ///
     /// Every step (subscribing, each script call, reconnecting) is bounded by what is
     /// left of the wait as well as by its own timeout, so the call returns within
@@ -1114,6 +1097,12 @@ impl DistributedLock for RedisLock {
         self.acquire_keys(std::slice::from_ref(key), opts).await
     }
 
+    /// Never shortens the key's expiry: a `ttl` below what the key has left leaves the
+    /// server's expiry as it is (the lease's own deadline still moves to now + `ttl`),
+    /// so an extension that lands late, after a longer one, cannot cut the lease short.
+    /// An extension whose reply arrives after the deadline it would set does not count:
+    /// [`LockError::Unavailable`], and `lease` keeps its old deadline.
+    ///
     /// # Cancel safety
     /// The server may have applied the extension; `lease` is unchanged.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
@@ -1130,7 +1119,19 @@ impl DistributedLock for RedisLock {
                 lease.owner()
             )));
         }
-        lease.renewed(sent, ttl, default_drift(ttl));
+        let drift = default_drift(ttl);
+        let replied = sent.elapsed();
+        if Instant::now() >= tenure_api::deadline(sent, ttl, drift) {
+            return Err(LockError::Unavailable {
+                message: format!(
+                    "extend on {}: the reply arrived {replied:?} after sending, past the new \
+                     deadline (ttl {ttl:?} minus drift): the extension does not count",
+                    self.config.endpoint()
+                ),
+                source: None,
+            });
+        }
+        lease.renewed(sent, ttl, drift);
         Ok(())
     }
 
@@ -1164,8 +1165,8 @@ impl DistributedLock for RedisLock {
     }
 
     /// As [`acquire`](DistributedLock::acquire), over several keys: each attempt is one
-    /// script call that takes the first free key (or the one this call's owner id already
-    /// holds, after a lost reply), and a wait subscribes to every key's release channel
+    /// script call that takes the first free key (or the one the attempt's owner id
+    /// already holds, when a reconnection retried it), and a wait subscribes to every key's release channel
     /// and tries again on any release. On a Redis Cluster, where the keys sit in
     /// different slots, they are tried one by one ([`tenure_api::acquire_each`]).
     ///
@@ -1282,6 +1283,17 @@ impl Bound {
             full: self.full,
         }
     }
+}
+
+/// Whose request a call is (see [`RedisLock::run_script`]).
+#[derive(Clone, Copy, Debug)]
+enum Whose {
+    /// Nobody's: a read.
+    Nobody,
+    /// A request of this owner: a grant, an extension, a fence raise.
+    Request(OwnerId),
+    /// A release of this owner's grant, its last request: behind its unanswered ones.
+    CleanUp(OwnerId),
 }
 
 /// How [`RedisLock::run_grant`] counts a grant.

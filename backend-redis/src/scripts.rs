@@ -50,7 +50,8 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// when every lock is held by another (`pttl`: the shortest remaining time among them).
 ///
 /// An owner already holding one of the locks gets that one back, never a second: every
-/// lock is checked for the owner before a free one is taken.
+/// lock is checked for the owner before a free one is taken; its expiry is pushed to the
+/// ttl, never shortened (as [`EXTEND`]).
 ///
 /// In `clock` mode the fence key gets (or keeps) an expiry of at least
 /// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
@@ -72,7 +73,9 @@ for i = 1, #KEYS, step do
   if current then
     local sep = string.find(current, ':', 1, true)
     if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
-      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2]) then
+        redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      end
       if ARGV[3] == 'clock' and redis.call('PTTL', KEYS[i + 1]) >= 0 then
         redis.call('PEXPIRE', KEYS[i + 1], fence_expiry(KEYS[i + 1], ARGV[2]))
       end
@@ -128,8 +131,11 @@ return {0, shortest, -1}
 "#;
 
 /// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so
-/// the owner alone identifies it). KEYS: lock, and optionally the fence key. ARGV: owner,
-/// ttl ms. Returns 1 when extended, 0 otherwise.
+/// the owner alone identifies it), and never shortens it: a key with more than the ttl
+/// left keeps its expiry, so an extension that arrives late (stalled behind a slow
+/// connection, after a longer one) is a no-op. KEYS: lock, and optionally the fence key.
+/// ARGV: owner, ttl ms. Returns 1 when the lock is ours (and lives at least the ttl
+/// more), 0 otherwise.
 ///
 /// With the fence key, a fence key that has an expiry (clock mode) is kept alive for at
 /// least max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); a persistent one (a plain counter) is left
@@ -137,7 +143,10 @@ return {0, shortest, -1}
 pub const EXTEND: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
-  local extended = redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local extended = 1
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    extended = redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   if KEYS[2] then
     local want = math.max(2 * tonumber(ARGV[2]), 86400000)
     local left = redis.call('PTTL', KEYS[2])

@@ -438,3 +438,157 @@ async fn a_release_is_announced_and_a_withdrawal_is_not() {
         "one message: the withdrawal was not announced"
     );
 }
+
+/// Waits until `node` has counted `calls` `EVALSHA`s in all: the stalled requests of a
+/// test have reached the server (the fault fired, and what it delayed has landed).
+async fn evalsha_reached(node: &tenure_conformance::servers::redis::RedisNode, calls: u64) {
+    let started = Instant::now();
+    while node.command_calls("evalsha").await.unwrap() < calls {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled requests reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client of `node` through a fresh proxy, with a short request timeout (300 ms), so a
+/// request stalled longer than that is given up and the next call takes a fresh
+/// connection, which the stall does not hold up.
+async fn behind_proxy(
+    node: &tenure_conformance::servers::redis::RedisNode,
+) -> (RedisLock, FaultProxy) {
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let url = format!("redis://{}?request_timeout_ms=300", proxy.addr());
+    (connect(&url).await, proxy)
+}
+
+/// Issue 57, defect 3: an extension that lands late — stalled behind a slow connection
+/// while the holder extended for longer over a fresh one — set the key's TTL to its own,
+/// shorter argument, so the key expired ~55 s before the lease believed. Failed before
+/// the fix with "the late 5 s extension left 4.9s". An extension never shortens now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_extension_never_shortens_the_lease() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let (lock, proxy) = behind_proxy(node).await;
+    let observer = connect(&node.url()).await;
+    let (k, long) = (key("late-extension"), Duration::from_secs(60));
+    let mut lease = lock.try_acquire(&k, long).await.unwrap().expect("free");
+    lock.extend(&mut lease, long).await.unwrap(); // the extend script is loaded
+    let calls = node.command_calls("evalsha").await.unwrap();
+
+    proxy.stall(Duration::from_millis(1500));
+    let stalled = lock.extend(&mut lease, Duration::from_secs(5)).await;
+    assert!(
+        matches!(&stalled, Err(e) if e.is_retryable()),
+        "{stalled:?}"
+    );
+    assert!(proxy.stats().bytes_stalled > 0, "the fault fired");
+    let started = Instant::now();
+    while let Err(e) = lock.extend(&mut lease, long).await {
+        assert!(
+            e.is_retryable() && started.elapsed() < Duration::from_secs(5),
+            "{e}"
+        );
+    }
+    evalsha_reached(node, calls + 2).await;
+    let left = observer.inspect(&k).await.unwrap().expect("held");
+    let left = left.remaining.expect("a TTL");
+    assert!(
+        left > Duration::from_secs(50),
+        "the late 5 s extension left {left:?}"
+    );
+}
+
+/// Issue 57, defect 3 (the acquire script's "already ours" branch): a repeated grant to
+/// the owner that holds the lock — a retried acquire whose first request lands late —
+/// set the TTL to its own, shorter argument. Failed before the fix with "left 4.9s".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_grant_never_shortens_the_lease() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let lock = connect(&cluster.urls()[0]).await;
+    let k = key("repeated-grant");
+    let lease = lock
+        .try_acquire(&k, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("free");
+    let again = lock
+        .grant(&k, lease.owner(), Duration::from_secs(5), None, LIMIT)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, tenure_redis::Grant::Granted(_)),
+        "{again:?}"
+    );
+    let left = lock.inspect(&k).await.unwrap().expect("held");
+    let left = left.remaining.expect("a TTL");
+    assert!(left > Duration::from_secs(50), "left {left:?}");
+}
+
+/// Issue 57, defect 8: an extension answered after the deadline it would set returned
+/// `Ok` (with a deadline already past). Failed before the fix with "Ok(())". It does not
+/// count now, and the lease keeps its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_answered_past_its_deadline_does_not_count() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node.addr()).await.unwrap();
+    let lock = connect(&format!("redis://{}?request_timeout_ms=3000", proxy.addr())).await;
+    let k = key("late-extension-reply");
+    let mut lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+    lock.extend(&mut lease, TTL).await.unwrap(); // the extend script is loaded
+    let before = lease.valid_until();
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: Duration::from_millis(600),
+    });
+    let started = Instant::now();
+    let late = lock.extend(&mut lease, Duration::from_millis(300)).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "the fault fired: the reply was held up"
+    );
+    assert!(
+        matches!(&late, Err(LockError::Unavailable { message, .. }) if message.contains("does not count")),
+        "{late:?}"
+    );
+    assert_eq!(lease.valid_until(), before, "the lease keeps its deadline");
+}
+
+/// Issue 57, defect 7 (the README's known late-grant limit): a grant stalled behind a
+/// slow connection reached the server after the clean-up release the client sent over a
+/// fresh connection, and then held the key for nobody until its TTL. Failed before the
+/// fix with "held for nobody: Some(HolderInfo…)". The clean-up now goes behind the grant,
+/// over the grant's own connection: it lands after it and frees the key (announced, so
+/// waiters wake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_is_released_behind_it() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let (lock, proxy) = behind_proxy(node).await;
+    let observer = connect(&node.url()).await;
+    let k = key("late-grant");
+    // Scripts loaded, connection up.
+    let warm = lock.try_acquire(&key("warm"), TTL).await.unwrap().unwrap();
+    lock.release(warm).await.unwrap();
+    let mut released = observer
+        .subscribe_releases(&k, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let calls = node.command_calls("evalsha").await.unwrap();
+
+    proxy.stall(Duration::from_millis(1500));
+    let lost = lock.try_acquire(&k, Duration::from_secs(60)).await;
+    assert!(matches!(&lost, Err(e) if e.is_retryable()), "{lost:?}");
+    assert!(proxy.stats().bytes_stalled > 0, "the fault fired");
+    evalsha_reached(node, calls + 2).await; // the grant, and its clean-up
+    let announced = tokio::time::timeout(Duration::from_secs(5), released.released()).await;
+    assert!(
+        matches!(announced, Ok(true)),
+        "the late grant landed, and its clean-up released it behind it"
+    );
+    let holder = observer.inspect(&k).await.unwrap();
+    assert!(holder.is_none(), "held for nobody: {holder:?}");
+}

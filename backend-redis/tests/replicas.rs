@@ -223,3 +223,66 @@ async fn a_server_without_the_scripts_gets_them_again() {
         );
     }
 }
+
+/// Issue 57, defect 2: a grant whose reply (and `WAIT`'s) did not come in time was
+/// released in the background, and the retry used the same owner id. With the fresh
+/// connection slow to open, that release went over the stalled old connection, behind
+/// the grant, while the retry was granted over the fresh one: the release landed last
+/// and deleted the retry's grant, which its holder still believed in. Failed before the
+/// fix with "the lease's key is still its own: None". Each attempt has an owner id of
+/// its own now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempts_release_never_deletes_the_retrys_grant() {
+    let pair = RedisReplicaPair::start().await.unwrap();
+    let primary = pair.primary();
+    let proxy = tenure_conformance::proxy::FaultProxy::start(primary.addr())
+        .await
+        .unwrap();
+    let url = format!(
+        "redis://{}?wait_replicas=1&wait_timeout_ms=300&request_timeout_ms=500",
+        proxy.addr()
+    );
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let observer = RedisLock::connect(&primary.url()).await.unwrap();
+    pair.wait_synced().await.unwrap();
+    let patient = AcquireOptions::new(TTL).wait(Duration::from_secs(10));
+    let warm = lock.acquire(&key("warm"), &patient).await.unwrap();
+    lock.release(warm).await.unwrap();
+
+    let stall_at = Instant::now();
+    proxy.stall(Duration::from_secs(4));
+    // New connections are slow too: opening one takes longer than half a request's time
+    // (but less than the connect timeout), and a request on one most of its time.
+    proxy.set_mode(ProxyMode::Delay {
+        up: Duration::from_millis(300),
+        down: Duration::ZERO,
+    });
+    let k = key("retry-after-stall");
+    // The retry waits until the fresh connection is up (opened for the release).
+    let opts = AcquireOptions::new(Duration::from_secs(60))
+        .wait(Duration::from_secs(6))
+        .backoff(Backoff {
+            initial: Duration::from_millis(900),
+            max: Duration::from_millis(900),
+            jitter: 0.0,
+        });
+    let lease = lock.acquire(&k, &opts).await.expect("granted on a retry");
+    let granted = proxy.stats();
+    assert!(granted.bytes_stalled > 0, "the fault fired");
+    // The stalled requests (the first grant, and its release) land: every stalled byte
+    // is delivered (nothing else goes up any more).
+    while proxy.stats().bytes_up < granted.bytes_up + granted.bytes_stalled {
+        assert!(
+            stall_at.elapsed() < Duration::from_secs(15),
+            "the stalled requests landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let holder = observer.inspect(&k).await.unwrap();
+    assert_eq!(
+        holder.map(|h| h.owner),
+        Some(lease.owner()),
+        "the lease's key is still its own"
+    );
+}

@@ -512,7 +512,9 @@ impl DistributedLock for Redlock {
     }
 
     /// Retries rounds after random delays (jittered backoff) until `opts.wait` has passed.
-    /// Every round of one call uses the same owner id. Redlock has no queue, so waiting
+    /// Every round has an owner id of its own, so that a failed round's clean-up, which
+    /// may reach a node late (stalled behind a slow connection), can never delete a later
+    /// round's grant there, nor a round's late grant count for a later one. Redlock has no queue, so waiting
     /// polls; but a waiter still waiting after three pauses subscribes to the key's
     /// release channel on every node that allows it, and from then on a release
     /// (`PUBLISH` by the releasing node) cuts its pause short — after a random delay of
@@ -530,7 +532,6 @@ impl DistributedLock for Redlock {
     /// As `try_acquire`.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
-        let owner = OwnerId::random();
         let label: Option<Arc<str>> = opts.label.as_deref().map(Arc::from);
         let limit = self.inner.config.node_timeout_for(opts.ttl);
         let watch = Arc::new(std::sync::OnceLock::new());
@@ -538,7 +539,7 @@ impl DistributedLock for Redlock {
         poll_acquire_woken(
             &SystemClock,
             opts,
-            || self.detached_round(key, owner, opts.ttl, label.clone()),
+            || self.detached_round(key, OwnerId::random(), opts.ttl, label.clone()),
             || {
                 pauses += 1;
                 let subscribe = pauses > POLLS_BEFORE_SUBSCRIBING;
@@ -871,7 +872,8 @@ impl Inner {
 impl Redlock {
     /// Runs one round in its own task, so that dropping the caller's future cannot cut a
     /// round short between the grant and the clean-up; a grant nobody is waiting for
-    /// anymore is released.
+    /// anymore is released — also one delivered to a caller that was dropped before it
+    /// read it (see [`Delivery`]).
     async fn detached_round(
         &self,
         key: &LockKey,
@@ -881,9 +883,38 @@ impl Redlock {
     ) -> Result<Option<Lease>, LockError> {
         let (inner, key) = (self.inner.clone(), key.clone());
         let (reply, answer) = oneshot::channel();
+        let mut delivery = Delivery {
+            answer,
+            inner: inner.clone(),
+        };
         spawn(async move { inner.round(&key, owner, ttl, label.as_deref(), reply).await });
-        answer
+        (&mut delivery.answer)
             .await
             .unwrap_or_else(|_| Err(LockError::backend("the Redlock round task panicked")))
+    }
+}
+
+/// The caller's end of a round's answer. Dropped unread (the caller's future was dropped
+/// after the round had delivered, or while it was on its way), it closes the channel, so
+/// the round releases a lease it delivers from then on, and releases on every node a
+/// lease already delivered, which nobody will ever hold.
+struct Delivery {
+    answer: oneshot::Receiver<Result<Option<Lease>, LockError>>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.answer.close();
+        if let Ok(Ok(Some(orphan))) = self.answer.try_recv() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let limit = self.inner.config.node_timeout_for(orphan.ttl());
+                drop(
+                    self.inner
+                        .release_everywhere(orphan.key(), orphan.owner(), limit)
+                        .0,
+                );
+            }
+        }
     }
 }

@@ -519,3 +519,104 @@ async fn tokens_increase_across_competing_clients_and_minority_restarts() {
     assert_eq!(history.holds().len(), 1000, "every grant was recorded");
     assert!(report.is_safe(), "one holder at a time: {report}");
 }
+
+/// The nodes of `cluster` that hold `key` for `owner` (read directly).
+async fn holding(cluster: &RedisCluster, key: &LockKey, owner: OwnerId) -> usize {
+    let mut count = 0;
+    for node in cluster.nodes() {
+        let value = node
+            .command(&["GET", &format!("{{tenure:{key}}}")])
+            .await
+            .unwrap();
+        let ours = value
+            .as_text()
+            .is_some_and(|v| v.starts_with(&owner.to_string()));
+        count += usize::from(ours);
+    }
+    count
+}
+
+/// Issue 57, defect 5: a lease a round delivered to a caller that was then dropped was
+/// left on a majority (the round released it only when the caller was gone before the
+/// delivery). Failed before the fix with "the orphaned lease is released: Some(…)".
+/// (One thread: the round cannot run before the first poll has returned.)
+#[tokio::test]
+async fn a_lease_delivered_to_a_dropped_caller_is_released() {
+    let cluster = RedisCluster::start(RedisOptions::default().nodes(3))
+        .await
+        .unwrap();
+    let lock = direct(&cluster).await;
+    warm_up(&lock).await;
+    let k = key("dropped-caller");
+    let mut call = Box::pin(lock.try_acquire(&k, TTL));
+    assert!(
+        futures::poll!(call.as_mut()).is_pending(),
+        "the round is on its way"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await; // the round delivers its lease
+    assert!(
+        lock.inspect(&k).await.unwrap().is_some(),
+        "the fault fired: the round granted the lease"
+    );
+    drop(call);
+    let started = Instant::now();
+    loop {
+        let holder = lock.inspect(&k).await.unwrap();
+        if holder.is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the orphaned lease is released: {holder:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 57, defect 1: a failed round's clean-up deleted the next round's grant. Node 0
+/// is black-holed; node 1's connection stalls, and new connections to it are slowed, so
+/// the first round's withdrawal there goes over the stalled connection, behind its grant,
+/// while a later round is granted over a fresh one. With one owner id for every round of
+/// an `acquire`, the withdrawal landed last and deleted the later round's grant: the
+/// lease stood on one node while its holder believed a majority. Failed before the fix
+/// with "the lease is on a majority: 1 of 3". Each round has an owner id of its own now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rounds_clean_up_never_deletes_a_later_grant() {
+    let cluster = RedisCluster::start(RedisOptions::default().nodes(3))
+        .await
+        .unwrap();
+    let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=250&fencing=false").await;
+    warm_up(&lock).await;
+    let stalled = &cluster.nodes()[1];
+    let calls = stalled.command_calls("evalsha").await.unwrap()
+        + stalled.command_calls("set").await.unwrap();
+    proxies[0].set_mode(ProxyMode::Blackhole);
+    let stall_at = Instant::now();
+    proxies[1].stall(Duration::from_secs(4));
+    proxies[1].set_mode(ProxyMode::Delay {
+        up: Duration::from_millis(150),
+        down: Duration::ZERO,
+    });
+    let k = key("clean-up-behind");
+    let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(4));
+    let lease = lock
+        .acquire(&k, &opts)
+        .await
+        .expect("granted by nodes 1 and 2");
+    assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
+    // The stalled requests land (the first round's grant and its withdrawal at least).
+    let started = Instant::now();
+    while stalled.command_calls("evalsha").await.unwrap()
+        + stalled.command_calls("set").await.unwrap()
+        < calls + 3
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled requests landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(4500).saturating_sub(stall_at.elapsed())).await;
+    let on = holding(&cluster, &k, lease.owner()).await;
+    assert!(on >= 2, "the lease is on a majority: {on} of 3");
+}

@@ -314,7 +314,10 @@ async fn connection(
         };
         let up = pump(cr, sw, shared.mode.subscribe(), Direction::Up, &faults);
         let down = pump(sr, cw, shared.mode.subscribe(), Direction::Down, &faults);
-        let both = futures::future::try_join(up, down);
+        // Each direction runs to its end: bytes already on their way (delayed, stalled)
+        // still arrive after the other direction failed (a client that closed and
+        // resets the server's late replies), as on a network.
+        let both = futures::future::join(up, down);
         tokio::select! {
             _ = cancel.cancelled() => false,
             _ = both => false,
@@ -373,8 +376,9 @@ enum Direction {
     Down,
 }
 
-/// Copy one direction, honouring the mode. Returns when the source reaches EOF (after
-/// half-closing the destination) or on an I/O error.
+/// Copy one direction, honouring the mode. Returns when the source reaches EOF or fails
+/// (after delivering what is queued and half-closing the destination), or when writing
+/// fails.
 async fn pump(
     mut from: tokio::net::tcp::ReadHalf<'_>,
     mut to: tokio::net::tcp::WriteHalf<'_>,
@@ -407,7 +411,8 @@ async fn pump(
         let next_due = queue.front().map(|(due, _)| *due);
         tokio::select! {
             r = from.read(&mut buf), if !eof && queued < MAX_QUEUED => {
-                let n = r?;
+                // A reset source sent what it sent before: that still arrives.
+                let n = r.unwrap_or(0);
                 if n == 0 {
                     eof = true;
                     continue;
