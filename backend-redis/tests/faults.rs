@@ -592,3 +592,46 @@ async fn a_late_grant_is_released_behind_it() {
     let holder = observer.inspect(&k).await.unwrap();
     assert!(holder.is_none(), "held for nobody: {holder:?}");
 }
+
+/// Issue 57, defect 4: an attempt whose request stalled was taken as settled once a later
+/// attempt found the lock held by another, so when the stalled grant landed — after the
+/// holder released, and after the wait had ended — nobody ever released it. Failed
+/// before the fix with "held for nobody: Some(HolderInfo…)". Every such attempt has its
+/// possible grant released behind it now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_attempt_is_cleaned_up_whatever_the_next_one_finds() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let node = &cluster.nodes()[0];
+    let (lock, proxy) = behind_proxy(node).await;
+    let holder = connect(&node.url()).await;
+    let k = key("stalled-then-held");
+    let warm = lock.try_acquire(&key("warm"), TTL).await.unwrap().unwrap();
+    lock.release(warm).await.unwrap();
+    let held = holder.try_acquire(&k, TTL).await.unwrap().expect("free");
+
+    let stall_at = Instant::now();
+    proxy.stall(Duration::from_millis(2000));
+    let opts = AcquireOptions::new(Duration::from_secs(60)).wait(Duration::from_millis(1200));
+    let waited = lock.acquire(&k, &opts).await;
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "{waited:?}"
+    );
+    let stalled = proxy.stats();
+    assert!(stalled.bytes_stalled > 0, "the fault fired");
+    holder.release(held).await.unwrap();
+    assert!(
+        stall_at.elapsed() < Duration::from_millis(1900),
+        "released before the stalled grant lands"
+    );
+    while proxy.stats().bytes_up < stalled.bytes_up + stalled.bytes_stalled {
+        assert!(
+            stall_at.elapsed() < Duration::from_secs(10),
+            "the stalled requests landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left = holder.inspect(&k).await.unwrap();
+    assert!(left.is_none(), "held for nobody: {left:?}");
+}
