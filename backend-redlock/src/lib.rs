@@ -33,6 +33,9 @@ pub struct Redlock {
 struct Inner {
     config: RedlockConfig,
     nodes: Vec<OnceCell<RedisLock>>,
+    /// Each node's connection attempt in flight, while it has no client yet (see
+    /// [`Inner::connected`]).
+    connecting: Vec<Mutex<Option<Connecting>>>,
     /// Each node's `host:port`, for errors (formatted once, not on every request).
     endpoints: Vec<String>,
     gates: Arc<Gates>,
@@ -65,13 +68,15 @@ impl Redlock {
     /// Validates the configuration ([`RedlockConfig::validate`]: a bad one is
     /// [`LockError::Config`], never a panic), then connects to every node concurrently.
     /// Succeeds when a majority is reachable; the others are connected to lazily, on
-    /// later calls.
+    /// later calls, each attempt in a task of its own within the node's connect timeout
+    /// (never cut short by a call's node timeout).
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn with_config(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let nodes = config.nodes.iter().map(|_| OnceCell::new()).collect();
+        let connecting = config.nodes.iter().map(|_| Mutex::new(None)).collect();
         let limit = config
             .nodes
             .iter()
@@ -84,6 +89,7 @@ impl Redlock {
                 endpoints: config.nodes.iter().map(|node| node.endpoint()).collect(),
                 config,
                 nodes,
+                connecting,
                 gates: Arc::default(),
             }),
         };
@@ -134,6 +140,29 @@ enum Phase {
     /// fence round failed): released as [`Failed`](Phase::Failed), and announced, since
     /// waiters saw the lock held.
     Abandoned,
+}
+
+/// A node's connection attempt, shared by the callers waiting for it (see
+/// [`Inner::connected`]).
+type Connecting =
+    futures::future::Shared<futures::future::BoxFuture<'static, Result<(), Arc<LockError>>>>;
+
+/// A copy of a connection attempt's error for one of its callers: the same kind and
+/// message (the client library's error stays with the attempt).
+fn copied(error: &LockError) -> LockError {
+    match error {
+        LockError::Config(message) => LockError::Config(message.clone()),
+        LockError::InvalidInput(message) => LockError::InvalidInput(message.clone()),
+        LockError::Backend { message, .. } => LockError::backend(message.clone()),
+        LockError::Unavailable { message, .. } => LockError::Unavailable {
+            message: message.clone(),
+            source: None,
+        },
+        other => LockError::Unavailable {
+            message: other.to_string(),
+            source: None,
+        },
+    }
 }
 
 /// Spawns `task` boxed. The tasks embed the whole Redis call chain of every node and are
@@ -198,7 +227,7 @@ impl Inner {
     /// (see [`RedisLock::grant`]), where a timer around the call would cut it first and
     /// leave the node client using a connection that owes a reply.
     async fn on_node<'a, T, F, Fut>(
-        &'a self,
+        self: &'a Arc<Self>,
         index: usize,
         limit: Duration,
         op: F,
@@ -210,23 +239,73 @@ impl Inner {
         let node = match self.nodes[index].get() {
             Some(node) => node,
             None => {
-                let config = &self.config.nodes[index];
                 let started = Instant::now();
-                // Boxed: the connect future is large, and every call's future would
-                // carry (and move) its space although it runs once per node.
-                let connect = Box::pin(
-                    self.nodes[index].get_or_try_init(|| RedisLock::with_config(config.clone())),
-                );
-                let endpoint = &self.endpoints[index];
-                let node = tenure_api::bounded(limit, "connect", endpoint, connect, |e| e).await?;
+                let node = self.connected(index, limit).await?;
                 return op(node, limit.saturating_sub(started.elapsed())).await;
             }
         };
         op(node, limit).await
     }
 
+    /// Node `index`'s client, waiting up to `limit` for its connection. The connection is
+    /// made in a task of its own within the node's connect timeout (one at a time:
+    /// callers meanwhile wait for the same attempt), so a caller's short bound — the node
+    /// timeout, 50 ms for a TTL up to 5 s — never cuts it short: a node whose TCP, TLS
+    /// and `AUTH` take longer than that, or that was down at start-up, joins once it
+    /// answers.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the connection attempt carries on without the caller.
+    async fn connected(
+        self: &Arc<Self>,
+        index: usize,
+        limit: Duration,
+    ) -> Result<&RedisLock, LockError> {
+        let attempt = self.connect_attempt(index);
+        let endpoint = &self.endpoints[index];
+        let attempt = async move { attempt.await.map_err(|e| copied(&e)) };
+        tenure_api::bounded(limit, "connect", endpoint, attempt, |e| e).await?;
+        self.nodes[index]
+            .get()
+            .ok_or_else(|| LockError::backend(format!("{endpoint}: connected without a client")))
+    }
+
+    /// The connection attempt to node `index` in flight, or a new one, in a task of its
+    /// own (it sets the node's client, and clears the slot when it ends).
+    fn connect_attempt(self: &Arc<Self>, index: usize) -> Connecting {
+        let mut slot = self.connecting[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(attempt) = slot.as_ref() {
+            return attempt.clone();
+        }
+        let inner = self.clone();
+        let task = tokio::spawn(Box::pin(async move {
+            let config = inner.config.nodes[index].clone();
+            let connected = inner.nodes[index]
+                .get_or_try_init(|| RedisLock::with_config(config))
+                .await
+                .map(|_| ());
+            *inner.connecting[index]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            connected.map_err(Arc::new)
+        }));
+        let attempt = async move {
+            task.await
+                .unwrap_or_else(|e| Err(Arc::new(LockError::backend(format!("connect task: {e}")))))
+        };
+        let attempt = futures::FutureExt::shared(futures::FutureExt::boxed(attempt));
+        *slot = Some(attempt.clone());
+        attempt
+    }
+
     /// Runs `op` on every node concurrently (never one after another) and waits for all.
-    async fn fan_out<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<Result<T, LockError>>
+    async fn fan_out<'a, T, F, Fut>(
+        self: &'a Arc<Self>,
+        limit: Duration,
+        op: F,
+    ) -> Vec<Result<T, LockError>>
     where
         F: Fn(&'a RedisLock, Duration) -> Fut + Copy,
         Fut: Future<Output = Result<T, LockError>> + 'a,
