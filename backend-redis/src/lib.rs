@@ -189,12 +189,12 @@ impl RedisLock {
     async fn call<T: redis::FromRedisValue>(&self, what: &str, call: Call) -> Result<T, LockError> {
         let bound = Bound::full(self.config.request_timeout);
         let (value, _) = self
-            .run_script(what, &call, bound, 0, Whose::Nobody)
+            .run_script(what, &call, bound, 0, &Route::Current)
             .await?;
         Ok(value)
     }
 
-    /// Runs a script that writes for `owner`, then checks that
+    /// Runs a script that writes (over `route`), then checks that
     /// [`RedisConfig::wait_replicas`] replicas have the write: the value, and `Err`
     /// naming what `what` did and how many replicas confirmed it when too few did (`Ok`
     /// at once without `wait_replicas`).
@@ -203,11 +203,10 @@ impl RedisLock {
         what: &str,
         call: Call,
         bound: Bound,
-        owner: OwnerId,
+        route: &Route,
     ) -> Result<(T, Result<(), String>), LockError> {
         let wanted = self.config.wait_replicas;
-        let whose = Whose::Request(owner);
-        let (value, confirmed) = self.run_script(what, &call, bound, wanted, whose).await?;
+        let (value, confirmed) = self.run_script(what, &call, bound, wanted, route).await?;
         let confirmed = match confirmed {
             Some(got) if got < i64::from(wanted) => Err(format!(
                 "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
@@ -226,27 +225,23 @@ impl RedisLock {
     /// after a reconnect, it would confirm nothing yet report every replica); the second
     /// value is its answer.
     ///
-    /// `whose` request it is: an owner's request is noted until its reply comes, and a
-    /// clean-up goes over the connection of its owner's last unanswered request, behind
-    /// it (see [`unanswered`]).
+    /// `route` says where it goes: a grant request is noted until a reply arrives on
+    /// its connection, and a clean-up can be sent behind such a request (see
+    /// [`unanswered`]).
     async fn run_script<T: redis::FromRedisValue>(
         &self,
         what: &str,
         call: &Call,
         bound: Bound,
         replicas: u32,
-        whose: Whose,
+        route: &Route,
     ) -> Result<(T, Option<i64>), LockError> {
         let deadline = Instant::now() + bound.limit.min(LIMIT_MAX);
         let left = || deadline.saturating_duration_since(Instant::now());
         let wait = self.config.wait_timeout;
-        let behind = match whose {
-            Whose::CleanUp(owner) => self.unanswered.behind(owner),
-            _ => None,
-        };
-        let mut node = match behind {
-            Some(node) => node,
-            None => self.primary.node_for_call(deadline).await,
+        let mut node = match route {
+            Route::Behind(node) => node.clone(),
+            _ => self.primary.node_for_call(deadline).await,
         };
         let mut retried = false;
         // One loop for the call and its retry: a second `send` in the code would double
@@ -254,17 +249,15 @@ impl RedisLock {
         loop {
             let mut conn = node.conn.clone();
             let budget = left();
-            if let Whose::Request(owner) = whose {
-                self.unanswered.sending(owner, &node);
+            if let Route::Grant(owner) = route {
+                self.unanswered.sending(*owner, &node);
             }
             let result = bounded(budget, send(call, replicas, wait, &mut conn)).await;
-            match (whose, &result) {
-                // No reply: the request may still reach the server (noted).
-                (Whose::Request(_), Err(e)) if e.is_timeout() => {}
-                (Whose::Request(owner) | Whose::CleanUp(owner), _) => {
-                    self.unanswered.done(owner, &node);
+            if let Route::Grant(owner) = route {
+                // Without a reply the request may still reach the server: noted.
+                if !matches!(&result, Err(e) if unanswered(e)) {
+                    self.unanswered.answered(*owner, &node);
                 }
-                (Whose::Nobody, _) => {}
             }
             // The first command after the server came back fails on the dead socket while
             // the manager reconnects; with Sentinel, a failed or demoted primary may have
@@ -434,7 +427,8 @@ impl RedisLock {
             .arg("PX")
             .arg(millis(ttl));
         let started = Instant::now();
-        let (reply, confirmed) = self.call_confirmed("acquire", call, bound, owner).await?;
+        let route = Route::Grant(owner);
+        let (reply, confirmed) = self.call_confirmed("acquire", call, bound, &route).await?;
         match reply {
             redis::Value::Okay => Ok(Some(((1, count as i64, 0), confirmed))),
             redis::Value::Nil => Ok(None),
@@ -513,7 +507,8 @@ impl RedisLock {
                 if let Some(window) = window {
                     call.arg(window);
                 }
-                self.call_confirmed("acquire", call, bound.within(left()), owner)
+                let route = Route::Grant(owner);
+                self.call_confirmed("acquire", call, bound.within(left()), &route)
                     .await
             }
             Err(e) => Err(e),
@@ -580,7 +575,7 @@ impl RedisLock {
             .arg(&owner.hex()[..])
             .arg(millis(ttl));
         let (extended, confirmed) = self
-            .call_confirmed::<i64>("extend", call, Bound::full(limit), owner)
+            .call_confirmed::<i64>("extend", call, Bound::full(limit), &Route::Current)
             .await?;
         if extended != 1 {
             return Ok(false);
@@ -640,11 +635,36 @@ impl RedisLock {
         }
         call.arg(sharded);
         // 2: released, but the server refused the message (its waiters poll).
-        let (bound, whose) = (Bound::full(limit), Whose::CleanUp(owner));
-        let (released, _) = self
-            .run_script::<i64>("release", &call, bound, 0, whose)
-            .await?;
-        Ok(matches!(released, 1 | 2))
+        let bound = Bound::full(limit);
+        let behind = self.unanswered.behind(owner);
+        if behind.is_empty() {
+            let (released, _) = self
+                .run_script::<i64>("release", &call, bound, 0, &Route::Current)
+                .await?;
+            return Ok(matches!(released, 1 | 2));
+        }
+        // Behind every grant request of this owner still in flight, and over the current
+        // connection too (a noted one may be dead, or no longer the primary's): the owner
+        // is never granted again, so a repeated release is harmless.
+        let routes: Vec<Route> = behind
+            .into_iter()
+            .map(Route::Behind)
+            .chain([Route::Current])
+            .collect();
+        let sends = routes
+            .iter()
+            .map(|route| self.run_script::<i64>("release", &call, bound, 0, route));
+        let outcomes = futures::future::join_all(sends).await;
+        self.unanswered.forget(owner);
+        let mut released = None;
+        for outcome in outcomes {
+            released = match (outcome, released) {
+                (Ok((1 | 2, _)), _) | (_, Some(Ok(true))) => Some(Ok(true)),
+                (Ok(_), _) | (Err(_), Some(Ok(false))) => Some(Ok(false)),
+                (Err(e), _) => Some(Err(e)),
+            };
+        }
+        released.unwrap_or(Ok(false))
     }
 
     /// Raises the key's fence counter to at least `token`'s count (see
@@ -671,7 +691,7 @@ impl RedisLock {
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
         let (ours, confirmed) = self
-            .call_confirmed::<i64>("raise fence", call, Bound::full(limit), owner)
+            .call_confirmed::<i64>("raise fence", call, Bound::full(limit), &Route::Current)
             .await?;
         confirmed.map_err(|message| LockError::Unavailable {
             message,
@@ -1285,15 +1305,23 @@ impl Bound {
     }
 }
 
-/// Whose request a call is (see [`RedisLock::run_script`]).
-#[derive(Clone, Copy, Debug)]
-enum Whose {
-    /// Nobody's: a read.
-    Nobody,
-    /// A request of this owner: a grant, an extension, a fence raise.
-    Request(OwnerId),
-    /// A release of this owner's grant, its last request: behind its unanswered ones.
-    CleanUp(OwnerId),
+/// Where a call goes (see [`RedisLock::run_script`]).
+enum Route {
+    /// Over the current connection.
+    Current,
+    /// A grant request of this owner, over the current connection, noted there until a
+    /// reply arrives on it (see [`unanswered`]).
+    Grant(OwnerId),
+    /// Over this connection, behind an unanswered grant request.
+    Behind(Arc<primary::Node>),
+}
+
+/// Whether a call that failed so may still reach the server: no reply came (a timeout,
+/// a connection lost with the request on it).
+fn unanswered(error: &redis::RedisError) -> bool {
+    error.is_timeout()
+        || error.is_connection_dropped()
+        || (error.is_io_error() && !error.is_connection_refusal())
 }
 
 /// How [`RedisLock::run_grant`] counts a grant.

@@ -1,18 +1,21 @@
-//! Clean-ups go behind the requests they undo.
+//! Clean-ups go behind the grants they undo.
 //!
 //! A request that got no reply is not dead: it may sit behind a stalled connection and
-//! reach the server later. A clean-up that undoes it — the release of a grant whose reply
-//! was lost, the withdrawal of a failed Redlock round's grant — must therefore reach the
-//! server after it. Over the request's own connection it does (Redis runs one
-//! connection's commands in order, whatever the delay); over a fresh one it could land
-//! first, and the late grant would hold the key for nobody until its TTL.
+//! reach the server later. A clean-up that undoes a grant request — the release of a
+//! grant whose reply was lost, the withdrawal of a failed Redlock round's grant — must
+//! therefore reach the server after it. Over the request's own connection it does
+//! (Redis runs one connection's commands in order, whatever the delay); over a fresh one
+//! it could land first, and the late grant would hold the key for nobody until its TTL.
 //!
-//! So each request on behalf of an owner id notes the connection it is sent on until its
-//! reply comes; a request that gets none (timed out, or dropped by its caller) leaves the
-//! note, which keeps that connection open. A clean-up for that owner goes over the noted
-//! connection. This is safe because an owner id is never granted again once its clean-up
-//! is sent (each acquire attempt and each Redlock round has an owner id of its own): a
-//! clean-up that lands late can only undo the attempt it names.
+//! So each grant request notes the connection it is sent on until a reply arrives on
+//! that connection; one that gets none (timed out, dropped by its caller, its connection
+//! lost) leaves the note, which keeps the connection open. A clean-up for that owner is
+//! sent behind every noted connection, and over the current one as well (a noted one may
+//! be dead, or no longer the primary). This is safe because an owner id is never
+//! granted again once its clean-up is sent (each acquire attempt and each Redlock round
+//! has an owner id of its own): however late a clean-up lands, it can only undo the
+//! attempt it names. Extensions and fence raises are not noted: both check the owner and
+//! never create a key, so nothing needs to follow them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,12 +24,12 @@ use tenure_api::OwnerId;
 
 use crate::primary::Node;
 
-/// At most this many owners' notes are kept (each holds a connection open). Past it the
-/// oldest note goes: a clean-up for that owner then takes the current connection, and a
-/// grant still stalled on the dropped one is freed by its TTL at the latest.
-const MAX_NOTES: usize = 1024;
+/// At most this many owners' notes are kept (each holds connections open). Past it the
+/// oldest owner's notes go: a clean-up for that owner then takes the current connection
+/// only, and a grant still stalled on a dropped one is freed by its TTL at the latest.
+const MAX_OWNERS: usize = 1024;
 
-/// The connection (a [`Node`]) each owner's last unanswered request went over.
+/// The connections (each a [`Node`]) each owner's unanswered grant requests went over.
 pub(crate) struct Unanswered<N = Node> {
     notes: Mutex<Notes<N>>,
 }
@@ -43,16 +46,17 @@ impl<N> Default for Unanswered<N> {
 }
 
 struct Notes<N> {
-    by_owner: HashMap<OwnerId, (u64, Arc<N>)>,
-    /// Counts notes, to find the oldest.
+    /// Per owner: when it was first noted (a count), and its connections.
+    by_owner: HashMap<OwnerId, (u64, Vec<Arc<N>>)>,
     next: u64,
 }
 
 impl<N> Unanswered<N> {
-    /// A request for `owner` is about to go over `node`: noted until its reply comes.
+    /// A grant request for `owner` is about to go over `node`: noted until a reply
+    /// arrives on that connection.
     pub(crate) fn sending(&self, owner: OwnerId, node: &Arc<N>) {
         let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
-        if notes.by_owner.len() >= MAX_NOTES && !notes.by_owner.contains_key(&owner) {
+        if notes.by_owner.len() >= MAX_OWNERS && !notes.by_owner.contains_key(&owner) {
             let oldest = notes
                 .by_owner
                 .iter()
@@ -64,30 +68,43 @@ impl<N> Unanswered<N> {
         }
         let at = notes.next;
         notes.next += 1;
-        notes.by_owner.insert(owner, (at, node.clone()));
+        let (_, nodes) = notes.by_owner.entry(owner).or_insert((at, Vec::new()));
+        if !nodes.iter().any(|noted| Arc::ptr_eq(noted, node)) {
+            nodes.push(node.clone());
+        }
     }
 
-    /// A reply for `owner` came over `node`: every request sent before it on that
+    /// A reply for `owner` arrived over `node`: every request sent before it on that
     /// connection has reached the server, so nothing of `owner`'s is left in flight
-    /// there. Also for a clean-up that got no reply: it is the owner's last request.
-    pub(crate) fn done(&self, owner: OwnerId, node: &Arc<N>) {
+    /// there (its other connections keep their notes).
+    pub(crate) fn answered(&self, owner: OwnerId, node: &Arc<N>) {
         let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, noted)) = notes.by_owner.get(&owner) {
-            if Arc::ptr_eq(noted, node) {
+        if let Some((_, nodes)) = notes.by_owner.get_mut(&owner) {
+            nodes.retain(|noted| !Arc::ptr_eq(noted, node));
+            if nodes.is_empty() {
                 notes.by_owner.remove(&owner);
             }
         }
     }
 
-    /// The connection a clean-up for `owner` must go over: the one its last unanswered
-    /// request went over, if any.
-    pub(crate) fn behind(&self, owner: OwnerId) -> Option<Arc<N>> {
+    /// The connections a clean-up for `owner` must go behind.
+    pub(crate) fn behind(&self, owner: OwnerId) -> Vec<Arc<N>> {
         let notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
-        notes.by_owner.get(&owner).map(|(_, node)| node.clone())
+        notes
+            .by_owner
+            .get(&owner)
+            .map(|(_, nodes)| nodes.clone())
+            .unwrap_or_default()
+    }
+
+    /// `owner`'s clean-up is done: it is never granted again, nothing need follow.
+    pub(crate) fn forget(&self, owner: OwnerId) {
+        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        notes.by_owner.remove(&owner);
     }
 
     #[cfg(test)]
-    fn len(&self) -> usize {
+    fn owners(&self) -> usize {
         self.notes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -101,25 +118,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_note_lasts_until_a_reply_on_its_connection_and_is_bounded() {
+    fn notes_last_until_a_reply_on_their_connection_and_are_bounded() {
         let notes = Unanswered::<u8>::default();
         let (a, b) = (Arc::new(1), Arc::new(2));
         let owner = OwnerId::random();
         notes.sending(owner, &a);
-        notes.done(owner, &b);
+        notes.sending(owner, &b);
+        notes.answered(owner, &b);
+        let behind = notes.behind(owner);
         assert!(
-            notes.behind(owner).is_some_and(|n| Arc::ptr_eq(&n, &a)),
+            behind.len() == 1 && Arc::ptr_eq(&behind[0], &a),
             "a reply on another connection says nothing of this one"
         );
-        notes.done(owner, &a);
-        assert!(notes.behind(owner).is_none());
+        notes.answered(owner, &a);
+        assert!(notes.behind(owner).is_empty());
+        notes.sending(owner, &a);
+        notes.forget(owner);
+        assert!(
+            notes.behind(owner).is_empty(),
+            "forgotten after its clean-up"
+        );
 
         let first = OwnerId::random();
         notes.sending(first, &a);
-        for _ in 0..MAX_NOTES {
+        for _ in 0..MAX_OWNERS {
             notes.sending(OwnerId::random(), &b);
         }
-        assert_eq!(notes.len(), MAX_NOTES);
-        assert!(notes.behind(first).is_none(), "the oldest note went first");
+        assert_eq!(notes.owners(), MAX_OWNERS);
+        assert!(
+            notes.behind(first).is_empty(),
+            "the oldest owner went first"
+        );
     }
 }

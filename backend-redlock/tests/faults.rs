@@ -620,3 +620,55 @@ async fn a_failed_rounds_clean_up_never_deletes_a_later_grant() {
     let on = holding(&cluster, &k, lease.owner()).await;
     assert!(on >= 2, "the lease is on a majority: {on} of 3");
 }
+
+/// Review of issue 57's fix: a node's grant stalls while the others grant (the lease is
+/// held), so the late grant is the holder's to release. A later request of the same
+/// owner on a fresh connection to that node (the fence raise the round sends there)
+/// used to wipe the note of the stalled one, so the release went over the fresh
+/// connection, ahead of the late grant, which then held the key for nobody. Failed
+/// before the fix with "the late grant is released behind it: node 1 still holds the
+/// key". A clean-up now goes behind every unanswered grant of its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_node_grant_of_a_held_lease_is_released_behind_it() {
+    let cluster = RedisCluster::start(RedisOptions::default().nodes(3))
+        .await
+        .unwrap();
+    let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=250").await;
+    warm_up(&lock).await;
+    let stalled = &cluster.nodes()[1];
+    let calls = stalled.command_calls("evalsha").await.unwrap();
+    proxies[1].stall(Duration::from_millis(1500));
+    let k = key("late-node-grant");
+    let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(4));
+    let lease = lock
+        .acquire(&k, &opts)
+        .await
+        .expect("granted by nodes 0 and 2");
+    assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
+    lock.release(lease).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let stats = proxies[1].stats();
+        if stats.bytes_stalled_delivered >= stats.bytes_stalled {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled requests landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let landed = Instant::now();
+    while stalled.command_calls("evalsha").await.unwrap() < calls + 2 {
+        assert!(
+            landed.elapsed() < Duration::from_secs(5),
+            "the late grant ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !node_holds(stalled, &k).await,
+        "the late grant is released behind it: node 1 still holds the key"
+    );
+}

@@ -78,6 +78,9 @@ pub struct ProxyStats {
     /// Bytes read client→server on a stalled connection, to be delivered late (see
     /// [`FaultProxy::stall`]; counted as they are read).
     pub bytes_stalled: u64,
+    /// Of [`bytes_stalled`](Self::bytes_stalled), those delivered so far: the late
+    /// requests have landed once the two are equal.
+    pub bytes_stalled_delivered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -90,6 +93,7 @@ struct Counters {
     bytes_down: AtomicU64,
     bytes_blackholed: AtomicU64,
     bytes_stalled: AtomicU64,
+    bytes_stalled_delivered: AtomicU64,
 }
 
 impl Shared {
@@ -222,6 +226,7 @@ impl FaultProxy {
             bytes_down: get(&c.bytes_down),
             bytes_blackholed: get(&c.bytes_blackholed),
             bytes_stalled: get(&c.bytes_stalled),
+            bytes_stalled_delivered: get(&c.bytes_stalled_delivered),
         }
     }
 }
@@ -393,7 +398,8 @@ async fn pump(
         Direction::Up => &c.bytes_up,
         Direction::Down => &c.bytes_down,
     };
-    let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    // Each chunk: when it is due, whether it was stalled, its bytes.
+    let mut queue: VecDeque<(Instant, bool, Vec<u8>)> = VecDeque::new();
     let mut queued = 0usize;
     let mut eof = false;
     let mut buf = vec![0u8; 16 * 1024];
@@ -408,7 +414,7 @@ async fn pump(
             let _ = to.shutdown().await;
             return Ok(());
         }
-        let next_due = queue.front().map(|(due, _)| *due);
+        let next_due = queue.front().map(|(due, _, _)| *due);
         tokio::select! {
             r = from.read(&mut buf), if !eof && queued < MAX_QUEUED => {
                 // A reset source sent what it sent before: that still arrives.
@@ -443,11 +449,11 @@ async fn pump(
                     delivered.fetch_add(n as u64, Ordering::Relaxed);
                     continue;
                 }
-                queue.push_back((Instant::now() + delay, buf[..n].to_vec()));
+                queue.push_back((Instant::now() + delay, !stall.is_zero(), buf[..n].to_vec()));
                 queued += n;
             }
             _ = tokio::time::sleep_until(next_due.unwrap_or_else(Instant::now)), if next_due.is_some() => {
-                let Some((_, chunk)) = queue.pop_front() else { continue };
+                let Some((_, stalled, chunk)) = queue.pop_front() else { continue };
                 queued -= chunk.len();
                 if faults.dropping(*mode.borrow()) {
                     c.bytes_blackholed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -455,6 +461,9 @@ async fn pump(
                 }
                 to.write_all(&chunk).await?;
                 delivered.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if stalled {
+                    c.bytes_stalled_delivered.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
             }
         }
     }

@@ -290,7 +290,12 @@ async fn proxy_faults() -> TestResult {
         "{:?}",
         sent.elapsed()
     );
-    assert!(proxy.stats().bytes_stalled > 0, "{:?}", proxy.stats());
+    let stats = proxy.stats();
+    assert!(stats.bytes_stalled > 0, "{stats:?}");
+    assert_eq!(
+        stats.bytes_stalled_delivered, stats.bytes_stalled,
+        "every stalled byte was delivered"
+    );
     proxy.stall(Duration::ZERO);
     let sent = Instant::now();
     stalled.command(&["PING"]).await?;
