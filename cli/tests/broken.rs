@@ -72,7 +72,7 @@ fn lists_the_variants_and_rejects_unknown_names() {
     let listed = run(&["matrix", "--list-broken"]);
     assert!(listed.status.success());
     let names = String::from_utf8(listed.stdout).unwrap();
-    assert_eq!(names.lines().count(), 12, "{names}");
+    assert_eq!(names.lines().count(), 13, "{names}");
     assert!(names.lines().any(|n| n == "setnx-then-expire"), "{names}");
     let help = String::from_utf8(run(&["matrix", "--help"]).stdout).unwrap();
     assert!(
@@ -198,6 +198,18 @@ fn redlock_accepting_a_minority_is_caught_by_a_minority_partition() {
     caught(
         "redlock-minority",
         "minority-partition",
+        "checker: holder and contender held at once",
+    );
+}
+
+#[test]
+fn an_owner_reused_across_retries_is_caught_by_a_stale_acquire() {
+    // Redlock rounds of one acquire under one owner id: the first round's grants stall,
+    // it withdraws them (behind them, on their connections) and the next round is granted
+    // over fresh ones; the stalled withdrawals land last and delete the lease's grants.
+    caught(
+        "owner-reused-across-retries",
+        "stale-acquire",
         "checker: holder and contender held at once",
     );
 }

@@ -32,6 +32,9 @@ pub enum Flaw {
     RedlockNoValidity,
     /// Redlock: a grant on any one node is taken for the lock.
     RedlockMinority,
+    /// Redlock: every round of one `acquire` grants to the same owner id, so a failed
+    /// round's clean-up, landing late behind its stalled grant, deletes a later round's.
+    OwnerReusedAcrossRetries,
     /// Redis: `extend` on a lost lock takes the lock again and reports success.
     ExtendReacquires,
     /// Redis: fencing tokens from a counter in the client process.
@@ -50,7 +53,7 @@ pub enum Flaw {
 
 impl Flaw {
     /// Every variant, in the order `--list-broken` prints them.
-    pub const ALL: [Flaw; 12] = [
+    pub const ALL: [Flaw; 13] = [
         Flaw::SetnxThenExpire,
         Flaw::GetDelRelease,
         Flaw::DelWithoutOwnerCheck,
@@ -63,6 +66,7 @@ impl Flaw {
         Flaw::EtcdIgnoresExpiry,
         Flaw::ZkDisconnectedHeld,
         Flaw::PgFenceInTxn,
+        Flaw::OwnerReusedAcrossRetries,
     ];
 
     /// The name after `broken:`.
@@ -80,13 +84,16 @@ impl Flaw {
             Flaw::EtcdIgnoresExpiry => "etcd-ignores-expiry",
             Flaw::ZkDisconnectedHeld => "zk-disconnected-held",
             Flaw::PgFenceInTxn => "pg-fence-in-txn",
+            Flaw::OwnerReusedAcrossRetries => "owner-reused-across-retries",
         }
     }
 
     /// The real backend it wraps.
     pub fn backend(self) -> &'static str {
         match self {
-            Flaw::RedlockNoValidity | Flaw::RedlockMinority => "redlock",
+            Flaw::RedlockNoValidity | Flaw::RedlockMinority | Flaw::OwnerReusedAcrossRetries => {
+                "redlock"
+            }
             Flaw::EtcdIgnoresExpiry => "etcd",
             Flaw::ZkDisconnectedHeld => "zk",
             Flaw::PgFenceInTxn => "postgres",
@@ -315,6 +322,7 @@ impl Broken {
                 | Flaw::RedlockNoValidity
                 | Flaw::RedlockMinority
                 | Flaw::DeadlineFromReply
+                | Flaw::OwnerReusedAcrossRetries
         )
     }
 
@@ -402,37 +410,43 @@ impl Broken {
                     Grant::Held(_) => Ok(None),
                 }
             }
-            _ => {
-                // Redlock: a grant on `needed` nodes, with the largest node token.
-                let (nodes, bound, needed) = self.nodes(ttl);
-                let owner = OwnerId::random();
-                let grants = futures::future::join_all(
-                    nodes.iter().map(|n| n.grant(key, owner, ttl, None, bound)),
-                )
-                .await;
-                let replied = Instant::now();
-                let tokens: Vec<FencingToken> = grants
-                    .into_iter()
-                    .filter_map(|g| match g {
-                        Ok(Grant::Granted(token)) => Some(token),
-                        _ => None,
-                    })
-                    .collect();
-                let valid = self.flaw == Flaw::RedlockNoValidity
-                    || replied < sent + ttl.saturating_sub(default_drift(ttl));
-                if tokens.len() >= needed && valid {
-                    let from = match self.flaw {
-                        Flaw::RedlockNoValidity => replied,
-                        _ => sent,
-                    };
-                    let token = tokens.into_iter().max().unwrap_or(FencingToken(0));
-                    return Ok(Some(self.lease(key, owner, token, from, ttl)));
-                }
-                futures::future::join_all(nodes.iter().map(|n| n.release_owner(key, owner, bound)))
-                    .await;
-                Ok(None)
-            }
+            _ => self.round(key, ttl, OwnerId::random()).await,
         }
+    }
+
+    /// A Redlock round for `owner`: a grant on `needed` nodes, with the largest node
+    /// token; else a release of `owner` on every node (the clean-up).
+    async fn round(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        owner: OwnerId,
+    ) -> Result<Option<Lease>, LockError> {
+        let sent = Instant::now();
+        let (nodes, bound, needed) = self.nodes(ttl);
+        let grants =
+            futures::future::join_all(nodes.iter().map(|n| n.grant(key, owner, ttl, None, bound)))
+                .await;
+        let replied = Instant::now();
+        let tokens: Vec<FencingToken> = grants
+            .into_iter()
+            .filter_map(|g| match g {
+                Ok(Grant::Granted(token)) => Some(token),
+                _ => None,
+            })
+            .collect();
+        let valid = self.flaw == Flaw::RedlockNoValidity
+            || replied < sent + ttl.saturating_sub(default_drift(ttl));
+        if tokens.len() >= needed && valid {
+            let from = match self.flaw {
+                Flaw::RedlockNoValidity => replied,
+                _ => sent,
+            };
+            let token = tokens.into_iter().max().unwrap_or(FencingToken(0));
+            return Ok(Some(self.lease(key, owner, token, from, ttl)));
+        }
+        futures::future::join_all(nodes.iter().map(|n| n.release_owner(key, owner, bound))).await;
+        Ok(None)
     }
 
     /// Hands out `real` under a token of the wrapper's own.
@@ -477,6 +491,13 @@ impl DistributedLock for Broken {
     }
 
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        if self.flaw == Flaw::OwnerReusedAcrossRetries {
+            opts.refuse_label("broken")?;
+            validate_ttl(opts.ttl)?;
+            // One owner id for every round of the call.
+            let owner = OwnerId::random();
+            return poll_acquire(&SystemClock, opts, || self.round(key, opts.ttl, owner)).await;
+        }
         if self.own_acquire() {
             opts.refuse_label("broken")?;
             return poll_acquire(&SystemClock, opts, || self.attempt(key, opts.ttl)).await;
@@ -502,7 +523,7 @@ impl DistributedLock for Broken {
                 self.reals().insert(real.owner(), real);
                 Ok(())
             }
-            Flaw::RedlockNoValidity | Flaw::RedlockMinority => {
+            Flaw::RedlockNoValidity | Flaw::RedlockMinority | Flaw::OwnerReusedAcrossRetries => {
                 let (nodes, bound, needed) = self.nodes(ttl);
                 let (key, owner) = (lease.key().clone(), lease.owner());
                 let extended = futures::future::join_all(
@@ -598,7 +619,7 @@ impl DistributedLock for Broken {
                     .map_err(|e| unavailable("DEL", e))?;
                 Ok(outcome(deleted > 0))
             }
-            Flaw::RedlockNoValidity | Flaw::RedlockMinority => {
+            Flaw::RedlockNoValidity | Flaw::RedlockMinority | Flaw::OwnerReusedAcrossRetries => {
                 // Each node's request bounded as the real Redlock bounds it: a cut-off
                 // node must not hold the release up.
                 let (nodes, bound, _) = self.nodes(lease.ttl());

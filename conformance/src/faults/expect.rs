@@ -599,6 +599,32 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         (Fault::MinorityPartition, Redis { .. } | Postgres) => {
             e(NOT_APPLICABLE, "one server: no minority side")
         }
+
+        // --- a stalled request lands after the client moved on -----------------------
+        (Fault::StaleAcquire, Redis { .. } | Redlock { .. }) => e(
+            SAFE,
+            "every attempt (every Redlock round) has an owner id of its own, and the \
+             clean-up of one whose reply was lost goes behind it on its connection: the \
+             late grant and its release act only on that attempt",
+        ),
+        (Fault::StaleAcquire, Etcd | Zk | Postgres) => e(
+            SAFE,
+            "a late request acts only on the record it names (etcd key, ZooKeeper node, \
+             Postgres session), never on the retry's",
+        ),
+        (Fault::StaleExtend, Redis { .. } | Redlock { .. }) => e(
+            SAFE,
+            "an extension never shortens the key's expiry: the late one is a no-op",
+        ),
+        (Fault::StaleExtend, Etcd | Zk | Postgres) => e(
+            SAFE,
+            "a late keep-alive only renews the lease it names, for its full TTL",
+        ),
+        (Fault::StaleRelease, _) => e(
+            SAFE,
+            "a release names the grant it ends (owner id, key revision, node, session): \
+             a late one cannot end the next grant",
+        ),
     }
 }
 

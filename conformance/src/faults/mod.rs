@@ -90,11 +90,27 @@ pub enum Fault {
     ClusterFailover,
     /// [`ClusterFailover`](Self::ClusterFailover) with `?wait_replicas=1`.
     ClusterFailoverConfirmed,
+    /// The holder's connections stall (what it sends arrives [`STALL`] late) as it
+    /// acquires: its first request gives up, it is granted over a fresh connection, and
+    /// the stalled requests (the first attempt, its clean-up) land after that grant.
+    StaleAcquire,
+    /// The holder's connections stall as it extends its lease by one TTL: it gives up
+    /// and extends by four over a fresh connection, and the short extension lands after.
+    StaleExtend,
+    /// The holder's connections stall as it releases: it gives up, is granted the lock
+    /// again over a fresh connection once its lease expired, and the stalled release
+    /// lands after that grant.
+    StaleRelease,
 }
+
+/// How late a stalled connection delivers what its client sends: longer than any
+/// request timeout of the fault clients (300–500 ms), so that the client gives up and
+/// carries on over a fresh connection first.
+pub const STALL: Duration = Duration::from_millis(1500);
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 18] = [
+    pub const ALL: [Fault; 21] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
@@ -113,6 +129,9 @@ impl Fault {
         Fault::ClusterFailoverConfirmed,
         Fault::LostReply,
         Fault::MinorityPartition,
+        Fault::StaleAcquire,
+        Fault::StaleExtend,
+        Fault::StaleRelease,
     ];
 
     /// The fault's name in matrix.json and on the command line (`paused-holder`).
@@ -136,6 +155,9 @@ impl Fault {
             Fault::SentinelConfirmingReplicaLost => "sentinel-confirming-replica-lost",
             Fault::ClusterFailover => "cluster-failover",
             Fault::ClusterFailoverConfirmed => "cluster-failover-confirmed",
+            Fault::StaleAcquire => "stale-acquire",
+            Fault::StaleExtend => "stale-extend",
+            Fault::StaleRelease => "stale-release",
         }
     }
 
@@ -164,6 +186,9 @@ impl Fault {
             }
             Fault::ClusterFailover => "Cluster failover, replica behind",
             Fault::ClusterFailoverConfirmed => "Cluster failover, replica behind, wait_replicas=1",
+            Fault::StaleAcquire => "stale request: acquire lands after the retry's grant",
+            Fault::StaleExtend => "stale request: a short extend lands after a long one",
+            Fault::StaleRelease => "stale request: release lands after the next grant",
         }
     }
 
@@ -666,6 +691,15 @@ struct Holder {
 }
 
 impl Holder {
+    /// Until when it believes it holds the lock, as far as its lease says (now for a
+    /// guard, which may learn of a loss at any time, or for no lease).
+    fn believed_until(&self) -> Instant {
+        match &self.ending {
+            Ending::Lease(lease) => lease.valid_until(),
+            Ending::Guard(..) | Ending::Nothing => Instant::now(),
+        }
+    }
+
     /// A holder that has nothing to write when its work ends.
     fn idle(lock: Arc<dyn DistributedLock>, ending: Ending) -> Self {
         Self {
@@ -920,6 +954,25 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                 _ => not_injectable("the harness starts no replica for this backend"),
             }
         }
+        Fault::StaleAcquire | Fault::StaleExtend | Fault::StaleRelease => match backend {
+            "etcd" => not_injectable(
+                "the etcd client sends every request over one HTTP/2 connection per \
+                 endpoint and keeps it: a stalled connection holds up its later requests \
+                 (the lease's keep-alive too), so it never moves on before the stalled \
+                 ones land",
+            ),
+            "zk" => not_injectable(
+                "a ZooKeeper session has one connection: the client moves on only by \
+                 reconnecting the session, and the server closes the stalled connection \
+                 with it",
+            ),
+            "postgres" => not_injectable(
+                "a Postgres lock is its session's transaction: the client cannot move a \
+                 held lock to a fresh connection, and gives up a stalled connection with \
+                 what it was doing",
+            ),
+            _ => None,
+        },
         Fault::MinorityPartition => match target.caps.replication {
             Replication::SingleNode => Some(Cell::NotApplicable {
                 reason: "one server: no minority side".into(),
@@ -1003,6 +1056,9 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         Fault::DelayedReply => trial.delayed_reply().await,
         Fault::Blackhole => trial.blackhole().await,
         Fault::ConnectionCut => trial.connection_cut().await,
+        Fault::StaleAcquire => trial.stale_acquire().await,
+        Fault::StaleExtend => trial.stale_extend().await,
+        Fault::StaleRelease => trial.stale_release().await,
         _ => trial.lost_reply().await,
     }
 }
@@ -1401,6 +1457,183 @@ impl ClientTrial<'_> {
         }
         trial
     }
+}
+
+/// The holder's proxies' counts of stalled bytes: read, and delivered.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stalled {
+    read: u64,
+    delivered: u64,
+}
+
+impl ClientTrial<'_> {
+    /// Stalls every connection the holder has open now (see [`STALL`]).
+    fn stall(&self, late: Duration) {
+        for proxy in self.links.proxies() {
+            proxy.stall(late);
+        }
+    }
+
+    fn stalled(&self) -> Stalled {
+        self.links
+            .proxies()
+            .iter()
+            .map(|p| p.stats())
+            .fold(Stalled::default(), |sum, s| Stalled {
+                read: sum.read + s.bytes_stalled,
+                delivered: sum.delivered + s.bytes_stalled_delivered,
+            })
+    }
+
+    /// Waits (up to `limit`) until every byte stalled so far has been delivered, then a
+    /// moment for the servers to act on it: whether the late requests landed after
+    /// `then` (some stalled bytes were delivered since).
+    async fn stalled_landed(&self, then: Stalled, limit: Duration) -> bool {
+        let give_up = Instant::now() + limit;
+        loop {
+            let now = self.stalled();
+            if now.delivered >= now.read {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return now.read > 0 && now.delivered > then.delivered;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A grant and release on a key of its own: the holder's connections are up (and a
+    /// Redis server has the scripts) before its connections stall.
+    async fn warm_up(&self) -> Result<(), LockError> {
+        let key = LockKey::new(format!("{}/warm-up", self.record.key))?;
+        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
+        let lease = self.lock.acquire(&key, &opts).await?;
+        let _ = self.lock.release(lease).await;
+        Ok(())
+    }
+
+    /// The contender asks while the holder (a healthy client all along) still believes
+    /// it holds the lock, and gives up before the holder's belief ends: granted only if
+    /// a late request freed the holder's lock on the server.
+    async fn contend_while_held(&self, believed_until: Instant) -> Contended {
+        let margin = self.target.ttl.min(Duration::from_millis(500));
+        let wait = believed_until
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(margin);
+        let opts = AcquireOptions::new(self.target.ttl * 4).wait(wait);
+        contend_with(&self.contender, &self.record, &opts).await
+    }
+
+    /// See [`Fault::StaleAcquire`]. The holder takes the lock as a bare lease that
+    /// outlasts the stall by four TTLs while its connections stall; once the stalled
+    /// requests have landed, the contender asks. A late request (or a clean-up of one,
+    /// sent behind it) that acts on the retry's grant frees the lock under the holder,
+    /// who works on until its deadline (a guard would learn of it at its next renewal,
+    /// after the contender could be granted). Fired: stalled bytes were delivered after
+    /// the holder's grant.
+    async fn stale_acquire(self) -> Trial {
+        if let Err(e) = self.warm_up().await {
+            return setup_failed("holder's warm-up", e);
+        }
+        self.stall(STALL);
+        let long = STALL + self.target.ttl * 4;
+        let holder = match hold(&self.record, self.lock.clone(), long, false).await {
+            Ok(h) => h,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let granted = self.stalled();
+        let fired = self.stalled_landed(granted, STALL * 4).await && granted.read > 0;
+        self.stall(Duration::ZERO);
+        let outcome = self.contend_while_held(holder.believed_until()).await;
+        self.judge(holder, outcome, fired).await
+    }
+
+    /// See [`Fault::StaleExtend`]. The holder holds a bare lease and extends it by one
+    /// TTL while its connections stall; it gives up, then extends it by the stall plus
+    /// four TTLs over a fresh connection; once the short extension has landed, the
+    /// contender asks. An extension that sets the expiry to its own argument ends the
+    /// lock on the server some three TTLs before the holder believes. Fired: the short
+    /// extension failed, the long one succeeded, and stalled bytes were delivered after
+    /// it.
+    async fn stale_extend(self) -> Trial {
+        let long = STALL + self.target.ttl * 4;
+        let lock = self.record.client(HOLDER, self.lock.clone());
+        let opts = AcquireOptions::new(long).wait(Duration::from_secs(10));
+        let mut lease = match lock.acquire(&self.record.key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let increment = Some(self.record.counter.read(lease.token()));
+        self.stall(STALL);
+        let short = lock.extend(&mut lease.clone(), self.target.ttl).await;
+        let give_up = Instant::now() + patience(self.target);
+        let extended = loop {
+            match lock.extend(&mut lease, long).await {
+                Ok(()) => break Ok(()),
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let after = self.stalled();
+        let landed = self.stalled_landed(after, STALL * 4).await;
+        self.stall(Duration::ZERO);
+        let note = match (&short, &extended) {
+            (Ok(()), _) => Some("the stalled extension got its reply in time".to_string()),
+            (_, Err(e)) => Some(format!("the long extension failed: {}", short_text(e))),
+            _ => None,
+        };
+        let fired = short.is_err() && extended.is_ok() && landed;
+        let outcome = self.contend_while_held(lease.valid_until()).await;
+        let holder = Holder {
+            increment,
+            ..Holder::idle(lock, Ending::Lease(lease))
+        };
+        let mut trial = self.judge(holder, outcome, fired).await;
+        if !fired {
+            trial.note = trial.note.or(note);
+        }
+        trial
+    }
+
+    /// See [`Fault::StaleRelease`]. The holder releases a lease of one TTL while its
+    /// connections stall for longer than that; it gives up, and takes the lock again
+    /// (a bare lease that outlasts the stall by four TTLs, over a fresh connection) once
+    /// the first expired; once the stalled release has landed, the contender asks. A release that does not name the
+    /// grant it ends frees the new one. Fired: the release failed, the holder was granted
+    /// again, and stalled bytes were delivered after that grant.
+    async fn stale_release(self) -> Trial {
+        let lock = self.record.client(HOLDER, self.lock.clone());
+        let opts = AcquireOptions::new(self.target.ttl).wait(Duration::from_secs(10));
+        let lease = match lock.acquire(&self.record.key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => return setup_failed("holder", e),
+        };
+        let late = self.target.ttl + STALL;
+        self.stall(late);
+        let released = lock.release(lease).await;
+        let again = late + self.target.ttl * 4;
+        let holder = match hold(&self.record, self.lock.clone(), again, false).await {
+            Ok(h) => h,
+            Err(e) => return setup_failed("holder's second grant", e),
+        };
+        let granted = self.stalled();
+        let landed = self.stalled_landed(granted, late * 4).await;
+        self.stall(Duration::ZERO);
+        let fired = released.is_err() && landed;
+        let outcome = self.contend_while_held(holder.believed_until()).await;
+        let mut trial = self.judge(holder, outcome, fired).await;
+        if released.is_ok() && trial.note.is_none() {
+            trial.note = Some("the stalled release got its reply in time".into());
+        }
+        trial
+    }
+}
+
+fn short_text(error: &LockError) -> String {
+    short(error)
 }
 
 fn round_secs(d: Duration) -> String {
