@@ -603,9 +603,9 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
         // --- a stalled request lands after the client moved on -----------------------
         (Fault::StaleAcquire, Redis { .. } | Redlock { .. }) => e(
             SAFE,
-            "every attempt (every Redlock round) has an owner id of its own, and the \
-             clean-up of one whose reply was lost goes behind it on its connection: the \
-             late grant and its release act only on that attempt",
+            "every attempt (every Redlock round) has an owner id of its own, so a late \
+             grant and its clean-up act only on that attempt (the clean-up goes behind \
+             the grant on its connection, so it lands after it)",
         ),
         (Fault::StaleAcquire, Etcd | Zk | Postgres) => e(
             SAFE,
@@ -616,9 +616,20 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
             SAFE,
             "an extension never shortens the key's expiry: the late one is a no-op",
         ),
-        (Fault::StaleExtend, Etcd | Zk | Postgres) => e(
+        (Fault::StaleExtend, Etcd) => e(
             SAFE,
-            "a late keep-alive only renews the lease it names, for its full TTL",
+            "a keep-alive renews the lease for its whole granted TTL: a late one only \
+             lengthens it",
+        ),
+        (Fault::StaleExtend, Zk) => e(
+            SAFE,
+            "the session lives on the client's heartbeats, which only ever push its \
+             expiry out: no request can shorten it",
+        ),
+        (Fault::StaleExtend, Postgres) => e(
+            SAFE,
+            "the transaction's idle timeout restarts with every statement: a late one only \
+             lengthens it",
         ),
         (Fault::StaleRelease, _) => e(
             SAFE,

@@ -95,7 +95,8 @@ pub enum Fault {
     /// the stalled requests (the first attempt, its clean-up) land after that grant.
     StaleAcquire,
     /// The holder's connections stall as it extends its lease by one TTL: it gives up
-    /// and extends by four over a fresh connection, and the short extension lands after.
+    /// and extends by the stall plus four TTLs over a fresh connection, and the short
+    /// extension lands after.
     StaleExtend,
     /// The holder's connections stall as it releases: it gives up, is granted the lock
     /// again over a fresh connection once its lease expired, and the stalled release
@@ -1485,16 +1486,25 @@ impl ClientTrial<'_> {
             })
     }
 
-    /// Waits (up to `limit`) until every byte stalled so far has been delivered, then a
-    /// moment for the servers to act on it: whether the late requests landed after
-    /// `then` (some stalled bytes were delivered since).
-    async fn stalled_landed(&self, then: Stalled, limit: Duration) -> bool {
-        let give_up = Instant::now() + limit;
+    /// Whether the stalled requests all landed after `then`, the holder's next grant or
+    /// extension, and in time to test it: at `then` something was stalled and nothing
+    /// stalled had been delivered yet (so the request the client gave up on was still
+    /// on its way), and every stalled byte is delivered (waited for, then a moment for
+    /// the servers to act on it) a margin before `believed_until`, so the contender can
+    /// still ask while the holder believes.
+    async fn stalled_landed(&self, then: Stalled, believed_until: Instant) -> bool {
+        if then.read == 0 || then.delivered > 0 {
+            return false;
+        }
+        let margin = self.target.ttl.min(Duration::from_millis(500));
+        let give_up = believed_until
+            .checked_sub(margin * 2)
+            .unwrap_or(believed_until);
         loop {
             let now = self.stalled();
             if now.delivered >= now.read {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                return now.read > 0 && now.delivered > then.delivered;
+                return Instant::now() + margin < believed_until;
             }
             if Instant::now() >= give_up {
                 return false;
@@ -1543,7 +1553,7 @@ impl ClientTrial<'_> {
             Err(e) => return setup_failed("holder", e),
         };
         let granted = self.stalled();
-        let fired = self.stalled_landed(granted, STALL * 4).await && granted.read > 0;
+        let fired = self.stalled_landed(granted, holder.believed_until()).await;
         self.stall(Duration::ZERO);
         let outcome = self.contend_while_held(holder.believed_until()).await;
         self.judge(holder, outcome, fired).await
@@ -1578,7 +1588,7 @@ impl ClientTrial<'_> {
             }
         };
         let after = self.stalled();
-        let landed = self.stalled_landed(after, STALL * 4).await;
+        let landed = self.stalled_landed(after, lease.valid_until()).await;
         self.stall(Duration::ZERO);
         let note = match (&short, &extended) {
             (Ok(()), _) => Some("the stalled extension got its reply in time".to_string()),
@@ -1620,7 +1630,7 @@ impl ClientTrial<'_> {
             Err(e) => return setup_failed("holder's second grant", e),
         };
         let granted = self.stalled();
-        let landed = self.stalled_landed(granted, late * 4).await;
+        let landed = self.stalled_landed(granted, holder.believed_until()).await;
         self.stall(Duration::ZERO);
         let fired = released.is_err() && landed;
         let outcome = self.contend_while_held(holder.believed_until()).await;
