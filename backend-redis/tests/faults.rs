@@ -455,18 +455,8 @@ async fn evalsha_reached(node: &tenure_conformance::servers::redis::RedisNode, c
 /// Waits until `proxy` has delivered every byte it stalled, and a moment for the server
 /// to act on it.
 async fn all_stalled_landed(proxy: &FaultProxy) {
-    let started = Instant::now();
-    loop {
-        let stats = proxy.stats();
-        if stats.bytes_stalled_delivered >= stats.bytes_stalled {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the stalled requests landed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let landed = proxy.stalled_delivered(Duration::from_secs(10)).await;
+    assert!(landed, "the stalled requests landed: {:?}", proxy.stats());
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
@@ -634,21 +624,13 @@ async fn a_stalled_attempt_is_cleaned_up_whatever_the_next_one_finds() {
         matches!(waited, Err(LockError::Timeout { .. })),
         "{waited:?}"
     );
-    let stalled = proxy.stats();
-    assert!(stalled.bytes_stalled > 0, "the fault fired");
+    assert!(proxy.stats().bytes_stalled > 0, "the fault fired");
     holder.release(held).await.unwrap();
     assert!(
         stall_at.elapsed() < Duration::from_millis(2900),
         "released before the stalled grant lands"
     );
-    while proxy.stats().bytes_up < stalled.bytes_up + stalled.bytes_stalled {
-        assert!(
-            stall_at.elapsed() < Duration::from_secs(10),
-            "the stalled requests landed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    all_stalled_landed(&proxy).await;
     let left = holder.inspect(&k).await.unwrap();
     assert!(left.is_none(), "held for nobody: {left:?}");
 }

@@ -588,7 +588,6 @@ async fn a_failed_rounds_clean_up_never_deletes_a_later_grant() {
     let (lock, proxies) = proxied(&cluster, "?node_timeout_ms=250&fencing=false").await;
     warm_up(&lock).await;
     proxies[0].set_mode(ProxyMode::Blackhole);
-    let stall_at = Instant::now();
     proxies[1].stall(Duration::from_secs(4));
     proxies[1].set_mode(ProxyMode::Delay {
         up: Duration::from_millis(150),
@@ -602,17 +601,12 @@ async fn a_failed_rounds_clean_up_never_deletes_a_later_grant() {
         .expect("granted by nodes 1 and 2");
     assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
     // Every stalled request lands (the first round's grant and its withdrawal among them).
-    loop {
-        let stats = proxies[1].stats();
-        if stats.bytes_stalled_delivered >= stats.bytes_stalled {
-            break;
-        }
-        assert!(
-            stall_at.elapsed() < Duration::from_secs(15),
-            "the stalled requests landed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let landed = proxies[1].stalled_delivered(Duration::from_secs(15)).await;
+    assert!(
+        landed,
+        "the stalled requests landed: {:?}",
+        proxies[1].stats()
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let on = holding(&cluster, &k, lease.owner()).await;
     assert!(on >= 2, "the lease is on a majority: {on} of 3");
@@ -643,18 +637,12 @@ async fn a_late_node_grant_of_a_held_lease_is_released_behind_it() {
         .expect("granted by nodes 0 and 2");
     assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
     lock.release(lease).await.unwrap();
-    let started = Instant::now();
-    loop {
-        let stats = proxies[1].stats();
-        if stats.bytes_stalled_delivered >= stats.bytes_stalled {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the stalled requests landed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let landed = proxies[1].stalled_delivered(Duration::from_secs(10)).await;
+    assert!(
+        landed,
+        "the stalled requests landed: {:?}",
+        proxies[1].stats()
+    );
     let landed = Instant::now();
     while stalled.command_calls("evalsha").await.unwrap() < calls + 2 {
         assert!(

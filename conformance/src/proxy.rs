@@ -208,6 +208,25 @@ impl FaultProxy {
         *stall = (stall.0 + 1, up);
     }
 
+    /// Waits up to `limit` until every byte stalled so far has been delivered (the late
+    /// requests have reached the server); `false` if some are still held up then.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads counters.
+    pub async fn stalled_delivered(&self, limit: Duration) -> bool {
+        let give_up = Instant::now() + limit;
+        loop {
+            let stats = self.stats();
+            if stats.bytes_stalled_delivered >= stats.bytes_stalled {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The current mode.
     pub fn mode(&self) -> ProxyMode {
         *self.shared.mode.borrow()
