@@ -645,12 +645,17 @@ impl RedisLock {
         }
         // Behind every grant request of this owner still in flight, and over the current
         // connection too (a noted one may be dead, or no longer the primary's): the owner
-        // is never granted again, so a repeated release is harmless.
-        let routes: Vec<Route> = behind
-            .into_iter()
-            .map(Route::Behind)
-            .chain([Route::Current])
-            .collect();
+        // is never granted again, so a repeated release is harmless. Once per connection:
+        // where the current one is a noted one (no fresh one yet), a second release there
+        // would only add a request to a connection that may owe replies — one that a
+        // middlebox dropped — and answers are matched to requests in order.
+        let deadline = Instant::now() + limit.min(LIMIT_MAX);
+        let current = self.primary.node_for_call(deadline).await;
+        let mut nodes = behind;
+        if !nodes.iter().any(|node| Arc::ptr_eq(node, &current)) {
+            nodes.push(current);
+        }
+        let routes: Vec<Route> = nodes.into_iter().map(Route::Behind).collect();
         let sends = routes
             .iter()
             .map(|route| self.run_script::<i64>("release", &call, bound, 0, route));
