@@ -340,9 +340,11 @@ impl DistributedLock for EtcdLock {
                 Err(e) => {
                     let lease_gone = matches!(e, LockError::LeaseLost { .. });
                     if lease_gone {
-                        // Our waiting lease expired (e.g. keep-alives failed): queue anew.
-                        if let Some(mut queued) = ticket.take() {
-                            queued.armed = false;
+                        // Our waiting lease expired (e.g. keep-alives failed), or our key
+                        // was deleted under it: queue anew, on a new key. A lease of its
+                        // own that still lives is revoked (it carries nothing of ours).
+                        if let Some(queued) = ticket.take() {
+                            self.abandon(queued).await;
                         }
                     }
                     let now = Instant::now();

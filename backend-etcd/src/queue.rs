@@ -309,7 +309,10 @@ impl EtcdLock {
     }
 
     /// The next older key in the ticket's queue (its predecessor), with the revision
-    /// the answer was read at.
+    /// the answer was read at, read in one transaction with the proof that the ticket's
+    /// own key still exists (same create revision): a key deleted while it waited (by an
+    /// operator, or with a session lease that ended while this client was suspended)
+    /// is `LeaseLost`, never a turn. A read-only transaction: no Raft write.
     async fn predecessor(
         &self,
         queue: &str,
@@ -321,9 +324,24 @@ impl EtcdLock {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1)
             .with_keys_only();
-        let reply = self.rpc.get("predecessor get", queue, options).await?;
+        let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
+        let txn = Txn::new()
+            .when([ours])
+            .and_then([TxnOp::get(queue, Some(options))]);
+        let reply = self.rpc.txn("predecessor txn", txn).await?;
+        if !reply.succeeded() {
+            return Err(LockError::lost(format!(
+                "the queue key `{}` is gone (deleted, or its etcd lease ended)",
+                ticket.key
+            )));
+        }
         let revision = reply.header().map_or(0, |h| h.revision());
-        Ok((reply.kvs().first().map(|kv| kv.key().to_vec()), revision))
+        let before = reply.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().map(|kv| kv.key().to_vec())),
+            _ => None,
+        });
+        let before = before.ok_or_else(|| LockError::backend("malformed predecessor reply"))?;
+        Ok((before, revision))
     }
 
     /// Waits until the ticket is first in its queue or `deadline` passes, keeping its

@@ -221,3 +221,68 @@ async fn a_retry_after_a_lost_enqueue_reply_does_not_wait_behind_its_own_orphan(
     holder.release(lease).await.unwrap();
     assert!(queue(&mut client, &holder, &k).await.is_empty());
 }
+
+/// A waiter whose own queue key vanished while it waited (an operator's `etcdctl del`
+/// with the lease kept alive; what a client suspend does to a session lease) must never
+/// be granted on it beside the next holder: once its predecessor goes it queues again
+/// (here behind that holder, so its wait runs out) or fails. In both lease modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_queue_key_vanished_is_never_granted_on_it() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let addr = cluster.members()[0].addr().to_string();
+    let mut client = plain(&cluster).await;
+    for options in ["lease=session", "lease=per-lock"] {
+        let (holder, waiter, next) = (
+            connect(&addr, options).await,
+            connect(&addr, options).await,
+            connect(&addr, options).await,
+        );
+        let k = key(&format!("vanished-{options}"));
+        let ttl = Duration::from_secs(5);
+        let held = holder.try_acquire(&k, ttl).await.unwrap().expect("free");
+        let waiting = {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(3));
+            tokio::spawn(async move { waiter.acquire(&k, &opts).await })
+        };
+        let waiters_key = poll("the waiter to queue", Duration::from_secs(5), || {
+            let (mut client, holder, k) = (client.clone(), holder.clone(), k.clone());
+            async move {
+                let queued = queue(&mut client, &holder, &k).await;
+                (queued.len() == 2).then(|| queued[1].0.clone())
+            }
+        })
+        .await;
+        let deleted = client.delete(waiters_key.as_str(), None).await.unwrap();
+        assert_eq!(
+            deleted.deleted(),
+            1,
+            "the fault fired: the waiter's key is gone"
+        );
+        let coming = {
+            let (next, k) = (next.clone(), k.clone());
+            let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(5));
+            tokio::spawn(async move { next.acquire(&k, &opts).await })
+        };
+        poll("the next waiter to queue", Duration::from_secs(5), || {
+            let (mut client, holder, k) = (client.clone(), holder.clone(), k.clone());
+            async move { (queue(&mut client, &holder, &k).await.len() == 2).then_some(()) }
+        })
+        .await;
+        holder.release(held).await.unwrap();
+        let granted = coming.await.unwrap().expect("the next waiter is granted");
+        let result = waiting.await.unwrap();
+        assert!(
+            matches!(result, Err(LockError::Timeout { .. })),
+            "{options}: the waiter whose key vanished must queue again behind the holder, \
+             not be granted beside it: {result:?}"
+        );
+        let info = next.inspect(&k).await.unwrap().expect("held");
+        assert_eq!(
+            info.owner,
+            granted.owner(),
+            "{options}: the holder's key is first"
+        );
+        next.release(granted).await.unwrap();
+    }
+}
