@@ -63,7 +63,8 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
         return LockError::Config(format!("{message} ({hint})"));
     }
     let code = sqlstate(&error);
-    let class = code.as_deref().map(|c| &c[..2.min(c.len())]);
+    // A server's reply is untrusted input: a code that is not ASCII has no class.
+    let class = code.as_deref().and_then(|c| c.get(..2));
     let unavailable = matches!(
         error,
         sqlx::Error::Io(_)
@@ -118,6 +119,54 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database error as a foreign or broken server might send it.
+    #[derive(Debug)]
+    struct Foreign(&'static str);
+
+    impl std::fmt::Display for Foreign {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "foreign error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Foreign {}
+
+    impl sqlx::error::DatabaseError for Foreign {
+        fn message(&self) -> &str {
+            "foreign error"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// Defect: a SQLSTATE whose second byte is inside a multi-byte character panicked
+    /// (`&c[..2]`). Any code is now a typed error; a well-formed one keeps its class.
+    #[test]
+    fn a_malformed_sqlstate_is_a_typed_error_not_a_panic() {
+        let config = PgConfig::from_url("postgres://tenure@localhost/tenure").unwrap();
+        for code in ["€1234", "é", "0", "", "0\u{301}800"] {
+            let error = sqlx::Error::Database(Box::new(Foreign(code)));
+            let mapped = map_err(&config, "lock", error);
+            assert!(matches!(mapped, LockError::Backend { .. }), "{code:?}: {mapped:?}");
+        }
+        let error = sqlx::Error::Database(Box::new(Foreign("08006")));
+        let mapped = map_err(&config, "lock", error);
+        assert!(matches!(mapped, LockError::Unavailable { .. }), "{mapped:?}");
+    }
 
     #[test]
     fn a_refused_client_check_is_recognised() {

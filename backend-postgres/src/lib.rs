@@ -123,9 +123,11 @@ impl PgLock {
         // Pool connections commit the fence: make sure that commit is flushed before it
         // is acknowledged, whatever the role's or database's default.
         let pool_options = named(base.clone()).options([("synchronous_commit", "on")]);
-        // Lock connections: keepalive probes (`begin_batch` sets the idle time per lease)
-        // and no statement timeout, whatever the role's or database's default (a startup
-        // option overrides them; see `sql::SESSION_SETTINGS`).
+        // Lock connections: keepalive probes (`begin_batch` sets the idle time per lease),
+        // no TCP user timeout (which would drop the session once probes go unanswered
+        // for that long, however long the lease) and no statement timeout, whatever the
+        // role's or database's default (a startup option overrides them; see
+        // `sql::SESSION_SETTINGS`).
         let unchecked = named(base).options([
             ("tcp_keepalives_idle", "10".to_string()),
             (
@@ -133,6 +135,7 @@ impl PgLock {
                 sql::KEEPALIVE_INTERVAL.to_string(),
             ),
             ("tcp_keepalives_count", sql::KEEPALIVE_COUNT.to_string()),
+            ("tcp_user_timeout", "0".to_string()),
             ("statement_timeout", "0".to_string()),
         ]);
         let dedicated = unchecked.clone().options([(
@@ -353,6 +356,8 @@ impl DistributedLock for PgLock {
                 .await
             {
                 Ok(Some(lease)) => return Ok(lease),
+                // The server's `lock_timeout` ran out at its cap, before our deadline.
+                Ok(None) if wait.is_some_and(sql::lock_timeout_capped) => {}
                 Ok(None) => {
                     return Err(LockError::Timeout {
                         waited: started.elapsed(),

@@ -308,13 +308,16 @@ pub(crate) fn keepalive_idle(ttl: Duration) -> u64 {
 
 /// What a lock connection sets for its whole session once it opens: no timeout of the
 /// role's or database's defaults may end a lock transaction before its lease. The
-/// `statement_timeout` (which would cut a lock wait) is also a startup option of the
-/// connection, which overrides those defaults (and is what `RESET` restores), and is set
-/// here again for a pooler that drops startup options; `transaction_timeout` exists from
+/// `statement_timeout` (which would cut a lock wait) and `tcp_user_timeout` (which would
+/// drop the session once keepalive probes go unanswered that long) are also startup
+/// options of the connection, which override those defaults (and are what `RESET`
+/// restores), and are set here again for a pooler that drops startup options;
+/// `transaction_timeout` exists from
 /// Postgres 17 on, so it is switched off here only where it exists, looked up with
 /// `current_setting(…, missing_ok)`, not in `pg_settings` (which builds every setting's
 /// row: 0.7–1.2 ms of server time).
 pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('statement_timeout', '0', false), \
+     set_config('tcp_user_timeout', '0', false), \
      CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL \
      THEN set_config('transaction_timeout', '0', false) END";
 
@@ -324,9 +327,27 @@ pub(crate) fn timeout_ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, MAX_TIMEOUT_MS) as u64
 }
 
+/// Whether a lock wait of `wait` is longer than the server's `lock_timeout` can be (about
+/// 24.8 days): the wait then ends at that cap, before its deadline, and is waited again.
+pub(crate) fn lock_timeout_capped(wait: Duration) -> bool {
+    wait.as_millis() > MAX_TIMEOUT_MS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Defect: `Duration::MAX` (or any wait past 24.8 days) ended in `Timeout` once the
+    /// capped `lock_timeout` ran out; such a wait is now waited again.
+    #[test]
+    fn a_wait_beyond_the_servers_lock_timeout_cap_is_waited_again() {
+        let cap = Duration::from_millis(i32::MAX as u64);
+        assert_eq!(timeout_ms(cap * 2), i32::MAX as u64, "the server's cap");
+        assert!(lock_timeout_capped(cap + Duration::from_millis(1)));
+        assert!(lock_timeout_capped(Duration::from_secs(100 * 365 * 24 * 3600)));
+        assert!(!lock_timeout_capped(cap));
+        assert!(!lock_timeout_capped(Duration::from_secs(24 * 24 * 3600)));
+    }
 
     #[test]
     fn keepalives_never_give_up_before_the_ttl() {

@@ -982,6 +982,55 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
     assert_eq!(b.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
 
+/// Defect: a role's (or database's) `tcp_user_timeout`, which any user may set, applied
+/// to the lock connection: the server would then drop the lock session, and free the
+/// lock, as soon as its keepalive probes went unanswered for that long (a network blip
+/// far shorter than the lease). The lock connection switches it off, as it does the
+/// keepalives and statement timeouts. Seen by a trigger on the lock table, which logs
+/// the setting each session inserting a lock row runs under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roles_tcp_user_timeout_never_applies_to_a_lock_connection() {
+    let server = Postgres::start().await.unwrap();
+    let warm = connect(&server).await;
+    let lease = warm.try_acquire(&key("tables"), TTL).await.unwrap().unwrap();
+    warm.release(lease).await.unwrap();
+    server
+        .psql(
+            "CREATE ROLE hasty LOGIN SUPERUSER; \
+             ALTER ROLE hasty SET tcp_user_timeout = 300; \
+             CREATE TABLE seen (pid integer, tcp_user_timeout text); \
+             CREATE FUNCTION log_setting() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               INSERT INTO seen VALUES (pg_backend_pid(), current_setting('tcp_user_timeout')); \
+               RETURN NEW; END $$; \
+             CREATE TRIGGER log_setting BEFORE INSERT ON tenure_locks \
+               FOR EACH ROW EXECUTE FUNCTION log_setting()",
+        )
+        .await
+        .unwrap();
+    let hasty_url = server.url().replace("postgres@", "hasty@");
+    // The fault is armed: a plain session of the role runs with it.
+    let mut plain = <sqlx::PgConnection as sqlx::Connection>::connect(&hasty_url)
+        .await
+        .unwrap();
+    let armed: String = sqlx::query_scalar("SHOW tcp_user_timeout")
+        .fetch_one(&mut plain)
+        .await
+        .unwrap();
+    assert_eq!(armed, "300");
+    let lock = PgLock::connect(&hasty_url).await.unwrap();
+    let k = key("hasty-role");
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let seen = server
+        .psql(
+            "SELECT s.tcp_user_timeout FROM seen s JOIN tenure_locks_holders h \
+             ON h.pid = s.pid WHERE h.key = 'faults/hasty-role'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(seen, "0", "the lock connection's tcp_user_timeout");
+    lock.release(lease).await.unwrap();
+}
+
 /// Defect: a grant's record whose reply came too late (the statement committed after the
 /// client gave up on it) failed the attempt: the record is sent once more, and that
 /// second statement found the grant's own live transaction already recorded and wrote
