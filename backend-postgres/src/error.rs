@@ -161,11 +161,17 @@ mod tests {
         for code in ["€1234", "é", "0", "", "0\u{301}800"] {
             let error = sqlx::Error::Database(Box::new(Foreign(code)));
             let mapped = map_err(&config, "lock", error);
-            assert!(matches!(mapped, LockError::Backend { .. }), "{code:?}: {mapped:?}");
+            assert!(
+                matches!(mapped, LockError::Backend { .. }),
+                "{code:?}: {mapped:?}"
+            );
         }
         let error = sqlx::Error::Database(Box::new(Foreign("08006")));
         let mapped = map_err(&config, "lock", error);
-        assert!(matches!(mapped, LockError::Unavailable { .. }), "{mapped:?}");
+        assert!(
+            matches!(mapped, LockError::Unavailable { .. }),
+            "{mapped:?}"
+        );
     }
 
     #[test]

@@ -344,7 +344,9 @@ mod tests {
         let cap = Duration::from_millis(i32::MAX as u64);
         assert_eq!(timeout_ms(cap * 2), i32::MAX as u64, "the server's cap");
         assert!(lock_timeout_capped(cap + Duration::from_millis(1)));
-        assert!(lock_timeout_capped(Duration::from_secs(100 * 365 * 24 * 3600)));
+        assert!(lock_timeout_capped(Duration::from_secs(
+            100 * 365 * 24 * 3600
+        )));
         assert!(!lock_timeout_capped(cap));
         assert!(!lock_timeout_capped(Duration::from_secs(24 * 24 * 3600)));
     }

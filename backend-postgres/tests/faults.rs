@@ -992,7 +992,11 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
 async fn a_roles_tcp_user_timeout_never_applies_to_a_lock_connection() {
     let server = Postgres::start().await.unwrap();
     let warm = connect(&server).await;
-    let lease = warm.try_acquire(&key("tables"), TTL).await.unwrap().unwrap();
+    let lease = warm
+        .try_acquire(&key("tables"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
     warm.release(lease).await.unwrap();
     server
         .psql(
