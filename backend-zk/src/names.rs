@@ -133,6 +133,38 @@ pub(crate) fn queue(children: &[String]) -> Vec<LockNode> {
     nodes
 }
 
+/// A key's lock nodes, in queue order, as listed with their directory's `cversion`.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    /// The lock nodes, oldest first.
+    pub(crate) nodes: Vec<LockNode>,
+    /// Whether a node has lived through 2^31 or more changes of the directory: past that,
+    /// its 32-bit sequence may have wrapped once more unseen, so its place is not
+    /// certain and nobody may be told it is first.
+    pub(crate) ambiguous: bool,
+}
+
+/// The lock nodes among `children` in creation order, counted back from `cversion`, the
+/// directory's change counter that named each of them: a node's age is the number of
+/// changes since its creation, modulo 2^32. Exact while every node has lived through
+/// fewer than 2^32 changes; past 2^31 the listing is `ambiguous`. Sequences beyond 32
+/// bits do not wrap and are ordered as numbers.
+pub(crate) fn listing(children: &[String], cversion: i32) -> Listing {
+    let mut nodes: Vec<LockNode> = children.iter().filter_map(|c| LockNode::parse(c)).collect();
+    let wrapping = |n: &LockNode| i32::try_from(n.sequence).ok().map(|s| s as u32);
+    if !nodes.iter().all(|n| wrapping(n).is_some()) {
+        nodes.sort_by_key(|n| n.sequence);
+        return Listing {
+            nodes,
+            ambiguous: false,
+        };
+    }
+    let age = |n: &LockNode| (cversion as u32).wrapping_sub(wrapping(n).unwrap_or_default());
+    nodes.sort_by_key(|n| std::cmp::Reverse(age(n)));
+    let ambiguous = nodes.first().is_some_and(|n| age(n) >= 1 << 31);
+    Listing { nodes, ambiguous }
+}
+
 /// The owner encoded in a lock node path's last component.
 pub(crate) fn owner_of_path(path: &str) -> Option<OwnerId> {
     let name = path.rsplit('/').next()?;
@@ -213,6 +245,27 @@ mod tests {
         );
         assert_eq!(owner_of_path(&format!("/t/k/{}", q[1].name)), Some(a));
         assert_eq!(owner_of_path("/t/k/other"), None);
+    }
+
+    /// Defect: the largest-gap rule put a waiter created 3·10^9 directory changes after
+    /// the holder (which still lives) first. Counted back from the directory's
+    /// `cversion`, the holder is first, and the listing says its order is ambiguous.
+    #[test]
+    fn a_node_older_than_2_pow_31_changes_makes_the_order_ambiguous() {
+        let (holder, waiter) = (OwnerId([1; 16]), OwnerId([2; 16]));
+        let created = |owner, at: u32| format!("{}{:010}", node_prefix(owner), at as i32);
+        let children = [created(waiter, 3_000_000_000), created(holder, 0)];
+        let listed = listing(&children, 3_000_000_001u32 as i32);
+        let order: Vec<OwnerId> = listed.nodes.iter().map(|n| n.owner).collect();
+        assert_eq!(order, [holder, waiter]);
+        assert!(listed.ambiguous);
+        // Young enough: exact and certain, across the wrap too.
+        let children = [created(waiter, 5), created(holder, u32::MAX - 5)];
+        let listed = listing(&children, 6);
+        let order: Vec<OwnerId> = listed.nodes.iter().map(|n| n.owner).collect();
+        assert_eq!(order, [holder, waiter]);
+        assert!(!listed.ambiguous);
+        assert!(!listing(&[created(holder, 7)], 8).ambiguous);
     }
 
     /// ZooKeeper names a sequential node with `%010d` of the parent's 32-bit `cversion`,

@@ -7,7 +7,7 @@ use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, Loc
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::error::{bounded, reply_lost, session_gone};
-use crate::names::{node_prefix, queue, LockNode};
+use crate::names::{listing, node_prefix, Listing, LockNode};
 use crate::pending::Pending;
 use crate::session::Session;
 use crate::ZkLock;
@@ -48,17 +48,26 @@ impl From<LockError> for Stop {
 }
 
 impl ZkLock {
+    /// The lock nodes in `dir`, in queue order (counted back from the directory's
+    /// `cversion`); empty if `dir` does not exist.
+    pub(crate) async fn listing(&self, client: &Client, dir: &str) -> Result<Listing, LockError> {
+        match bounded(self.request_timeout(), client.get_children(dir)).await {
+            Ok((children, stat)) => Ok(listing(&children, stat.cversion)),
+            Err(ZkError::NoNode) => Ok(Listing {
+                nodes: Vec::new(),
+                ambiguous: false,
+            }),
+            Err(e) => Err(self.zk_error("list", e)),
+        }
+    }
+
     /// The lock nodes in `dir`, in queue order; empty if `dir` does not exist.
     pub(crate) async fn children(
         &self,
         client: &Client,
         dir: &str,
     ) -> Result<Vec<LockNode>, LockError> {
-        match bounded(self.request_timeout(), client.list_children(dir)).await {
-            Ok(children) => Ok(queue(&children)),
-            Err(ZkError::NoNode) => Ok(Vec::new()),
-            Err(e) => Err(self.zk_error("list", e)),
-        }
+        Ok(self.listing(client, dir).await?.nodes)
     }
 
     /// Makes `dir` (a container) and, if needed, the persistent lock root above it.
@@ -251,7 +260,7 @@ impl ZkLock {
         let (sent, listed) = match proven {
             Some(sent) => {
                 session.record(sent);
-                (sent, self.children(client, dir).await)
+                (sent, self.listing(client, dir).await)
             }
             // The listing goes out right behind the `sync`, not after its reply: the
             // server serves it only once the `sync` is done (a session's requests are
@@ -259,12 +268,15 @@ impl ZkLock {
             // only if the `sync` succeeded.
             None => {
                 let synced = session.sync_since(client, Instant::now(), self.request_timeout());
-                let (synced, listed) = futures::join!(synced, self.children(client, dir));
+                let (synced, listed) = futures::join!(synced, self.listing(client, dir));
                 let sent = synced.map_err(|e| self.zk_error("sync with the leader", e))?;
                 (sent, listed)
             }
         };
-        let mut nodes = listed?;
+        let Listing {
+            mut nodes,
+            ambiguous,
+        } = listed?;
         for duplicate in nodes
             .iter()
             .filter(|n| n.owner == owner && n.name != node.name)
@@ -275,6 +287,14 @@ impl ZkLock {
         nodes.retain(|n| n.owner != owner || n.name == node.name);
         let position = match nodes.iter().position(|n| n.name == node.name) {
             None => Position::Gone,
+            Some(0) if ambiguous => {
+                return Err(LockError::backend(format!(
+                    "the queue in {dir} holds a node that has lived through 2^31 or more \
+                     changes of its directory: past that, ZooKeeper's 32-bit sequence \
+                     numbers may have wrapped unseen, so first place is not granted (the \
+                     lock is free again once that node is gone)"
+                )))
+            }
             Some(0) => Position::First,
             Some(i) => Position::Behind(nodes[i - 1].name.clone()),
         };
