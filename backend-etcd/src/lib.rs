@@ -367,9 +367,10 @@ impl DistributedLock for EtcdLock {
 
     /// Checks the key is still ours and keeps it for another `ttl`: a keep-alive of its
     /// own lease, or (on a session lease) its deadline moved on before the check, so the
-    /// session never deletes it under a renewal. A TTL longer than the lease holds moves
-    /// the key to a longer lease (its create revision, hence the token, is kept); an old
-    /// lease of its own is then revoked.
+    /// session never deletes it under a renewal. A TTL longer than the lease holds, or a
+    /// lease granted by another client (whose session would delete the key at the
+    /// deadline it last set), moves the key to a lease of this client's (its create
+    /// revision, hence the token, is kept); an old lease of its own is then revoked.
     ///
     /// If the move's reply is lost, the key is read back and the call keeps whichever
     /// lease it lives on; a move never revokes the lease the key may be attached to.
@@ -383,15 +384,20 @@ impl DistributedLock for EtcdLock {
         validate_ttl(ttl)?;
         let sent = Instant::now();
         let (old_id, path) = (lease.handle().id, lease.handle().path.clone());
-        // A lease taken by another client (e.g. another `tenure` process) is extended as
-        // a lease of its own: keep-alives on its etcd lease.
+        // Only a lease of this client's own is kept where it is: one taken by another
+        // client (e.g. another `tenure` process) may be on that client's session, which
+        // deletes the key at the deadline that client last set, so it is moved onto a
+        // lease of this client's (same key, so same token).
         let session = match self.rpc.config.lease {
             LeaseMode::PerLock => None,
-            LeaseMode::Session => self.sessions.find(old_id).await,
+            LeaseMode::Session => self.sessions.find(old_id),
         };
         let fits = match &session {
             Some(session) => ttl <= session.granted,
-            None => lease_seconds(ttl) <= lease_seconds(lease.ttl()),
+            None if self.own_leases.contains(old_id) => {
+                lease_seconds(ttl) <= lease_seconds(lease.ttl())
+            }
+            None => false,
         };
         if fits {
             if let Some(session) = &session {
@@ -399,7 +405,7 @@ impl DistributedLock for EtcdLock {
             }
             self.check_owned(lease).await?;
             let at = match &session {
-                Some(session) => self.sessions.confirmed(session, sent).await?,
+                Some(session) => self.sessions.confirmed(session, sent, ttl).await?,
                 None => {
                     self.rpc.keep_alive(old_id).await?;
                     sent
@@ -490,7 +496,7 @@ impl DistributedLock for EtcdLock {
         let id = lease.handle().id;
         match self.rpc.config.lease {
             LeaseMode::Session => {
-                if let Some(session) = self.sessions.find(id).await {
+                if let Some(session) = self.sessions.find(id) {
                     session.forget(&lease.handle().path);
                 }
             }

@@ -40,6 +40,11 @@ impl OwnLeases {
         ids.insert(id);
     }
 
+    /// Whether `id` is a lease this client granted for one lock.
+    pub(crate) fn contains(&self, id: i64) -> bool {
+        self.ids().contains(&id)
+    }
+
     /// Whether `id` is a lease of this client's own (it is then forgotten).
     pub(crate) fn take(&self, id: i64) -> bool {
         self.ids().remove(&id)
@@ -115,7 +120,7 @@ impl EtcdLock {
             }
             Some(session) => {
                 session.renew(&ticket.key, sent + ticket.ttl)?;
-                ticket.refreshed_at = self.sessions.confirmed(session, sent).await?;
+                ticket.refreshed_at = self.sessions.confirmed(session, sent, ticket.ttl).await?;
             }
         }
         Ok(())
@@ -162,7 +167,7 @@ impl EtcdLock {
             LeaseMode::Session => {
                 let session = self.sessions.enter(ttl, key_of, sent + ttl).await?;
                 let believed = ttl.min(session.granted);
-                let confirmed = self.sessions.confirmed(&session, sent).await;
+                let confirmed = self.sessions.confirmed(&session, sent, believed).await;
                 let refreshed_at = match confirmed {
                     Ok(at) => at,
                     Err(e) => {

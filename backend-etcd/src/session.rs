@@ -34,7 +34,11 @@ use crate::rpc::{delete_on_lease, lease_seconds, Rpc};
 /// The sessions of one client (shared by its clones), one per lease TTL in whole seconds.
 pub(crate) struct Sessions {
     rpc: Rpc,
-    by_secs: tokio::sync::Mutex<HashMap<i64, Arc<Session>>>,
+    /// Never held across a request: `extend` and `release` look sessions up here.
+    by_secs: Mutex<HashMap<i64, Arc<Session>>>,
+    /// Held by a grant of a new session lease, so that concurrent first uses of one TTL
+    /// share one lease; lookups never wait for it.
+    granting: tokio::sync::Mutex<()>,
     /// Numbers each key name this client writes, so no name is ever used twice.
     names: AtomicU64,
 }
@@ -61,7 +65,8 @@ impl Sessions {
     pub(crate) fn new(rpc: Rpc) -> Self {
         Self {
             rpc,
-            by_secs: tokio::sync::Mutex::new(HashMap::new()),
+            by_secs: Mutex::new(HashMap::new()),
+            granting: tokio::sync::Mutex::new(()),
             names: AtomicU64::new(0),
         }
     }
@@ -76,7 +81,8 @@ impl Sessions {
     /// unless renewed, even if the caller is dropped once the key is sent).
     ///
     /// # Cancel safety
-    /// Cancel-safe: a lease granted for a dropped call is kept as the session's.
+    /// Cancel-safe: a lease whose grant was dropped in flight carries no key and runs out
+    /// its TTL.
     pub(crate) async fn enter(
         self: &Arc<Self>,
         ttl: Duration,
@@ -84,11 +90,13 @@ impl Sessions {
         reap_at: Instant,
     ) -> Result<Arc<Session>, LockError> {
         let secs = lease_seconds(ttl);
-        let mut by_secs = self.by_secs.lock().await;
-        if let Some(session) = by_secs.get(&secs) {
-            if session.register(&key_of(session.lease_id), reap_at) {
-                return Ok(session.clone());
-            }
+        if let Some(session) = self.joined(secs, key_of, reap_at) {
+            return Ok(session);
+        }
+        let _granting = self.granting.lock().await;
+        // Granted meanwhile by another caller?
+        if let Some(session) = self.joined(secs, key_of, reap_at) {
+            return Ok(session);
         }
         let sent = Instant::now();
         let (lease_id, granted) = self
@@ -106,7 +114,7 @@ impl Sessions {
             wake: Notify::new(),
         });
         session.register(&key_of(lease_id), reap_at);
-        by_secs.insert(secs, session.clone());
+        self.map().insert(secs, session.clone());
         tokio::spawn(keep(
             session.clone(),
             Arc::downgrade(self),
@@ -115,20 +123,39 @@ impl Sessions {
         Ok(session)
     }
 
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Session>>> {
+        self.by_secs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live session for `secs` with the key named `key_of(lease id)` registered on
+    /// it, if there is one that takes new keys.
+    fn joined(
+        &self,
+        secs: i64,
+        key_of: &(dyn Fn(i64) -> String + Sync),
+        reap_at: Instant,
+    ) -> Option<Arc<Session>> {
+        let session = self.map().get(&secs)?.clone();
+        session
+            .register(&key_of(session.lease_id), reap_at)
+            .then_some(session)
+    }
+
     /// The live session whose lease is `lease_id`, if it is one of this client's.
-    pub(crate) async fn find(&self, lease_id: i64) -> Option<Arc<Session>> {
-        let by_secs = self.by_secs.lock().await;
-        by_secs
+    pub(crate) fn find(&self, lease_id: i64) -> Option<Arc<Session>> {
+        self.map()
             .values()
             .find(|s| s.lease_id == lease_id && !s.state().closed)
             .cloned()
     }
 
     /// The instant a key's TTL may be counted from: when `session`'s lease was last
-    /// confirmed alive (sending a keep-alive first if that was more than a fifth of its
-    /// TTL ago; the task sends one every tenth), but no later than `registered`, the
-    /// instant the key's deadline was last set from (so the belief never outlasts the
-    /// session's deletion of the key). `LeaseLost` if the lease is gone.
+    /// confirmed alive (sending a keep-alive first if that was more than a fifth of the
+    /// lease's TTL ago, or of the key's `ttl` if that is shorter — else a short TTL
+    /// would be counted from a confirmation older than itself and granted expired; the
+    /// task sends one every tenth of the lease's TTL), but no later than `registered`,
+    /// the instant the key's deadline was last set from (so the belief never outlasts
+    /// the session's deletion of the key). `LeaseLost` if the lease is gone.
     ///
     /// # Cancel safety
     /// Cancel-safe.
@@ -136,6 +163,7 @@ impl Sessions {
         &self,
         session: &Session,
         registered: Instant,
+        ttl: Duration,
     ) -> Result<Instant, LockError> {
         let (confirmed_at, closed) = {
             let state = session.state();
@@ -144,7 +172,7 @@ impl Sessions {
         if closed {
             return Err(session.gone());
         }
-        if confirmed_at.elapsed() <= session.granted / 5 {
+        if confirmed_at.elapsed() <= session.granted.min(ttl) / 5 {
             return Ok(confirmed_at.min(registered));
         }
         let sent = Instant::now();

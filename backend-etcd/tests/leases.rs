@@ -286,3 +286,57 @@ async fn a_waiter_whose_queue_key_vanished_is_never_granted_on_it() {
         next.release(granted).await.unwrap();
     }
 }
+
+/// Defect: a session lease's grant held the client's session map across its round trip,
+/// so every `extend` and `release` on that client waited for it: a slow grant (a new TTL
+/// on a slow link) stalled the renewal of locks already held, and a guard could be
+/// reported lost. Replies are delayed by 800 ms; an `extend` sent while a grant is in
+/// flight now takes one delayed round trip, not the grant's and then its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_session_grant_never_delays_an_extend() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let member = &cluster.members()[0];
+    let lock = connect(
+        &member.proxied_addr().to_string(),
+        "request_timeout_ms=10000",
+    )
+    .await;
+    // Long enough that the session's last keep-alive stands for the extend's (a fifth of
+    // the TTL): the extend is then one read.
+    let ttl = Duration::from_secs(30);
+    let mut held = lock
+        .try_acquire(&key("held"), ttl)
+        .await
+        .unwrap()
+        .expect("free");
+    let delay = Duration::from_millis(800);
+    member.proxy().set_mode(ProxyMode::Delay {
+        up: Duration::ZERO,
+        down: delay,
+    });
+    // A TTL of other whole seconds needs a session lease of its own: a grant.
+    let granting = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            lock.try_acquire(&key("new-ttl"), Duration::from_secs(7))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!granting.is_finished(), "the grant is in flight");
+    let started = Instant::now();
+    lock.extend(&mut held, ttl).await.unwrap();
+    let took = started.elapsed();
+    let other = granting.await.unwrap().unwrap().expect("free");
+    member.proxy().set_mode(ProxyMode::Pass);
+    assert!(
+        took >= delay,
+        "the fault fired: the extend's reply was delayed ({took:?})"
+    );
+    assert!(
+        took < delay * 3 / 2,
+        "the extend waited for the grant: {took:?} for one round trip of {delay:?}"
+    );
+    lock.release(other).await.unwrap();
+    lock.release(held).await.unwrap();
+}

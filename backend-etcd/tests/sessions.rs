@@ -266,3 +266,85 @@ async fn a_per_lock_client_never_revokes_a_session_lease_it_did_not_grant() {
     per_lock.release(moved).await.unwrap();
     sessions.release(kept).await.unwrap();
 }
+
+/// Defect: on a session lease a grant's deadline counted from the session's last
+/// keep-alive, up to a fifth of the lease's TTL old: a TTL shorter than that was granted
+/// already expired, so it could never be held. A short TTL now counts from a
+/// confirmation no older than a fifth of its own TTL before the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_ttl_is_granted_alive_on_a_session_lease() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let lock = connect(&cluster, "").await;
+    for (round, ms) in [40u64, 60, 90, 150]
+        .into_iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+    {
+        let ttl = Duration::from_millis(ms);
+        let name = format!("short-{round}");
+        // However slow the machine, the deadline counts from a confirmation at most a
+        // fifth of the TTL older than the call.
+        let earliest = |started: Instant| started + ttl * 4 / 5 - tenure_api::default_drift(ttl);
+        let started = Instant::now();
+        let mut lease = take(&lock, &name, ttl).await;
+        assert!(
+            lease.valid_until() >= earliest(started),
+            "{ttl:?}: granted with a deadline {:?} before the call started",
+            started.saturating_duration_since(lease.valid_until())
+        );
+        let started = Instant::now();
+        lock.extend(&mut lease, ttl).await.unwrap();
+        assert!(
+            lease.valid_until() >= earliest(started),
+            "{ttl:?}: extended"
+        );
+        lock.release(lease).await.unwrap();
+        // Lets the session's last keep-alive age, as between a client's calls.
+        tokio::time::sleep(Duration::from_millis(70)).await;
+    }
+}
+
+/// Defect: a lease granted on one client's session and extended through another client
+/// (a lease is plain data) was kept alive there directly, while the granting client's
+/// session still deleted the key at the deadline it last set: the extending holder
+/// believed it held a permit that was free again, and a semaphore of 2 had 3 holders.
+/// Another client's lease is now moved onto a lease of the extending client's own (same
+/// key and token), which no other client reaps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_extended_through_another_client_is_never_reaped_under_it() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let semaphore = |lock: EtcdLock| tenure_api::Semaphore::new(Arc::new(lock), 2).unwrap();
+    let granting = semaphore(connect(&cluster, "").await);
+    let extending = semaphore(connect(&cluster, "").await);
+    let extending_per_lock = semaphore(connect(&cluster, "lease=per-lock").await);
+    let contender = semaphore(connect(&cluster, "").await);
+    let name = key("handed-over");
+    let ttl = Duration::from_secs(2);
+    let mut handed = granting.try_acquire(&name, ttl).await.unwrap().unwrap();
+    let mut kept = granting.try_acquire(&name, ttl).await.unwrap().unwrap();
+    let mut handed_again = None;
+    let started = Instant::now();
+    while started.elapsed() < ttl * 2 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        extending.extend(&mut handed, ttl).await.unwrap();
+        granting.extend(&mut kept, ttl).await.unwrap();
+        assert!(
+            contender.try_acquire(&name, ttl).await.unwrap().is_none(),
+            "a third holder, {:?} after the grant",
+            started.elapsed()
+        );
+        if handed_again.is_none() && started.elapsed() > ttl {
+            // …and on to a client with leases of its own, for the rest.
+            handed_again = Some(());
+            extending_per_lock.extend(&mut handed, ttl).await.unwrap();
+        }
+    }
+    assert!(handed_again.is_some());
+    assert_eq!(
+        extending_per_lock.release(handed).await.unwrap(),
+        tenure_api::ReleaseOutcome::Released,
+        "the handed-over permit was still held"
+    );
+    granting.release(kept).await.unwrap();
+}
