@@ -21,9 +21,16 @@ use crate::{
 ///
 /// The lease's deadline is part of the signal: [`is_lost`](Self::is_lost) compares it
 /// with the clock, and [`lost`](Self::lost) completes at the deadline at the latest,
-/// whether or not the renewal task has run. Where the backend pushes losses (a
-/// [`LossNotice`] on the lease, e.g. a closed Postgres connection), the signal is lost as
-/// soon as the notice fires.
+/// whether or not the renewal task has run. Time the machine spends suspended
+/// ([`Clock::suspended`]: the servers' clocks run on while `Instant` stands still) since
+/// the deadline was set counts against it, so a lease that ran out during a suspend is
+/// lost on wake ([`lost`](Self::lost) looks at least every [`SUSPEND_CHECK`]). Where the
+/// backend pushes losses (a [`LossNotice`] on the lease, e.g. a closed Postgres
+/// connection), the signal is lost as soon as the notice fires.
+///
+/// What remains: a suspend while the grant or renewal request itself is in flight (after
+/// it was sent, before the signal took the new deadline) is not counted, and a clock
+/// that cannot tell suspends (not Linux) counts none.
 #[derive(Clone)]
 pub struct LostSignal {
     inner: Arc<LostInner>,
@@ -32,8 +39,9 @@ pub struct LostSignal {
 struct LostInner {
     token: CancellationToken,
     reason: Mutex<Option<String>>,
-    /// The local deadline of the current lease; moves forward with each renewal.
-    deadline: Mutex<Instant>,
+    /// The local deadline of the current lease, and the clock's suspended total when it
+    /// was set; moves forward with each renewal.
+    deadline: Mutex<(Instant, Duration)>,
     clock: Arc<dyn Clock>,
     /// The backend's push notice of a loss, where it has one.
     notice: Option<LossNotice>,
@@ -47,6 +55,10 @@ impl fmt::Debug for LostSignal {
             .finish()
     }
 }
+
+/// How often [`LostSignal::lost`] looks at the clock while it waits, so that a lease that
+/// ran out during a suspend is reported at most this long after the machine wakes.
+pub const SUSPEND_CHECK: Duration = Duration::from_secs(1);
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -64,11 +76,12 @@ impl LostSignal {
         clock: Arc<dyn Clock>,
         notice: Option<LossNotice>,
     ) -> Self {
+        let suspended = clock.suspended();
         Self {
             inner: Arc::new(LostInner {
                 token: CancellationToken::new(),
                 reason: Mutex::new(None),
-                deadline: Mutex::new(deadline),
+                deadline: Mutex::new((deadline, suspended)),
                 clock,
                 notice,
             }),
@@ -86,12 +99,17 @@ impl LostSignal {
 
     /// Moves the deadline to `deadline` after a renewal (never once lost).
     fn renewed(&self, deadline: Instant) {
-        *locked(&self.inner.deadline) = deadline;
+        *locked(&self.inner.deadline) = (deadline, self.inner.clock.suspended());
     }
 
-    /// The lease's current local deadline.
+    /// The lease's current local deadline, moved earlier by the time the machine has
+    /// spent suspended since it was set.
     pub fn deadline(&self) -> Instant {
-        *locked(&self.inner.deadline)
+        let (deadline, suspended_then) = *locked(&self.inner.deadline);
+        let slept = self.inner.clock.suspended().saturating_sub(suspended_then);
+        deadline
+            .checked_sub(slept)
+            .unwrap_or_else(|| self.inner.clock.now())
     }
 
     /// Marks the signal lost if the deadline has passed; true once lost.
@@ -103,8 +121,14 @@ impl LostSignal {
             self.mark(notice.reason().unwrap_or_default());
             return true;
         }
+        let (_, suspended_then) = *locked(&self.inner.deadline);
         if self.inner.clock.now() >= self.deadline() {
-            self.mark("the lease deadline passed without a renewal");
+            let slept = self.inner.clock.suspended().saturating_sub(suspended_then);
+            self.mark(if slept.is_zero() {
+                "the lease deadline passed without a renewal".to_owned()
+            } else {
+                format!("the lease deadline passed while the machine was suspended for {slept:?}")
+            });
             return true;
         }
         false
@@ -135,10 +159,12 @@ impl LostSignal {
                     None => std::future::pending().await,
                 }
             };
+            // A suspend does not move the clock: look again at least this often.
+            let wake = deadline.min(self.inner.clock.now() + SUSPEND_CHECK);
             tokio::select! {
                 _ = self.inner.token.cancelled() => return,
                 _ = notice => {}
-                _ = self.inner.clock.sleep_until(deadline) => {}
+                _ = self.inner.clock.sleep_until(wake) => {}
             }
         }
     }
@@ -323,7 +349,8 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
         let Some(lease) = locked(&shared.lease).clone() else {
             return;
         };
-        let (valid_until, ttl) = (lease.valid_until(), lease.ttl());
+        // The signal's deadline: the lease's, less any time spent suspended since.
+        let (valid_until, ttl) = (lost.deadline(), lease.ttl());
         if lost.is_lost() {
             return;
         }
@@ -334,7 +361,7 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
             _ = shared.stop.cancelled() => return,
             _ = clock.sleep_until(now + delay) => {}
         }
-        if clock.now() >= valid_until {
+        if lost.is_lost() || clock.now() >= valid_until {
             lost.mark("renewal came too late: the lease deadline had already passed");
             return;
         }

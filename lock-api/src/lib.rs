@@ -52,7 +52,7 @@ pub use driver::{Backend, Driver};
 pub use election::{Election, Leader, Leadership};
 pub use error::{bounded, BoxError, LockError};
 pub use feed::{holder_feed, FeedSource};
-pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError};
+pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError, SUSPEND_CHECK};
 pub use key::LockKey;
 pub use lease::{
     deadline, default_drift, holder_text, parse_holder_text, FencingToken, HolderInfo, Lease,

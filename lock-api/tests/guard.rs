@@ -190,6 +190,47 @@ async fn late_wake_up_after_a_pause_marks_the_lease_lost() {
     assert!(lock.inspect(&key("paused")).await.unwrap().is_none());
 }
 
+/// Defect (issue 58, 17): the guard counted its deadline on `Instant`, which stands still
+/// while the machine is suspended, while the servers' clocks, and the lease on them, ran
+/// on: a lease that ran out during a suspend was still believed held on wake. Here the
+/// backend's lease lives in the suspended process too (a MemoryLock on the same clock),
+/// so only the guard's count can tell; a suspend shorter than what is left is no loss.
+#[tokio::test]
+async fn a_lease_that_ran_out_during_a_suspend_is_lost_on_wake() {
+    let clock = ManualClock::new();
+    let lock = Arc::new(MemoryLock::with_clock(Arc::new(clock.clone())));
+    let ttl = Duration::from_secs(30);
+    let short = lock
+        .try_acquire(&key("short-nap"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let short = LockGuard::with_clock(lock.clone(), short, Arc::new(clock.clone()));
+    clock.suspend(Duration::from_secs(5));
+    tokio::task::yield_now().await;
+    assert!(!short.is_lost(), "a suspend within the lease is no loss");
+    let deadline = short.lost_signal().deadline();
+    assert!(
+        deadline < short.lease().await.unwrap().valid_until(),
+        "moved earlier"
+    );
+
+    let lease = lock
+        .try_acquire(&key("suspended"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let guard = LockGuard::with_clock(lock.clone(), lease, Arc::new(clock.clone()));
+    tokio::task::yield_now().await;
+    // A laptop's lid closed for a minute: `now` stands still, the servers run on.
+    clock.suspend(Duration::from_secs(60));
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("loss reported on wake");
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("suspended"), "{reason}");
+}
+
 #[tokio::test]
 async fn dropping_the_guard_releases_in_the_background() {
     let lock = Arc::new(MemoryLock::new());
