@@ -1,6 +1,6 @@
 //! `tenure run` as systemd, cron and an operator treat it: real `tenure` processes on a
-//! live Redis and ZooKeeper, signalled and killed, with a command that has a child of its
-//! own (a grandchild of tenure).
+//! live Redis, ZooKeeper and etcd, signalled and killed, with a command that has a child
+//! of its own (a grandchild of tenure).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
+use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 
@@ -703,4 +704,103 @@ fn elect_runs_only_the_leader(url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_elect_runs_only_the_leader() {
     on_redis(|url| elect_runs_only_the_leader(&url)).await;
+}
+
+/// The lock keys on an etcd member, oldest first, read with `etcdctl` (the real client
+/// from apt).
+fn etcd_queue(endpoint: &str) -> Vec<String> {
+    let out = Command::new("etcdctl")
+        .args([
+            "--endpoints",
+            endpoint,
+            "get",
+            "--prefix",
+            "",
+            "--keys-only",
+        ])
+        .args(["--sort-by=CREATE", "--order=ASCEND"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .expect("etcdctl runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until `etcd_queue` holds `len` keys; returns them.
+fn etcd_queued(endpoint: &str, len: usize) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let keys = etcd_queue(endpoint);
+        if keys.len() == len {
+            return keys;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "queue: {keys:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Defect (issue 58, 9), as it was found: three `tenure run` on one etcd key — holder H,
+/// waiter W, waiter C behind W. W's queue key deleted with `etcdctl del` (its lease kept
+/// alive: what a client suspend does to a session lease, and what an operator's delete
+/// does), then H ends: W and C both ran their commands. Now W queues again behind C, and
+/// the commands run one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_a_waiter_whose_key_was_deleted_never_runs_beside_the_next() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let url = format!("etcd://{}/runs", cluster.members()[0].addr());
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |name: &str| {
+            let file = dir.path().join(name);
+            let script = reporting("TENURE_FENCE", &file);
+            let args = [
+                "run", "--key", "k", "--wait", "30s", "--", "sh", "-c", &script,
+            ];
+            (Tenure::spawn(&mut tenure(&url, &args)), file)
+        };
+        let (holder, holder_file) = run("holder");
+        reported(&holder_file);
+        let (waiter, waiter_file) = run("waiter");
+        let queued = etcd_queued(&endpoint, 2);
+        let deleted = Command::new("etcdctl")
+            .args(["--endpoints", &endpoint, "del", &queued[1]])
+            .env("ETCDCTL_API", "3")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&deleted.stdout).trim(),
+            "1",
+            "the fault fired: the waiter's key is deleted"
+        );
+        let (next, next_file) = run("next");
+        etcd_queued(&endpoint, 2);
+        kill(holder.pid(), Signal::SIGTERM).unwrap();
+        holder.wait();
+        let fence = reported(&next_file);
+        // The waiter, had it been granted, would have run by now: it was first to wake.
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(
+            !waiter_file.exists(),
+            "the waiter ran beside the next holder (fence {fence})"
+        );
+        kill(next.pid(), Signal::SIGTERM).unwrap();
+        next.wait();
+        let later = reported(&waiter_file);
+        assert!(
+            later.parse::<u64>().unwrap() > fence.parse::<u64>().unwrap(),
+            "the waiter ran after, with a later fence: {later} > {fence}"
+        );
+        kill(waiter.pid(), Signal::SIGTERM).unwrap();
+        waiter.wait();
+    })
+    .await
+    .unwrap();
 }
