@@ -153,12 +153,18 @@ impl Statements {
 /// from parallel arrays (see `records`), with distinct keys. Only the live holder of the
 /// lock records itself (a late record from a dead holder loses), and never over another
 /// holder whose transaction is still running, unless `replace` says so.
+///
+/// Its own transaction commits with `synchronous_commit = on`, set in the statement
+/// (`set_config(…, true)`: for this transaction only), whatever the role's default and
+/// whether or not a pooler passed the connection's startup options on: a fence is
+/// flushed before it is handed out, or a crash could hand it out again.
 fn record(holders: &str, fence: &str, replace: &str) -> String {
     format!(
         "INSERT INTO {holders} AS h (key, owner, token, xid, pid, ttl_ms, granted_at) \
          SELECT r.key, r.owner, nextval('{fence}'), r.xid::xid8, r.pid, r.ttl_ms, \
          clock_timestamp() \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[]) \
+         FROM (SELECT set_config('synchronous_commit', 'on', true)) AS durable, \
+         unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int8[]) \
          AS r(key, owner, xid, pid, ttl_ms) \
          WHERE pg_xact_status(r.xid::xid8) = 'in progress' \
          ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, \

@@ -10,6 +10,7 @@ use tenure_api::{
     AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
     ReleaseOutcome,
 };
+use tenure_conformance::servers::pgbouncer::PgBouncer;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::History;
 use tenure_postgres::{FencedTable, FencedWrite, PgLock};
@@ -1032,6 +1033,68 @@ async fn a_roles_tcp_user_timeout_never_applies_to_a_lock_connection() {
         .await
         .unwrap();
     assert_eq!(seen, "0", "the lock connection's tcp_user_timeout");
+    lock.release(lease).await.unwrap();
+}
+
+/// Defect: the fence's durability rested on a startup option (`synchronous_commit=on`
+/// on the pool's connections), which a pooler may drop: behind PgBouncer (as commonly
+/// configured, `ignore_startup_parameters = options`), a role whose default is
+/// `synchronous_commit = off` had its fences acknowledged before they were flushed, so a
+/// crash could hand a token out again. The fence's own statement now sets it for its
+/// transaction. The lock session's `tcp_user_timeout` (a startup option too) is switched
+/// off again as the session opens. Seen by triggers that log the settings each write
+/// runs under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_pooler_that_drops_startup_options_the_fence_is_still_durable() {
+    let server = Postgres::start().await.unwrap();
+    let warm = connect(&server).await;
+    let lease = warm
+        .try_acquire(&key("tables"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    warm.release(lease).await.unwrap();
+    server
+        .psql(
+            "CREATE ROLE hasty LOGIN SUPERUSER; \
+             ALTER ROLE hasty SET synchronous_commit = off; \
+             ALTER ROLE hasty SET tcp_user_timeout = 300; \
+             CREATE TABLE seen (what text, setting text); \
+             CREATE FUNCTION log_setting() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               INSERT INTO seen VALUES (TG_ARGV[0], current_setting(TG_ARGV[0])); \
+               RETURN NEW; END $$; \
+             CREATE TRIGGER log_lock BEFORE INSERT ON tenure_locks \
+               FOR EACH ROW EXECUTE FUNCTION log_setting('tcp_user_timeout'); \
+             CREATE TRIGGER log_fence BEFORE INSERT OR UPDATE ON tenure_locks_holders \
+               FOR EACH ROW EXECUTE FUNCTION log_setting('synchronous_commit')",
+        )
+        .await
+        .unwrap();
+    let pooler = PgBouncer::start(&server, &["hasty"]).await.unwrap();
+    // The fault is armed: through the pooler, a startup option does not arrive.
+    let with_option = format!(
+        "{}?options=-c%20synchronous_commit%3Don",
+        pooler.url("hasty")
+    );
+    let mut plain = <sqlx::PgConnection as sqlx::Connection>::connect(&with_option)
+        .await
+        .unwrap();
+    let dropped: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut plain)
+        .await
+        .unwrap();
+    assert_eq!(dropped, "off", "the pooler dropped the startup option");
+    let lock = PgLock::connect(&pooler.url("hasty")).await.unwrap();
+    let lease = lock
+        .try_acquire(&key("pooled"), TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    let seen = server
+        .psql("SELECT string_agg(DISTINCT what || '=' || setting, ' ' ORDER BY what || '=' || setting) FROM seen")
+        .await
+        .unwrap();
+    assert_eq!(seen, "synchronous_commit=on tcp_user_timeout=0");
     lock.release(lease).await.unwrap();
 }
 

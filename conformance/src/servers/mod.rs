@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 pub mod etcd;
+pub mod pgbouncer;
 pub mod postgres;
 mod process;
 pub mod redis;

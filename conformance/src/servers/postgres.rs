@@ -318,7 +318,7 @@ fn remove_shared_memory(data: &Path) {
 }
 
 /// `(uid, gid)` of the `postgres` user when running as root, else `None`.
-fn run_as() -> Result<Option<(u32, u32)>> {
+pub(super) fn run_as() -> Result<Option<(u32, u32)>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
