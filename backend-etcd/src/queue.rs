@@ -10,7 +10,8 @@ use etcd_client::{
     TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tenure_api::{
-    default_drift, holder_text, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId,
+    default_drift, holder_text, Clock, FencingToken, Lease, LeaseHandle, LockError, LockKey,
+    OwnerId, SystemClock,
 };
 
 use crate::rpc::{convert, delete_on_lease, is_lease_gone};
@@ -70,6 +71,9 @@ pub(crate) struct Ticket {
     pub(crate) first: bool,
     /// When the grant or the last successful keep-alive was sent.
     pub(crate) refreshed_at: Instant,
+    /// The machine's time suspended so far, as read when that was sent (`Instant` stands
+    /// still during a suspend; the lease on the server does not).
+    refreshed_suspended: Duration,
     pub(crate) armed: bool,
 }
 
@@ -112,7 +116,7 @@ impl EtcdLock {
     /// last confirmed alive: a keep-alive of a lease of its own, or its session's
     /// deadline moved on (and the session's keep-alive, if that is late).
     async fn refresh(&self, ticket: &mut Ticket) -> Result<(), LockError> {
-        let sent = Instant::now();
+        let (sent, suspended) = (Instant::now(), SystemClock.suspended());
         match &ticket.session {
             None => {
                 self.rpc.keep_alive(ticket.lease_id).await?;
@@ -123,6 +127,7 @@ impl EtcdLock {
                 ticket.refreshed_at = self.sessions.confirmed(session, sent, ticket.ttl).await?;
             }
         }
+        ticket.refreshed_suspended = suspended;
         Ok(())
     }
 
@@ -157,7 +162,7 @@ impl EtcdLock {
         ttl: Duration,
         key_of: &(dyn Fn(i64) -> String + Sync),
     ) -> Result<Ticket, LockError> {
-        let sent = Instant::now();
+        let (sent, suspended) = (Instant::now(), SystemClock.suspended());
         let (lease_id, believed, refreshed_at, session) = match self.rpc.config.lease {
             LeaseMode::PerLock => {
                 let (lease_id, ttl) = self.rpc.grant_lease(ttl).await?;
@@ -188,6 +193,7 @@ impl EtcdLock {
             revision: 0,
             first: false,
             refreshed_at,
+            refreshed_suspended: suspended,
             armed: true,
         })
     }
@@ -295,6 +301,7 @@ impl EtcdLock {
             revision: kv.create_revision(),
             first: false,
             refreshed_at: Instant::now(),
+            refreshed_suspended: SystemClock.suspended(),
             armed: true,
         });
         let Some(mut oldest) = orphans.next() else {
@@ -415,16 +422,32 @@ impl EtcdLock {
     }
 
     /// Confirms the first-in-queue ticket's lease is alive on the leader (etcd#11456),
-    /// refreshing it if it was last refreshed more than a tenth of the TTL ago, and turns
-    /// it into a lease. `LeaseLost` if the lease expired. A session's lease is confirmed
-    /// by its task every tenth of its TTL; a keep-alive is sent here only if that is late.
+    /// refreshing it if it was last refreshed more than a tenth of the TTL ago (or before
+    /// a suspend), and turns it into a lease. `LeaseLost` if the lease expired. A
+    /// session's lease is confirmed by its task every tenth of its TTL; a keep-alive is
+    /// sent here only if that is late. On an error the ticket is no longer taken as first:
+    /// a retry proves again that its key exists before it is granted.
     pub(crate) async fn grant(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ticket: &mut Ticket,
     ) -> Result<Lease, LockError> {
-        if ticket.session.is_some() || ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
+        let granted = self.confirm_grant(key, owner, ticket).await;
+        if granted.is_err() {
+            ticket.first = false;
+        }
+        granted
+    }
+
+    async fn confirm_grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ticket: &mut Ticket,
+    ) -> Result<Lease, LockError> {
+        let slept = SystemClock.suspended() > ticket.refreshed_suspended;
+        if ticket.session.is_some() || slept || ticket.refreshed_at.elapsed() > ticket.ttl / 10 {
             self.refresh(ticket).await?;
         } else {
             if self.rpc.time_to_live(ticket.lease_id).await? < 0 {

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::LeaseTimeToLiveOptions;
-use tenure_api::LockError;
+use tenure_api::{Clock, LockError, SystemClock};
 use tokio::sync::Notify;
 
 use crate::rpc::{delete_on_lease, lease_seconds, Rpc};
@@ -55,6 +55,9 @@ pub(crate) struct Session {
 struct State {
     /// When the grant or the last successful keep-alive was sent.
     confirmed_at: Instant,
+    /// The machine's time suspended so far when that was sent: after a suspend
+    /// (`Instant` stood still, the lease did not), a confirmation counts for nothing.
+    confirmed_suspended: Duration,
     /// The lease is known to be gone, or is being closed: no new keys.
     closed: bool,
     /// The keys on this lease and when to delete each unless renewed by then.
@@ -98,7 +101,7 @@ impl Sessions {
         if let Some(session) = self.joined(secs, key_of, reap_at) {
             return Ok(session);
         }
-        let sent = Instant::now();
+        let (sent, suspended) = (Instant::now(), SystemClock.suspended());
         let (lease_id, granted) = self
             .rpc
             .grant_lease(Duration::from_secs(secs.unsigned_abs()))
@@ -108,6 +111,7 @@ impl Sessions {
             granted,
             state: Mutex::new(State {
                 confirmed_at: sent,
+                confirmed_suspended: suspended,
                 closed: false,
                 keys: HashMap::new(),
             }),
@@ -165,19 +169,20 @@ impl Sessions {
         registered: Instant,
         ttl: Duration,
     ) -> Result<Instant, LockError> {
-        let (confirmed_at, closed) = {
+        let (confirmed_at, confirmed_suspended, closed) = {
             let state = session.state();
-            (state.confirmed_at, state.closed)
+            (state.confirmed_at, state.confirmed_suspended, state.closed)
         };
         if closed {
             return Err(session.gone());
         }
-        if confirmed_at.elapsed() <= session.granted.min(ttl) / 5 {
+        let slept = SystemClock.suspended() > confirmed_suspended;
+        if !slept && confirmed_at.elapsed() <= session.granted.min(ttl) / 5 {
             return Ok(confirmed_at.min(registered));
         }
-        let sent = Instant::now();
+        let (sent, suspended) = (Instant::now(), SystemClock.suspended());
         match self.rpc.keep_alive(session.lease_id).await {
-            Ok(()) => Ok(session.confirm(sent).min(registered)),
+            Ok(()) => Ok(session.confirm(sent, suspended).min(registered)),
             Err(e @ LockError::LeaseLost { .. }) => {
                 session.close();
                 Err(e)
@@ -244,9 +249,12 @@ impl Session {
     }
 
     /// Records a keep-alive sent at `sent` as answered; returns the confirmation time.
-    fn confirm(&self, sent: Instant) -> Instant {
+    fn confirm(&self, sent: Instant, suspended: Duration) -> Instant {
         let mut state = self.state();
-        state.confirmed_at = state.confirmed_at.max(sent);
+        if sent >= state.confirmed_at {
+            state.confirmed_at = sent;
+            state.confirmed_suspended = suspended;
+        }
         state.confirmed_at
     }
 
@@ -291,10 +299,10 @@ async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
             return;
         }
         if session.state().confirmed_at.elapsed() >= period {
-            let sent = Instant::now();
+            let (sent, suspended) = (Instant::now(), SystemClock.suspended());
             match rpc.keep_alive(session.lease_id).await {
                 Ok(()) => {
-                    session.confirm(sent);
+                    session.confirm(sent, suspended);
                 }
                 Err(LockError::LeaseLost { .. }) => {
                     session.close();

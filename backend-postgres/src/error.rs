@@ -63,7 +63,8 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
         return LockError::Config(format!("{message} ({hint})"));
     }
     let code = sqlstate(&error);
-    // A server's reply is untrusted input: a code that is not ASCII has no class.
+    // A server's reply is untrusted input: a code whose first two bytes are not whole
+    // characters has no class (never a panic).
     let class = code.as_deref().and_then(|c| c.get(..2));
     let unavailable = matches!(
         error,

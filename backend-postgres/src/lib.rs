@@ -345,6 +345,7 @@ impl DistributedLock for PgLock {
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let wait = (!remaining.is_zero()).then_some(remaining);
+            let tried = Instant::now();
             match self
                 .attempt(
                     std::slice::from_ref(key),
@@ -356,8 +357,11 @@ impl DistributedLock for PgLock {
                 .await
             {
                 Ok(Some(lease)) => return Ok(lease),
-                // The server's `lock_timeout` ran out at its cap, before our deadline.
-                Ok(None) if wait.is_some_and(sql::lock_timeout_capped) => {}
+                // The server's `lock_timeout` ran out at its cap, before our deadline (and
+                // not early for another reason: that would spin).
+                Ok(None)
+                    if wait.is_some_and(sql::lock_timeout_capped)
+                        && tried.elapsed() >= sql::LOCK_TIMEOUT_CAP / 2 => {}
                 Ok(None) => {
                     return Err(LockError::Timeout {
                         waited: started.elapsed(),

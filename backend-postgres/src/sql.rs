@@ -333,10 +333,13 @@ pub(crate) fn timeout_ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, MAX_TIMEOUT_MS) as u64
 }
 
-/// Whether a lock wait of `wait` is longer than the server's `lock_timeout` can be (about
-/// 24.8 days): the wait then ends at that cap, before its deadline, and is waited again.
+/// The longest `lock_timeout` the server takes (about 24.8 days).
+pub(crate) const LOCK_TIMEOUT_CAP: Duration = Duration::from_millis(MAX_TIMEOUT_MS as u64);
+
+/// Whether a lock wait of `wait` is longer than the server's `lock_timeout` can be: the
+/// wait then ends at [`LOCK_TIMEOUT_CAP`], before its deadline, and is waited again.
 pub(crate) fn lock_timeout_capped(wait: Duration) -> bool {
-    wait.as_millis() > MAX_TIMEOUT_MS
+    wait > LOCK_TIMEOUT_CAP
 }
 
 #[cfg(test)]

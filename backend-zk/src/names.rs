@@ -138,16 +138,16 @@ pub(crate) fn queue(children: &[String]) -> Vec<LockNode> {
 pub(crate) struct Listing {
     /// The lock nodes, oldest first.
     pub(crate) nodes: Vec<LockNode>,
-    /// Whether a node has lived through 2^31 or more changes of the directory: past that,
-    /// its 32-bit sequence may have wrapped once more unseen, so its place is not
-    /// certain and nobody may be told it is first.
+    /// Whether a node has lived through 2^31 or more changes of the directory: past
+    /// 2^32 its age wraps unseen, so the order of the nodes it has seen is no longer
+    /// certain (see `Created::uncertain`).
     pub(crate) ambiguous: bool,
 }
 
 /// The lock nodes among `children` in creation order, counted back from `cversion`, the
 /// directory's change counter that named each of them: a node's age is the number of
 /// changes since its creation, modulo 2^32. Exact while every node has lived through
-/// fewer than 2^32 changes; past 2^31 the listing is `ambiguous`. Sequences beyond 32
+/// fewer than 2^32 changes; once any has lived through 2^31, the listing is `ambiguous`. Sequences beyond 32
 /// bits do not wrap and are ordered as numbers.
 pub(crate) fn listing(children: &[String], cversion: i32) -> Listing {
     let mut nodes: Vec<LockNode> = children.iter().filter_map(|c| LockNode::parse(c)).collect();
@@ -161,7 +161,7 @@ pub(crate) fn listing(children: &[String], cversion: i32) -> Listing {
     }
     let age = |n: &LockNode| (cversion as u32).wrapping_sub(wrapping(n).unwrap_or_default());
     nodes.sort_by_key(|n| std::cmp::Reverse(age(n)));
-    let ambiguous = nodes.first().is_some_and(|n| age(n) >= 1 << 31);
+    let ambiguous = nodes.iter().any(|n| age(n) >= 1 << 31);
     Listing { nodes, ambiguous }
 }
 

@@ -1,6 +1,8 @@
 //! The lock queue: our sequential node in a key's directory, its position, and the wait
 //! for the predecessor to go.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
@@ -21,6 +23,11 @@ pub(crate) struct Created {
     pub(crate) name: String,
     czxid: i64,
     sequence: i64,
+    /// Set once a listing showed a node that had lived through 2^31 or more changes of
+    /// the directory: from then on the 32-bit order may be wrong for this node (a node
+    /// that was that old when ours was created may look young once its sequence wraps),
+    /// so its place is read from the nodes' creation zxids instead.
+    uncertain: Arc<AtomicBool>,
 }
 
 /// Where our node stands in its queue.
@@ -156,6 +163,7 @@ impl ZkLock {
                         name,
                         czxid: stat.czxid,
                         sequence: sequence.into_i64(),
+                        uncertain: Arc::default(),
                     };
                     return Ok((created, Some(sent)));
                 }
@@ -204,6 +212,7 @@ impl ZkLock {
                         name: node.name,
                         czxid: stat.czxid,
                         sequence: node.sequence,
+                        uncertain: Arc::default(),
                     }))
                 }
                 Ok(_) => {}
@@ -277,6 +286,9 @@ impl ZkLock {
             mut nodes,
             ambiguous,
         } = listed?;
+        if ambiguous {
+            node.uncertain.store(true, Ordering::Relaxed);
+        }
         for duplicate in nodes
             .iter()
             .filter(|n| n.owner == owner && n.name != node.name)
@@ -287,18 +299,43 @@ impl ZkLock {
         nodes.retain(|n| n.owner != owner || n.name == node.name);
         let position = match nodes.iter().position(|n| n.name == node.name) {
             None => Position::Gone,
-            Some(0) if ambiguous => {
-                return Err(LockError::backend(format!(
-                    "the queue in {dir} holds a node that has lived through 2^31 or more \
-                     changes of its directory: past that, ZooKeeper's 32-bit sequence \
-                     numbers may have wrapped unseen, so first place is not granted (the \
-                     lock is free again once that node is gone)"
-                )))
+            Some(_) if node.uncertain.load(Ordering::Relaxed) => {
+                self.place_by_czxid(client, dir, node, &nodes).await?
             }
             Some(0) => Position::First,
             Some(i) => Position::Behind(nodes[i - 1].name.clone()),
         };
         Ok((position, sent))
+    }
+
+    /// Our node's place among `nodes` by creation zxid (64 bits, in creation order:
+    /// exact however the 32-bit sequences wrapped), read node by node: first, or behind
+    /// the node created last before ours. One request per other node, only for a queue
+    /// whose sequence order is [uncertain](Created::uncertain).
+    async fn place_by_czxid(
+        &self,
+        client: &Client,
+        dir: &str,
+        node: &Created,
+        nodes: &[LockNode],
+    ) -> Result<Position, LockError> {
+        let mut before: Option<(i64, &str)> = None;
+        for other in nodes.iter().filter(|n| n.name != node.name) {
+            let path = format!("{dir}/{}", other.name);
+            match bounded(self.request_timeout(), client.check_stat(&path)).await {
+                Ok(Some(stat)) if stat.czxid < node.czxid => {
+                    if before.is_none_or(|(czxid, _)| stat.czxid > czxid) {
+                        before = Some((stat.czxid, other.name.as_str()));
+                    }
+                }
+                Ok(_) => {} // created after ours, or gone
+                Err(e) => return Err(self.zk_error("read a lock node's creation zxid", e)),
+            }
+        }
+        Ok(match before {
+            None => Position::First,
+            Some((_, name)) => Position::Behind(name.to_owned()),
+        })
     }
 
     pub(crate) fn lease(

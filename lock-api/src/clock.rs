@@ -11,8 +11,9 @@ use tokio::sync::watch;
 /// A monotonic time source. Leases, deadlines and the watchdog read time only through it.
 ///
 /// `Instant` (CLOCK_MONOTONIC on Linux) stands still while the machine is suspended (a
-/// laptop's sleep, a paused VM), while the servers' clocks, and so every lease on them,
-/// run on. A clock also tells how long the machine has been suspended
+/// laptop's sleep, a VM suspended through its guest), while the servers' clocks, and so
+/// every lease on them, run on. (A VM paused by its hypervisor without the guest knowing
+/// moves neither clock: no clock can tell it.) A clock also tells how long the machine has been suspended
 /// ([`suspended`](Self::suspended)), and a [`LostSignal`](crate::LostSignal) counts that
 /// time against its lease's deadline.
 pub trait Clock: Send + Sync + Debug + 'static {

@@ -28,9 +28,10 @@ use crate::{
 /// backend pushes losses (a [`LossNotice`] on the lease, e.g. a closed Postgres
 /// connection), the signal is lost as soon as the notice fires.
 ///
-/// What remains: a suspend while the grant or renewal request itself is in flight (after
-/// it was sent, before the signal took the new deadline) is not counted, and a clock
-/// that cannot tell suspends (not Linux) counts none.
+/// What remains: for a guard built from a lease ([`LockGuard::new`]) rather than by
+/// [`LockExt::lock`], a suspend while the grant's request was in flight is not counted
+/// (renewals count from before they are sent); a clock that cannot tell suspends (not
+/// Linux, or a VM paused by its hypervisor) counts none.
 #[derive(Clone)]
 pub struct LostSignal {
     inner: Arc<LostInner>,
@@ -77,6 +78,17 @@ impl LostSignal {
         notice: Option<LossNotice>,
     ) -> Self {
         let suspended = clock.suspended();
+        Self::since(deadline, clock, notice, suspended)
+    }
+
+    /// As [`with_notice`](Self::with_notice), counting suspends from when the clock's
+    /// suspended total was `suspended` (read before the grant's request was sent).
+    fn since(
+        deadline: Instant,
+        clock: Arc<dyn Clock>,
+        notice: Option<LossNotice>,
+        suspended: Duration,
+    ) -> Self {
         Self {
             inner: Arc::new(LostInner {
                 token: CancellationToken::new(),
@@ -97,9 +109,11 @@ impl LostSignal {
         self.inner.token.cancel();
     }
 
-    /// Moves the deadline to `deadline` after a renewal (never once lost).
-    fn renewed(&self, deadline: Instant) {
-        *locked(&self.inner.deadline) = (deadline, self.inner.clock.suspended());
+    /// Moves the deadline to `deadline` after a renewal (never once lost); `suspended`
+    /// is the clock's suspended total read before the renewal was sent, so a suspend
+    /// while it was in flight counts too.
+    fn renewed(&self, deadline: Instant, suspended: Duration) {
+        *locked(&self.inner.deadline) = (deadline, suspended);
     }
 
     /// The lease's current local deadline, moved earlier by the time the machine has
@@ -219,12 +233,20 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
         Self::with_clock(lock, lease, Arc::new(SystemClock))
     }
 
-    /// As [`new`](Self::new), timed by `clock`.
+    /// As [`new`](Self::new), timed by `clock`. A suspend of the machine counts against
+    /// the lease from here on ([`LockExt::lock`] counts from before its acquire).
     pub fn with_clock(lock: Arc<L>, lease: Lease, clock: Arc<dyn Clock>) -> Self {
+        let suspended = clock.suspended();
+        Self::since(lock, lease, clock, suspended)
+    }
+
+    /// As [`with_clock`](Self::with_clock), counting suspends from the clock's
+    /// suspended total `suspended`, read before the grant's request was sent.
+    fn since(lock: Arc<L>, lease: Lease, clock: Arc<dyn Clock>, suspended: Duration) -> Self {
         let key = lease.key().clone();
         let token = lease.token();
         let notice = lease.loss_notice().cloned();
-        let lost = LostSignal::with_notice(lease.valid_until(), clock.clone(), notice);
+        let lost = LostSignal::since(lease.valid_until(), clock.clone(), notice, suspended);
         let shared = Arc::new(Shared {
             lock,
             lease: Mutex::new(Some(lease)),
@@ -367,6 +389,7 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
         }
         // Extend a copy, so that `lease()` and `release()` never wait for the server.
         let mut renewed = lease;
+        let suspended = clock.suspended();
         let outcome = tokio::select! {
             _ = shared.stop.cancelled() => return,
             _ = clock.sleep_until(valid_until) => Err(LockError::lost(
@@ -382,7 +405,7 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
         if slot.is_none() || shared.stop.is_cancelled() {
             return;
         }
-        lost.renewed(renewed.valid_until());
+        lost.renewed(renewed.valid_until(), suspended);
         *slot = Some(renewed);
     }
 }
@@ -501,11 +524,14 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
         let mut late = 0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            // A suspend from here on counts against the grant, however late in the
+            // wait its request was sent.
+            let suspended = SystemClock.suspended();
             let lease = match late {
                 0 => self.acquire(key, opts).await?,
                 _ => self.acquire(key, &opts.clone().wait(left)).await?,
             };
-            let guard = LockGuard::new(self.clone(), lease);
+            let guard = LockGuard::since(self.clone(), lease, Arc::new(SystemClock), suspended);
             if !guard.is_lost() {
                 return Ok(guard);
             }
