@@ -983,6 +983,16 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
     assert_eq!(b.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
 
+/// A fresh server on which a grant was taken and released: the lock tables exist, for
+/// triggers to be put on them.
+async fn with_lock_tables() -> Postgres {
+    let server = Postgres::start().await.unwrap();
+    let warm = connect(&server).await;
+    let lease = warm.try_acquire(&key("tables"), TTL).await.unwrap();
+    warm.release(lease.expect("free")).await.unwrap();
+    server
+}
+
 /// Defect: a role's (or database's) `tcp_user_timeout`, which any user may set, applied
 /// to the lock connection: the server would then drop the lock session, and free the
 /// lock, as soon as its keepalive probes went unanswered for that long (a network blip
@@ -991,14 +1001,7 @@ async fn a_roles_timeouts_never_end_a_lock_transaction() {
 /// the setting each session inserting a lock row runs under.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roles_tcp_user_timeout_never_applies_to_a_lock_connection() {
-    let server = Postgres::start().await.unwrap();
-    let warm = connect(&server).await;
-    let lease = warm
-        .try_acquire(&key("tables"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    warm.release(lease).await.unwrap();
+    let server = with_lock_tables().await;
     server
         .psql(
             "CREATE ROLE hasty LOGIN SUPERUSER; \
@@ -1046,14 +1049,7 @@ async fn a_roles_tcp_user_timeout_never_applies_to_a_lock_connection() {
 /// runs under.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_pooler_that_drops_startup_options_the_fence_is_still_durable() {
-    let server = Postgres::start().await.unwrap();
-    let warm = connect(&server).await;
-    let lease = warm
-        .try_acquire(&key("tables"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    warm.release(lease).await.unwrap();
+    let server = with_lock_tables().await;
     server
         .psql(
             "CREATE ROLE hasty LOGIN SUPERUSER; \

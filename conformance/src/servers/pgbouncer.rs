@@ -42,13 +42,7 @@ impl PgBouncer {
             .prefix("tenure-pgbouncer-")
             .tempdir()?;
         let root = dir.path().to_owned();
-        if let Some((uid, gid)) = user {
-            nix::unistd::chown(
-                &root,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )?;
-        }
+        super::postgres::give_to(&root, user)?;
         let port = free_port()?;
         let addr = loopback(port);
         let users: String = roles.iter().map(|r| format!("\"{r}\" \"\"\n")).collect();

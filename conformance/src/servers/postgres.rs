@@ -137,13 +137,7 @@ impl Postgres {
         let user = run_as()?;
         let dir = tempfile::Builder::new().prefix("tenure-pg-").tempdir()?;
         let root = dir.path().to_owned();
-        if let Some((uid, gid)) = user {
-            nix::unistd::chown(
-                &root,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )?;
-        }
+        give_to(&root, user)?;
         let data = root.join("data");
         initdb(&bin_dir, &root, &data, user).await?;
         let secrets = match secured {
@@ -189,14 +183,8 @@ impl Postgres {
                 ("ssl_key_file", pki.server_key()),
                 ("ssl_ca_file", pki.ca()),
             ] {
-                if let Some((uid, gid)) = user {
-                    // The server refuses a key it does not own (or root, with 0640).
-                    nix::unistd::chown(
-                        &file,
-                        Some(nix::unistd::Uid::from_raw(uid)),
-                        Some(nix::unistd::Gid::from_raw(gid)),
-                    )?;
-                }
+                // The server refuses a key it does not own (or root, with 0640).
+                give_to(&file, user)?;
                 spec = spec.arg("-c").arg(format!("{setting}={}", file.display()));
             }
             spec = spec.arg("-c").arg("ssl=on");
@@ -315,6 +303,18 @@ fn remove_shared_memory(data: &Path) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
+}
+
+/// Makes `path` owned by `user` (see [`run_as`]), if the servers run as one.
+pub(super) fn give_to(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    if let Some((uid, gid)) = user {
+        nix::unistd::chown(
+            path,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+    }
+    Ok(())
 }
 
 /// `(uid, gid)` of the `postgres` user when running as root, else `None`.
