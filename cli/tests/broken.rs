@@ -72,7 +72,7 @@ fn lists_the_variants_and_rejects_unknown_names() {
     let listed = run(&["matrix", "--list-broken"]);
     assert!(listed.status.success());
     let names = String::from_utf8(listed.stdout).unwrap();
-    assert_eq!(names.lines().count(), 13, "{names}");
+    assert_eq!(names.lines().count(), 14, "{names}");
     assert!(names.lines().any(|n| n == "setnx-then-expire"), "{names}");
     let help = String::from_utf8(run(&["matrix", "--help"]).stdout).unwrap();
     assert!(
@@ -211,5 +211,16 @@ fn an_owner_reused_across_retries_is_caught_by_a_stale_acquire() {
         "owner-reused-across-retries",
         "stale-acquire",
         "checker: holder and contender held at once",
+    );
+}
+
+#[test]
+fn a_deadline_on_a_stopping_clock_is_caught_by_a_client_suspend() {
+    // The holder's machine sleeps past its TTL; on waking its clock that cannot tell the
+    // suspend says the lease is still good, so it writes after the contender's grant.
+    caught(
+        "deadline-on-a-stopping-clock",
+        "client-suspend",
+        "the woken holder's write after the takeover",
     );
 }

@@ -49,11 +49,15 @@ pub enum Flaw {
     /// Postgres: the fence counter is raised in a transaction of the holder's that
     /// commits with the release, so a crashed holder's token is handed out again.
     PgFenceInTxn,
+    /// Redis, its client untouched: the holder's guard counts its deadline on
+    /// CLOCK_MONOTONIC alone, which stands still while the machine is suspended, so a
+    /// holder woken after its lease ran out on the server still believes it.
+    DeadlineOnAStoppingClock,
 }
 
 impl Flaw {
     /// Every variant, in the order `--list-broken` prints them.
-    pub const ALL: [Flaw; 13] = [
+    pub const ALL: [Flaw; 14] = [
         Flaw::SetnxThenExpire,
         Flaw::GetDelRelease,
         Flaw::DelWithoutOwnerCheck,
@@ -67,6 +71,7 @@ impl Flaw {
         Flaw::ZkDisconnectedHeld,
         Flaw::PgFenceInTxn,
         Flaw::OwnerReusedAcrossRetries,
+        Flaw::DeadlineOnAStoppingClock,
     ];
 
     /// The name after `broken:`.
@@ -85,6 +90,7 @@ impl Flaw {
             Flaw::ZkDisconnectedHeld => "zk-disconnected-held",
             Flaw::PgFenceInTxn => "pg-fence-in-txn",
             Flaw::OwnerReusedAcrossRetries => "owner-reused-across-retries",
+            Flaw::DeadlineOnAStoppingClock => "deadline-on-a-stopping-clock",
         }
     }
 
@@ -99,6 +105,13 @@ impl Flaw {
             Flaw::PgFenceInTxn => "postgres",
             _ => "redis",
         }
+    }
+
+    /// Whether the flaw is in the holder's clock rather than its client: the fault
+    /// suite then times the holder's guard on a clock that cannot tell suspends
+    /// ([`FaultTarget::with_stopping_clock`](tenure_conformance::faults::FaultTarget::with_stopping_clock)).
+    pub fn stops_the_clock(self) -> bool {
+        self == Flaw::DeadlineOnAStoppingClock
     }
 
     /// The variant named by a backend name `broken:NAME`; `Ok(None)` for other names.
@@ -209,6 +222,7 @@ pub async fn wrap(
     inner: Arc<dyn DistributedLock>,
 ) -> Result<Arc<dyn DistributedLock>, LockError> {
     let raw = match flaw.backend() {
+        _ if flaw.stops_the_clock() => Raw::None,
         "redis" => {
             let lock = RedisLock::connect(&url).await?;
             let conn = redis_conn(lock.config()).await?;

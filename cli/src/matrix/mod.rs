@@ -511,6 +511,11 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     if clock_shim {
         faults = faults.with_clock_shim();
     }
+    if let Ok(Some(flaw)) = broken::Flaw::of_backend(name) {
+        if flaw.stops_the_clock() {
+            faults = faults.with_stopping_clock();
+        }
+    }
     // A broken variant's flaw needs one server's connection: on the suite's Sentinel and
     // Cluster deployments it could not be wrapped, so they are not declared for it.
     if caps.backend == "redis" && !name.starts_with("broken:") {

@@ -293,6 +293,15 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              contender's committed nextval is larger, so the woken holder's write is rejected",
         ),
 
+        // --- the holder's machine suspended past its TTL ------------------------------
+        (Fault::ClientSuspend, _) => e(
+            SAFE,
+            "the servers' clocks run on and end the lease during the suspend, and the \
+             contender is granted; the holder's guard counts the time suspended \
+             (CLOCK_BOOTTIME) against its deadline, so on waking it knows the lease lost \
+             and does not write",
+        ),
+
         // --- the replies to the holder's acquire (or release) arrive late ----------
         (Fault::DelayedReply, Redis { .. }) => e(
             SAFE,

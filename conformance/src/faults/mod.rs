@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tenure_api::{
-    AcquireOptions, DistributedLock, Election, ExpiryKind, FencingKind, Lease, LockError, LockExt,
-    LockKey, ReleaseOutcome, Replication, Semaphore,
+    AcquireOptions, DistributedLock, ExpiryKind, FencingKind, Lease, LockError, LockExt, LockKey,
+    ReleaseOutcome, Replication,
 };
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -28,9 +28,11 @@ use crate::proxy::ProxyMode;
 use crate::servers::redis::RedisReplicaPair;
 use crate::servers::Node;
 use crate::{retrying, Counter, Harness as _, History, Increment, Link, Links, LostUpdates};
+use paused::{paused_holder, Primitive, Stop};
 
 pub mod expect;
 mod health;
+mod paused;
 mod redis;
 mod target;
 
@@ -46,11 +48,16 @@ pub enum Fault {
     /// The holder's process stops (GC pause, SIGSTOP) past its TTL, then writes.
     PausedHolder,
     /// As [`PausedHolder`](Self::PausedHolder), for the holder of a permit of a
-    /// two-permit [`Semaphore`] whose other permit is held throughout.
+    /// two-permit [`Semaphore`](tenure_api::Semaphore) whose other permit is held
+    /// throughout.
     PausedPermitHolder,
-    /// As [`PausedHolder`](Self::PausedHolder), for an [`Election`]'s leader; the
-    /// contender campaigns.
+    /// As [`PausedHolder`](Self::PausedHolder), for an
+    /// [`Election`](tenure_api::Election)'s leader; the contender campaigns.
     PausedLeader,
+    /// The holder's machine is suspended past its TTL (a laptop's sleep, a VM suspended
+    /// through its guest): its monotonic clock stands still while the servers' run on;
+    /// on waking it checks its guard before it writes.
+    ClientSuspend,
     /// The server's replies to the holder arrive late: to its acquire, after the TTL; in
     /// every other trial, to its release, after the lease's remaining TTL.
     DelayedReply,
@@ -111,10 +118,11 @@ pub const STALL: Duration = Duration::from_millis(1500);
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 22] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
+        Fault::ClientSuspend,
         Fault::DelayedReply,
         Fault::ClockJump,
         Fault::Restart,
@@ -141,6 +149,7 @@ impl Fault {
             Fault::PausedHolder => "paused-holder",
             Fault::PausedPermitHolder => "paused-permit-holder",
             Fault::PausedLeader => "paused-leader",
+            Fault::ClientSuspend => "client-suspend",
             Fault::DelayedReply => "delayed-reply",
             Fault::ClockJump => "clock-jump",
             Fault::Restart => "restart",
@@ -168,6 +177,7 @@ impl Fault {
             Fault::PausedHolder => "holder paused past TTL",
             Fault::PausedPermitHolder => "semaphore: holder paused past TTL",
             Fault::PausedLeader => "election: leader paused past TTL",
+            Fault::ClientSuspend => "holder's machine suspended past TTL",
             Fault::DelayedReply => "delayed replies",
             Fault::ClockJump => "server clock jump",
             Fault::Restart => "restart (Redis: no persistence)",
@@ -628,8 +638,8 @@ fn verdict(
         contained = Some(contained.unwrap_or(true) && !accepted);
     }
     let note = report.definite.first().map(describe).or(match stale {
-        Some(true) => Some("the paused holder's write after the takeover was accepted".into()),
-        Some(false) => Some("the paused holder's write after the takeover was fenced off".into()),
+        Some(true) => Some("the woken holder's write after the takeover was accepted".into()),
+        Some(false) => Some("the woken holder's write after the takeover was fenced off".into()),
         None => None,
     });
     match contained {
@@ -1025,11 +1035,19 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         Err(e) => return setup_failed("witness", e),
     }
     match fault {
-        Fault::PausedHolder => return paused_holder(target, record, Primitive::Lock).await,
-        Fault::PausedPermitHolder => {
-            return paused_holder(target, record, Primitive::Permit).await;
+        Fault::PausedHolder => {
+            return paused_holder(target, record, Primitive::Lock, Stop::Pause).await;
         }
-        Fault::PausedLeader => return paused_holder(target, record, Primitive::Leadership).await,
+        Fault::PausedPermitHolder => {
+            return paused_holder(target, record, Primitive::Permit, Stop::Pause).await;
+        }
+        Fault::PausedLeader => {
+            return paused_holder(target, record, Primitive::Leadership, Stop::Pause).await;
+        }
+        Fault::ClientSuspend => {
+            let tells = !target.stopping_clock;
+            return paused_holder(target, record, Primitive::Lock, Stop::Suspend { tells }).await;
+        }
         _ => {}
     }
     let query = match fault {
@@ -1061,190 +1079,6 @@ async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
         Fault::StaleExtend => trial.stale_extend().await,
         Fault::StaleRelease => trial.stale_release().await,
         _ => trial.lost_reply().await,
-    }
-}
-
-/// What the frozen holder reports once it runs again.
-struct Woken {
-    /// When its runtime stopped and resumed, observed by the frozen thread itself.
-    frozen: (Instant, Instant),
-    /// Its lease's local deadline when it froze.
-    deadline: Instant,
-    /// Whether its write, made at once on waking, was accepted.
-    write_accepted: bool,
-    /// The key its lease was on (a semaphore's: the permit's).
-    key: LockKey,
-}
-
-/// A holder paused past its TTL: a real `LockGuard` whose client runs on a runtime of
-/// its own thread, which the trial freezes (as a GC pause or SIGSTOP freezes a process:
-/// no renewals, no reads of its connections) between the holder's check and its write.
-/// The contender asks meanwhile; once it has its answer the holder wakes, writes with
-/// its token at once, and its watchdog then acts on what it finds. Fired: the frozen
-/// thread saw its stop outlast the lease's deadline and span the contender's answer.
-///
-/// With a [`Primitive`] other than the lock, the holder holds a semaphore's permit (the
-/// semaphore's other permit held by an unrecorded client throughout, so the contender
-/// waits for the holder's) or an election's leadership (the contender campaigns).
-async fn paused_holder(target: &Target, record: Record, primitive: Primitive) -> Trial {
-    let contender = match target.client().await {
-        Ok(c) => primitive.wrap(record.client(CONTENDER, c)),
-        Err(e) => return setup_failed("contender", e),
-    };
-    // The semaphore's other permit, held past the trial's end.
-    let filler = match primitive {
-        Primitive::Permit => {
-            let opts = AcquireOptions::new(patience(target) * 4).wait(Duration::from_secs(10));
-            let taken = async {
-                let lock = primitive.wrap(target.client().await?);
-                let lease = lock.acquire(&record.key, &opts).await?;
-                Ok::<_, LockError>((lock, lease))
-            };
-            match taken.await {
-                Ok(filler) => Some(filler),
-                Err(e) => return setup_failed("the other permit's holder", e),
-            }
-        }
-        _ => None,
-    };
-    let (ready_tx, ready) = oneshot::channel::<Result<(), LockError>>();
-    let (freeze_tx, freeze) = oneshot::channel::<()>();
-    let (wake_tx, wake) = std::sync::mpsc::channel::<()>();
-    let (woken_tx, woken) = oneshot::channel::<Woken>();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => return setup_failed("holder runtime", LockError::backend(e.to_string())),
-    };
-    let (thread_target, history, counter, key) = (
-        target.clone(),
-        record.history.clone(),
-        Arc::clone(&record.counter),
-        record.key.clone(),
-    );
-    let patience = patience(target);
-    let thread = std::thread::spawn(move || {
-        runtime.block_on(async move {
-            let taken = async {
-                let lock = history.recorded(HOLDER, thread_target.client().await?);
-                let wait = Duration::from_secs(10);
-                match primitive {
-                    Primitive::Leadership => Ok(Election::new(lock)?
-                        .with_ttl(thread_target.ttl)?
-                        .campaign(&key, "holder", wait)
-                        .await?
-                        .into_guard()),
-                    _ => {
-                        let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
-                        primitive.wrap(lock).lock(&key, &opts).await
-                    }
-                }
-            };
-            let guard = match taken.await {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let increment = counter.read(guard.fencing_token());
-            let _ = ready_tx.send(Ok(()));
-            if freeze.await.is_err() {
-                return;
-            }
-            // The pause: this thread, and with it every task of the holder, stops.
-            let deadline = guard.deadline();
-            let stopped = Instant::now();
-            let _ = wake.recv_timeout(patience + Duration::from_secs(5));
-            let resumed = Instant::now();
-            let write_accepted = counter.write(increment).is_ok();
-            // The watchdog runs again: give it a renewal interval to act on what it
-            // finds, recording any loss it reports.
-            let interval = tenure_api::renewal_interval(thread_target.ttl);
-            if tokio::time::timeout(interval * 2, guard.lost())
-                .await
-                .is_ok()
-            {
-                history.lost(HOLDER, Instant::now());
-            }
-            let _ = woken_tx.send(Woken {
-                frozen: (stopped, resumed),
-                deadline,
-                write_accepted,
-                key: guard.key().clone(),
-            });
-            let _ = guard.release().await;
-        });
-    });
-    match ready.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return setup_failed("holder", e),
-        Err(_) => return setup_failed("holder", LockError::backend("the holder's thread ended")),
-    }
-    let _ = freeze_tx.send(());
-    // The contender writes once the woken holder has written and released, and a
-    // release of a lease the server ended may first reconnect (a TLS handshake and a
-    // password check, on a loaded machine: seconds): its lease outlasts all that, or it
-    // would no longer believe when it writes.
-    let opts = AcquireOptions::new(patience * 2).wait(patience);
-    let opts = match primitive {
-        Primitive::Leadership => opts.label("contender"),
-        _ => opts,
-    };
-    // The contender reads when granted, before the holder wakes and writes.
-    let outcome = contend_with(&contender, &record, &opts).await;
-    let _ = wake_tx.send(());
-    let woken = woken.await;
-    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    let Ok(woken) = woken else {
-        return setup_failed("holder", LockError::backend("the holder's thread ended"));
-    };
-    let (stopped, resumed) = woken.frozen;
-    // A semaphore's contender must have waited for the paused holder's own permit.
-    let same_key = outcome
-        .granted
-        .as_ref()
-        .is_none_or(|lease| *lease.key() == woken.key);
-    let fired =
-        resumed >= woken.deadline && stopped <= outcome.at && outcome.at <= resumed && same_key;
-    let holder = Holder {
-        stale_write: Some(woken.write_accepted),
-        ..Holder::idle(contender.clone(), Ending::Nothing)
-    };
-    let trial = record
-        .judge(target, holder, &contender, outcome, fired)
-        .await;
-    if let Some((lock, lease)) = filler {
-        let _ = lock.release(lease).await;
-    }
-    trial
-}
-
-/// What a paused-holder trial holds.
-#[derive(Clone, Copy, Debug)]
-enum Primitive {
-    /// The lock itself.
-    Lock,
-    /// A permit of a two-permit [`Semaphore`].
-    Permit,
-    /// An [`Election`]'s leadership.
-    Leadership,
-}
-
-impl Primitive {
-    /// `lock` as this primitive's clients use it: a [`Semaphore`] of two permits for
-    /// [`Permit`](Self::Permit), else the lock itself (an election is its lock, with
-    /// labels).
-    fn wrap(self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-        match self {
-            Primitive::Permit => match Semaphore::new(lock.clone(), 2) {
-                Ok(semaphore) => Arc::new(semaphore),
-                Err(_) => lock, // 2 permits are always accepted
-            },
-            Primitive::Lock | Primitive::Leadership => lock,
-        }
     }
 }
 

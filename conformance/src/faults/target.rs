@@ -85,6 +85,7 @@ pub struct FaultTarget {
     pub(super) leader: Option<LeaderFn>,
     pub(super) peer_links: Option<Arc<dyn PeerLinks>>,
     pub(super) clock_shim: bool,
+    pub(super) stopping_clock: bool,
     pub(super) secured: bool,
     pub(super) redis_key: Option<RedisKeyFn>,
     pub(super) patient_query: String,
@@ -132,6 +133,7 @@ impl FaultTarget {
             leader: None,
             peer_links: None,
             clock_shim: false,
+            stopping_clock: false,
             secured: false,
             redis_key: None,
             patient_query: String::new(),
@@ -164,6 +166,14 @@ impl FaultTarget {
     /// their clocks can jump.
     pub fn with_clock_shim(mut self) -> Self {
         self.clock_shim = true;
+        self
+    }
+
+    /// Declares that the holder times its guard on a clock that stops during a suspend
+    /// and cannot tell it (CLOCK_MONOTONIC alone): a deliberately broken client, which
+    /// the [`ClientSuspend`](super::Fault::ClientSuspend) fault must catch.
+    pub fn with_stopping_clock(mut self) -> Self {
+        self.stopping_clock = true;
         self
     }
 
