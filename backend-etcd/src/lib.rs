@@ -6,6 +6,8 @@ mod feed;
 mod queue;
 mod rpc;
 mod session;
+#[cfg(feature = "testbed")]
+mod testbed;
 
 use std::fmt;
 use std::sync::Arc;

@@ -35,7 +35,8 @@ fn main() {
             .await?
             .with_nodes(nodes)
             .with_leader(leader)
-            .with_patient_query("request_timeout_ms=10000");
+            .with_patient_query("request_timeout_ms=10000")
+            .with_waiter_records(std::sync::Arc::new(EtcdLock::connect(&url).await?));
         let config = Config::of("etcd", &url, probe.members())?;
         Ok((target, move |fault| expect::expect(&config, fault)))
     })

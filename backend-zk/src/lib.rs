@@ -8,6 +8,8 @@ mod names;
 mod pending;
 mod queue;
 mod session;
+#[cfg(feature = "testbed")]
+mod testbed;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -48,7 +48,8 @@ fn main() {
             .with_nodes(nodes)
             .with_leader(leader)
             .with_peer_links(links)
-            .with_patient_query("session_timeout_ms=4000&request_timeout_ms=5000");
+            .with_patient_query("session_timeout_ms=4000&request_timeout_ms=5000")
+            .with_waiter_records(Arc::new(ZkLock::connect(&url).await?));
         let config = Config::of("zk", &url, 3)?;
         Ok((target, move |fault| expect::expect(&config, fault)))
     })

@@ -497,6 +497,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
     let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
+    let harness_url = harness.url();
     let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)
         .with_nodes(nodes)
         .with_patient_query(patient_query(backend))
@@ -510,6 +511,11 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     }
     if clock_shim {
         faults = faults.with_clock_shim();
+    }
+    if !name.starts_with("broken:") {
+        faults = with_waiter_records(faults, caps.backend, &harness_url)
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
     }
     if let Ok(Some(flaw)) = broken::Flaw::of_backend(name) {
         if flaw.stops_the_clock() {
@@ -528,6 +534,21 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         config,
         ttl_why: probe.ttl_why,
     })
+}
+
+/// `faults` with a way to remove its waiters' queue records, on a backend that keeps them
+/// (the backends' `testbed` feature).
+async fn with_waiter_records(
+    faults: FaultTarget,
+    backend: &str,
+    url: &str,
+) -> Result<FaultTarget, LockError> {
+    let records: Arc<dyn tenure_conformance::faults::WaiterRecords> = match backend {
+        "etcd" => Arc::new(tenure_etcd::EtcdLock::connect(url).await?),
+        "zk" => Arc::new(tenure_zk::ZkLock::connect(url).await?),
+        _ => return Ok(faults),
+    };
+    Ok(faults.with_waiter_records(records))
 }
 
 /// Wraps a harness's clients.

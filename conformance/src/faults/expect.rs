@@ -302,6 +302,28 @@ pub fn expect(config: &Config, fault: Fault) -> Expect {
              and does not write",
         ),
 
+        // --- a waiter's own queue record removed on the servers ----------------------
+        (Fault::VanishedQueueRecord, Etcd) => e(
+            SAFE,
+            "a grant carries proof that the waiter's own key still exists (a txn comparing \
+             its create revision): finding it gone when the holder releases, the waiter \
+             queues again, behind the next waiter",
+        ),
+        (Fault::VanishedQueueRecord, Zk) => e(
+            SAFE,
+            "the waiter lists the queue when its predecessor goes: its own node is not in \
+             it, so it queues again, behind the next waiter",
+        ),
+        (Fault::VanishedQueueRecord, Redis { .. } | Redlock { .. }) => e(
+            NOT_APPLICABLE,
+            "waiters keep no record on the servers: they retry when woken",
+        ),
+        (Fault::VanishedQueueRecord, Postgres) => e(
+            NOT_APPLICABLE,
+            "a waiter's place is its lock wait inside the server, which only ending its \
+             session removes (the connection-cut cell)",
+        ),
+
         // --- the replies to the holder's acquire (or release) arrive late ----------
         (Fault::DelayedReply, Redis { .. }) => e(
             SAFE,

@@ -35,9 +35,10 @@ mod health;
 mod paused;
 mod redis;
 mod target;
+mod vanished;
 
 pub use health::ensure;
-pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn};
+pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords};
 
 type Target = FaultTarget;
 
@@ -66,6 +67,11 @@ pub enum Fault {
     ClockJump,
     /// The server holding the lock crashes and restarts (Redis: without persistence).
     Restart,
+    /// A waiter's own queue record (an etcd key, a ZooKeeper node) is removed on the
+    /// servers while it waits, its session left alive (an operator's delete, or what a
+    /// suspended waiter finds on waking); a next waiter queues behind the holder, which
+    /// then releases.
+    VanishedQueueRecord,
     /// The holder's links are black-holed past the TTL.
     Blackhole,
     /// The holder's client↔server connections are reset (RST), and new ones too.
@@ -118,7 +124,7 @@ pub const STALL: Duration = Duration::from_millis(1500);
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 22] = [
+    pub const ALL: [Fault; 23] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
@@ -141,6 +147,7 @@ impl Fault {
         Fault::StaleAcquire,
         Fault::StaleExtend,
         Fault::StaleRelease,
+        Fault::VanishedQueueRecord,
     ];
 
     /// The fault's name in matrix.json and on the command line (`paused-holder`).
@@ -168,6 +175,7 @@ impl Fault {
             Fault::StaleAcquire => "stale-acquire",
             Fault::StaleExtend => "stale-extend",
             Fault::StaleRelease => "stale-release",
+            Fault::VanishedQueueRecord => "vanished-queue-record",
         }
     }
 
@@ -200,6 +208,7 @@ impl Fault {
             Fault::StaleAcquire => "stale request: acquire lands after the retry's grant",
             Fault::StaleExtend => "stale request: a short extend lands after a long one",
             Fault::StaleRelease => "stale request: release lands after the next grant",
+            Fault::VanishedQueueRecord => "a waiter's queue record removed on the server",
         }
     }
 
@@ -984,6 +993,17 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             ),
             _ => None,
         },
+        Fault::VanishedQueueRecord if target.waiter_records.is_none() => match backend {
+            "redis" | "redlock" => Some(Cell::NotApplicable {
+                reason: "waiters keep no record on the servers: they retry when woken".into(),
+            }),
+            "postgres" => Some(Cell::NotApplicable {
+                reason: "a waiter's place is its lock wait inside the server, which only \
+                         ending its session removes (the connection-cut cell)"
+                    .into(),
+            }),
+            _ => not_injectable("the harness declares no way to remove a waiter's record"),
+        },
         Fault::MinorityPartition => match target.caps.replication {
             Replication::SingleNode => Some(Cell::NotApplicable {
                 reason: "one server: no minority side".into(),
@@ -1022,6 +1042,9 @@ struct ClientTrial<'a> {
 /// One trial of a fault on the holder's own links.
 async fn client_trial(fault: Fault, target: &Target, index: usize) -> Trial {
     let mut record = Record::new(target.key(fault, 0, index));
+    if fault == Fault::VanishedQueueRecord {
+        return vanished::vanished_record(target, record).await;
+    }
     // The witness connects now, not after the contender's grant: a connection made then
     // (a TLS handshake and a password check, on a loaded machine) could outlast the
     // contender's lease, which would then end before the contender writes.

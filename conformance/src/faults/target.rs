@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tenure_api::{Capabilities, DistributedLock, LockError, LockKey};
+use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockError, LockKey};
 
 use super::Fault;
 use crate::servers::zk::ZkEnsemble;
@@ -61,6 +61,20 @@ impl PeerLinks for ZkEnsemble {
     }
 }
 
+/// The records a backend's servers keep of its waiters (an etcd queue key, a ZooKeeper
+/// sequential node), as a lab can remove them (the backends' `testbed` feature); its
+/// [`LockAdmin::queued`] counts them.
+#[async_trait]
+pub trait WaiterRecords: LockAdmin + 'static {
+    /// Removes the newest record of `key`'s queue (its last waiter's) on the servers, as
+    /// an operator's delete does, the waiter's session or lease left alive; returns the
+    /// record's name, or `None` when the queue holds no waiter.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: one delete, made or not.
+    async fn remove_newest_waiter(&self, key: &LockKey) -> Result<Option<String>, LockError>;
+}
+
 /// A backend under the fault suite: its harness, its declared [`Capabilities`], the
 /// trials' TTL, and what the harness controls. Build it with [`FaultTarget::new`] and
 /// declare each control the harness has; [`run`](super::run) reports the faults that
@@ -86,6 +100,7 @@ pub struct FaultTarget {
     pub(super) peer_links: Option<Arc<dyn PeerLinks>>,
     pub(super) clock_shim: bool,
     pub(super) stopping_clock: bool,
+    pub(super) waiter_records: Option<Arc<dyn WaiterRecords>>,
     pub(super) secured: bool,
     pub(super) redis_key: Option<RedisKeyFn>,
     pub(super) patient_query: String,
@@ -134,6 +149,7 @@ impl FaultTarget {
             peer_links: None,
             clock_shim: false,
             stopping_clock: false,
+            waiter_records: None,
             secured: false,
             redis_key: None,
             patient_query: String::new(),
@@ -174,6 +190,13 @@ impl FaultTarget {
     /// the [`ClientSuspend`](super::Fault::ClientSuspend) fault must catch.
     pub fn with_stopping_clock(mut self) -> Self {
         self.stopping_clock = true;
+        self
+    }
+
+    /// Declares how to remove a waiter's record from the servers' queue, for the
+    /// [`VanishedQueueRecord`](super::Fault::VanishedQueueRecord) fault.
+    pub fn with_waiter_records(mut self, records: Arc<dyn WaiterRecords>) -> Self {
+        self.waiter_records = Some(records);
         self
     }
 
