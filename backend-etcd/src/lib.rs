@@ -28,6 +28,8 @@ pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
 use queue::{own_prefix, OwnLeases, Ticket, Turn};
 use rpc::{bounded, lease_seconds, Rpc};
 use session::Sessions;
+#[cfg(feature = "testbed")]
+pub use testbed::{RequestFault, RequestFaults};
 
 /// A lock service on one etcd cluster. Cheap to clone and share; all calls multiplex
 /// over the client's gRPC channels (balanced over the configured endpoints).
@@ -133,7 +135,12 @@ impl EtcdLock {
         let mut cluster = client.cluster_client();
         let list = bounded(&config, limit, "member list", cluster.member_list()).await?;
         let members = list.members().iter().filter(|m| !m.is_learner()).count();
-        let rpc = Rpc { config, client };
+        let rpc = Rpc {
+            config: Arc::new(config),
+            client,
+            #[cfg(feature = "testbed")]
+            faults: None,
+        };
         Ok(Self {
             members: members.max(1),
             sessions: Arc::new(Sessions::new(rpc.clone())),
@@ -301,25 +308,18 @@ impl DistributedLock for EtcdLock {
         let mut failures = 0u32;
         loop {
             let result = match ticket.as_mut() {
-                None => {
-                    // After a failure, a key of ours may be queued already (an enqueue
-                    // whose reply was lost): on a lease of its own, wait on it rather than
-                    // behind it (a session deletes it instead).
-                    let queued = match (failures, self.rpc.config.lease) {
-                        (0, _) | (_, LeaseMode::Session) => {
-                            self.enqueue(key, owner, opts.ttl, label).await
-                        }
-                        _ => match self.adopt_orphan(&queue, owner, opts.ttl).await {
-                            Ok(Some(orphan)) => Ok(orphan),
-                            Ok(None) => self.enqueue(key, owner, opts.ttl, label).await,
-                            Err(e) => Err(e),
-                        },
-                    };
-                    match queued {
-                        Ok(queued) => {
-                            ticket = Some(queued);
-                            continue;
-                        }
+                None => match self.new_ticket(key, owner, opts.ttl).await {
+                    Ok(fresh) => {
+                        ticket = Some(fresh);
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
+                // Not queued yet, or the reply to queueing it was lost: the same put again
+                // (it finds the key if the first one applied; nothing is undone meanwhile).
+                Some(queued) if queued.revision == 0 => {
+                    match self.queue_ticket(key, owner, label, queued).await {
+                        Ok(()) => continue,
                         Err(e) => Err(e),
                     }
                 }
@@ -375,7 +375,9 @@ impl DistributedLock for EtcdLock {
     /// revision, hence the token, is kept); an old lease of its own is then revoked.
     ///
     /// If the move's reply is lost, the key is read back and the call keeps whichever
-    /// lease it lives on; a move never revokes the lease the key may be attached to.
+    /// lease it lives on; a lease the key is on, or that a move still in flight may
+    /// attach it to, is never revoked (if such a move lands, the lock stays held until
+    /// that lease's TTL, and this `lease`'s next `extend` reports `LeaseLost`).
     ///
     /// # Cancel safety
     /// `lease` is unchanged if dropped. A keep-alive may have been applied. A move dropped
@@ -446,10 +448,12 @@ impl DistributedLock for EtcdLock {
             // The reply was lost: the move may have applied. Read where the key lives.
             Err(e) => match self.check_owned_on(lease, new_id).await {
                 Ok(true) => Ok(()),
-                Ok(false) => Err(e),
+                // Gone: no move can apply to it any more.
                 Err(lost @ LockError::LeaseLost { .. }) => Err(lost),
-                // Still unknown: the new lease (or session deadline) ends it on its own.
-                Err(_) => return Err(e),
+                // Not moved, or still unknown: the move may yet land (a proposal that
+                // commits late), so the new lease is never revoked; unrenewed, it (or its
+                // session deadline) ends on its own.
+                Ok(false) | Err(_) => return Err(e),
             },
         };
         if let Err(e) = moved {

@@ -6,15 +6,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, LeaseClient, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tenure_api::{
     default_drift, holder_text, Clock, FencingToken, Lease, LeaseHandle, LockError, LockKey,
     OwnerId, SystemClock,
 };
 
-use crate::rpc::{convert, delete_on_lease, is_lease_gone};
+use crate::rpc::{convert, delete_on_lease, is_lease_gone, Rpc};
 use crate::session::Session;
 use crate::{EtcdLock, LeaseMode};
 
@@ -56,8 +56,7 @@ impl OwnLeases {
 /// key in the background (revoking a lease of its own, or through its session): a
 /// cancelled acquire leaves no ghost.
 pub(crate) struct Ticket {
-    leases: LeaseClient,
-    timeout: Duration,
+    rpc: Rpc,
     pub(crate) lease_id: i64,
     /// The session whose lease the key is on; `None` for a lease of its own.
     session: Option<Arc<Session>>,
@@ -95,9 +94,9 @@ impl Drop for Ticket {
         // Never block in Drop: revoke in the background if there is a runtime; otherwise
         // the lease's TTL removes the key.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (mut leases, id, limit) = (self.leases.clone(), self.lease_id, self.timeout);
+            let (rpc, id) = (self.rpc.clone(), self.lease_id);
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+                let _ = rpc.revoke(id).await;
             });
         }
     }
@@ -135,6 +134,9 @@ impl EtcdLock {
     /// If that fails, the ticket stays armed and its drop tries once more in the
     /// background; the TTL is the last resort.
     pub(crate) async fn abandon(&self, mut ticket: Ticket) {
+        if !ticket.armed {
+            return;
+        }
         let done = match &ticket.session {
             None => {
                 self.own_leases.take(ticket.lease_id);
@@ -184,8 +186,7 @@ impl EtcdLock {
             }
         };
         Ok(Ticket {
-            leases: self.rpc.client.lease_client(),
-            timeout: self.rpc.config.request_timeout,
+            rpc: self.rpc.clone(),
             lease_id,
             session,
             ttl: believed,
@@ -198,7 +199,10 @@ impl EtcdLock {
         })
     }
 
-    /// Grants a lease and queues a key on it. The ticket says whether it is first.
+    /// Grants a lease and queues a key on it. The ticket says whether it is first. On an
+    /// error nothing is left queued: the lease is revoked (a put still in flight then
+    /// fails on it), or a session's key deleted (a late put is then deleted by the
+    /// session, as a key it does not know).
     pub(crate) async fn enqueue(
         &self,
         key: &LockKey,
@@ -206,36 +210,69 @@ impl EtcdLock {
         ttl: Duration,
         label: Option<&str>,
     ) -> Result<Ticket, LockError> {
-        let queue = self.queue_prefix(key);
-        // Key names are never reused: the owner id is random per acquisition, and each
-        // attempt of one acquisition is numbered.
-        let unique = own_prefix(&queue, owner);
+        let mut ticket = self.new_ticket(key, owner, ttl).await?;
+        match self.queue_ticket(key, owner, label, &mut ticket).await {
+            Ok(()) => Ok(ticket),
+            Err(e) => {
+                self.abandon(ticket).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A ticket for `key`'s queue under a key name never used before (the owner id is
+    /// random per acquisition, and each ticket of one acquisition is numbered), on a lease
+    /// of its own or its session's; not yet queued.
+    pub(crate) async fn new_ticket(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Ticket, LockError> {
+        let unique = own_prefix(&self.queue_prefix(key), owner);
         let attempt = self.sessions.fresh_name();
         let key_of = |id: i64| format!("{unique}{:016x}-{attempt:x}", id as u64);
-        let mut ticket = self.ticket(ttl, &key_of).await?;
-        let lease_id = ticket.lease_id;
-        // Put our key if it does not exist; read the queue's head in the same revision.
+        self.ticket(ttl, &key_of).await
+    }
+
+    /// Puts the ticket's key in its queue unless it is there already, and reads in the
+    /// same revision whether it is first. Sent again after a lost reply, it finds the key
+    /// the first put wrote (its name is the ticket's alone): a retry never needs to undo
+    /// a put whose fate is unknown. On a lease that is gone the ticket is disarmed (no
+    /// key can be on it) and the answer is `LeaseLost`; other errors leave it as it was.
+    ///
+    /// # Cancel safety
+    /// The ticket stays armed until the key is known queued: dropped, it removes the key.
+    pub(crate) async fn queue_ticket(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        label: Option<&str>,
+        ticket: &mut Ticket,
+    ) -> Result<(), LockError> {
+        if let Some(session) = &ticket.session {
+            // Registered until then: the session never deletes it under a retry.
+            session.renew(&ticket.key, Instant::now() + ticket.ttl)?;
+        }
+        let queue = self.queue_prefix(key);
+        let head = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let ours = ticket.key.as_str();
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                ticket.key.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
+            .when([Compare::create_revision(ours, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(
-                    ticket.key.as_str(),
+                    ours,
                     holder_text(owner, label),
-                    Some(PutOptions::new().with_lease(lease_id)),
+                    Some(PutOptions::new().with_lease(ticket.lease_id)),
                 ),
-                TxnOp::get(
-                    queue.as_str(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend)
-                            .with_limit(1),
-                    ),
-                ),
+                TxnOp::get(queue.as_str(), Some(head.clone())),
+            ])
+            .or_else([
+                TxnOp::get(ours, None),
+                TxnOp::get(queue.as_str(), Some(head)),
             ]);
         let reply = match self.rpc.txn("enqueue txn", txn).await {
             Ok(reply) => reply,
@@ -247,77 +284,32 @@ impl EtcdLock {
                     session.close();
                 }
                 return Err(LockError::lost(format!(
-                    "etcd lease {lease_id:x} ended before the key was queued"
+                    "etcd lease {:x} ended before the key was queued",
+                    ticket.lease_id
                 )));
             }
-            Err(e) => {
-                self.abandon(ticket).await;
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
-        if !reply.succeeded() {
-            self.abandon(ticket).await;
-            return Err(LockError::backend(
-                "a fresh lease's lock key already existed",
-            ));
-        }
-        ticket.revision = reply.header().map_or(0, |h| h.revision());
-        let head = reply.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.key().to_vec()),
+        let mut gets = reply.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
             _ => None,
         });
-        if ticket.revision <= 0 || head.is_none() {
-            self.abandon(ticket).await;
+        let revision = if reply.succeeded() {
+            reply.header().map_or(0, |h| h.revision())
+        } else {
+            // Put by an earlier send of this request whose reply was lost.
+            match gets.next().flatten() {
+                Some(kv) if kv.lease() == ticket.lease_id => kv.create_revision(),
+                _ => return Err(LockError::backend("a fresh lock key is on another lease")),
+            }
+        };
+        let head = gets.next().flatten();
+        if revision <= 0 || head.is_none() {
             return Err(LockError::backend("malformed enqueue reply from etcd"));
         }
-        ticket.first = head.as_deref() == Some(ticket.key.as_bytes());
-        Ok(ticket)
-    }
-
-    /// Finds this owner's oldest key left in `queue` by an enqueue whose reply was lost,
-    /// and takes it over if its lease is still alive. Younger keys of ours are removed.
-    /// Only for leases of their own: on a session lease such a key is deleted by the
-    /// session (its ticket asked for that when dropped), never taken over.
-    pub(crate) async fn adopt_orphan(
-        &self,
-        queue: &str,
-        owner: OwnerId,
-        ttl: Duration,
-    ) -> Result<Option<Ticket>, LockError> {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let reply = self
-            .rpc
-            .get("orphan get", &own_prefix(queue, owner), options)
-            .await?;
-        let mut orphans = reply.kvs().iter().map(|kv| Ticket {
-            leases: self.rpc.client.lease_client(),
-            timeout: self.rpc.config.request_timeout,
-            lease_id: kv.lease(),
-            ttl,
-            session: None,
-            key: String::from_utf8_lossy(kv.key()).into_owned(),
-            revision: kv.create_revision(),
-            first: false,
-            refreshed_at: Instant::now(),
-            refreshed_suspended: SystemClock.suspended(),
-            armed: true,
-        });
-        let Some(mut oldest) = orphans.next() else {
-            return Ok(None);
-        };
-        for younger in orphans {
-            self.abandon(younger).await;
-        }
-        match self.refresh(&mut oldest).await {
-            Ok(()) => Ok(Some(oldest)),
-            Err(LockError::LeaseLost { .. }) => {
-                oldest.armed = false; // the key went with its lease
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        ticket.revision = revision;
+        ticket.first = head.is_some_and(|kv| kv.key() == ticket.key.as_bytes());
+        Ok(())
     }
 
     /// The next older key in the ticket's queue (its predecessor), with the revision

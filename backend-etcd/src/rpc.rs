@@ -1,6 +1,7 @@
 //! Bounded requests to the cluster, and how their errors map onto [`LockError`].
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
@@ -11,8 +12,11 @@ use crate::EtcdConfig;
 /// The client and its configuration: every request of the backend goes through here.
 #[derive(Clone)]
 pub(crate) struct Rpc {
-    pub(crate) config: EtcdConfig,
+    pub(crate) config: Arc<EtcdConfig>,
     pub(crate) client: Client,
+    /// What the conformance lab does to this handle's requests.
+    #[cfg(feature = "testbed")]
+    pub(crate) faults: Option<crate::testbed::RequestFaults>,
 }
 
 impl Rpc {
@@ -23,8 +27,13 @@ impl Rpc {
     pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
     {
+        #[cfg(feature = "testbed")]
+        if let Some(fault) = self.faults.as_ref().and_then(|faults| faults(what)) {
+            return self.faulted(what, fault, request()).await;
+        }
         let retried = async {
             let mut pause = Duration::from_millis(5);
             loop {

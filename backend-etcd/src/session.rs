@@ -331,9 +331,9 @@ async fn keep(session: Arc<Session>, client: Weak<Sessions>, rpc: Rpc) {
 /// if that fails — the next pass tries again).
 async fn unregistered(session: &Session, rpc: &Rpc) -> Vec<String> {
     let request = || {
-        let mut leases = rpc.client.lease_client();
+        let (mut leases, id) = (rpc.client.lease_client(), session.lease_id);
         let options = LeaseTimeToLiveOptions::new().with_keys();
-        async move { leases.time_to_live(session.lease_id, Some(options)).await }
+        async move { leases.time_to_live(id, Some(options)).await }
     };
     let Ok(reply) = rpc.call("lease keys", request).await else {
         return Vec::new();

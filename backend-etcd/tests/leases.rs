@@ -3,12 +3,14 @@
 //! really fired.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::etcd::EtcdCluster;
-use tenure_etcd::EtcdLock;
+use tenure_etcd::{EtcdLock, RequestFault, RequestFaults};
 
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("leases/{name}")).unwrap()
@@ -149,9 +151,9 @@ async fn a_move_to_a_longer_lease_cancelled_in_flight_never_frees_the_lock() {
     );
 }
 
-/// An acquire whose enqueue applied but whose reply was lost (and whose clean-up could not
-/// reach the server either) leaves a key behind on the server. The retry must recognise it
-/// as its own instead of queueing behind it for a whole TTL.
+/// An acquire whose enqueue applied but whose reply was lost leaves a key behind on the
+/// server. The retry must recognise it as its own instead of queueing behind it for a
+/// whole TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_enqueue_reply_does_not_wait_behind_its_own_orphan() {
     let cluster = EtcdCluster::start(1).await.unwrap();
@@ -339,4 +341,122 @@ async fn a_slow_session_grant_never_delays_an_extend() {
     );
     lock.release(other).await.unwrap();
     lock.release(held).await.unwrap();
+}
+
+/// A fault plan: `fault` for every request named `what`, and a count of them.
+fn faults(plan: Vec<(&'static str, RequestFault)>, fired: Arc<AtomicUsize>) -> RequestFaults {
+    Arc::new(move |what: &str| {
+        let fault = plan.iter().find(|(name, _)| *name == what).map(|(_, f)| *f);
+        if fault.is_some() {
+            fired.fetch_add(1, Ordering::SeqCst);
+        }
+        fault
+    })
+}
+
+/// Defect (issue 58, 11): an enqueue applied with its reply lost was undone with a revoke
+/// of its lease, and the retry adopted the key it found on that lease while the revoke
+/// was still in flight; the revoke then landed and freed the lock its waiter had been
+/// granted on the key. A clean-up must wait for the fate of what it undoes: the retry
+/// now sends the same put-if-absent again and never revokes the lease its key may be on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_enqueue_is_never_undone_under_its_own_grant() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let addr = cluster.members()[0].addr().to_string();
+    let fired = Arc::new(AtomicUsize::new(0));
+    let lost_once = Arc::new(AtomicUsize::new(0));
+    let plan = faults(
+        vec![(
+            "lease revoke",
+            RequestFault::Late(Duration::from_millis(1500)),
+        )],
+        fired.clone(),
+    );
+    let holder = connect(&addr, "lease=per-lock").await.with_request_faults({
+        let lost_once = lost_once.clone();
+        Arc::new(move |what: &str| {
+            if what == "enqueue txn" && lost_once.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Some(RequestFault::ReplyLost);
+            }
+            plan(what)
+        })
+    });
+    let contender = connect(&addr, "").await;
+    let mut client = plain(&cluster).await;
+    let k = key("adopted-while-revoked");
+    let ttl = Duration::from_secs(20);
+
+    let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(10));
+    let lease = holder.acquire(&k, &opts).await.expect("granted");
+    assert!(
+        lost_once.load(Ordering::SeqCst) >= 1,
+        "the fault fired: the first enqueue's reply was lost"
+    );
+    // Any revoke sent lands 1.5 s after it was sent.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let queued = queue(&mut client, &holder, &k).await;
+    assert_eq!(queued.len(), 1, "the holder's key is queued: {queued:?}");
+    assert!(lease.valid_until() > Instant::now() + Duration::from_secs(5));
+    assert!(
+        contender.try_acquire(&k, ttl).await.unwrap().is_none(),
+        "the lock was freed under its holder ({} revokes sent)",
+        fired.load(Ordering::SeqCst)
+    );
+    holder.release(lease).await.unwrap();
+}
+
+/// Defect (issue 58, 11): a move of the key to a longer lease whose outcome was unknown
+/// (no reply) was undone by revoking the new lease as soon as a read found the key still
+/// on the old one; the move, still in flight, then landed before the revoke, and the
+/// revoke deleted the key its holder still believed held. A lease whose move may yet
+/// apply is never revoked: it runs out its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_whose_move_lands_late_never_frees_the_lock() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let addr = cluster.members()[0].addr().to_string();
+    let fired = Arc::new(AtomicUsize::new(0));
+    let holder = connect(&addr, "lease=per-lock").await;
+    let contender = connect(&addr, "").await;
+    let mut client = plain(&cluster).await;
+    let k = key("late-move");
+
+    let mut lease = holder
+        .try_acquire(&k, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free");
+    let old_lease = queue(&mut client, &holder, &k).await[0].1;
+    let faulty = holder.clone().with_request_faults(faults(
+        vec![
+            ("extend txn", RequestFault::Late(Duration::from_millis(500))),
+            (
+                "lease revoke",
+                RequestFault::Late(Duration::from_millis(1000)),
+            ),
+        ],
+        fired.clone(),
+    ));
+    let error = faulty
+        .extend(&mut lease, Duration::from_secs(30))
+        .await
+        .expect_err("the move's reply never came");
+    assert!(error.is_retryable(), "{error}");
+    assert!(fired.load(Ordering::SeqCst) >= 1, "the fault fired");
+    // The move lands 0.5 s after it was sent; any revoke, 1 s after.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(lease.valid_until() > Instant::now() + Duration::from_secs(5));
+    assert!(
+        contender
+            .try_acquire(&k, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock was freed while its holder believed it held ({} faults fired)",
+        fired.load(Ordering::SeqCst)
+    );
+    let queued = queue(&mut client, &holder, &k).await;
+    assert!(
+        queued.len() == 1 && queued[0].1 != old_lease,
+        "the late move re-attached the key to its new lease: {queued:?}"
+    );
 }
