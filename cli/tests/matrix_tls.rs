@@ -1,12 +1,21 @@
-//! `tenure matrix --quick --tls` end to end: the same checks as `matrix.rs` (see
-//! [`quick_matrix`]), on servers that require TLS, client certificates and a password, as
-//! users with least privilege. No password reaches a report or the terminal.
+//! `tenure matrix --quick --tls` end to end (see [`quick_matrix`]): every backend's
+//! servers require TLS, client certificates and a password, the lab connects as users
+//! with least privilege, and its faults go through the proxy over TLS. No password
+//! reaches a report or the terminal. (The shared suite over TLS runs in each backend's
+//! `tests/suite.rs`, group `secured`.)
 
 mod quick_matrix;
 
+use tenure_cli::matrix::Fault;
+
 #[test]
 fn quick_matrix_over_tls_with_least_privilege() {
-    let written = quick_matrix::run_and_check(true);
+    let cells = [
+        Fault::PausedHolder,
+        Fault::ConnectionCut,
+        Fault::ReplicaFailover,
+    ];
+    let written = quick_matrix::run_and_check(true, &cells, false);
     assert_eq!(written.json["options"]["tls"], true);
     for backend in written.json["backends"].as_array().unwrap() {
         let servers = backend["servers"].as_str().unwrap();

@@ -34,7 +34,7 @@ pub struct CuttableClient {
 }
 
 /// Gives the suite what it needs from a backend. Implement it once per backend (in its
-/// `tests/conformance.rs`) or for your own deployment.
+/// `tests/suite.rs`) or for your own deployment.
 #[async_trait]
 pub trait Harness: Send + Sync + Debug {
     /// Short backend name for reports.

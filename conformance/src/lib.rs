@@ -2,8 +2,8 @@
 //! fault proxy, a clock shim for redis-server, the shared scenario suite, and a history
 //! checker that turns what clients observed into verdicts.
 //!
-//! A backend runs the whole suite from its `tests/conformance.rs`
-//! (`harness = false`):
+//! A backend runs the whole suite from a `harness = false` test (several setups and
+//! the fault suite in one binary: [`runner::Suites`]):
 //!
 //! ```no_run
 //! use tenure_conformance::{runner, MemoryHarness};

@@ -54,10 +54,10 @@ pub async fn run_scenario(
     }
 }
 
-/// The body of a backend's `tests/conformance.rs`: starts the harness with `start`
-/// (servers and all), runs every scenario as a named test, stops the harness, and
-/// returns the conclusion — call `.exit()` on it *after* this returns, so servers are
-/// stopped before the process exits.
+/// The body of a `harness = false` test that runs the suite on one setup (a [`Suites`]
+/// of one group): starts the harness with `start` (servers and all), runs every scenario
+/// as a named test, stops the harness, and returns the conclusion — call `.exit()` on it
+/// *after* this returns, so servers are stopped before the process exits.
 ///
 /// A harness that cannot start makes every scenario fail when `CI=true`, and ignored
 /// (with the reason printed) otherwise.
@@ -71,32 +71,10 @@ pub async fn run_scenario(
 pub fn run_suite<H, F, Fut>(start: F) -> Conclusion
 where
     H: Harness + 'static,
-    F: FnOnce() -> Fut,
+    F: FnOnce() -> Fut + 'static,
     Fut: Future<Output = Result<H, Box<dyn Error + Send + Sync>>>,
 {
-    let names = scenarios().iter().map(|s| s.name.to_owned()).collect();
-    let start = || async {
-        let harness = start().await?;
-        let caps = harness.client().await?.capabilities();
-        Ok((Arc::new(harness), caps))
-    };
-    run_started(start, names, |(harness, caps), handle| {
-        scenarios()
-            .into_iter()
-            .map(|scenario| {
-                let unmet = scenario.unmet(&caps, harness.as_ref());
-                let (harness, handle) = (harness.clone(), handle.clone());
-                Trial::test(scenario.name, move || {
-                    match handle.block_on(run_scenario(&scenario, harness.as_ref(), &caps)) {
-                        ScenarioResult::Failed(reason) => Err(Failed::from(reason)),
-                        _ => Ok(()),
-                    }
-                })
-                .with_kind(caps.backend)
-                .with_ignored_flag(unmet.is_some())
-            })
-            .collect()
-    })
+    Suites::new().suite("", start).run()
 }
 
 /// Trials of each fault in a backend's fault-suite test (one injection).
@@ -110,7 +88,8 @@ pub const FAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// of the table, [`expect`](crate::faults::expect::expect); for another,
 /// [`never_unsafe`](crate::faults::expect::never_unsafe)): a verdict the protocol does
 /// not allow (an UNSAFE where fencing should contain it; a SAFE where the table says the
-/// violation must be observed) is the failure, with the cell's notes. An injection that
+/// violation must be observed) is the failure, with the cell's notes, and so are lost
+/// updates its verdicts do not explain ([`Cell::check_updates`]). An injection that
 /// left no evidence in any trial (a server that took too long to stop) is made once
 /// more, its trials added to the cell; a fault that fired in no trial then fails too.
 ///
@@ -152,19 +131,19 @@ pub async fn run_fault(
             return Err(format!("{}: {why}", other.summary()));
         }
     };
-    match expected.allows(&cell.verdicts()) {
-        true => Ok(()),
-        false => Err(format!(
+    if !expected.allows(&cell.verdicts()) {
+        return Err(format!(
             "{}, where the protocol allows only {:?} ({}): {notes:?}",
             cell.summary(),
             expected.verdicts,
             expected.reason
-        )),
+        ));
     }
+    cell.check_updates(fault)
 }
 
-/// The body of a backend's `tests/fault_suite.rs` (`harness = false`): starts the
-/// backend's servers and the [`FaultTarget`] over them with `start`, with the verdicts
+/// The body of a `harness = false` test that runs only the fault suite (a [`Suites`] of
+/// one group, see [`Suites::faults`]): starts the backend's servers and the [`FaultTarget`] over them with `start`, with the verdicts
 /// each fault may show (for the five backends, their row of the table:
 /// `|fault| expect::expect(&config, fault)`; for any other,
 /// [`never_unsafe`](crate::faults::expect::never_unsafe)),
@@ -183,86 +162,249 @@ pub async fn run_fault(
 /// ```
 pub fn run_fault_suite<F, Fut, E>(start: F) -> Conclusion
 where
-    F: FnOnce() -> Fut,
+    F: FnOnce() -> Fut + 'static,
     Fut: Future<Output = Result<(FaultTarget, E), Box<dyn Error + Send + Sync>>>,
     E: Fn(Fault) -> Expect,
 {
-    let names = Fault::ALL.iter().map(|f| f.name().to_owned()).collect();
-    run_started(start, names, |(target, expected), handle| {
-        let (target, turn) = (Arc::new(target), Arc::new(tokio::sync::Mutex::new(())));
-        Fault::ALL
-            .into_iter()
-            .map(|fault| {
-                let expected = expected(fault);
-                let skip =
-                    faults::applicability(fault, &target).is_some() || expected.verdicts.is_empty();
-                let (target, turn, handle) = (target.clone(), turn.clone(), handle.clone());
-                let backend = target.capabilities().backend;
-                Trial::test(fault.name(), move || {
-                    if skip {
-                        return Ok(()); // run with --include-ignored: nothing to run
-                    }
-                    handle.block_on(async {
-                        let _turn = turn.lock().await;
-                        let run = run_fault(fault, &target, &expected);
-                        match tokio::time::timeout(FAULT_TIMEOUT, run).await {
-                            Ok(result) => result.map_err(Failed::from),
-                            Err(_) => Err(format!("timed out after {FAULT_TIMEOUT:?}").into()),
-                        }
-                    })
-                })
-                .with_kind(backend)
-                .with_ignored_flag(skip)
-            })
-            .collect()
-    })
+    Suites::new().faults("", start).run()
 }
 
-/// Starts what the tests need with `start` on a two-worker runtime, runs the tests
-/// `trials` makes of it, drops it, and stops the runtime (so servers are stopped before
-/// the caller exits the process). When `start` fails, each of `names` is a test that
-/// fails with the reason when `CI=true`, and is ignored (the reason printed) otherwise.
-fn run_started<S, F, Fut>(
-    start: F,
+/// Started servers, made into named tests (on the runtime they run on).
+type Start =
+    Box<dyn FnOnce(&tokio::runtime::Runtime) -> Result<Vec<Trial>, Box<dyn Error + Send + Sync>>>;
+
+/// One group of a [`Suites`]: its tests' names, and how to start what they run on.
+struct Group {
     names: Vec<String>,
-    trials: impl FnOnce(S, &tokio::runtime::Handle) -> Vec<Trial>,
-) -> Conclusion
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<S, Box<dyn Error + Send + Sync>>>,
-{
-    let args = Arguments::from_args();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    start: Start,
+}
+
+/// The `harness = false` test binary of a backend crate: groups of named tests — the
+/// shared suite on each setup (plain, a variant, secured), and the fault suite — each on
+/// servers of its own. A group's servers start only if one of its tests is selected
+/// (`--list`, or a filter that selects none of it, starts nothing), one group at a time,
+/// each group's stopped before the next one's start. A test is named `group::name`
+/// (just `name` in a group named `""`). Call `.exit()` on [`run`](Self::run)'s
+/// conclusion.
+///
+/// A group whose servers cannot start makes each of its tests fail when `CI=true`, and
+/// ignored (the reason printed) otherwise.
+///
+/// ```no_run
+/// use tenure_conformance::{runner::Suites, MemoryHarness};
+/// fn main() {
+///     Suites::new()
+///         .suite("memory", || async { Ok(MemoryHarness::new()) })
+///         .run()
+///         .exit();
+/// }
+/// ```
+#[derive(Default)]
+pub struct Suites {
+    groups: Vec<Group>,
+}
+
+impl std::fmt::Debug for Suites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tests: usize = self.groups.iter().map(|g| g.names.len()).sum();
+        f.debug_struct("Suites")
+            .field("groups", &self.groups.len())
+            .field("tests", &tests)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Suites {
+    /// No groups yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The shared suite on the harness `start` starts: one test per scenario (ignored
+    /// where the backend does not meet a scenario's requirements).
+    pub fn suite<H, F, Fut>(mut self, group: &str, start: F) -> Self
+    where
+        H: Harness + 'static,
+        F: FnOnce() -> Fut + 'static,
+        Fut: Future<Output = Result<H, Box<dyn Error + Send + Sync>>>,
     {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot build a tokio runtime: {e}");
-            return libtest_mimic::run(&args, Vec::new());
-        }
-    };
-    let conclusion = match runtime.block_on(start()) {
-        Ok(started) => libtest_mimic::run(&args, trials(started, runtime.handle())),
-        Err(error) => {
-            let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            eprintln!("the backend's servers could not be started: {error}");
-            let message = error.to_string();
-            let trials = names
+        let prefix = prefix(group);
+        let names = scenarios()
+            .iter()
+            .map(|s| format!("{prefix}{}", s.name))
+            .collect();
+        let start: Start = Box::new(move |runtime| {
+            let (harness, caps) = runtime.block_on(async {
+                let harness = start().await?;
+                let caps = harness.client().await?.capabilities();
+                Ok::<_, Box<dyn Error + Send + Sync>>((Arc::new(harness), caps))
+            })?;
+            let handle = runtime.handle();
+            Ok(scenarios()
                 .into_iter()
-                .map(|name| {
-                    let message = message.clone();
+                .map(|scenario| {
+                    let unmet = scenario.unmet(&caps, harness.as_ref());
+                    let (harness, handle) = (harness.clone(), handle.clone());
+                    let name = format!("{prefix}{}", scenario.name);
                     Trial::test(name, move || {
-                        Err(Failed::from(format!("harness did not start: {message}")))
+                        let run = run_scenario(&scenario, harness.as_ref(), &caps);
+                        match handle.block_on(run) {
+                            ScenarioResult::Failed(reason) => Err(Failed::from(reason)),
+                            _ => Ok(()),
+                        }
                     })
-                    .with_ignored_flag(!in_ci)
+                    .with_ignored_flag(unmet.is_some())
                 })
-                .collect();
-            libtest_mimic::run(&args, trials)
+                .collect())
+        });
+        self.groups.push(Group { names, start });
+        self
+    }
+
+    /// The fault suite on the target `start` starts, with the verdicts each fault may
+    /// show (for the five backends, their row of the table: `|fault|
+    /// expect::expect(&config, fault)`; for any other,
+    /// [`never_unsafe`](crate::faults::expect::never_unsafe)): one test per fault of
+    /// [`Fault::ALL`] ([`run_fault`]), one at a time (they share the servers). A fault
+    /// the target cannot inject, or that does not apply (no verdict expected), is
+    /// *ignored*.
+    pub fn faults<F, Fut, E>(mut self, group: &str, start: F) -> Self
+    where
+        F: FnOnce() -> Fut + 'static,
+        Fut: Future<Output = Result<(FaultTarget, E), Box<dyn Error + Send + Sync>>>,
+        E: Fn(Fault) -> Expect,
+    {
+        let prefix = prefix(group);
+        let names = Fault::ALL
+            .iter()
+            .map(|f| format!("{prefix}{}", f.name()))
+            .collect();
+        let start: Start = Box::new(move |runtime| {
+            let (target, expected) = runtime.block_on(start())?;
+            let (target, turn) = (Arc::new(target), Arc::new(tokio::sync::Mutex::new(())));
+            let handle = runtime.handle();
+            Ok(Fault::ALL
+                .into_iter()
+                .map(|fault| {
+                    let expected = expected(fault);
+                    let skip = faults::applicability(fault, &target).is_some()
+                        || expected.verdicts.is_empty();
+                    let (target, turn, handle) = (target.clone(), turn.clone(), handle.clone());
+                    Trial::test(format!("{prefix}{}", fault.name()), move || {
+                        if skip {
+                            return Ok(()); // run with --include-ignored: nothing to run
+                        }
+                        handle.block_on(async {
+                            let _turn = turn.lock().await;
+                            let run = run_fault(fault, &target, &expected);
+                            match tokio::time::timeout(FAULT_TIMEOUT, run).await {
+                                Ok(result) => result.map_err(Failed::from),
+                                Err(_) => Err(format!("timed out after {FAULT_TIMEOUT:?}").into()),
+                            }
+                        })
+                    })
+                    .with_ignored_flag(skip)
+                })
+                .collect())
+        });
+        self.groups.push(Group { names, start });
+        self
+    }
+
+    /// Runs the selected tests, group by group, on a two-worker runtime, and stops it
+    /// (so every server is stopped before the caller exits the process).
+    pub fn run(self) -> Conclusion {
+        let args = Arguments::from_args();
+        // Selected before anything starts: the filter and `--skip` read names only.
+        let selected = |group: &Group| {
+            args.ignored
+                || group
+                    .names
+                    .iter()
+                    .any(|name| !args.is_filtered_out(&Trial::test(name.clone(), || Ok(()))))
+        };
+        if args.list {
+            let names = self.groups.iter().flat_map(|g| g.names.iter().cloned());
+            let trials = names.map(|name| Trial::test(name, || Ok(()))).collect();
+            return libtest_mimic::run(&args, trials);
         }
-    };
-    // Stop every server before the caller exits the process.
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    conclusion
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                eprintln!("cannot build a tokio runtime: {e}");
+                return libtest_mimic::run(&args, Vec::new());
+            }
+        };
+        let mut total: Option<Conclusion> = None;
+        for group in self.groups {
+            let conclusion = if selected(&group) {
+                match (group.start)(&runtime) {
+                    // The trials, and the servers they hold, are dropped once they ran.
+                    Ok(trials) => libtest_mimic::run(&args, trials),
+                    Err(error) => libtest_mimic::run(&args, not_started(group.names, &*error)),
+                }
+            } else {
+                filtered_out(group.names.len() as u64)
+            };
+            total = Some(match total {
+                None => conclusion,
+                Some(sum) => add(sum, conclusion),
+            });
+        }
+        // Stop every server before the caller exits the process.
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        total.unwrap_or_else(|| filtered_out(0))
+    }
+}
+
+/// The name prefix of a group's tests.
+fn prefix(group: &str) -> String {
+    match group {
+        "" => String::new(),
+        group => format!("{group}::"),
+    }
+}
+
+/// The tests of a group whose servers did not start: each fails with the reason when
+/// `CI=true`, and is ignored otherwise.
+fn not_started(names: Vec<String>, error: &(dyn Error + Send + Sync)) -> Vec<Trial> {
+    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    eprintln!("the backend's servers could not be started: {error}");
+    let message = error.to_string();
+    names
+        .into_iter()
+        .map(|name| {
+            let message = message.clone();
+            Trial::test(name, move || {
+                Err(Failed::from(format!("harness did not start: {message}")))
+            })
+            .with_ignored_flag(!in_ci)
+        })
+        .collect()
+}
+
+/// The conclusion of `n` tests filtered out.
+fn filtered_out(n: u64) -> Conclusion {
+    Conclusion {
+        num_filtered_out: n,
+        num_passed: 0,
+        num_failed: 0,
+        num_ignored: 0,
+        num_measured: 0,
+    }
+}
+
+/// Two groups' conclusions as one.
+fn add(a: Conclusion, b: Conclusion) -> Conclusion {
+    Conclusion {
+        num_filtered_out: a.num_filtered_out + b.num_filtered_out,
+        num_passed: a.num_passed + b.num_passed,
+        num_failed: a.num_failed + b.num_failed,
+        num_ignored: a.num_ignored + b.num_ignored,
+        num_measured: a.num_measured + b.num_measured,
+    }
 }

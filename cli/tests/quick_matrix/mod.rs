@@ -1,8 +1,10 @@
-//! `tenure matrix --quick` end to end on local servers: every backend × every scenario
-//! and fault has a verdict, every fault that ran fired, and every verdict is one the
-//! reviewed table of `tenure_cli::matrix::expect` allows for that backend's configuration.
-//! Shared by `matrix.rs` (plain servers) and `matrix_tls.rs` (`--tls`), which are separate
-//! test binaries so the two runs never share the machine's two cores.
+//! `tenure matrix --quick` end to end on local servers, for what only the command can
+//! show: every backend is started and wired (plain, or with `--tls`), each chosen fault
+//! cell has a verdict the reviewed table of `tenure_cli::matrix::expect` allows, the
+//! shared suite and the performance runs land in the report (with `--with-suite`), and
+//! the files render. Every fault cell itself runs in its backend's `tests/suite.rs` (group `faults`; each
+//! check once). Shared by `matrix.rs` (plain servers) and `matrix_tls.rs` (`--tls`),
+//! which are separate test binaries so the two runs never share the machine's two cores.
 
 use std::process::Command;
 
@@ -23,14 +25,23 @@ fn local_config(backend: &str) -> Config {
     Config::of(backend, url, nodes).unwrap()
 }
 
-/// Runs `tenure matrix --quick` (with `--tls` if `tls`) and checks every cell; returns
+/// Runs `tenure matrix --quick --faults …` on `faults` (with `--tls` if `tls`, with the
+/// shared suite and the performance runs if `with_suite`) and checks every cell; returns
 /// what it wrote and printed.
-pub(crate) fn run_and_check(tls: bool) -> Written {
+pub(crate) fn run_and_check(tls: bool, faults: &[Fault], with_suite: bool) -> Written {
     let out_dir = tempfile::tempdir().unwrap();
+    // In the order the report keeps: that of `Fault::ALL`.
+    let chosen: Vec<Fault> = Fault::ALL
+        .into_iter()
+        .filter(|f| faults.contains(f))
+        .collect();
+    let names: Vec<&str> = chosen.iter().map(|f| f.name()).collect();
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
         // Exit status on ⚠ is tested in matrix_exit.rs; here each cell is checked below.
         .args(["matrix", "--quick", "--allow-mismatch", "--out"])
         .arg(out_dir.path())
+        .args(["--faults", &names.join(",")])
+        .args(with_suite.then_some("--with-suite"))
         .args(tls.then_some("--tls"))
         .env_remove("TENURE_URL")
         .output()
@@ -46,7 +57,10 @@ pub(crate) fn run_and_check(tls: bool) -> Written {
         .map(|b| b["backend"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["redis", "redlock", "etcd", "zk", "postgres"]);
-    let scenarios = tenure_conformance::scenarios().len();
+    let scenarios = match with_suite {
+        true => tenure_conformance::scenarios().len(),
+        false => 0,
+    };
     for backend in backends {
         let name = backend["backend"].as_str().unwrap();
         assert!(backend["error"].is_null(), "{name}: {}", backend["error"]);
@@ -56,9 +70,9 @@ pub(crate) fn run_and_check(tls: bool) -> Written {
             assert_ne!(scenario["result"], "failed", "{name}: {scenario}");
         }
         let faults = backend["faults"].as_array().unwrap();
-        assert_eq!(faults.len(), Fault::ALL.len(), "{name}");
+        assert_eq!(faults.len(), chosen.len(), "{name}");
         let config = local_config(name);
-        for (fault, kind) in faults.iter().zip(Fault::ALL) {
+        for (fault, &kind) in faults.iter().zip(&chosen) {
             let cell = &fault["cell"];
             let title = kind.title();
             assert_eq!(fault["title"], title, "{name}");
@@ -123,44 +137,53 @@ pub(crate) fn run_and_check(tls: bool) -> Written {
                 other => panic!("{name}: status {other}"),
             }
         }
-        let verdicts = |fault: &str| -> Vec<String> {
-            let cell = &faults.iter().find(|f| f["fault"] == fault).unwrap()["cell"];
-            cell["counts"]
-                .as_object()
-                .map(|c| c.keys().cloned().collect())
-                .unwrap_or_default()
+        // The chosen cells' verdicts, by name (`None`: not chosen).
+        let verdicts = |fault: &str| -> Option<Vec<String>> {
+            let cell = &faults.iter().find(|f| f["fault"] == fault)?["cell"];
+            Some(
+                cell["counts"]
+                    .as_object()
+                    .map(|c| c.keys().cloned().collect())
+                    .unwrap_or_default(),
+            )
         };
         // Every lease lock is violated by a holder paused past its TTL; fencing contains it.
-        assert_eq!(verdicts("paused-holder"), ["F-SAFE"], "{name}");
-        // So are a semaphore's permit and an election's leadership: each is a lease.
-        assert_eq!(verdicts("paused-permit-holder"), ["F-SAFE"], "{name}");
-        assert_eq!(verdicts("paused-leader"), ["F-SAFE"], "{name}");
-        // A late grant is never believed: deadlines count from when the request was sent;
-        // a release frees the lock on arrival, however late its reply.
-        assert_eq!(verdicts("delayed-reply"), ["SAFE"], "{name}");
-        assert_eq!(verdicts("blackhole"), ["SAFE"], "{name}");
-        // A holder partitioned into a minority cannot prove its lease: ZooKeeper proves
-        // grants and renewals through the leader, Redlock renews only on a majority.
-        if matches!(name, "zk" | "redlock") {
-            assert_eq!(verdicts("minority-partition"), ["SAFE"], "{name}");
-        }
-        assert_eq!(verdicts("connection-cut"), ["SAFE"], "{name}");
-        if matches!(name, "etcd" | "zk" | "postgres") {
-            for fault in faults {
-                assert!(!verdicts(fault["fault"].as_str().unwrap()).contains(&"UNSAFE".into()));
+        for fault in ["paused-holder", "paused-permit-holder", "paused-leader"] {
+            if let Some(seen) = verdicts(fault) {
+                assert_eq!(seen, ["F-SAFE"], "{name} / {fault}");
             }
         }
-        assert_eq!(backend["perf"].as_array().unwrap().len(), 3, "{name}");
+        // A late grant is never believed; a release frees the lock on arrival.
+        for fault in ["delayed-reply", "blackhole", "connection-cut"] {
+            if let Some(seen) = verdicts(fault) {
+                assert_eq!(seen, ["SAFE"], "{name} / {fault}");
+            }
+        }
+        if matches!(name, "etcd" | "zk" | "postgres") {
+            for fault in faults {
+                let seen = verdicts(fault["fault"].as_str().unwrap()).unwrap();
+                assert!(!seen.contains(&"UNSAFE".into()), "{name}: {fault}");
+            }
+        }
+        let perf_modes = if with_suite { 3 } else { 0 };
+        assert_eq!(
+            backend["perf"].as_array().unwrap().len(),
+            perf_modes,
+            "{name}"
+        );
         for check in backend["checks"].as_array().unwrap() {
             assert!(check["consistent"] != false, "⚠ {name}: {check}");
         }
     }
     // Seeds 001/004: a Redis failover or a restart without persistence loses the grant;
     // the clock-floored fence counter keeps either from going uncontained. (Each double
-    // grant itself is asserted deterministically in backend-redis/tests/faults.rs.)
+    // grant itself is asserted deterministically in backend-redis/tests/it/faults.rs.)
     let redis = backends[0]["faults"].as_array().unwrap();
     for fault in ["replica-failover", "restart"] {
-        let cell = &redis.iter().find(|f| f["fault"] == fault).unwrap()["cell"];
+        let Some(cell) = redis.iter().find(|f| f["fault"] == fault) else {
+            continue;
+        };
+        let cell = &cell["cell"];
         if tls && fault == "replica-failover" {
             // The primary-replica pair runs without TLS: not this mode's servers.
             assert_eq!(cell["status"], "not-injectable", "{fault}: {cell}");

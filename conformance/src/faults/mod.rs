@@ -439,6 +439,48 @@ impl Cell {
         }
     }
 
+    /// Whether the cell's lost updates agree with its verdicts: an update is lost only
+    /// where two clients held at once (`F-SAFE`, `UNSAFE`), and the fenced store loses
+    /// one only where fencing did not contain it (`UNSAFE`). A holder paused past its TTL
+    /// (`fault` one of the paused ones) writes once it wakes, after the contender's
+    /// write: each trial counted writes twice and loses one update in the store that
+    /// ignores tokens (Jepsen's lock workload). The reason, if they disagree.
+    pub fn check_updates(&self, fault: Fault) -> Result<(), String> {
+        let Cell::Ran {
+            counts, updates, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let count = |verdict| counts.get(&verdict).copied().unwrap_or(0) as u64;
+        let counted: u64 = counts.values().map(|&n| n as u64).sum();
+        let held_twice = count(Verdict::FencedSafe) + count(Verdict::Unsafe);
+        let summary = self.summary();
+        if held_twice == 0 && updates.unfenced > 0 {
+            return Err(format!(
+                "{summary}, yet the plain store lost {} updates: {updates:?}",
+                updates.unfenced
+            ));
+        }
+        if count(Verdict::Unsafe) == 0 && updates.fenced > 0 {
+            return Err(format!(
+                "{summary}, yet the fenced store lost {} updates: {updates:?}",
+                updates.fenced
+            ));
+        }
+        let paused = matches!(
+            fault,
+            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader
+        );
+        if paused && (updates.updates != 2 * counted || updates.unfenced != counted) {
+            return Err(format!(
+                "{summary}: each paused holder writes once after the contender, losing one \
+                 update in the plain store; counted {updates:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Why the cell did not run (`None` if it ran).
     pub fn reason(&self) -> Option<&str> {
         match self {

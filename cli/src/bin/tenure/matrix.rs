@@ -34,6 +34,9 @@ pub(crate) struct MatrixArgs {
     /// `blackhole,lost-reply`), without the shared suite and the performance runs.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// With `--faults`: run the shared suite and the performance runs too.
+    #[arg(long, requires = "faults")]
+    with_suite: bool,
     /// Prints the names of the deliberately broken variants (run one with
     /// `--backends broken:NAME`), one per line.
     #[arg(long, hide = true)]
@@ -107,7 +110,7 @@ pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {
             .map(|name| fault_named(name))
             .collect::<Result<Vec<_>, _>>()?;
         options.faults.retain(|f| wanted.contains(f));
-        options.suite_and_perf = false;
+        options.suite_and_perf = args.with_suite;
     }
     if let Some(duration) = args.soak {
         if duration.is_zero() {

@@ -1,0 +1,12 @@
+//! The etcd backend's integration tests against live members the harness starts, one
+//! module per concern, in one test binary (the shared suite, its variants and the fault
+//! suite are `harness = false` binaries of their own).
+
+#[path = "../secured/mod.rs"]
+mod secured;
+
+mod faults;
+mod leases;
+mod observe;
+mod security;
+mod sessions;

@@ -1,0 +1,110 @@
+//! The Redis backend's shared suite (single node, Sentinel, Cluster, secured) and fault
+//! suite on live servers the harness starts (`harness = false`; see
+//! `tenure_conformance::runner::Suites`): one group of named tests per setup, each group's
+//! servers started only if one of its tests is selected.
+//!
+//! - `single::`: The shared suite against a live redis-server started by the harness.
+//! - `secured::`: The shared suite against a redis-server that requires TLS with client
+//!   certificates and a password, as an ACL user that may run only
+//!   [`tenure_redis::ACL_COMMANDS`] on its own prefix: the least privilege the README
+//!   documents, tested with every scenario.
+//! - `sentinel::`: The shared suite through Redis Sentinel: a primary with two replicas and
+//!   three sentinels started by the harness, reached as `redis+sentinel://s1,s2,s3/tenure`.
+//! - `cluster::`: The shared suite on a Redis Cluster (three primaries, each with a
+//!   replica) started by the harness, reached as `redis+cluster://h1,…,h6`.
+//! - `faults::`: The fault suite (`tenure_conformance::faults`, the matrix's) against a
+//!   live redis-server under the clock shim, and Redis deployments the suite starts (an
+//!   asynchronous replica, Sentinel, Cluster): every fault, checked against the table's row
+//!   for Redis (`?fence=clock`, the default).
+
+use std::sync::Arc;
+use std::time::Duration;
+use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::FaultTarget;
+use tenure_conformance::servers::dyn_nodes;
+use tenure_conformance::servers::redis::sentinel::{RedisSentinels, MASTER_NAME};
+use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::{runner, UrlHarness};
+use tenure_redis::{RedisConfig, RedisLock};
+
+fn main() {
+    runner::Suites::new()
+        .suite("single", || async {
+            let cluster = RedisCluster::start(RedisOptions::default()).await?;
+            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
+            Ok(
+                UrlHarness::new("redis", "redis://{hosts}", targets, |url| async move {
+                    RedisLock::connect(&url).await
+                })
+                .cut_query("command_timeout_ms=300")
+                .owning(cluster),
+            )
+        })
+        .suite("secured", || async {
+            let cluster =
+                RedisCluster::start(RedisOptions::default().secured(tenure_redis::ACL_COMMANDS))
+                    .await?;
+            let secrets = cluster.secrets().expect("a secured cluster").clone();
+            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
+            let template = secrets.url("rediss", "{hosts}");
+            Ok(
+                UrlHarness::new("redis", &template, targets, |url| async move {
+                    RedisLock::connect(&url).await
+                })
+                .cut_query("request_timeout_ms=300")
+                .owning(cluster),
+            )
+        })
+        .suite("sentinel", || async {
+            // Slow to declare the primary down: no failover here unless a test causes one.
+            let group = RedisSentinels::start(Duration::from_secs(15)).await?;
+            let sentinels = group.sentinel_addrs();
+            let template = format!("redis+sentinel://{{hosts}}/{MASTER_NAME}");
+            Ok(
+                UrlHarness::new("redis-sentinel", &template, sentinels, |url| async move {
+                    RedisLock::connect(&url).await
+                })
+                .without_link_cuts()
+                .owning(group),
+            )
+        })
+        .suite("cluster", || async {
+            // Slow to fail a primary over: no failover here unless a test causes one.
+            let cluster = RedisShardedCluster::start(Duration::from_secs(15)).await?;
+            let seeds = cluster.nodes().iter().map(|n| n.addr()).collect();
+            Ok(UrlHarness::new(
+                "redis-cluster",
+                "redis+cluster://{hosts}",
+                seeds,
+                |url| async move { RedisLock::connect(&url).await },
+            )
+            // The client learns every node's address from the cluster itself, around
+            // any proxy in the URL.
+            .without_link_cuts()
+            .owning(cluster))
+        })
+        .faults("faults", || async {
+            let cluster = RedisCluster::start(RedisOptions::default().clock_shim(true)).await?;
+            let nodes = dyn_nodes(cluster.nodes());
+            let targets = nodes.iter().map(|n| n.addr()).collect();
+            let harness = UrlHarness::new("redis", "redis://{hosts}", targets, |url| async move {
+                RedisLock::connect(&url).await
+            })
+            .cut_query("request_timeout_ms=300")
+            .follow_nodes(&nodes)
+            .owning(cluster);
+            let url = harness.url();
+            let redis = RedisConfig::from_url(&url)?;
+            let target = FaultTarget::new("redis", harness, Duration::from_millis(500))
+                .await?
+                .with_nodes(nodes)
+                .with_clock_shim()
+                .with_patient_query("request_timeout_ms=5000")
+                .with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
+            let config = Config::of("redis", &url, 1)?;
+            Ok((target, move |fault| expect::expect(&config, fault)))
+        })
+        .run()
+        .exit();
+}
