@@ -437,9 +437,13 @@ impl DistributedLock for EtcdLock {
                 // The value as it is: the owner and the grant's label.
                 current.value(),
                 Some(PutOptions::new().with_lease(new_id)),
-            )]);
+            )])
+            .or_else([TxnOp::get(path.as_str(), None)]);
         let moved = match self.rpc.txn("extend txn", txn).await {
             Ok(reply) if reply.succeeded() => Ok(()),
+            // Already on the new lease: moved by an earlier call whose reply was lost (a
+            // session's lease is the same for every call with this TTL).
+            Ok(reply) if moved_by_earlier(&reply, lease, new_id) => Ok(()),
             Ok(_) => Err(LockError::lost(format!(
                 "`{}` is no longer held by {}",
                 lease.key(),
@@ -457,7 +461,7 @@ impl DistributedLock for EtcdLock {
             },
         };
         if let Err(e) = moved {
-            // The key is not on the new lease: it can go.
+            // The key is known not to be on the new lease: it can go.
             fresh.armed = true;
             self.abandon(fresh).await;
             return Err(e);
@@ -582,6 +586,18 @@ impl DistributedLock for EtcdLock {
 /// Whether `current` is the key `lease` was granted on.
 fn is_ours(current: &KeyValue, lease: &Lease) -> bool {
     is_ours_on(current, lease, lease.handle().id)
+}
+
+/// Whether a move's transaction that did not apply found `lease`'s key on `new_id`
+/// already (its `or_else` read).
+fn moved_by_earlier(reply: &etcd_client::TxnResponse, lease: &Lease, new_id: i64) -> bool {
+    reply.op_responses().into_iter().any(|op| match op {
+        etcd_client::TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .is_some_and(|kv| is_ours_on(kv, lease, new_id)),
+        _ => false,
+    })
 }
 
 /// Whether `current` is `lease`'s key, attached to etcd lease `lease_id`.

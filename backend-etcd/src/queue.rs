@@ -200,9 +200,10 @@ impl EtcdLock {
     }
 
     /// Grants a lease and queues a key on it. The ticket says whether it is first. On an
-    /// error nothing is left queued: the lease is revoked (a put still in flight then
-    /// fails on it), or a session's key deleted (a late put is then deleted by the
-    /// session, as a key it does not know).
+    /// error the key is removed: its lease revoked (a put still in flight then fails on
+    /// it; if the revoke gets no reply, the lease, unrenewed, ends within its TTL), or a
+    /// session's key deleted (a late put is then deleted by the session, as a key it
+    /// does not know).
     pub(crate) async fn enqueue(
         &self,
         key: &LockKey,

@@ -8,8 +8,9 @@ use std::time::Duration;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tenure_api::{async_trait, LockError, LockKey};
 use tenure_conformance::faults::WaiterRecords;
+use tokio::sync::Semaphore;
 
-use crate::rpc::Rpc;
+use crate::rpc::{bounded, Rpc};
 use crate::EtcdLock;
 
 #[async_trait]
@@ -42,14 +43,18 @@ impl WaiterRecords for EtcdLock {
 
 /// What befalls one request of an [`EtcdLock`] in the lab: how a network and a Raft log
 /// treat a request whose caller gives up on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum RequestFault {
-    /// Sent and applied; its reply is lost, and the caller sees its timeout once the
-    /// request has applied.
+    /// Sent once and applied (within the request timeout); its reply is lost, and the
+    /// caller sees its timeout once the request has applied.
     ReplyLost,
-    /// Held back for this long and then sent (a proposal that commits after its caller
-    /// gave up); the caller sees a timeout at once.
-    Late(Duration),
+    /// Held back until `gate` gives it a permit, then sent (a proposal that commits
+    /// after its caller gave up); the caller sees a timeout at once. The test decides
+    /// when it lands: `gate.add_permits(n)` lets `n` held requests go.
+    Held(Arc<Semaphore>),
+    /// Sent after this long, the caller waiting for its reply (a slow link): requests
+    /// sent meanwhile on other paths land first.
+    Slow(Duration),
 }
 
 /// Which fault, if any, befalls a request, by the name its errors carry (`"enqueue
@@ -58,7 +63,9 @@ pub type RequestFaults = Arc<dyn Fn(&str) -> Option<RequestFault> + Send + Sync>
 
 impl EtcdLock {
     /// This handle (and its clones made after this call) with `faults` applied to its
-    /// requests; the keep-alives of its session leases are left alone.
+    /// own requests. Its sessions' requests (session lease grants, their keep-alives,
+    /// and the deletes and listings of their task) go out unfaulted: the sessions were
+    /// made at connect.
     pub fn with_request_faults(mut self, faults: RequestFaults) -> Self {
         self.rpc.faults = Some(faults);
         self
@@ -73,18 +80,24 @@ impl Rpc {
         fault: RequestFault,
         request: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
     ) -> Result<T, LockError> {
+        let (endpoint, limit) = (self.config.hosts.join(","), self.config.request_timeout);
         match fault {
             RequestFault::ReplyLost => {
-                let _ = request.await;
+                let _ = tokio::time::timeout(limit, request).await;
             }
-            RequestFault::Late(delay) => {
+            RequestFault::Held(gate) => {
                 tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = request.await;
+                    if let Ok(permit) = gate.acquire_owned().await {
+                        permit.forget();
+                        let _ = request.await;
+                    }
                 });
             }
+            RequestFault::Slow(delay) => {
+                tokio::time::sleep(delay).await;
+                return bounded(&self.config, limit, what, request).await;
+            }
         }
-        let (endpoint, limit) = (self.config.hosts.join(","), self.config.request_timeout);
         Err(LockError::no_reply(what, &endpoint, limit))
     }
 }

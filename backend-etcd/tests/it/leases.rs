@@ -11,6 +11,7 @@ use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_etcd::{EtcdLock, RequestFault, RequestFaults};
+use tokio::sync::Semaphore;
 
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("leases/{name}")).unwrap()
@@ -346,12 +347,20 @@ async fn a_slow_session_grant_never_delays_an_extend() {
 /// A fault plan: `fault` for every request named `what`, and a count of them.
 fn faults(plan: Vec<(&'static str, RequestFault)>, fired: Arc<AtomicUsize>) -> RequestFaults {
     Arc::new(move |what: &str| {
-        let fault = plan.iter().find(|(name, _)| *name == what).map(|(_, f)| *f);
+        let fault = plan.iter().find(|(name, _)| *name == what);
+        let fault = fault.map(|(_, fault)| fault.clone());
         if fault.is_some() {
             fired.fetch_add(1, Ordering::SeqCst);
         }
         fault
     })
+}
+
+/// Lets every request `gate` held go, and gives them time to land (one round trip each on
+/// a loopback member; landing later could only hide a defect, never fail a sound client).
+async fn release_held(gate: &Semaphore) {
+    gate.add_permits(64);
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 /// Defect (issue 58, 11): an enqueue applied with its reply lost was undone with a revoke
@@ -363,15 +372,12 @@ fn faults(plan: Vec<(&'static str, RequestFault)>, fired: Arc<AtomicUsize>) -> R
 async fn a_retried_enqueue_is_never_undone_under_its_own_grant() {
     let cluster = EtcdCluster::start(1).await.unwrap();
     let addr = cluster.members()[0].addr().to_string();
-    let fired = Arc::new(AtomicUsize::new(0));
-    let lost_once = Arc::new(AtomicUsize::new(0));
+    let (revokes, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
     let plan = faults(
-        vec![(
-            "lease revoke",
-            RequestFault::Late(Duration::from_millis(1500)),
-        )],
-        fired.clone(),
+        vec![("lease revoke", RequestFault::Held(gate.clone()))],
+        revokes.clone(),
     );
+    let lost_once = Arc::new(AtomicUsize::new(0));
     let holder = connect(&addr, "lease=per-lock").await.with_request_faults({
         let lost_once = lost_once.clone();
         Arc::new(move |what: &str| {
@@ -392,15 +398,15 @@ async fn a_retried_enqueue_is_never_undone_under_its_own_grant() {
         lost_once.load(Ordering::SeqCst) >= 1,
         "the fault fired: the first enqueue's reply was lost"
     );
-    // Any revoke sent lands 1.5 s after it was sent.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Whatever clean-up the acquire sent lands now, after the grant.
+    release_held(&gate).await;
     let queued = queue(&mut client, &holder, &k).await;
     assert_eq!(queued.len(), 1, "the holder's key is queued: {queued:?}");
     assert!(lease.valid_until() > Instant::now() + Duration::from_secs(5));
     assert!(
         contender.try_acquire(&k, ttl).await.unwrap().is_none(),
         "the lock was freed under its holder ({} revokes sent)",
-        fired.load(Ordering::SeqCst)
+        revokes.load(Ordering::SeqCst)
     );
     holder.release(lease).await.unwrap();
 }
@@ -415,6 +421,7 @@ async fn an_extend_whose_move_lands_late_never_frees_the_lock() {
     let cluster = EtcdCluster::start(1).await.unwrap();
     let addr = cluster.members()[0].addr().to_string();
     let fired = Arc::new(AtomicUsize::new(0));
+    let (moves, revokes) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let holder = connect(&addr, "lease=per-lock").await;
     let contender = connect(&addr, "").await;
     let mut client = plain(&cluster).await;
@@ -428,11 +435,8 @@ async fn an_extend_whose_move_lands_late_never_frees_the_lock() {
     let old_lease = queue(&mut client, &holder, &k).await[0].1;
     let faulty = holder.clone().with_request_faults(faults(
         vec![
-            ("extend txn", RequestFault::Late(Duration::from_millis(500))),
-            (
-                "lease revoke",
-                RequestFault::Late(Duration::from_millis(1000)),
-            ),
+            ("extend txn", RequestFault::Held(moves.clone())),
+            ("lease revoke", RequestFault::Held(revokes.clone())),
         ],
         fired.clone(),
     ));
@@ -442,8 +446,14 @@ async fn an_extend_whose_move_lands_late_never_frees_the_lock() {
         .expect_err("the move's reply never came");
     assert!(error.is_retryable(), "{error}");
     assert!(fired.load(Ordering::SeqCst) >= 1, "the fault fired");
-    // The move lands 0.5 s after it was sent; any revoke, 1 s after.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The move lands after the call gave up on it, then whatever clean-up it sent.
+    release_held(&moves).await;
+    let queued = queue(&mut client, &holder, &k).await;
+    assert!(
+        queued.len() == 1 && queued[0].1 != old_lease,
+        "the late move re-attached the key to its new lease: {queued:?}"
+    );
+    release_held(&revokes).await;
     assert!(lease.valid_until() > Instant::now() + Duration::from_secs(5));
     assert!(
         contender
@@ -454,9 +464,77 @@ async fn an_extend_whose_move_lands_late_never_frees_the_lock() {
         "the lock was freed while its holder believed it held ({} faults fired)",
         fired.load(Ordering::SeqCst)
     );
+}
+
+/// Defect (found in review): on a session lease every move to one TTL goes to the same
+/// lease, so a retried `extend` whose move was refused because an earlier call's move had
+/// landed meanwhile (after the retry read the key) deleted the key from that lease —
+/// under its holder. The refused move now reads the key back and takes the earlier move
+/// as its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_extend_takes_a_late_move_as_its_own_on_a_session_lease() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let addr = cluster.members()[0].addr().to_string();
+    let fired = Arc::new(AtomicUsize::new(0));
+    let moves = Arc::new(Semaphore::new(0));
+    let holder = connect(&addr, "lease=session").await;
+    let contender = connect(&addr, "").await;
+    let mut client = plain(&cluster).await;
+    let k = key("retried-move");
+
+    let mut lease = holder
+        .try_acquire(&k, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free");
+    let old_lease = queue(&mut client, &holder, &k).await[0].1;
+    let once = Arc::new(AtomicUsize::new(0));
+    // The first call's move is held; the retry's, once the retry has read the key still
+    // on its old lease, lets it go and follows it 300 ms later.
+    let faulty = holder.clone().with_request_faults({
+        let (once, moves, fired) = (once.clone(), moves.clone(), fired.clone());
+        Arc::new(move |what: &str| match what {
+            "extend txn" if once.fetch_add(1, Ordering::SeqCst) == 0 => {
+                fired.fetch_add(1, Ordering::SeqCst);
+                Some(RequestFault::Held(moves.clone()))
+            }
+            "extend txn" => {
+                moves.add_permits(1);
+                Some(RequestFault::Slow(Duration::from_millis(300)))
+            }
+            _ => None,
+        })
+    });
+    let ttl = Duration::from_secs(30);
+    let error = faulty.extend(&mut lease, ttl).await.expect_err("no reply");
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(
+        queue(&mut client, &holder, &k).await[0].1,
+        old_lease,
+        "the first move is still held"
+    );
+    faulty
+        .extend(&mut lease, ttl)
+        .await
+        .expect("the retry takes the earlier move as its own");
     let queued = queue(&mut client, &holder, &k).await;
     assert!(
-        queued.len() == 1 && queued[0].1 != old_lease,
-        "the late move re-attached the key to its new lease: {queued:?}"
+        fired.load(Ordering::SeqCst) == 1 && once.load(Ordering::SeqCst) == 2,
+        "the fault fired: two moves were sent"
     );
+    assert!(
+        queued.len() == 1 && queued[0].1 != old_lease,
+        "the key lives on the lease it was moved to: {queued:?}"
+    );
+    let queued = queue(&mut client, &holder, &k).await;
+    assert_eq!(queued.len(), 1, "the key is still there: {queued:?}");
+    assert!(
+        contender
+            .try_acquire(&k, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock was freed under its holder"
+    );
+    holder.release(lease).await.unwrap();
 }
