@@ -258,8 +258,8 @@ fn refusal(error: &etcd_client::Error) -> Option<&'static str> {
     };
     match i32::from(status.code()) {
         code::PERMISSION_DENIED => Some(
-            "the user's roles do not grant readwrite on the lock prefix: see the README's \
-             least-privilege section",
+            "the user's roles do not grant readwrite on the lock prefix: see tenure's \
+             docs/security.md, etcd's least privilege",
         ),
         code::INVALID_ARGUMENT if status.message().contains("authentication failed") => {
             Some("wrong user or password")

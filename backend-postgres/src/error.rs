@@ -96,7 +96,7 @@ pub(crate) fn map_err(config: &PgConfig, what: &str, error: sqlx::Error) -> Lock
     if code.as_deref() == Some(INSUFFICIENT_PRIVILEGE) {
         return LockError::Config(format!(
             "{message} (the role lacks a privilege tenure needs: PgConfig::grant_sql gives \
-             the GRANT statements, see the README's security section)"
+             the GRANT statements, see tenure's docs/security.md)"
         ));
     }
     if class == Some("28") && message.contains("no encryption") {

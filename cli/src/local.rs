@@ -55,8 +55,8 @@ pub struct LocalOptions {
     /// turns `clock_gettime` into a syscall: leave it off for benchmarks).
     pub clock_shim: bool,
     /// Servers that require TLS with client certificates from a throwaway CA and a
-    /// password, and clients as a user with only the privileges the README's Security
-    /// section lists: Redis ACL user on its prefix, etcd role on its prefix, ZooKeeper
+    /// password, and clients as a user with only the privileges docs/security.md
+    /// lists: Redis ACL user on its prefix, etcd role on its prefix, ZooKeeper
     /// digest ACL on its chroot, Postgres role granted [`PgConfig::grant_sql`].
     ///
     /// [`PgConfig::grant_sql`]: tenure_postgres::PgConfig::grant_sql

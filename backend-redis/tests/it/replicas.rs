@@ -24,7 +24,7 @@ fn key(name: &str) -> LockKey {
 }
 
 /// A client of the pair's primary that asks one replica to confirm every write, as an
-/// ACL user with exactly [`tenure_redis::ACL_COMMANDS`] on its prefix (the README's
+/// ACL user with exactly [`tenure_redis::ACL_COMMANDS`] on its prefix (docs/security.md's
 /// least privilege: `WAIT` included), and waits for it [`PATIENT`]ly.
 async fn confirming(pair: &RedisReplicaPair) -> RedisLock {
     confirming_as(pair, "locker", &[], PATIENT).await

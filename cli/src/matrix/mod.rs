@@ -43,7 +43,7 @@ pub struct MatrixOptions {
     /// some fault cells).
     pub suite_and_perf: bool,
     /// Local servers require TLS, client certificates and a password, and clients have
-    /// only the privileges the README's Security section lists (`--tls`).
+    /// only the privileges docs/security.md lists (`--tls`).
     pub tls: bool,
     /// A chaos run instead of one cell per fault (`--soak`).
     pub soak: Option<Soak>,

@@ -500,8 +500,8 @@ pub fn markdown(matrix: &Matrix) -> String {
         let _ = writeln!(
             out,
             "Secured servers (`--tls`): every server required TLS with a client certificate \
-             and a password; clients had only the privileges of the README's Security \
-             section.\n"
+             and a password; clients had only the privileges docs/security.md \
+             lists.\n"
         );
     }
     let _ = writeln!(

@@ -46,7 +46,7 @@ pub(crate) struct MatrixArgs {
     clusters: Option<PathBuf>,
     /// Start local servers that require TLS (certificates from a throwaway CA, client
     /// certificates too) and a password, and connect as a user with only the privileges
-    /// the README's Security section lists.
+    /// docs/security.md lists.
     #[arg(long)]
     tls: bool,
     /// Directory for matrix.md, matrix.json and matrix.html.
