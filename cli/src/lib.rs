@@ -4,7 +4,12 @@
 //!
 //! This library exists so that the command's integration tests can drive it; it is not a
 //! stable API. Applications depend on the `tenure` crate, which carries none of this.
+//! All of it is behind the default `lab` feature: without it the library is empty and the
+//! command is a plain lock client.
 
+#[cfg(feature = "lab")]
 pub mod bench;
+#[cfg(feature = "lab")]
 pub mod local;
+#[cfg(feature = "lab")]
 pub mod matrix;

@@ -12,7 +12,9 @@ use tenure::{
     LockKey, OwnerId, ReleaseOutcome, Semaphore,
 };
 
+#[cfg(feature = "lab")]
 mod bench;
+#[cfg(feature = "lab")]
 mod matrix;
 mod run;
 
@@ -48,11 +50,13 @@ struct Cli {
 enum Command {
     /// Measure lock cycles/s and latency (JSON lines with --json), optionally against the
     /// raw protocol floor; --all-local starts every backend's servers and runs them all.
+    #[cfg(feature = "lab")]
     Bench(bench::BenchArgs),
     /// The decision matrix, measured: starts every backend's servers (or uses
     /// --clusters), runs the suite, fault scenarios and a performance run, and writes
     /// matrix.md, matrix.json and matrix.html. Exits 1 when a cell is outside the
     /// verdicts its protocol allows (⚠), unless --allow-mismatch.
+    #[cfg(feature = "lab")]
     Matrix(matrix::MatrixArgs),
     /// Run CMD while holding the lock; renews it and passes TENURE_FENCE and TENURE_KEY.
     /// CMD runs in its own process group, which is stopped (SIGTERM, then SIGKILL after
@@ -274,16 +278,18 @@ impl LockArgs {
 
 async fn run(cli: Cli) -> Result<ExitCode, LockError> {
     match &cli.command {
+        #[cfg(feature = "lab")]
         Command::Bench(args) => return until_stopped(bench::run(cli.url.as_deref(), args)).await,
+        #[cfg(feature = "lab")]
         Command::Matrix(args) => return until_stopped(matrix::run(args)).await,
         _ => {}
     }
     let config = config(&cli)?;
     let lock = config.connect().await?;
     match cli.command {
-        Command::Bench(_) | Command::Matrix(_) | Command::Keeper { .. } => {
-            unreachable!("handled above")
-        }
+        #[cfg(feature = "lab")]
+        Command::Bench(_) | Command::Matrix(_) => unreachable!("handled above"),
+        Command::Keeper { .. } => unreachable!("handled above"),
         Command::Run {
             lock: args,
             grace,
@@ -411,6 +417,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 /// Runs `work` until it ends or tenure gets SIGTERM, SIGINT or SIGHUP. On a signal the
 /// work is dropped, which stops the servers it started (they run in process groups of
 /// their own, out of reach of a terminal's Ctrl-C), and tenure exits 128+signal.
+#[cfg(feature = "lab")]
 async fn until_stopped(
     work: impl std::future::Future<Output = Result<ExitCode, LockError>>,
 ) -> Result<ExitCode, LockError> {
