@@ -12,9 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use tenure_api::admin::{percent_decode, undecodable};
-use tenure_api::{
-    parse_holder_text, FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem,
-};
+use tenure_api::backend::parse_holder_text;
+use tenure_api::{FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
 use crate::rpc::is_lease_gone;
 use crate::EtcdLock;

@@ -15,9 +15,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
-use tenure_api::{
-    async_trait, parse_holder_text, FeedSource, FencingToken, HolderFeed, HolderInfo, LockError,
-};
+use tenure_api::backend::{parse_holder_text, FeedSource};
+use tenure_api::{async_trait, FencingToken, HolderFeed, HolderInfo, LockError};
 
 use crate::rpc::{convert, Rpc};
 
@@ -35,7 +34,7 @@ pub(crate) fn holder_feed(rpc: Rpc, prefix: String) -> HolderFeed {
         shown: None,
         ready: VecDeque::new(),
     };
-    tenure_api::holder_feed(feed)
+    tenure_api::backend::holder_feed(feed)
 }
 
 struct Feed {

@@ -18,10 +18,11 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
 };
+use tenure_api::backend::{default_drift, parse_holder_text, Backend, Driver};
 use tenure_api::{
-    default_drift, parse_holder_text, validate_ttl, AcquireOptions, Backend, Capabilities,
-    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
-    LockError, LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
+    FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication,
+    WaitKind,
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};

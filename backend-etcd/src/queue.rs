@@ -9,9 +9,9 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, WatchFilterType, WatchOptions,
 };
+use tenure_api::backend::{default_drift, holder_text};
 use tenure_api::{
-    default_drift, holder_text, Clock, FencingToken, Lease, LeaseHandle, LockError, LockKey,
-    OwnerId, SystemClock,
+    Clock, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId, SystemClock,
 };
 
 use crate::rpc::{convert, delete_on_lease, is_lease_gone, Rpc};

@@ -171,7 +171,7 @@ pub(crate) async fn bounded<T>(
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, LockError> {
     let endpoint = config.hosts.join(",");
-    tenure_api::bounded(limit, what, &endpoint, request, |e| {
+    tenure_api::backend::bounded(limit, what, &endpoint, request, |e| {
         convert(config, what, e)
     })
     .await

@@ -6,10 +6,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Executor, Row};
-use tenure_api::{
-    default_drift, holder_text, FencingToken, Lease, LeaseHandle, LeaseTie, LockError, LockKey,
-    LossNotice, OwnerId,
-};
+use tenure_api::backend::{default_drift, holder_text, LeaseTie, LossNotice};
+use tenure_api::{FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::client::{discard, Dedicated};

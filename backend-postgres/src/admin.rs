@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Row};
-use tenure_api::{
-    parse_holder_text, FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem,
-};
+use tenure_api::backend::parse_holder_text;
+use tenure_api::{FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
 use crate::error::map_err;
 use crate::PgLock;

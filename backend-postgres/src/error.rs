@@ -32,7 +32,7 @@ pub(crate) async fn bounded_for<T>(
     future: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, LockError> {
     let endpoint = config.endpoint();
-    tenure_api::bounded(limit, what, &endpoint, future, |e| map_err(config, what, e)).await
+    tenure_api::backend::bounded(limit, what, &endpoint, future, |e| map_err(config, what, e)).await
 }
 
 pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {

@@ -7,9 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use sqlx::Executor;
-use tenure_api::{
-    FencingToken, Lease, LeaseDropped, LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome,
-};
+use tenure_api::backend::LossNotice;
+use tenure_api::{FencingToken, Lease, LeaseDropped, LockError, LockKey, OwnerId, ReleaseOutcome};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use crate::client::{discard, rollback_and_recycle, Dedicated};

@@ -22,10 +22,11 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
 use sqlx::Connection;
 use sqlx::{AssertSqlSafe, Executor, Row};
+use tenure_api::backend::{default_drift, parse_holder_text, Backend, Driver, LossNotice};
 use tenure_api::{
-    default_drift, parse_holder_text, validate_ttl, AcquireOptions, Backend, Capabilities,
-    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
-    LockError, LockKey, LossNotice, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
+    FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication,
+    WaitKind,
 };
 use tokio::sync::{oneshot, Semaphore};
 
@@ -395,7 +396,7 @@ impl DistributedLock for PgLock {
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
         opts.validate()?;
-        let keys = tenure_api::validate_keys(keys)?;
+        let keys = tenure_api::backend::validate_keys(keys)?;
         let started = Instant::now();
         let label = opts.label.as_deref();
         let failed = match self
@@ -407,7 +408,7 @@ impl DistributedLock for PgLock {
             Err(e) if e.is_retryable() => Some(e),
             Err(e) => return Err(e),
         };
-        tenure_api::wait_for_any(self, keys, opts, started, failed).await
+        tenure_api::backend::wait_for_any(self, keys, opts, started, failed).await
     }
 
     /// # Cancel safety

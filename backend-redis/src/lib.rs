@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tenure_api::backend::{default_drift, validate_keys, Backend, Driver};
 use tenure_api::{
-    default_drift, validate_keys, validate_ttl, AcquireOptions, Backend, Capabilities,
-    DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease,
-    LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, WaitKind,
+    validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
+    FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome,
+    Replication, WaitKind,
 };
 
 pub use config::{
@@ -1146,7 +1147,7 @@ impl DistributedLock for RedisLock {
         }
         let drift = default_drift(ttl);
         let replied = sent.elapsed();
-        if Instant::now() >= tenure_api::deadline(sent, ttl, drift) {
+        if Instant::now() >= tenure_api::backend::deadline(sent, ttl, drift) {
             return Err(LockError::Unavailable {
                 message: format!(
                     "extend on {}: the reply arrived {replied:?} after sending, past the new \
@@ -1193,7 +1194,7 @@ impl DistributedLock for RedisLock {
     /// script call that takes the first free key (or the one the attempt's owner id
     /// already holds, when a reconnection retried it), and a wait subscribes to every key's release channel
     /// and tries again on any release. On a Redis Cluster, where the keys sit in
-    /// different slots, they are tried one by one ([`tenure_api::acquire_each`]).
+    /// different slots, they are tried one by one ([`tenure_api::backend::acquire_each`]).
     ///
     /// # Cancel safety
     /// As [`acquire`](DistributedLock::acquire): a grant an attempt may have left is
@@ -1206,7 +1207,7 @@ impl DistributedLock for RedisLock {
         if self.is_cluster() {
             // A Redis Cluster: the keys sit in different hash slots, so no one script
             // can see them all.
-            return tenure_api::acquire_each(self, keys, opts).await;
+            return tenure_api::backend::acquire_each(self, keys, opts).await;
         }
         self.acquire_keys(validate_keys(keys)?, opts).await
     }

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use tenure_api::backend::{deadline, default_drift, poll_acquire_woken, Backend, Driver};
 use tenure_api::{
-    deadline, default_drift, poll_acquire_woken, validate_ttl, AcquireOptions, Backend, Backoff,
-    Capabilities, DistributedLock, Driver, ExpiryKind, Fairness, FencingKind, FencingToken,
-    HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication, SystemClock,
-    WaitKind,
+    validate_ttl, AcquireOptions, Backoff, Capabilities, DistributedLock, ExpiryKind, Fairness,
+    FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome,
+    Replication, SystemClock, WaitKind,
 };
 use tenure_redis::{scripts, Grant, Proposal, RedisLock};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
@@ -181,7 +181,7 @@ async fn within<T>(
     call: impl Future<Output = Result<T, LockError>>,
 ) -> Result<T, LockError> {
     let endpoint = node.config().endpoint();
-    tenure_api::bounded(limit, what, &endpoint, call, |e| e).await
+    tenure_api::backend::bounded(limit, what, &endpoint, call, |e| e).await
 }
 
 /// One node's grant: with the node's fence counter, proposing the round's count
@@ -264,7 +264,7 @@ impl Inner {
         let attempt = self.connect_attempt(index);
         let endpoint = &self.endpoints[index];
         let attempt = async move { attempt.await.map_err(|e| copied(&e)) };
-        tenure_api::bounded(limit, "connect", endpoint, attempt, |e| e).await?;
+        tenure_api::backend::bounded(limit, "connect", endpoint, attempt, |e| e).await?;
         self.nodes[index]
             .get()
             .ok_or_else(|| LockError::backend(format!("{endpoint}: connected without a client")))

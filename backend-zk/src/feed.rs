@@ -28,7 +28,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use tenure_api::{async_trait, FeedSource, HolderFeed, HolderInfo, LockError};
+use tenure_api::backend::FeedSource;
+use tenure_api::{async_trait, HolderFeed, HolderInfo, LockError};
 use zookeeper_client::{
     AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
     WatchedEvent,
@@ -52,7 +53,7 @@ pub(crate) fn holder_feed(lock: ZkLock, dir: String) -> HolderFeed {
         shown: None,
         ready: VecDeque::new(),
     };
-    tenure_api::holder_feed(feed)
+    tenure_api::backend::holder_feed(feed)
 }
 
 /// What the feed knows of a lock node.

@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tenure_api::backend::{default_drift, Backend, Driver};
 use tenure_api::{
-    default_drift, validate_ttl, AcquireOptions, Backend, Capabilities, DistributedLock, Driver,
-    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, WaitKind,
+    validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
+    FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication,
+    WaitKind,
 };
 use zookeeper_client::{Acls, Client, Error as ZkError};
 

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tenure_api::{default_drift, FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
+use tenure_api::backend::default_drift;
+use tenure_api::{FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::error::{bounded, reply_lost, session_gone};

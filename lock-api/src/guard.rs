@@ -11,8 +11,9 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::LossNotice;
 use crate::{
-    AcquireOptions, Clock, DistributedLock, FencingToken, Lease, LockError, LockKey, LossNotice,
+    AcquireOptions, Clock, DistributedLock, FencingToken, Lease, LockError, LockKey,
     ReleaseOutcome, SystemClock,
 };
 

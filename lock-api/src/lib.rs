@@ -27,6 +27,7 @@
 //! ```
 
 pub mod admin;
+pub mod backend;
 mod capabilities;
 mod clock;
 mod driver;
@@ -48,20 +49,14 @@ pub use admin::{Finding, LockAdmin, Problem};
 pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, ExpiryKind, Fairness, FencingKind, Replication, WaitKind};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use driver::{Backend, Driver};
 pub use election::{Election, Leader, Leadership};
-pub use error::{bounded, BoxError, LockError};
-pub use feed::{holder_feed, FeedSource};
+pub use error::{BoxError, LockError};
 pub use guard::{renewal_interval, LockExt, LockGuard, LostSignal, WithLockError, SUSPEND_CHECK};
 pub use key::LockKey;
 pub use lease::{
-    deadline, default_drift, holder_text, parse_holder_text, FencingToken, HolderInfo, Lease,
-    LeaseDropped, LeaseHandle, LeaseTie, LossNotice, OwnerId, ReleaseOutcome,
+    FencingToken, HolderInfo, Lease, LeaseDropped, LeaseHandle, OwnerId, ReleaseOutcome,
 };
-pub use lock::{
-    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, wait_for_any, DistributedLock,
-    HolderFeed,
-};
+pub use lock::{DistributedLock, HolderFeed};
 pub use memory::MemoryLock;
 pub use options::{
     validate_label, validate_ttl, AcquireOptions, Backoff, MAX_LABEL, MAX_TTL, MIN_TTL,

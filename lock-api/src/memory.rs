@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use crate::backend::{Backend, Driver};
 use crate::{
-    validate_ttl, AcquireOptions, Backend, Capabilities, Clock, DistributedLock, Driver,
-    ExpiryKind, Fairness, FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey,
-    OwnerId, ReleaseOutcome, Replication, SystemClock, WaitKind,
+    validate_ttl, AcquireOptions, Capabilities, Clock, DistributedLock, ExpiryKind, Fairness,
+    FencingKind, FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome,
+    Replication, SystemClock, WaitKind,
 };
 
 /// Locks in this process's memory: TTL expiry on an injectable [`Clock`], fencing tokens

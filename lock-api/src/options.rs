@@ -213,10 +213,10 @@ mod tests {
     fn holder_texts_round_trip_with_and_without_a_label() {
         let owner = crate::OwnerId::random();
         for label in [None, Some("a"), Some("a:b::c")] {
-            let text = crate::holder_text(owner, label);
-            let parsed = crate::parse_holder_text(&text).unwrap();
+            let text = crate::backend::holder_text(owner, label);
+            let parsed = crate::backend::parse_holder_text(&text).unwrap();
             assert_eq!(parsed, (owner, label.map(str::to_owned)));
         }
-        assert!(crate::parse_holder_text("not-an-owner:label").is_err());
+        assert!(crate::backend::parse_holder_text("not-an-owner:label").is_err());
     }
 }

@@ -38,7 +38,21 @@ use std::sync::Arc;
 
 pub use config::Config;
 pub use tenure_api::urls::redact_url;
-pub use tenure_api::*;
+// The contract and the types a user names, listed (not a glob): what this crate promises.
+/// The implementer's kit, for writing a backend of your own ([`tenure_api::backend`]).
+pub use tenure_api::backend;
+/// The one URL decoder every backend reads its options with.
+pub use tenure_api::urls;
+pub use tenure_api::{
+    async_trait, renewal_interval, validate_label, validate_ttl, AcquireOptions, Backoff, BoxError,
+    Capabilities, Clock, DistributedLock, Election, ExpiryKind, Fairness, FencingKind,
+    FencingToken, Finding, HolderFeed, HolderInfo, Leader, Leadership, Lease, LeaseDropped,
+    LeaseHandle, LockAdmin, LockError, LockExt, LockGuard, LockKey, LostSignal, ManualClock,
+    MemoryLock, OwnerId, Problem, ReleaseOutcome, Replication, Semaphore, SystemClock, WaitKind,
+    WithLockError, MAX_LABEL, MAX_TTL, MIN_TTL, SUSPEND_CHECK,
+};
+
+use tenure_api::backend::Driver;
 
 /// The etcd backend.
 #[cfg(feature = "etcd")]

@@ -285,7 +285,8 @@ async fn a_short_ttl_is_granted_alive_on_a_session_lease() {
         let name = format!("short-{round}");
         // However slow the machine, the deadline counts from a confirmation at most a
         // fifth of the TTL older than the call.
-        let earliest = |started: Instant| started + ttl * 4 / 5 - tenure_api::default_drift(ttl);
+        let earliest =
+            |started: Instant| started + ttl * 4 / 5 - tenure_api::backend::default_drift(ttl);
         let started = Instant::now();
         let mut lease = take(&lock, &name, ttl).await;
         assert!(

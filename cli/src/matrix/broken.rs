@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sqlx::Connection as _;
+use tenure_api::backend::{default_drift, poll_acquire};
 use tenure_api::{
-    async_trait, default_drift, poll_acquire, validate_ttl, AcquireOptions, Capabilities,
-    DistributedLock, FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey, OwnerId,
-    ReleaseOutcome, SystemClock, MAX_TTL,
+    async_trait, validate_ttl, AcquireOptions, Capabilities, DistributedLock, FencingToken,
+    HolderInfo, Lease, LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome, SystemClock,
+    MAX_TTL,
 };
 use tenure_redis::{Grant, RedisLock};
 

@@ -117,7 +117,10 @@ impl DistributedLock for Broken {
 
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.refuse_label("broken")?;
-        tenure_api::poll_acquire(&tenure_api::SystemClock, opts, || self.grant(key, opts.ttl)).await
+        tenure_api::backend::poll_acquire(&tenure_api::SystemClock, opts, || {
+            self.grant(key, opts.ttl)
+        })
+        .await
     }
 
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {

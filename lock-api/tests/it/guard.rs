@@ -584,8 +584,8 @@ async fn a_pushed_loss_is_reported_at_once_and_the_last_drop_is_signalled() {
         .await
         .unwrap()
         .unwrap();
-    let notice = tenure_api::LossNotice::new();
-    let (tie, dropped) = tenure_api::LeaseTie::new(notice.clone());
+    let notice = tenure_api::backend::LossNotice::new();
+    let (tie, dropped) = tenure_api::backend::LeaseTie::new(notice.clone());
     let lease = lease.with_tie(tie);
     let copy = lease.clone();
     let guard = LockGuard::new(lock.clone(), lease);

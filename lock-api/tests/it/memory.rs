@@ -386,7 +386,7 @@ async fn a_wait_of_duration_max_waits_without_bound() {
         "still waiting, neither panicked nor timed out"
     );
     lock.release(held).await.unwrap();
-    let attempt = tenure_api::poll_acquire(&tenure_api::SystemClock, &forever, || async {
+    let attempt = tenure_api::backend::poll_acquire(&tenure_api::SystemClock, &forever, || async {
         Ok(Some(lock.try_acquire(&k, TTL).await?.expect("free")))
     });
     attempt.await.expect("poll_acquire with an unbounded wait");
@@ -410,7 +410,7 @@ async fn a_release_signal_cuts_the_backoff_pause_short() {
         let (release, released) = tokio::sync::oneshot::channel::<()>();
         let released = std::sync::Mutex::new(Some(released));
         let started = tokio::time::Instant::now();
-        let waiter = tenure_api::poll_acquire_woken(
+        let waiter = tenure_api::backend::poll_acquire_woken(
             &tenure_api::SystemClock,
             &slow,
             || lock.try_acquire(&k, TTL),

@@ -1,0 +1,15 @@
+//! The implementer's kit: what a backend crate uses to build a
+//! [`DistributedLock`](crate::DistributedLock) — requests bounded in time, the holder text
+//! its grants store, deadlines counted from when a request was sent, polling and
+//! multi-key helpers, push feeds of holders, a loss the server pushes, and the [`Driver`]
+//! that registers it for URL dispatch. Applications need none of it.
+
+pub use crate::driver::{Backend, Driver};
+pub use crate::error::bounded;
+pub use crate::feed::{holder_feed, FeedSource};
+pub use crate::lease::{
+    deadline, default_drift, holder_text, parse_holder_text, LeaseTie, LossNotice,
+};
+pub use crate::lock::{
+    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, wait_for_any,
+};
