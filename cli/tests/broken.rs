@@ -3,6 +3,8 @@
 //! targets it, which must read outside its real backend's expected verdicts (⚠), with
 //! the reason in the cell's notes.
 
+#![cfg(feature = "lab")]
+
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
 

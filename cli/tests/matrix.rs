@@ -2,6 +2,8 @@
 //! shared suite, the performance runs, and the cells the report's own sections read
 //! (every cell runs in its backend's fault suite).
 
+#![cfg(feature = "lab")]
+
 mod quick_matrix;
 
 use tenure_cli::matrix::Fault;

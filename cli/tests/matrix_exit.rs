@@ -1,6 +1,8 @@
 //! `tenure matrix` fails when the matrix disagrees with the table of expected verdicts,
 //! names what disagreed on stderr, and `--allow-mismatch` turns that into a warning.
 
+#![cfg(feature = "lab")]
+
 use std::process::{Command, Output};
 
 mod clusters_file;

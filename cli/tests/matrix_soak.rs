@@ -2,6 +2,8 @@
 //! and on a user's cluster; no draw may end UNSAFE or outside the table of expected
 //! verdicts. The two soaks run one after the other, never sharing the two cores.
 
+#![cfg(feature = "lab")]
+
 use std::process::{Command, Output};
 
 use serde_json::Value;

@@ -4,6 +4,8 @@
 //! reaches a report or the terminal. (The shared suite over TLS runs in each backend's
 //! `tests/suite.rs`, group `secured`.)
 
+#![cfg(feature = "lab")]
+
 mod quick_matrix;
 
 use tenure_cli::matrix::Fault;

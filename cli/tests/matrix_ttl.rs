@@ -4,6 +4,8 @@
 //! 500 ms, and the cells that depend on the lock expiring then read as the table
 //! expects. An etcd URL naming one member is still judged as the cluster it reaches.
 
+#![cfg(feature = "lab")]
+
 use std::process::Command;
 
 use serde_json::Value;

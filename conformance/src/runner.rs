@@ -315,18 +315,20 @@ impl Suites {
     /// (so every server is stopped before the caller exits the process).
     pub fn run(self) -> Conclusion {
         let args = Arguments::from_args();
-        // Selected before anything starts: the filter and `--skip` read names only.
+        // Selected before anything starts: the filter and `--skip` read names only. Which
+        // tests are ignored is known only once the servers run, so with `--ignored` each
+        // name counts as possibly ignored.
+        let placeholder =
+            |name: &String| Trial::test(name.clone(), || Ok(())).with_ignored_flag(args.ignored);
         let selected = |group: &Group| {
-            args.ignored
-                || group
-                    .names
-                    .iter()
-                    .any(|name| !args.is_filtered_out(&Trial::test(name.clone(), || Ok(()))))
+            group
+                .names
+                .iter()
+                .any(|name| !args.is_filtered_out(&placeholder(name)))
         };
         if args.list {
-            let names = self.groups.iter().flat_map(|g| g.names.iter().cloned());
-            let trials = names.map(|name| Trial::test(name, || Ok(()))).collect();
-            return libtest_mimic::run(&args, trials);
+            let names = self.groups.iter().flat_map(|g| g.names.iter());
+            return libtest_mimic::run(&args, names.map(placeholder).collect());
         }
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -342,7 +344,17 @@ impl Suites {
         let mut total: Option<Conclusion> = None;
         for group in self.groups {
             let conclusion = if selected(&group) {
-                match (group.start)(&runtime) {
+                // A start that panics fails its own group, not the ones after it.
+                let start = std::panic::AssertUnwindSafe(|| (group.start)(&runtime));
+                let started = std::panic::catch_unwind(start).unwrap_or_else(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    Err(format!("the start panicked: {why}").into())
+                });
+                match started {
                     // The trials, and the servers they hold, are dropped once they ran.
                     Ok(trials) => libtest_mimic::run(&args, trials),
                     Err(error) => libtest_mimic::run(&args, not_started(group.names, &*error)),

@@ -29,10 +29,6 @@ const WAIT: Duration = Duration::from_secs(60);
 /// are lost unless [`drop_held_replies`] discards them first.
 const HELD: Duration = Duration::from_secs(600);
 
-/// Each test starts its own servers; run them one at a time so that their timings do
-/// not blur each other on a shared machine.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn key(name: &str) -> LockKey {
     LockKey::new(format!("faults/{name}")).unwrap()
 }
@@ -264,7 +260,7 @@ async fn create_with_reply_held<T: Send + 'static>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_while_held_keeps_the_lock_and_the_queue() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(3).await;
     let hosts = zk.connect_string();
     let history = History::new();
@@ -432,13 +428,13 @@ async fn expired_holder_is_told_locally_and_fenced_off(nodes: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_holder_is_told_locally_and_fenced_off_ensemble() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     expired_holder_is_told_locally_and_fenced_off(3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_holder_is_told_locally_and_fenced_off_standalone() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     expired_holder_is_told_locally_and_fenced_off(1).await;
 }
 
@@ -447,7 +443,7 @@ async fn expired_holder_is_told_locally_and_fenced_off_standalone() {
 /// granted on it — no second node, no orphan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_create_reply_is_recognised_by_the_retry() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(3).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let history = History::new();
@@ -568,13 +564,13 @@ async fn failed_acquire_leaves_no_orphan(nodes: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_acquire_leaves_no_orphan_ensemble() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     failed_acquire_leaves_no_orphan(3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_acquire_leaves_no_orphan_standalone() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     failed_acquire_leaves_no_orphan(1).await;
 }
 
@@ -606,7 +602,7 @@ async fn partitionable_ensemble() -> (ZkEnsemble, usize, usize, Vec<String>) {
 /// the holder must report the loss, on its own clock, before the contender is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let (zk, leader, follower, majority) = partitionable_ensemble().await;
     let session = Duration::from_millis(2000);
     let history = History::new();
@@ -694,7 +690,7 @@ async fn follower_partitioned_from_leader_holder_reports_loss_before_takeover() 
 /// lock".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_through_a_cut_off_follower_never_reads_a_held_lock_as_free() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let (zk, _, follower, majority) = partitionable_ensemble().await;
     let inspector = connect(&zk.nodes()[follower].connect_string(), SESSION, OP).await;
     let holder = connect(&majority.join(","), SESSION, OP).await;
@@ -727,7 +723,7 @@ async fn inspect_through_a_cut_off_follower_never_reads_a_held_lock_as_free() {
 /// in it). Every pass re-queues; the call must still give up at its wait deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(1).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let client = connect(&proxy.addr().to_string(), SESSION, OP).await;
@@ -804,7 +800,7 @@ async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
 /// Such a node dies with the other session: the retry must not adopt it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(1).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let history = History::new();
@@ -873,7 +869,7 @@ async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
 /// once the link is back the orphan goes, long before the session would end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphan_sweep_keeps_trying_until_the_server_answers() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(1).await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     // Short requests: the sweep's first passes (bounded by the request timeout) are over long
@@ -935,7 +931,7 @@ async fn orphan_sweep_keeps_trying_until_the_server_answers() {
 /// though the waiter itself sent nothing while it waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(3).await;
     let hosts = zk.connect_string();
     let session = Duration::from_millis(2000);
@@ -988,7 +984,7 @@ async fn lease_granted_after_a_long_wait_keeps_most_of_a_session() {
 /// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_keeps_its_place_after_a_failed_request() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = start(1).await;
     let cut = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let tap = FaultProxy::start(cut.addr()).await.unwrap();

@@ -13,10 +13,6 @@ use tenure_zk::ZkLock;
 const TICK_MS: u32 = 200;
 const TTL: Duration = Duration::from_secs(10);
 
-/// Each test starts its own server; one at a time, so that request counts and timings
-/// are not blurred by another test's traffic.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 async fn standalone() -> ZkEnsemble {
     ZkEnsemble::start(ZkOptions::default().tick_time_ms(TICK_MS))
         .await
@@ -55,7 +51,7 @@ async fn packets_received(node: &ZkNode) -> u64 {
 /// create and the listing, although the create itself had just gone through the leader.
 #[tokio::test]
 async fn an_uncontended_cycle_is_three_requests() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = standalone().await;
     let lock = connect(&zk.connect_string()).await;
     let node = &zk.nodes()[0];
@@ -92,7 +88,7 @@ async fn an_uncontended_cycle_is_three_requests() {
 /// renewal on, and overlapping renewals share a `sync`.
 #[tokio::test]
 async fn renewing_many_leases_does_not_read_each_node() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = standalone().await;
     let lock = connect(&zk.connect_string()).await;
     const LEASES: usize = 100;
@@ -134,7 +130,7 @@ async fn renewing_many_leases_does_not_read_each_node() {
 /// deletion's notification.
 #[tokio::test]
 async fn a_watched_node_deleted_by_another_session_is_lost_at_the_next_renewal() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = standalone().await;
     let lock = connect(&zk.connect_string()).await;
     let mut lease = lock.try_acquire(&key(0), TTL).await.unwrap().unwrap();
@@ -155,7 +151,7 @@ async fn a_watched_node_deleted_by_another_session_is_lost_at_the_next_renewal()
 /// watches before anything else, and the server reports the deletion it missed.
 #[tokio::test]
 async fn a_node_deleted_while_the_holder_was_disconnected_is_lost_at_the_next_renewal() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = standalone().await;
     let proxy = FaultProxy::start(zk.nodes()[0].addr()).await.unwrap();
     let lock = connect(&proxy.addr().to_string()).await;
@@ -203,7 +199,7 @@ async fn a_node_deleted_while_the_holder_was_disconnected_is_lost_at_the_next_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_woken_waiter_lists_the_queue_without_waiting_for_its_sync() {
     const DELAY: Duration = Duration::from_secs(3);
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     // Long sessions (a server allows up to 20 ticks): delayed replies must not look like
     // a dead link.
     let zk = ZkEnsemble::start(ZkOptions::default().tick_time_ms(1000))
@@ -268,7 +264,7 @@ async fn watches(node: &ZkNode) -> u64 {
 /// woken and lists (one request; two with a `sync`), and releases (delete): 8 requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_woken_soon_after_queueing_lists_without_a_sync() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let zk = ZkEnsemble::start(ZkOptions::default().tick_time_ms(1000))
         .await
         .unwrap();
