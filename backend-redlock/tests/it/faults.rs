@@ -599,7 +599,7 @@ async fn a_failed_rounds_clean_up_never_deletes_a_later_grant() {
         .acquire(&k, &opts)
         .await
         .expect("granted by nodes 1 and 2");
-    assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
+    assert!(stalled_bytes_seen(&proxies[1]).await, "the fault fired");
     // Every stalled request lands (the first round's grant and its withdrawal among them).
     let landed = proxies[1].stalled_delivered(Duration::from_secs(15)).await;
     assert!(
@@ -635,7 +635,7 @@ async fn a_late_node_grant_of_a_held_lease_is_released_behind_it() {
         .acquire(&k, &opts)
         .await
         .expect("granted by nodes 0 and 2");
-    assert!(proxies[1].stats().bytes_stalled > 0, "the fault fired");
+    assert!(stalled_bytes_seen(&proxies[1]).await, "the fault fired");
     lock.release(lease).await.unwrap();
     let landed = proxies[1].stalled_delivered(Duration::from_secs(10)).await;
     assert!(
@@ -656,4 +656,19 @@ async fn a_late_node_grant_of_a_held_lease_is_released_behind_it() {
         !node_holds(stalled, &k).await,
         "the late grant is released behind it: node 1 still holds the key"
     );
+}
+
+/// Whether the proxy has held back bytes of its stalled connection, waiting up to a second
+/// for it to read them: an acquire granted by the other nodes returns before the stalled
+/// node's proxy task has necessarily read its request (on two loaded cores it may not
+/// have run yet).
+async fn stalled_bytes_seen(proxy: &FaultProxy) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(1) {
+        if proxy.stats().bytes_stalled > 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.stats().bytes_stalled > 0
 }
