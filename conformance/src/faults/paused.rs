@@ -11,9 +11,11 @@ use tenure_api::{
 };
 use tokio::sync::oneshot;
 
-use super::{
-    contend_with, patience, setup_failed, Ending, Holder, Record, Target, Trial, CONTENDER, HOLDER,
+use super::cell::Trial;
+use super::trial::{
+    contend_with, patience, setup_failed, Ending, Holder, Record, CONTENDER, HOLDER,
 };
+use super::Target;
 
 /// How the holder stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,11 +16,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::cell::{Trial, Verdict};
+use super::rounds::after_failover;
 use super::target::RedisKeyFn;
-use super::{
-    after_failover, round_failed, setup_failed, Ending, Fault, Holder, Record, Target, Trial,
-    Verdict, HOLDER,
-};
+use super::trial::{round_failed, setup_failed, Ending, Holder, Record, HOLDER};
+use super::{Fault, Target};
 use crate::servers::poll_until;
 use crate::servers::redis::sentinel::RedisSentinels;
 use crate::servers::redis::sharded::RedisShardedCluster;

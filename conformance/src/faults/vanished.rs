@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey};
 
-use super::{
-    contend_with, describe, patience, setup_failed, short, Contended, Record, Target, Trial,
-    Verdict, WaiterRecords, CONTENDER, HOLDER, WITNESS,
+use super::cell::{Trial, Verdict};
+use super::trial::{
+    contend_with, describe, patience, setup_failed, short, Contended, Record, CONTENDER, HOLDER,
+    WITNESS,
 };
+use super::{Target, WaiterRecords};
 
 /// How long each waiter works once granted: two grants at one release overlap.
 const WORK: Duration = Duration::from_millis(200);

@@ -1,0 +1,113 @@
+//! Which faults a target can run: the cell to report instead when a fault cannot be
+//! injected there, or does not apply to the backend.
+
+use tenure_api::{FencingKind, Replication};
+
+use super::{Cell, Fault, Target};
+use crate::Harness as _;
+
+/// Why `fault` cannot run on `target`, if it cannot: the cell to report instead.
+pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
+    let backend = target.caps.backend;
+    let not_injectable = |reason: &str| {
+        Some(Cell::NotInjectable {
+            reason: reason.into(),
+        })
+    };
+    let no_process = target.nodes.is_empty() && fault.is_server_fault();
+    // Client faults run on a client whose every server link passes through a proxy.
+    let no_links = !fault.is_server_fault() && !target.harness.can_cut_links();
+    match fault {
+        _ if no_process => not_injectable("no process control over these servers"),
+        _ if no_links => not_injectable("the harness cannot put a client's links behind proxies"),
+        Fault::ClockJump if !target.clock_shim => not_injectable(match backend {
+            "etcd" | "zk" => "the clock shim cannot shift Go or JVM clocks",
+            "postgres" => "the harness runs no clock shim under postgres",
+            _ => "servers not started under the clock shim",
+        }),
+        Fault::PausedLeader if target.caps.fencing == FencingKind::None => {
+            Some(Cell::NotApplicable {
+                reason: "no fencing tokens, so no terms: Election refuses this configuration"
+                    .into(),
+            })
+        }
+        Fault::MinorityLoss if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+            reason: "a single node has no minority to lose".into(),
+        }),
+        _ if fault.is_replica_failover() => {
+            let redis = target.redis_key.is_some();
+            match target.caps.replication {
+                _ if redis && target.secured => not_injectable(if fault.is_topology_failover() {
+                    "the harness starts its Sentinel and Cluster groups without TLS and ACL users"
+                } else {
+                    "the harness's primary-replica pair does not run with TLS and ACL users"
+                }),
+                _ if redis => None,
+                _ if backend == "redis" => {
+                    not_injectable("the harness declares no Redis deployments of this backend")
+                }
+                _ if fault.is_topology_failover() => Some(Cell::NotApplicable {
+                    reason: "a failover of a Redis deployment".into(),
+                }),
+                Replication::IndependentQuorum { .. } => Some(Cell::NotApplicable {
+                    reason: "independent masters without replicas".into(),
+                }),
+                Replication::Consensus { .. } => Some(Cell::NotApplicable {
+                    reason: "replication is synchronous consensus".into(),
+                }),
+                _ => not_injectable("the harness starts no replica for this backend"),
+            }
+        }
+        Fault::StaleAcquire | Fault::StaleExtend | Fault::StaleRelease => match backend {
+            "etcd" => not_injectable(
+                "the etcd client sends every request over one HTTP/2 connection per \
+                 endpoint and keeps it: a stalled connection holds up its later requests \
+                 (the lease's keep-alive too), so it never moves on before the stalled \
+                 ones land",
+            ),
+            "zk" => not_injectable(
+                "a ZooKeeper session has one connection: the client moves on only by \
+                 reconnecting the session, and the server closes the stalled connection \
+                 with it",
+            ),
+            "postgres" => not_injectable(
+                "a Postgres lock is its session's transaction: the client cannot move a \
+                 held lock to a fresh connection, and gives up a stalled connection with \
+                 what it was doing",
+            ),
+            _ => None,
+        },
+        Fault::VanishedQueueRecord if target.waiter_records.is_none() => match backend {
+            "redis" | "redlock" => Some(Cell::NotApplicable {
+                reason: "waiters keep no record on the servers: they retry when woken".into(),
+            }),
+            "postgres" => Some(Cell::NotApplicable {
+                reason: "a waiter's place is its lock wait inside the server, which only \
+                         ending its session removes (the connection-cut cell)"
+                    .into(),
+            }),
+            _ => not_injectable("the harness declares no way to remove a waiter's record"),
+        },
+        Fault::MinorityPartition => match target.caps.replication {
+            Replication::SingleNode => Some(Cell::NotApplicable {
+                reason: "one server: no minority side".into(),
+            }),
+            _ if target.nodes.len() < 3 => Some(Cell::NotApplicable {
+                reason: "fewer than three servers: no minority side".into(),
+            }),
+            Replication::IndependentQuorum { .. } => None,
+            // The holder's follower is cut off from the leader's side: which is which
+            // must be known.
+            _ if target.peer_links.is_some() && target.leader.is_some() => None,
+            _ if target.peer_links.is_some() => {
+                not_injectable("member links declared, but no way to find the leader")
+            }
+            _ if backend == "etcd" => not_injectable(
+                "the harness has no control over the links between etcd members (its \
+                 members reach each other directly)",
+            ),
+            _ => not_injectable("no control over the links between the members"),
+        },
+        _ => None,
+    }
+}
