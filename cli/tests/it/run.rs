@@ -2,8 +2,6 @@
 //! live Redis, ZooKeeper and etcd, signalled and killed, with a command that has a child
 //! of its own (a grandchild of tenure).
 
-#![cfg(feature = "lab")]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};

@@ -1,11 +1,9 @@
 //! `tenure matrix` fails when the matrix disagrees with the table of expected verdicts,
 //! names what disagreed on stderr, and `--allow-mismatch` turns that into a warning.
 
-#![cfg(feature = "lab")]
-
 use std::process::{Command, Output};
 
-mod clusters_file;
+use crate::clusters_file;
 
 fn matrix(clusters: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenure"))
@@ -21,6 +19,7 @@ fn matrix(clusters: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mismatch_fails_the_run_unless_allowed() {
+    let _turn = crate::one_at_a_time_async().await;
     let dir = tempfile::tempdir().unwrap();
     // A Redis server filed under "postgres": Redis declares a clock-floored counter, a
     // server TTL and clock dependence, none of which is the Postgres row's premise.
@@ -95,6 +94,7 @@ fn running(pid: i32) -> bool {
 /// it exits 128+signal.
 #[test]
 fn an_interrupted_matrix_stops_its_servers() {
+    let _turn = crate::one_at_a_time();
     use nix::sys::signal::{kill, Signal};
     let dir = tempfile::tempdir().unwrap();
     for signal in [Signal::SIGINT, Signal::SIGTERM] {

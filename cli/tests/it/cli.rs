@@ -1,8 +1,6 @@
 //! The `tenure` CLI end to end: against `memory://` and live servers (Redis, etcd,
 //! ZooKeeper, Postgres).
 
-#![cfg(feature = "lab")]
-
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,18 +1,13 @@
 //! `tenure matrix --soak`: faults drawn at random for a time per backend, on local servers
 //! and on a user's cluster; no draw may end UNSAFE or outside the table of expected
-//! verdicts. The two soaks run one after the other, never sharing the two cores.
-
-#![cfg(feature = "lab")]
+//! verdicts.
 
 use std::process::{Command, Output};
 
 use serde_json::Value;
 use tenure_cli::matrix::Fault;
 
-mod clusters_file;
-
-/// One soak at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::clusters_file;
 
 fn soak(out: &std::path::Path, extra: &[&str]) -> (Output, Value) {
     let output = Command::new(env!("CARGO_BIN_EXE_tenure"))
@@ -59,7 +54,7 @@ fn drawn(backend: &Value, trials: u64) -> Vec<String> {
 
 #[test]
 fn a_soak_of_local_servers_draws_faults_and_none_is_unsafe() {
-    let _one = ONE_AT_A_TIME.blocking_lock();
+    let _turn = crate::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let (output, json) = soak(dir.path(), &["--soak", "20s", "--seed", "7"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -89,7 +84,7 @@ fn a_soak_of_local_servers_draws_faults_and_none_is_unsafe() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_a_users_cluster_draws_only_what_it_can_inject() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _turn = crate::one_at_a_time_async().await;
     let dir = tempfile::tempdir().unwrap();
     let (_redis, clusters) = clusters_file::redis_as("redis", dir.path()).await;
     let clusters = clusters.to_str().unwrap().to_owned();

@@ -4,8 +4,6 @@
 //! 500 ms, and the cells that depend on the lock expiring then read as the table
 //! expects. An etcd URL naming one member is still judged as the cluster it reaches.
 
-#![cfg(feature = "lab")]
-
 use std::process::Command;
 
 use serde_json::Value;
@@ -44,6 +42,7 @@ async fn matrix(backends: String, trials: &str) -> (Value, String, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_with_default_tick_gets_a_ttl_it_can_honour() {
+    let _turn = crate::one_at_a_time_async().await;
     let zk = ZkEnsemble::start(ZkOptions::default().tick_time_ms(2000))
         .await
         .expect("zookeeper starts");
@@ -82,6 +81,7 @@ async fn zookeeper_with_default_tick_gets_a_ttl_it_can_honour() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_lease_floor_and_size_are_asked_of_the_servers() {
+    let _turn = crate::one_at_a_time_async().await;
     let cluster = EtcdCluster::start(3).await.expect("etcd starts");
     // One member's endpoint only; the servers list three voting members.
     let endpoint = cluster.endpoints()[0].replace("http://", "");

@@ -1,5 +1,5 @@
 //! A clusters file for `tenure matrix --clusters` that files a Redis server the test
-//! starts under a backend name. Shared by `matrix_exit.rs` and `matrix_soak.rs`.
+//! starts under a backend name. Shared by `exit.rs` and `soak.rs`.
 
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,6 @@
 //! The local servers behind `tenure matrix` come back from a restart even when their port
 //! was taken meanwhile, and the matrix's clients follow them to their new port.
 
-#![cfg(feature = "lab")]
-
 use std::time::Duration;
 
 use tenure_api::LockKey;

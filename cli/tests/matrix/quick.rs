@@ -2,9 +2,13 @@
 //! show: every backend is started and wired (plain, or with `--tls`), each chosen fault
 //! cell has a verdict the reviewed table of `tenure_cli::matrix::expect` allows, the
 //! shared suite and the performance runs land in the report (with `--with-suite`), and
-//! the files render. Every fault cell itself runs in its backend's `tests/suite.rs` (group `faults`; each
-//! check once). Shared by `matrix.rs` (plain servers) and `matrix_tls.rs` (`--tls`),
-//! which are separate test binaries so the two runs never share the machine's two cores.
+//! the files render. Every fault cell itself runs in its backend's `tests/suite.rs` (group
+//! `faults`; each check once).
+//!
+//! Over TLS, every backend's servers require TLS, client certificates and a password, the
+//! lab connects as users with least privilege, and its faults go through the proxy over
+//! TLS; no password reaches a report or the terminal. (The shared suite over TLS runs in
+//! each backend's `tests/suite.rs`, group `secured`.)
 
 use std::process::Command;
 
@@ -28,7 +32,7 @@ fn local_config(backend: &str) -> Config {
 /// Runs `tenure matrix --quick --faults …` on `faults` (with `--tls` if `tls`, with the
 /// shared suite and the performance runs if `with_suite`) and checks every cell; returns
 /// what it wrote and printed.
-pub(crate) fn run_and_check(tls: bool, faults: &[Fault], with_suite: bool) -> Written {
+fn run_and_check(tls: bool, faults: &[Fault], with_suite: bool) -> Written {
     let out_dir = tempfile::tempdir().unwrap();
     // In the order the report keeps: that of `Fault::ALL`.
     let chosen: Vec<Fault> = Fault::ALL
@@ -37,7 +41,7 @@ pub(crate) fn run_and_check(tls: bool, faults: &[Fault], with_suite: bool) -> Wr
         .collect();
     let names: Vec<&str> = chosen.iter().map(|f| f.name()).collect();
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-        // Exit status on ⚠ is tested in matrix_exit.rs; here each cell is checked below.
+        // Exit status on ⚠ is tested in exit.rs; here each cell is checked below.
         .args(["matrix", "--quick", "--allow-mismatch", "--out"])
         .arg(out_dir.path())
         .args(["--faults", &names.join(",")])
@@ -224,4 +228,48 @@ pub(crate) struct Written {
     pub(crate) stdout: String,
     pub(crate) stderr: String,
     pub(crate) json: Value,
+}
+
+#[test]
+fn quick_matrix_covers_every_backend_with_the_suite_and_perf() {
+    let _turn = crate::one_at_a_time();
+    let cells = [Fault::PausedHolder, Fault::ReplicaFailover, Fault::Restart];
+    let written = run_and_check(false, &cells, true);
+    assert_eq!(written.json["options"]["tls"], false);
+}
+
+#[test]
+fn quick_matrix_over_tls_with_least_privilege() {
+    let _turn = crate::one_at_a_time();
+    let cells = [
+        Fault::PausedHolder,
+        Fault::ConnectionCut,
+        Fault::ReplicaFailover,
+    ];
+    let written = run_and_check(true, &cells, false);
+    assert_eq!(written.json["options"]["tls"], true);
+    for backend in written.json["backends"].as_array().unwrap() {
+        let servers = backend["servers"].as_str().unwrap();
+        assert!(
+            servers.ends_with("requiring TLS, a client certificate and a password"),
+            "{servers}"
+        );
+    }
+    let (_, markdown) = &written.files[0];
+    assert!(markdown.contains("Secured servers (`--tls`)"), "{markdown}");
+    // Every local URL names user `tenure` with its password (32 hex digits): no
+    // `tenure:<password>` may be shown (a redacted URL shows `tenure:***`).
+    let texts = written
+        .files
+        .iter()
+        .map(|(name, text)| (*name, text.as_str()));
+    for (name, text) in texts.chain([("stdout", &*written.stdout), ("stderr", &*written.stderr)]) {
+        let shown = text.match_indices("tenure:").any(|(at, found)| {
+            text[at + found.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_hexdigit())
+        });
+        assert!(!shown, "{name} shows a password");
+    }
 }

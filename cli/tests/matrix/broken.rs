@@ -3,20 +3,13 @@
 //! targets it, which must read outside its real backend's expected verdicts (⚠), with
 //! the reason in the cell's notes.
 
-#![cfg(feature = "lab")]
-
 use std::process::Command;
-use std::sync::{Mutex, PoisonError};
 
 use serde_json::Value;
 
-/// One matrix at a time: each starts its own servers, and two at once (say, three etcd
-/// members beside three ZooKeeper JVMs) starve a loaded two-core machine.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 /// Runs the matrix on `variant`, trimmed to `fault`, and returns that cell's outcome.
 fn cell(variant: &str, fault: &str) -> Value {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let _turn = crate::one_at_a_time();
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["matrix", "--trials", "3", "--backends"])

@@ -2,8 +2,6 @@
 //! healthy held lock (which must not be reported) and a planted leak of the kind its
 //! doctor looks for — made the way a faulty client would make it — which must be.
 
-#![cfg(feature = "lab")]
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
