@@ -3,6 +3,8 @@
 mod admin;
 mod config;
 mod feed;
+#[cfg(feature = "testbed")]
+mod lab;
 mod queue;
 mod rpc;
 mod session;
@@ -26,6 +28,8 @@ use tenure_api::{
 };
 
 pub use config::{EtcdConfig, LeaseMode, DEFAULT_PORT};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
 use queue::{own_prefix, OwnLeases, Ticket, Turn};
 use rpc::{bounded, lease_seconds, Rpc};
 use session::Sessions;

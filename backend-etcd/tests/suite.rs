@@ -18,11 +18,16 @@ mod secured;
 
 use std::time::Duration;
 use tenure_conformance::faults::expect::{self, Config};
-use tenure_conformance::faults::{leader_of, FaultTarget};
-use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_etcd::EtcdLock;
+
+/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
+/// testbed), under the clock shim where the backend's servers can run under it.
+const FAULTS: TestbedOptions = TestbedOptions {
+    clock_shim: true,
+    secured: false,
+};
 
 fn main() {
     runner::Suites::new()
@@ -44,30 +49,13 @@ fn main() {
             Ok(harness.with_queue_admin(observer).owning(cluster))
         })
         .faults("faults", || async {
-            let cluster = std::sync::Arc::new(EtcdCluster::start(3).await?);
-            let leader = leader_of(&cluster, |c| {
-                Box::pin(async { c.leader_index().await.ok() })
-            });
-            let nodes = dyn_nodes(cluster.members());
-            let targets = nodes.iter().map(|n| n.addr()).collect();
-            let template = "etcd://{hosts}/tenure-faults";
-            let harness = UrlHarness::new("etcd", template, targets, |url| async move {
-                EtcdLock::connect(&url).await
-            })
-            .cut_query("request_timeout_ms=500")
-            .follow_nodes(&nodes)
-            .owning(cluster);
-            let url = harness.url();
+            let lab = tenure_etcd::TESTBED.start(FAULTS).await?;
+            let url = lab.harness.url();
             // The trials' leases: what etcd grants for a short request (whole seconds, at
             // least about 1.5 election timeouts).
             let probe = EtcdLock::connect(&url).await?;
             let ttl = probe.granted_ttl(Duration::from_secs(2)).await?;
-            let target = FaultTarget::new("etcd", harness, ttl)
-                .await?
-                .with_nodes(nodes)
-                .with_leader(leader)
-                .with_patient_query("request_timeout_ms=10000")
-                .with_waiter_records(std::sync::Arc::new(EtcdLock::connect(&url).await?));
+            let target = lab.fault_target(ttl).await?;
             let config = Config::of("etcd", &url, probe.members())?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

@@ -7,6 +7,8 @@ mod config;
 mod error;
 mod fenced;
 mod held;
+#[cfg(feature = "testbed")]
+mod lab;
 mod records;
 mod socket;
 mod sql;
@@ -37,6 +39,8 @@ use sql::Statements;
 
 pub use config::{redact, validate_ident, Locking, PgConfig};
 pub use fenced::{FencedTable, FencedWrite};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
 
 /// A lock service on one Postgres server. Cheap to clone (`Arc` inside); clones share the
 /// held connections. Dropping the last clone closes every dedicated connection, which

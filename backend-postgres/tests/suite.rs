@@ -15,14 +15,18 @@
 mod harness;
 mod secured;
 
-use std::sync::Arc;
 use std::time::Duration;
 use tenure_conformance::faults::expect::{self, Config};
-use tenure_conformance::faults::FaultTarget;
-use tenure_conformance::servers::postgres::Postgres;
-use tenure_conformance::servers::Node;
+use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_postgres::PgLock;
+
+/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
+/// testbed), under the clock shim where the backend's servers can run under it.
+const FAULTS: TestbedOptions = TestbedOptions {
+    clock_shim: true,
+    secured: false,
+};
 
 fn main() {
     runner::Suites::new()
@@ -42,25 +46,9 @@ fn main() {
             Ok(harness.with_queue_admin(observer).owning(server))
         })
         .faults("faults", || async {
-            let server = Arc::new(Postgres::start().await?);
-            let nodes: Vec<Arc<dyn Node>> = vec![server.clone()];
-            let template = "postgres://postgres@{hosts}/postgres";
-            let harness = UrlHarness::new(
-                "postgres",
-                template,
-                vec![server.addr()],
-                |url| async move { PgLock::connect(&url).await },
-            )
-            // The schema exists once a direct client has connected; a short command timeout
-            // would cut a migration queued behind concurrent ones.
-            .cut_query("request_timeout_ms=300&migrate=false")
-            .follow_nodes(&nodes)
-            .owning(server);
-            let url = harness.url();
-            let target = FaultTarget::new("postgres", harness, Duration::from_millis(500))
-                .await?
-                .with_nodes(nodes)
-                .with_patient_query("request_timeout_ms=5000");
+            let lab = tenure_postgres::TESTBED.start(FAULTS).await?;
+            let url = lab.harness.url();
+            let target = lab.fault_target(Duration::from_millis(500)).await?;
             let config = Config::of("postgres", &url, 1)?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

@@ -3,6 +3,8 @@
 mod admin;
 mod config;
 mod error;
+#[cfg(feature = "testbed")]
+pub mod lab;
 mod primary;
 mod releases;
 pub mod scripts;
@@ -26,6 +28,8 @@ pub use config::{
     DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS,
 };
 use error::{bounded, classify, timed_out};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
 use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};

@@ -20,13 +20,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tenure_conformance::faults::expect::{self, Config};
-use tenure_conformance::faults::FaultTarget;
-use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::sentinel::{RedisSentinels, MASTER_NAME};
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_redis::{RedisConfig, RedisLock};
+
+/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
+/// testbed), under the clock shim where the backend's servers can run under it.
+const FAULTS: TestbedOptions = TestbedOptions {
+    clock_shim: true,
+    secured: false,
+};
 
 fn main() {
     runner::Suites::new()
@@ -85,22 +91,12 @@ fn main() {
             .owning(cluster))
         })
         .faults("faults", || async {
-            let cluster = RedisCluster::start(RedisOptions::default().clock_shim(true)).await?;
-            let nodes = dyn_nodes(cluster.nodes());
-            let targets = nodes.iter().map(|n| n.addr()).collect();
-            let harness = UrlHarness::new("redis", "redis://{hosts}", targets, |url| async move {
-                RedisLock::connect(&url).await
-            })
-            .cut_query("request_timeout_ms=300")
-            .follow_nodes(&nodes)
-            .owning(cluster);
-            let url = harness.url();
+            let lab = tenure_redis::TESTBED.start(FAULTS).await?;
+            let url = lab.harness.url();
             let redis = RedisConfig::from_url(&url)?;
-            let target = FaultTarget::new("redis", harness, Duration::from_millis(500))
+            let target = lab
+                .fault_target(Duration::from_millis(500))
                 .await?
-                .with_nodes(nodes)
-                .with_clock_shim()
-                .with_patient_query("request_timeout_ms=5000")
                 .with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
             let config = Config::of("redis", &url, 1)?;
             Ok((target, move |fault| expect::expect(&config, fault)))

@@ -2,6 +2,8 @@
 
 mod admin;
 mod config;
+#[cfg(feature = "testbed")]
+mod lab;
 mod quorum;
 
 use std::fmt;
@@ -23,6 +25,8 @@ use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 use quorum::{gather, Gates, Tally, Verdict};
 
 pub use config::{RedlockConfig, MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
 
 /// A Redlock client over N independent Redis masters. Cheap to share (`Arc`).
 #[derive(Clone)]

@@ -15,11 +15,17 @@
 
 use std::time::Duration;
 use tenure_conformance::faults::expect::{self, Config};
-use tenure_conformance::faults::FaultTarget;
-use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_redlock::Redlock;
+
+/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
+/// testbed), under the clock shim where the backend's servers can run under it.
+const FAULTS: TestbedOptions = TestbedOptions {
+    clock_shim: true,
+    secured: false,
+};
 
 fn main() {
     runner::Suites::new()
@@ -60,22 +66,9 @@ fn main() {
             )
         })
         .faults("faults", || async {
-            let options = RedisOptions::default().nodes(5).clock_shim(true);
-            let cluster = RedisCluster::start(options).await?;
-            let nodes = dyn_nodes(cluster.nodes());
-            let targets = nodes.iter().map(|n| n.addr()).collect();
-            let harness =
-                UrlHarness::new("redlock", "redlock://{hosts}", targets, |url| async move {
-                    Redlock::connect(&url).await
-                })
-                .follow_nodes(&nodes)
-                .owning(cluster);
-            let url = harness.url();
-            let target = FaultTarget::new("redlock", harness, Duration::from_millis(500))
-                .await?
-                .with_nodes(nodes)
-                .with_clock_shim()
-                .with_patient_query("node_timeout_ms=5000&request_timeout_ms=5000");
+            let lab = tenure_redlock::TESTBED.start(FAULTS).await?;
+            let url = lab.harness.url();
+            let target = lab.fault_target(Duration::from_millis(500)).await?;
             let config = Config::of("redlock", &url, 5)?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

@@ -4,6 +4,8 @@ mod admin;
 mod config;
 mod error;
 mod feed;
+#[cfg(feature = "testbed")]
+mod lab;
 mod names;
 mod pending;
 mod queue;
@@ -26,6 +28,8 @@ use zookeeper_client::{Acls, Client, Error as ZkError};
 
 pub use config::{ZkConfig, DEFAULT_PORT};
 use error::{bounded, from_zk, session_gone};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
 use names::{encode_key, owner_of_path, LockNode};
 use pending::Pending;
 use queue::{lost_while_queued, Position, Stop};

@@ -11,14 +11,19 @@
 //!   live 3-node ensemble (`tickTime` 200 ms) whose member links pass through proxies the
 //!   suite can cut: every fault, checked against the table's row for ZooKeeper.
 
-use std::sync::Arc;
 use std::time::Duration;
 use tenure_conformance::faults::expect::{self, Config};
-use tenure_conformance::faults::{leader_of, FaultTarget, PeerLinks};
-use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_zk::ZkLock;
+
+/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
+/// testbed), under the clock shim where the backend's servers can run under it.
+const FAULTS: TestbedOptions = TestbedOptions {
+    clock_shim: true,
+    secured: false,
+};
 
 fn main() {
     runner::Suites::new()
@@ -51,42 +56,16 @@ fn main() {
             Ok(harness.with_queue_admin(observer).owning(ensemble))
         })
         .faults("faults", || async {
-            let options = ZkOptions::default()
-                .nodes(3)
-                .tick_time_ms(200)
-                .peer_proxies(true);
-            let ensemble = Arc::new(ZkEnsemble::start(options).await?);
-            let leader = leader_of(&ensemble, |e| {
-                Box::pin(async { e.leader_index().await.ok() })
-            });
-            let links: Arc<dyn PeerLinks> = ensemble.clone();
-            let nodes = dyn_nodes(ensemble.nodes());
-            let targets = nodes.iter().map(|n| n.addr()).collect();
-            let harness = UrlHarness::new(
-                "zk",
-                "zk://{hosts}?tick_ms=200",
-                targets,
-                |url| async move { ZkLock::connect(&url).await },
-            )
-            .query("session_timeout_ms=4000")
-            .cut_query("session_timeout_ms=1000&request_timeout_ms=300")
-            .follow_nodes(&nodes)
-            .owning(ensemble);
-            let url = harness.url();
+            let lab = tenure_zk::TESTBED.start(FAULTS).await?;
+            let url = lab.harness.url();
             // A lock outlives its silent holder by the session timeout the server negotiates,
             // for the direct and the cuttable clients alike: the longer is the trials' TTL.
             let mut ttl = Duration::ZERO;
-            for url in [url.clone(), harness.url_with(harness.cut_options())] {
+            for url in [url.clone(), lab.harness.url_with(lab.harness.cut_options())] {
                 let session = ZkLock::connect(&url).await?.session_timeout();
                 ttl = ttl.max(session.ok_or("the ZooKeeper session closed at once")?);
             }
-            let target = FaultTarget::new("zk", harness, ttl)
-                .await?
-                .with_nodes(nodes)
-                .with_leader(leader)
-                .with_peer_links(links)
-                .with_patient_query("session_timeout_ms=4000&request_timeout_ms=5000")
-                .with_waiter_records(Arc::new(ZkLock::connect(&url).await?));
+            let target = lab.fault_target(ttl).await?;
             let config = Config::of("zk", &url, 3)?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

@@ -21,6 +21,7 @@ pub mod runner;
 pub mod security;
 pub mod servers;
 pub mod suite;
+pub mod testbed;
 pub mod url_options;
 
 pub use harness::{

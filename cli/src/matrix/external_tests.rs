@@ -7,12 +7,12 @@ use tenure_api::LockKey;
 use tenure_conformance::Harness;
 
 use super::{target, Source};
-use crate::local::{self, LocalOptions};
+use crate::local::{self, TestbedOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_the_queue_on_servers_given_by_url() {
     for (run_id, backend) in (41..).zip(["postgres", "etcd", "zk", "redis"]) {
-        let local = local::start(backend, LocalOptions::default())
+        let local = local::start(backend, TestbedOptions::default())
             .await
             .unwrap();
         let url = local.harness.url();

@@ -23,7 +23,7 @@ use tenure_conformance::runner::{run_scenario, ScenarioResult};
 use tenure_conformance::{scenarios, UrlHarness};
 
 use crate::bench::{self, BenchLine, BenchOptions, Mode};
-use crate::local::{self, LocalOptions};
+use crate::local::{self, TestbedOptions};
 pub use tenure_conformance::faults::{expect, Cell, Fault, Verdict};
 
 /// How much to run.
@@ -112,18 +112,6 @@ impl std::ops::Deref for Target {
 
     fn deref(&self) -> &FaultTarget {
         &self.faults
-    }
-}
-
-/// Options for clients that must wait out a delayed reply instead of timing out first.
-fn patient_query(backend: &str) -> &'static str {
-    match backend {
-        "redis" | "postgres" => "request_timeout_ms=5000",
-        // Both bounds: each node's request timeout, and the round's per-node bound.
-        "redlock" => "node_timeout_ms=5000&request_timeout_ms=5000",
-        "etcd" => "request_timeout_ms=10000",
-        "zk" => "session_timeout_ms=4000&request_timeout_ms=5000",
-        _ => "",
     }
 }
 
@@ -393,7 +381,7 @@ impl ClustersConfig {
 pub enum Source {
     /// Start local servers with the conformance launcher; `secured`: servers that
     /// require TLS and a password, used with least privilege (see
-    /// [`LocalOptions::secured`]).
+    /// [`TestbedOptions::secured`]).
     Local {
         /// Whether the servers require TLS and a password.
         secured: bool,
@@ -446,7 +434,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let (harness, nodes, leader, peer_links, clock_shim, secured) = match source {
         &Source::Local { secured } => {
             let (backend, wrap) = broken_backend(name)?;
-            let options = LocalOptions {
+            let options = TestbedOptions {
                 clock_shim: true,
                 secured,
             };
@@ -498,9 +486,10 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
     let harness_url = harness.url();
+    let testbed = local::testbed(backend);
     let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)
         .with_nodes(nodes)
-        .with_patient_query(patient_query(backend))
+        .with_patient_query(testbed.map_or("", |t| t.patient_query))
         .with_run_id(run_id)
         .secured(secured);
     if let Some(leader) = leader {
@@ -512,10 +501,15 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     if clock_shim {
         faults = faults.with_clock_shim();
     }
-    if !name.starts_with("broken:") {
-        faults = with_waiter_records(faults, caps.backend, &harness_url)
-            .await
-            .map_err(|e| format!("{name}: {e}"))?;
+    // A way to remove its waiters' records, where the backend keeps them (not through a
+    // broken variant's wrapper).
+    if let Some(connect) = testbed.and_then(|t| t.waiter_records) {
+        if !name.starts_with("broken:") {
+            let records = connect(harness_url)
+                .await
+                .map_err(|e| format!("{name}: {e}"))?;
+            faults = faults.with_waiter_records(records);
+        }
     }
     if let Ok(Some(flaw)) = broken::Flaw::of_backend(name) {
         if flaw.stops_the_clock() {
@@ -534,21 +528,6 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         config,
         ttl_why: probe.ttl_why,
     })
-}
-
-/// `faults` with a way to remove its waiters' queue records, on a backend that keeps them
-/// (the backends' `testbed` feature).
-async fn with_waiter_records(
-    faults: FaultTarget,
-    backend: &str,
-    url: &str,
-) -> Result<FaultTarget, LockError> {
-    let records: Arc<dyn tenure_conformance::faults::WaiterRecords> = match backend {
-        "etcd" => Arc::new(tenure_etcd::EtcdLock::connect(url).await?),
-        "zk" => Arc::new(tenure_zk::ZkLock::connect(url).await?),
-        _ => return Ok(faults),
-    };
-    Ok(faults.with_waiter_records(records))
 }
 
 /// Wraps a harness's clients.

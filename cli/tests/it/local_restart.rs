@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use tenure_api::LockKey;
-use tenure_cli::local::{self, LocalOptions};
+use tenure_cli::local::{self, TestbedOptions};
 use tenure_conformance::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_harness_follows_a_server_moved_by_a_restart() {
-    let local = local::start("postgres", LocalOptions::default())
+    let local = local::start("postgres", TestbedOptions::default())
         .await
         .expect("postgres starts");
     let node = &local.nodes[0];

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use tenure::LockError;
 use tenure_cli::bench::{self, BenchLine, BenchOptions, HeldLine, Mode};
-use tenure_cli::local::{self, LocalOptions};
+use tenure_cli::local::{self, TestbedOptions};
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -79,7 +79,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         let mut targets = vec![("memory".to_owned(), "memory://".to_owned(), None)];
         for name in local::backends() {
             eprintln!("tenure bench: starting local {name} servers");
-            let backend = local::start(name, LocalOptions::default())
+            let backend = local::start(name, TestbedOptions::default())
                 .await
                 .map_err(|e| LockError::backend(format!("starting local {name}: {e}")))?;
             let url = backend.harness.url();

@@ -1,0 +1,74 @@
+//! How the lab starts etcd (feature `testbed`): three members on loopback, plain or
+//! serving clients over TLS only with client certificates and authentication on, as user
+//! `tenure` whose role grants `readwrite` on its key prefix and nothing else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure_api::LockError;
+use tenure_conformance::faults::{leader_of, WaiterRecords};
+use tenure_conformance::servers::dyn_nodes;
+use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
+use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+
+use crate::{EtcdConfig, EtcdLock};
+
+/// etcd's testbed: a 3-member cluster, its server faults aimed at the leader.
+pub const TESTBED: Testbed = Testbed {
+    name: "etcd",
+    servers: start_boxed,
+    waiter_records: Some(waiter_records),
+    patient_query: "request_timeout_ms=10000",
+};
+
+fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>> {
+    Box::pin(async move {
+        let records: Arc<dyn WaiterRecords> = Arc::new(EtcdLock::connect(&url).await?);
+        Ok(records)
+    })
+}
+
+fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
+    Box::pin(start(options))
+}
+
+async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
+    let (cluster, template) = if options.secured {
+        let cluster = EtcdCluster::start_secured(3).await?;
+        let secrets = cluster.secrets().ok_or("a secured cluster")?.clone();
+        let hosts: Vec<String> = cluster
+            .members()
+            .iter()
+            .map(|m| m.addr().to_string())
+            .collect();
+        let prefix = EtcdConfig::from_url(&secrets.url(&hosts.join(",")))?.key_prefix();
+        cluster
+            .enable_auth(&[EtcdUser {
+                name: "tenure",
+                password: &secrets.password,
+                prefix: &prefix,
+            }])
+            .await?;
+        (cluster, secrets.url("{hosts}"))
+    } else {
+        let template = "etcd://{hosts}/tenure".to_owned();
+        (EtcdCluster::start(3).await?, template)
+    };
+    let cluster = Arc::new(cluster);
+    let leader = leader_of(&cluster, |c| {
+        Box::pin(async move { c.leader_index().await.ok() })
+    });
+    let nodes = dyn_nodes(cluster.members());
+    let harness = harness_on("etcd", &template, &nodes, |url| async move {
+        EtcdLock::connect(&url).await
+    })
+    .cut_query("request_timeout_ms=500")
+    // Leases count whole seconds, at least about 1.5 election timeouts.
+    .with_short_ttl(Duration::from_secs(2));
+    // The FIFO scenario counts a key's queue through a client of its own.
+    let observer = EtcdLock::connect(&harness.url()).await?;
+    let harness = harness.with_queue_admin(observer).owning(cluster);
+    Ok(Lab::new("etcd", harness, nodes)
+        .secured(options.secured)
+        .with_leader(leader))
+}

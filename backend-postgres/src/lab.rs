@@ -1,0 +1,49 @@
+//! How the lab starts PostgreSQL (feature `testbed`): one server on loopback, plain or
+//! requiring TLS with a client certificate and a SCRAM password, its clients a role with
+//! only the privileges of [`PgConfig::grant_sql`].
+
+use std::sync::Arc;
+
+use tenure_conformance::servers::postgres::Postgres;
+use tenure_conformance::servers::Node;
+use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+
+use crate::{PgConfig, PgLock};
+
+/// Postgres's testbed: one server.
+pub const TESTBED: Testbed = Testbed {
+    name: "postgres",
+    servers: start_boxed,
+    waiter_records: None,
+    patient_query: "request_timeout_ms=5000",
+};
+
+fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
+    Box::pin(start(options))
+}
+
+async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
+    let (server, template) = if options.secured {
+        let server = Postgres::start_secured().await?;
+        let secrets = server.secrets().ok_or("a secured server")?.clone();
+        let config = PgConfig::from_url(&secrets.url(&server.addr().to_string()))?;
+        server.psql(&config.schema_sql()).await?;
+        server.psql(&config.grant_sql("tenure")?).await?;
+        (server, secrets.url("{hosts}"))
+    } else {
+        let template = "postgres://postgres@{hosts}/postgres".to_owned();
+        (Postgres::start().await?, template)
+    };
+    let server = Arc::new(server);
+    let nodes: Vec<Arc<dyn Node>> = vec![server.clone()];
+    let harness = harness_on("postgres", &template, &nodes, |url| async move {
+        PgLock::connect(&url).await
+    })
+    // The schema exists once the queue's client below has connected; a short command
+    // timeout would cut a migration queued behind concurrent ones.
+    .cut_query("request_timeout_ms=300&migrate=false");
+    // The FIFO scenario counts a key's queue through a client of its own.
+    let observer = PgLock::connect(&harness.url()).await?;
+    let harness = harness.with_queue_admin(observer).owning(server);
+    Ok(Lab::new("postgres", harness, nodes).secured(options.secured))
+}

@@ -1,0 +1,73 @@
+//! How the lab starts Redis (feature `testbed`): independent servers on loopback (one for
+//! this backend, five for Redlock's), under the clock shim if asked, plain or requiring
+//! TLS with client certificates and an ACL user allowed [`ACL_COMMANDS`] on its prefix.
+
+use std::future::Future;
+
+use tenure_api::{DistributedLock, LockAdmin, LockError};
+use tenure_conformance::servers::dyn_nodes;
+use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+
+use crate::{RedisLock, ACL_COMMANDS};
+
+/// Redis's testbed: one server.
+pub const TESTBED: Testbed = Testbed {
+    name: "redis",
+    servers: start_boxed,
+    waiter_records: None,
+    patient_query: "request_timeout_ms=5000",
+};
+
+fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
+    Box::pin(start_servers(
+        "redis",
+        1,
+        Some("request_timeout_ms=300"),
+        options,
+        |url| async move { RedisLock::connect(&url).await },
+    ))
+}
+
+/// Starts `count` independent Redis servers and a lab named `name` on them: its URLs
+/// `name://` (`names://` when secured), its clients made by `connect`, with `cut_query`
+/// on the clients whose links a fault cuts.
+///
+/// # Cancel safety
+/// Cancel-safe: the servers started so far are stopped when dropped.
+pub async fn start_servers<F, Fut, L>(
+    name: &'static str,
+    count: usize,
+    cut_query: Option<&str>,
+    options: TestbedOptions,
+    connect: F,
+) -> Result<Lab, BoxError>
+where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<L, LockError>> + Send + 'static,
+    L: DistributedLock + LockAdmin + 'static,
+{
+    let servers = RedisOptions::default()
+        .nodes(count)
+        .clock_shim(options.clock_shim);
+    let servers = match options.secured {
+        true => servers.secured(ACL_COMMANDS),
+        false => servers,
+    };
+    let cluster = RedisCluster::start(servers).await?;
+    let nodes = dyn_nodes(cluster.nodes());
+    let template = match cluster.secrets() {
+        Some(secrets) => secrets.url(&format!("{name}s"), "{hosts}"),
+        None => format!("{name}://{{hosts}}"),
+    };
+    let mut harness = harness_on(name, &template, &nodes, connect.clone());
+    if let Some(query) = cut_query {
+        harness = harness.cut_query(query);
+    }
+    // The FIFO scenario asks a client of its own about a key's queue.
+    let observer = connect(harness.url()).await?;
+    let harness = harness.with_queue_admin(observer);
+    Ok(Lab::new(name, harness.owning(cluster), nodes)
+        .clock_shim(options.clock_shim)
+        .secured(options.secured))
+}

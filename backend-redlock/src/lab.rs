@@ -1,0 +1,25 @@
+//! How the lab starts Redlock (feature `testbed`): five independent Redis masters on
+//! loopback (see `tenure_redis::lab`), under the clock shim if asked, plain or secured.
+
+use tenure_conformance::testbed::{BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+
+use crate::Redlock;
+
+/// Redlock's testbed: five masters.
+pub const TESTBED: Testbed = Testbed {
+    name: "redlock",
+    servers: start_boxed,
+    // Both bounds: each node's request timeout, and the round's per-node bound.
+    waiter_records: None,
+    patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
+};
+
+fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
+    Box::pin(tenure_redis::lab::start_servers(
+        "redlock",
+        5,
+        None,
+        options,
+        |url| async move { Redlock::connect(&url).await },
+    ))
+}

@@ -1,0 +1,68 @@
+//! How the lab starts ZooKeeper (feature `testbed`): a 3-server ensemble on loopback
+//! whose member links pass through proxies the faults can cut, plain or requiring TLS
+//! with client certificates and a digest ACL on its chroot.
+
+use std::sync::Arc;
+
+use tenure_api::LockError;
+use tenure_conformance::faults::{leader_of, PeerLinks, WaiterRecords};
+use tenure_conformance::servers::dyn_nodes;
+use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+
+use crate::ZkLock;
+
+/// The ensemble's tick: sessions may then be 0.4–4 s, so expiry scenarios run in seconds.
+const TICK_MS: u32 = 200;
+
+/// ZooKeeper's testbed: a 3-server ensemble, its server faults aimed at the leader.
+pub const TESTBED: Testbed = Testbed {
+    name: "zk",
+    servers: start_boxed,
+    waiter_records: Some(waiter_records),
+    patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
+};
+
+fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>> {
+    Box::pin(async move {
+        let records: Arc<dyn WaiterRecords> = Arc::new(ZkLock::connect(&url).await?);
+        Ok(records)
+    })
+}
+
+fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
+    Box::pin(start(options))
+}
+
+async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
+    let zk_options = ZkOptions::default()
+        .nodes(3)
+        .tick_time_ms(TICK_MS)
+        .peer_proxies(true);
+    let zk_options = match options.secured {
+        true => zk_options.secured(),
+        false => zk_options,
+    };
+    let ensemble = Arc::new(ZkEnsemble::start(zk_options).await?);
+    let leader = leader_of(&ensemble, |e| {
+        Box::pin(async move { e.leader_index().await.ok() })
+    });
+    let links: Arc<dyn PeerLinks> = ensemble.clone();
+    let nodes = dyn_nodes(ensemble.nodes());
+    let template = match ensemble.secrets() {
+        Some(secrets) => format!("{}&tick_ms={TICK_MS}", secrets.url("{hosts}")),
+        None => format!("zk://{{hosts}}?tick_ms={TICK_MS}"),
+    };
+    let harness = harness_on("zk", &template, &nodes, |url| async move {
+        ZkLock::connect(&url).await
+    })
+    .query("session_timeout_ms=4000")
+    .cut_query("session_timeout_ms=1000&request_timeout_ms=300");
+    // A key's queue is its lock directory's children, holder and waiters alike.
+    let observer = ZkLock::connect(&harness.url()).await?;
+    let harness = harness.with_queue_admin(observer).owning(ensemble);
+    Ok(Lab::new("zk", harness, nodes)
+        .secured(options.secured)
+        .with_leader(leader)
+        .with_peer_links(links))
+}

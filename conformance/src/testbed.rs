@@ -1,0 +1,194 @@
+//! A backend's testbed: how its servers start on this machine and how the lab's clients
+//! reach them. Each backend crate exports one (`TESTBED`, behind its `testbed` feature);
+//! the lab (`tenure matrix`, `tenure bench --all-local`) reads a table of them as
+//! `tenure::connect` reads its drivers, and the backend's own fault suite starts the same
+//! servers through it, so the recipe is written once, in the backend's crate.
+
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use futures::future::BoxFuture;
+use tenure_api::{DistributedLock, LockError};
+
+use crate::faults::{FaultTarget, LeaderFn, PeerLinks, WaiterRecords};
+use crate::servers::Node;
+use crate::UrlHarness;
+
+/// The error of a testbed that could not start.
+pub type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Connects, to the URL given, a client that removes waiters' records from the servers.
+pub type WaiterRecordsFn =
+    fn(String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>>;
+
+/// What to start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TestbedOptions {
+    /// Run the servers under the clock shim where the backend's servers can take it
+    /// (Redis), so fault scenarios can jump their clocks (it turns `clock_gettime` into a
+    /// syscall: leave it off for benchmarks).
+    pub clock_shim: bool,
+    /// Servers that require TLS with client certificates from a throwaway CA and a
+    /// password, and clients as a user with only the privileges docs/security.md lists.
+    pub secured: bool,
+}
+
+/// How one backend's lab starts.
+#[derive(Clone, Copy)]
+pub struct Testbed {
+    /// The backend's name, as its capabilities give it (`etcd`, `zk`, …).
+    pub name: &'static str,
+    /// Starts the backend's servers on free loopback ports, and a harness on them (see
+    /// [`Testbed::start`]).
+    pub servers: fn(TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>>,
+    /// The client options of the fault suite's patient client, which waits out a delayed
+    /// or lost reply instead of giving up on it (every bound the backend has, raised).
+    pub patient_query: &'static str,
+    /// Where the backend's servers keep a record of each waiter (an etcd key, a ZooKeeper
+    /// node): a client that removes them, for the vanished-queue-record fault.
+    pub waiter_records: Option<WaiterRecordsFn>,
+}
+
+impl Testbed {
+    /// Starts the backend's servers on free loopback ports, and a harness on them.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the servers started so far are stopped when dropped.
+    pub async fn start(&self, options: TestbedOptions) -> Result<Lab, BoxError> {
+        let lab = (self.servers)(options).await?;
+        Ok(Lab {
+            patient_query: self.patient_query,
+            waiter_records: self.waiter_records,
+            ..lab
+        })
+    }
+}
+
+impl fmt::Debug for Testbed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Testbed").field("name", &self.name).finish()
+    }
+}
+
+/// A backend on servers its testbed started. Dropping it (every clone) stops them.
+#[derive(Clone)]
+pub struct Lab {
+    /// The backend's name.
+    pub name: &'static str,
+    /// A harness on the servers; it owns them.
+    pub harness: UrlHarness,
+    /// The servers, for process faults.
+    pub nodes: Vec<Arc<dyn Node>>,
+    /// Whether the nodes run under the clock shim.
+    pub clock_shim: bool,
+    /// Whether the servers require TLS and a password.
+    pub secured: bool,
+    /// The consensus leader, where there is one.
+    pub leader: Option<LeaderFn>,
+    /// The links between members, where they can be cut.
+    pub peer_links: Option<Arc<dyn PeerLinks>>,
+    /// The patient client's options ([`Testbed::patient_query`]).
+    pub patient_query: &'static str,
+    /// The waiters' records' client ([`Testbed::waiter_records`]).
+    pub waiter_records: Option<WaiterRecordsFn>,
+}
+
+impl fmt::Debug for Lab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lab")
+            .field("name", &self.name)
+            .field("harness", &self.harness)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lab {
+    /// A lab of `harness` on `nodes` (no clock shim, not secured, no leader or member
+    /// links until declared).
+    pub fn new(name: &'static str, harness: UrlHarness, nodes: Vec<Arc<dyn Node>>) -> Self {
+        Self {
+            name,
+            harness,
+            nodes,
+            clock_shim: false,
+            secured: false,
+            leader: None,
+            peer_links: None,
+            patient_query: "",
+            waiter_records: None,
+        }
+    }
+
+    /// Whether the nodes run under the clock shim.
+    pub fn clock_shim(mut self, clock_shim: bool) -> Self {
+        self.clock_shim = clock_shim;
+        self
+    }
+
+    /// Whether the servers require TLS and a password.
+    pub fn secured(mut self, secured: bool) -> Self {
+        self.secured = secured;
+        self
+    }
+
+    /// With the consensus leader found by `leader`.
+    pub fn with_leader(mut self, leader: LeaderFn) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// With the links between members, which faults can cut.
+    pub fn with_peer_links(mut self, links: Arc<dyn PeerLinks>) -> Self {
+        self.peer_links = Some(links);
+        self
+    }
+
+    /// The fault suite's target on these servers, its trials on leases of `ttl`, with
+    /// every control the lab has (processes, leader, member links, clock, waiters'
+    /// records) and its patient client.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the clients it connects are dropped.
+    pub async fn fault_target(self, ttl: Duration) -> Result<FaultTarget, LockError> {
+        let url = self.harness.url();
+        let mut target = FaultTarget::new(self.name, self.harness, ttl)
+            .await?
+            .with_nodes(self.nodes)
+            .with_patient_query(self.patient_query)
+            .secured(self.secured);
+        if let Some(leader) = self.leader {
+            target = target.with_leader(leader);
+        }
+        if let Some(links) = self.peer_links {
+            target = target.with_peer_links(links);
+        }
+        if self.clock_shim {
+            target = target.with_clock_shim();
+        }
+        if let Some(connect) = self.waiter_records {
+            target = target.with_waiter_records(connect(url).await?);
+        }
+        Ok(target)
+    }
+}
+
+/// A harness named `name` whose clients `connect` to `template` on `nodes`, following
+/// them when a restart moves one to another port.
+pub fn harness_on<F, Fut, L>(
+    name: &str,
+    template: &str,
+    nodes: &[Arc<dyn Node>],
+    connect: F,
+) -> UrlHarness
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<L, LockError>> + Send + 'static,
+    L: DistributedLock + 'static,
+{
+    let targets = nodes.iter().map(|n| n.addr()).collect();
+    UrlHarness::new(name, template, targets, connect).follow_nodes(nodes)
+}
