@@ -9,7 +9,11 @@ use tenure_api::LockError;
 use tenure_conformance::faults::{leader_of, WaiterRecords};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
-use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    harness_on, BoxError, BoxFuture, Lab, ServerBounds, Testbed, TestbedOptions,
+};
+
+use tenure_conformance::UrlHarness;
 
 use crate::{EtcdConfig, EtcdLock};
 
@@ -18,6 +22,8 @@ pub const TESTBED: Testbed = Testbed {
     name: "etcd",
     servers: start_boxed,
     waiter_records: Some(waiter_records),
+    server_bounds: Some(server_bounds),
+    redis_keys: None,
     patient_query: "request_timeout_ms=10000",
 };
 
@@ -25,6 +31,22 @@ fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecord
     Box::pin(async move {
         let records: Arc<dyn WaiterRecords> = Arc::new(EtcdLock::connect(&url).await?);
         Ok(records)
+    })
+}
+
+/// The lease etcd grants for a short request (whole seconds, at least about 1.5 election
+/// timeouts), and the cluster's voting members.
+fn server_bounds(
+    harness: &UrlHarness,
+    short: Duration,
+) -> BoxFuture<'_, Result<ServerBounds, LockError>> {
+    Box::pin(async move {
+        let lock = EtcdLock::connect(&harness.url()).await?;
+        Ok(ServerBounds {
+            ttl: lock.granted_ttl(short).await?,
+            why: "the lease TTL etcd grants for a short request",
+            members: Some(lock.members()),
+        })
     })
 }
 
@@ -68,7 +90,7 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     // The FIFO scenario counts a key's queue through a client of its own.
     let observer = EtcdLock::connect(&harness.url()).await?;
     let harness = harness.with_queue_admin(observer).owning(cluster);
-    Ok(Lab::new("etcd", harness, nodes)
+    Ok(Lab::new(TESTBED, harness, nodes)
         .secured(options.secured)
         .with_leader(leader))
 }

@@ -17,7 +17,7 @@ mod harness;
 mod secured;
 
 use std::time::Duration;
-use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::expect;
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_etcd::EtcdLock;
@@ -50,13 +50,7 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_etcd::TESTBED.start(FAULTS).await?;
-            let url = lab.harness.url();
-            // The trials' leases: what etcd grants for a short request (whole seconds, at
-            // least about 1.5 election timeouts).
-            let probe = EtcdLock::connect(&url).await?;
-            let ttl = probe.granted_ttl(Duration::from_secs(2)).await?;
-            let target = lab.fault_target(ttl).await?;
-            let config = Config::of("etcd", &url, probe.members())?;
+            let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

@@ -15,6 +15,8 @@ pub const TESTBED: Testbed = Testbed {
     name: "postgres",
     servers: start_boxed,
     waiter_records: None,
+    server_bounds: None,
+    redis_keys: None,
     patient_query: "request_timeout_ms=5000",
 };
 
@@ -45,5 +47,5 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     // The FIFO scenario counts a key's queue through a client of its own.
     let observer = PgLock::connect(&harness.url()).await?;
     let harness = harness.with_queue_admin(observer).owning(server);
-    Ok(Lab::new("postgres", harness, nodes).secured(options.secured))
+    Ok(Lab::new(TESTBED, harness, nodes).secured(options.secured))
 }

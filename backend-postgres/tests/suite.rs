@@ -15,8 +15,7 @@
 mod harness;
 mod secured;
 
-use std::time::Duration;
-use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::expect;
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_postgres::PgLock;
@@ -47,9 +46,7 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_postgres::TESTBED.start(FAULTS).await?;
-            let url = lab.harness.url();
-            let target = lab.fault_target(Duration::from_millis(500)).await?;
-            let config = Config::of("postgres", &url, 1)?;
+            let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

@@ -3,25 +3,36 @@
 //! TLS with client certificates and an ACL user allowed [`ACL_COMMANDS`] on its prefix.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tenure_api::{DistributedLock, LockAdmin, LockError};
+use tenure_conformance::faults::RedisKeyFn;
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
 
-use crate::{RedisLock, ACL_COMMANDS};
+use crate::{RedisConfig, RedisLock, ACL_COMMANDS};
 
 /// Redis's testbed: one server.
 pub const TESTBED: Testbed = Testbed {
     name: "redis",
     servers: start_boxed,
     waiter_records: None,
+    server_bounds: None,
+    redis_keys: Some(redis_keys),
     patient_query: "request_timeout_ms=5000",
 };
 
+/// The Redis key of a lock's state, for the fault suite's failovers of Sentinel and
+/// Cluster deployments.
+fn redis_keys(url: &str) -> Result<RedisKeyFn, LockError> {
+    let config = RedisConfig::from_url(url)?;
+    Ok(Arc::new(move |key| config.lock_key(key)))
+}
+
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(start_servers(
-        "redis",
+        TESTBED,
         1,
         Some("request_timeout_ms=300"),
         options,
@@ -29,14 +40,14 @@ fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxErr
     ))
 }
 
-/// Starts `count` independent Redis servers and a lab named `name` on them: its URLs
-/// `name://` (`names://` when secured), its clients made by `connect`, with `cut_query`
+/// Starts `count` independent Redis servers and a lab of `testbed` on them: its URLs
+/// `name://` (`names://` when secured, the name being the testbed's), its clients made by `connect`, with `cut_query`
 /// on the clients whose links a fault cuts.
 ///
 /// # Cancel safety
 /// Cancel-safe: the servers started so far are stopped when dropped.
 pub async fn start_servers<F, Fut, L>(
-    name: &'static str,
+    testbed: Testbed,
     count: usize,
     cut_query: Option<&str>,
     options: TestbedOptions,
@@ -54,6 +65,7 @@ where
         true => servers.secured(ACL_COMMANDS),
         false => servers,
     };
+    let name = testbed.name;
     let cluster = RedisCluster::start(servers).await?;
     let nodes = dyn_nodes(cluster.nodes());
     let template = match cluster.secrets() {
@@ -67,7 +79,7 @@ where
     // The FIFO scenario asks a client of its own about a key's queue.
     let observer = connect(harness.url()).await?;
     let harness = harness.with_queue_admin(observer);
-    Ok(Lab::new(name, harness.owning(cluster), nodes)
+    Ok(Lab::new(testbed, harness.owning(cluster), nodes)
         .clock_shim(options.clock_shim)
         .secured(options.secured))
 }

@@ -17,15 +17,14 @@
 //!   asynchronous replica, Sentinel, Cluster): every fault, checked against the table's row
 //!   for Redis (`?fence=clock`, the default).
 
-use std::sync::Arc;
 use std::time::Duration;
-use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::expect;
 use tenure_conformance::servers::redis::sentinel::{RedisSentinels, MASTER_NAME};
 use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
-use tenure_redis::{RedisConfig, RedisLock};
+use tenure_redis::RedisLock;
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
 /// testbed), under the clock shim where the backend's servers can run under it.
@@ -92,13 +91,7 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_redis::TESTBED.start(FAULTS).await?;
-            let url = lab.harness.url();
-            let redis = RedisConfig::from_url(&url)?;
-            let target = lab
-                .fault_target(Duration::from_millis(500))
-                .await?
-                .with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
-            let config = Config::of("redis", &url, 1)?;
+            let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

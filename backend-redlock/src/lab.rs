@@ -11,12 +11,14 @@ pub const TESTBED: Testbed = Testbed {
     servers: start_boxed,
     // Both bounds: each node's request timeout, and the round's per-node bound.
     waiter_records: None,
+    server_bounds: None,
+    redis_keys: None,
     patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
 };
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(tenure_redis::lab::start_servers(
-        "redlock",
+        TESTBED,
         5,
         None,
         options,

@@ -13,8 +13,7 @@
 //!   live masters under the clock shim: every fault, checked against the table's row for
 //!   Redlock (with its quorum fence, the default).
 
-use std::time::Duration;
-use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::expect;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
@@ -67,9 +66,7 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_redlock::TESTBED.start(FAULTS).await?;
-            let url = lab.harness.url();
-            let target = lab.fault_target(Duration::from_millis(500)).await?;
-            let config = Config::of("redlock", &url, 5)?;
+            let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

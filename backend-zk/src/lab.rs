@@ -3,12 +3,17 @@
 //! with client certificates and a digest ACL on its chroot.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tenure_api::LockError;
 use tenure_conformance::faults::{leader_of, PeerLinks, WaiterRecords};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
-use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    harness_on, BoxError, BoxFuture, Lab, ServerBounds, Testbed, TestbedOptions,
+};
+
+use tenure_conformance::UrlHarness;
 
 use crate::ZkLock;
 
@@ -20,6 +25,8 @@ pub const TESTBED: Testbed = Testbed {
     name: "zk",
     servers: start_boxed,
     waiter_records: Some(waiter_records),
+    server_bounds: Some(server_bounds),
+    redis_keys: None,
     patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
 };
 
@@ -27,6 +34,31 @@ fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecord
     Box::pin(async move {
         let records: Arc<dyn WaiterRecords> = Arc::new(ZkLock::connect(&url).await?);
         Ok(records)
+    })
+}
+
+/// A lock outlives its silent holder by the holder's session timeout, which the server
+/// negotiates (2–20 × its tickTime): the direct and the cuttable clients' sessions both
+/// hold locks in the trials, so the longer of the two.
+fn server_bounds(
+    harness: &UrlHarness,
+    _short: Duration,
+) -> BoxFuture<'_, Result<ServerBounds, LockError>> {
+    Box::pin(async move {
+        let mut longest = Duration::ZERO;
+        for url in [harness.url(), harness.url_with(harness.cut_options())] {
+            let timeout = ZkLock::connect(&url).await?.session_timeout();
+            let timeout = timeout.ok_or_else(|| LockError::Unavailable {
+                message: "the ZooKeeper session closed at once".into(),
+                source: None,
+            })?;
+            longest = longest.max(timeout);
+        }
+        Ok(ServerBounds {
+            ttl: longest,
+            why: "the negotiated ZooKeeper session timeout",
+            members: None,
+        })
     })
 }
 
@@ -61,7 +93,7 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     // A key's queue is its lock directory's children, holder and waiters alike.
     let observer = ZkLock::connect(&harness.url()).await?;
     let harness = harness.with_queue_admin(observer).owning(ensemble);
-    Ok(Lab::new("zk", harness, nodes)
+    Ok(Lab::new(TESTBED, harness, nodes)
         .secured(options.secured)
         .with_leader(leader)
         .with_peer_links(links))

@@ -11,8 +11,7 @@
 //!   live 3-node ensemble (`tickTime` 200 ms) whose member links pass through proxies the
 //!   suite can cut: every fault, checked against the table's row for ZooKeeper.
 
-use std::time::Duration;
-use tenure_conformance::faults::expect::{self, Config};
+use tenure_conformance::faults::expect;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
@@ -57,16 +56,7 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_zk::TESTBED.start(FAULTS).await?;
-            let url = lab.harness.url();
-            // A lock outlives its silent holder by the session timeout the server negotiates,
-            // for the direct and the cuttable clients alike: the longer is the trials' TTL.
-            let mut ttl = Duration::ZERO;
-            for url in [url.clone(), lab.harness.url_with(lab.harness.cut_options())] {
-                let session = ZkLock::connect(&url).await?.session_timeout();
-                ttl = ttl.max(session.ok_or("the ZooKeeper session closed at once")?);
-            }
-            let target = lab.fault_target(ttl).await?;
-            let config = Config::of("zk", &url, 3)?;
+            let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

@@ -13,9 +13,10 @@ use std::time::Duration;
 pub use futures::future::BoxFuture;
 use tenure_api::{DistributedLock, LockError};
 
-use crate::faults::{FaultTarget, LeaderFn, PeerLinks, WaiterRecords};
+use crate::faults::expect::Config;
+use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords};
 use crate::servers::Node;
-use crate::UrlHarness;
+use crate::{Harness as _, UrlHarness};
 
 /// The error of a testbed that could not start.
 pub type BoxError = Box<dyn Error + Send + Sync>;
@@ -23,6 +24,38 @@ pub type BoxError = Box<dyn Error + Send + Sync>;
 /// Connects, to the URL given, a client that removes waiters' records from the servers.
 pub type WaiterRecordsFn =
     fn(String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>>;
+
+/// Asks the servers behind a harness what they impose on a trial's lease of the duration
+/// given (see [`Testbed::server_bounds`]).
+pub type ServerBoundsFn =
+    for<'a> fn(&'a UrlHarness, Duration) -> BoxFuture<'a, Result<ServerBounds, LockError>>;
+
+/// Maps, for the client of the URL given, a lock key to the Redis key its state lives
+/// under.
+pub type RedisKeysFn = fn(&str) -> Result<RedisKeyFn, LockError>;
+
+/// What a backend's servers impose on the fault suite's trials, asked of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerBounds {
+    /// The shortest lease the servers free a silent holder's lock after.
+    pub ttl: Duration,
+    /// What sets it (for the report: "the negotiated ZooKeeper session timeout").
+    pub why: &'static str,
+    /// The voting members, where the servers list them (the URL may name only some).
+    pub members: Option<usize>,
+}
+
+/// The trials' lease and the servers' count, as the servers gave them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The trials' TTL: the short TTL asked for, or longer where the servers cannot free a
+    /// silent holder's lock that soon.
+    pub ttl: Duration,
+    /// Why it is longer than the short TTL (empty if it is not).
+    pub ttl_why: String,
+    /// The voting members, where the servers list them.
+    pub members: Option<usize>,
+}
 
 /// What to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +83,12 @@ pub struct Testbed {
     /// Where the backend's servers keep a record of each waiter (an etcd key, a ZooKeeper
     /// node): a client that removes them, for the vanished-queue-record fault.
     pub waiter_records: Option<WaiterRecordsFn>,
+    /// Where the servers bound a lease from below (a negotiated session, a granted lease
+    /// TTL) or know their members: how to ask them.
+    pub server_bounds: Option<ServerBoundsFn>,
+    /// Where the backend runs on the Redis deployments the fault suite fails over (a
+    /// Sentinel group, a Redis Cluster): where a lock's state lives.
+    pub redis_keys: Option<RedisKeysFn>,
 }
 
 impl Testbed {
@@ -60,9 +99,38 @@ impl Testbed {
     pub async fn start(&self, options: TestbedOptions) -> Result<Lab, BoxError> {
         let lab = (self.servers)(options).await?;
         Ok(Lab {
-            patient_query: self.patient_query,
-            waiter_records: self.waiter_records,
+            testbed: *self,
             ..lab
+        })
+    }
+
+    /// The trials' TTL — `short`, or longer where the servers behind `harness` cannot
+    /// free a silent holder's lock that soon — and their members, asked of them.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the probing clients are dropped (an etcd probe lease expires).
+    pub async fn probe(&self, harness: &UrlHarness, short: Duration) -> Result<Probe, LockError> {
+        let bounds = match self.server_bounds {
+            Some(ask) => Some(ask(harness, short).await?),
+            None => None,
+        };
+        let members = bounds.as_ref().and_then(|b| b.members);
+        let (ttl, ttl_why) = match bounds {
+            Some(bounds) if bounds.ttl > short => {
+                let why = format!(
+                    "{} ms instead of {} ms: {}",
+                    bounds.ttl.as_millis(),
+                    short.as_millis(),
+                    bounds.why
+                );
+                (bounds.ttl, why)
+            }
+            _ => (short, String::new()),
+        };
+        Ok(Probe {
+            ttl,
+            ttl_why,
+            members,
         })
     }
 }
@@ -76,8 +144,8 @@ impl fmt::Debug for Testbed {
 /// A backend on servers its testbed started. Dropping it (every clone) stops them.
 #[derive(Clone)]
 pub struct Lab {
-    /// The backend's name.
-    pub name: &'static str,
+    /// The testbed that started it.
+    pub testbed: Testbed,
     /// A harness on the servers; it owns them.
     pub harness: UrlHarness,
     /// The servers, for process faults.
@@ -90,16 +158,12 @@ pub struct Lab {
     pub leader: Option<LeaderFn>,
     /// The links between members, where they can be cut.
     pub peer_links: Option<Arc<dyn PeerLinks>>,
-    /// The patient client's options ([`Testbed::patient_query`]).
-    pub patient_query: &'static str,
-    /// The waiters' records' client ([`Testbed::waiter_records`]).
-    pub waiter_records: Option<WaiterRecordsFn>,
 }
 
 impl fmt::Debug for Lab {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lab")
-            .field("name", &self.name)
+            .field("testbed", &self.testbed.name)
             .field("harness", &self.harness)
             .field("nodes", &self.nodes.len())
             .finish_non_exhaustive()
@@ -107,19 +171,17 @@ impl fmt::Debug for Lab {
 }
 
 impl Lab {
-    /// A lab of `harness` on `nodes` (no clock shim, not secured, no leader or member
-    /// links until declared).
-    pub fn new(name: &'static str, harness: UrlHarness, nodes: Vec<Arc<dyn Node>>) -> Self {
+    /// A lab of `testbed` with `harness` on `nodes` (no clock shim, not secured, no
+    /// leader or member links until declared).
+    pub fn new(testbed: Testbed, harness: UrlHarness, nodes: Vec<Arc<dyn Node>>) -> Self {
         Self {
-            name,
+            testbed,
             harness,
             nodes,
             clock_shim: false,
             secured: false,
             leader: None,
             peer_links: None,
-            patient_query: "",
-            waiter_records: None,
         }
     }
 
@@ -147,18 +209,36 @@ impl Lab {
         self
     }
 
+    /// The backend's fault suite on these servers: its target, its trials on the shortest
+    /// lease the servers honour, and the configuration the table of expected verdicts
+    /// judges it by.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the clients it connects are dropped.
+    pub async fn fault_suite(self) -> Result<(FaultTarget, Config), BoxError> {
+        let url = self.harness.url();
+        let probe = self
+            .testbed
+            .probe(&self.harness, self.harness.short_ttl())
+            .await?;
+        let nodes = probe.members.unwrap_or(self.harness.targets().len());
+        let config = Config::of(self.testbed.name, &url, nodes)?;
+        Ok((self.fault_target(probe.ttl).await?, config))
+    }
+
     /// The fault suite's target on these servers, its trials on leases of `ttl`, with
     /// every control the lab has (processes, leader, member links, clock, waiters'
-    /// records) and its patient client.
+    /// records, Redis deployments) and its patient client.
     ///
     /// # Cancel safety
     /// Cancel-safe: the clients it connects are dropped.
     pub async fn fault_target(self, ttl: Duration) -> Result<FaultTarget, LockError> {
         let url = self.harness.url();
-        let mut target = FaultTarget::new(self.name, self.harness, ttl)
+        let testbed = self.testbed;
+        let mut target = FaultTarget::new(testbed.name, self.harness, ttl)
             .await?
             .with_nodes(self.nodes)
-            .with_patient_query(self.patient_query)
+            .with_patient_query(testbed.patient_query)
             .secured(self.secured);
         if let Some(leader) = self.leader {
             target = target.with_leader(leader);
@@ -169,8 +249,11 @@ impl Lab {
         if self.clock_shim {
             target = target.with_clock_shim();
         }
-        if let Some(connect) = self.waiter_records {
-            target = target.with_waiter_records(connect(url).await?);
+        if let Some(connect) = testbed.waiter_records {
+            target = target.with_waiter_records(connect(url.clone()).await?);
+        }
+        if let Some(keys) = testbed.redis_keys {
+            target = target.with_redis_deployments(keys(&url)?);
         }
         Ok(target)
     }

@@ -11,7 +11,7 @@ pub mod report;
 use std::io::{IsTerminal, Write as _};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -479,17 +479,19 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         use tenure_conformance::Harness;
         harness.short_ttl()
     };
-    let probe = probe(backend, &harness, short)
+    let testbed = local::testbed(backend)
+        .ok_or_else(|| format!("{name}: no testbed for backend {backend:?} in this build"))?;
+    let probe = testbed
+        .probe(&harness, short)
         .await
         .map_err(|e| format!("{name}: asking the servers: {e}"))?;
     let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
     let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
     let harness_url = harness.url();
-    let testbed = local::testbed(backend);
     let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)
         .with_nodes(nodes)
-        .with_patient_query(testbed.map_or("", |t| t.patient_query))
+        .with_patient_query(testbed.patient_query)
         .with_run_id(run_id)
         .secured(secured);
     if let Some(leader) = leader {
@@ -503,7 +505,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     }
     // A way to remove its waiters' records, where the backend keeps them (not through a
     // broken variant's wrapper).
-    if let Some(connect) = testbed.and_then(|t| t.waiter_records) {
+    if let Some(connect) = testbed.waiter_records {
         if !name.starts_with("broken:") {
             let records = connect(harness_url)
                 .await
@@ -518,10 +520,11 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     }
     // A broken variant's flaw needs one server's connection: on the suite's Sentinel and
     // Cluster deployments it could not be wrapped, so they are not declared for it.
-    if caps.backend == "redis" && !name.starts_with("broken:") {
-        let redis = tenure_redis::RedisConfig::from_url(&faults.harness().url())
-            .map_err(|e| format!("{name}: {e}"))?;
-        faults = faults.with_redis_deployments(Arc::new(move |key| redis.lock_key(key)));
+    if let Some(keys) = testbed.redis_keys {
+        if !name.starts_with("broken:") {
+            let keys = keys(&faults.harness().url()).map_err(|e| format!("{name}: {e}"))?;
+            faults = faults.with_redis_deployments(keys);
+        }
     }
     Ok(Target {
         faults,
@@ -543,67 +546,6 @@ fn broken_backend(name: &str) -> Result<(&str, Wrap), String> {
         return Ok((flaw.backend(), Box::new(wrap)));
     }
     Ok((name, Box::new(|harness| harness)))
-}
-
-/// What the servers say about themselves.
-struct Probe {
-    /// The trials' TTL.
-    ttl: Duration,
-    /// Why it is longer than the short TTL (empty if it is not).
-    ttl_why: String,
-    /// Voting members, where the servers list them (etcd): the URL may name only some.
-    members: Option<usize>,
-}
-
-/// The trials' TTL — `short`, or longer where the servers cannot free a silent holder's
-/// lock that soon — and the cluster's size, asked of the servers, not assumed.
-///
-/// # Cancel safety
-/// Cancel-safe: the probing clients are dropped (an etcd probe lease expires).
-async fn probe(backend: &str, harness: &UrlHarness, short: Duration) -> Result<Probe, LockError> {
-    let mut members = None;
-    let floor = match backend {
-        "zk" => {
-            // A lock outlives its silent holder by the holder's session timeout, which
-            // the server negotiates (2–20 × its tickTime): the direct clients' and the
-            // cuttable clients' sessions both hold locks in the trials.
-            let mut longest = Duration::ZERO;
-            for url in [harness.url(), harness.url_with(harness.cut_options())] {
-                let lock = tenure_zk::ZkLock::connect(&url).await?;
-                let timeout = lock
-                    .session_timeout()
-                    .ok_or_else(|| LockError::Unavailable {
-                        message: "the ZooKeeper session closed at once".into(),
-                        source: None,
-                    })?;
-                longest = longest.max(timeout);
-            }
-            Some((longest, "the negotiated ZooKeeper session timeout"))
-        }
-        "etcd" => {
-            let lock = tenure_etcd::EtcdLock::connect(&harness.url()).await?;
-            members = Some(lock.members());
-            let granted = lock.granted_ttl(short).await?;
-            Some((granted, "the lease TTL etcd grants for a short request"))
-        }
-        _ => None,
-    };
-    let (ttl, ttl_why) = match floor {
-        Some((floor, what)) if floor > short => {
-            let why = format!(
-                "{} ms instead of {} ms: {what}",
-                floor.as_millis(),
-                short.as_millis()
-            );
-            (floor, why)
-        }
-        _ => (short, String::new()),
-    };
-    Ok(Probe {
-        ttl,
-        ttl_why,
-        members,
-    })
 }
 
 /// The cell, if it ran trials (a soak's fault never drawn did not).
