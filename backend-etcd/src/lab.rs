@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::LockError;
-use tenure_conformance::faults::{leader_of, WaiterRecords};
+use tenure_conformance::faults::{leader_of, Fault, WaiterRecords, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
 use tenure_conformance::testbed::{
@@ -23,9 +23,29 @@ pub const TESTBED: Testbed = Testbed {
     servers: start_boxed,
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
+    why_not: WHY_NOT,
     redis_keys: None,
     patient_query: "request_timeout_ms=10000",
 };
+
+/// What the fault suite cannot do to etcd here.
+const WHY_NOT: &[WhyNot] = &[
+    WhyNot::NotInjectable(
+        &[Fault::ClockJump],
+        "the clock shim cannot shift Go or JVM clocks",
+    ),
+    WhyNot::NotInjectable(
+        &[Fault::StaleAcquire, Fault::StaleExtend, Fault::StaleRelease],
+        "the etcd client sends every request over one HTTP/2 connection per endpoint and \
+         keeps it: a stalled connection holds up its later requests (the lease's \
+         keep-alive too), so it never moves on before the stalled ones land",
+    ),
+    WhyNot::NotInjectable(
+        &[Fault::MinorityPartition],
+        "the harness has no control over the links between etcd members (its members \
+         reach each other directly)",
+    ),
+];
 
 fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>> {
     Box::pin(async move {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::Node;
 use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
@@ -16,9 +17,28 @@ pub const TESTBED: Testbed = Testbed {
     servers: start_boxed,
     waiter_records: None,
     server_bounds: None,
+    why_not: WHY_NOT,
     redis_keys: None,
     patient_query: "request_timeout_ms=5000",
 };
+
+/// What the fault suite cannot do to Postgres here, or what does not apply to it.
+const WHY_NOT: &[WhyNot] = &[
+    WhyNot::NotInjectable(
+        &[Fault::ClockJump],
+        "the harness runs no clock shim under postgres",
+    ),
+    WhyNot::NotInjectable(
+        &[Fault::StaleAcquire, Fault::StaleExtend, Fault::StaleRelease],
+        "a Postgres lock is its session's transaction: the client cannot move a held lock \
+         to a fresh connection, and gives up a stalled connection with what it was doing",
+    ),
+    WhyNot::NotApplicable(
+        &[Fault::VanishedQueueRecord],
+        "a waiter's place is its lock wait inside the server, which only ending its \
+         session removes (the connection-cut cell)",
+    ),
+];
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(start(options))

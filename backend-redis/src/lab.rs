@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tenure_api::{DistributedLock, LockAdmin, LockError};
-use tenure_conformance::faults::RedisKeyFn;
+use tenure_conformance::faults::{Fault, RedisKeyFn, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
@@ -19,12 +19,32 @@ pub const TESTBED: Testbed = Testbed {
     servers: start_boxed,
     waiter_records: None,
     server_bounds: None,
+    why_not: WHY_NOT,
     redis_keys: Some(redis_keys),
     patient_query: "request_timeout_ms=5000",
 };
 
 /// The Redis key of a lock's state, for the fault suite's failovers of Sentinel and
 /// Cluster deployments.
+/// What does not apply to Redis, or cannot be injected without its deployments.
+const WHY_NOT: &[WhyNot] = &[
+    WhyNot::NotApplicable(
+        &[Fault::VanishedQueueRecord],
+        "waiters keep no record on the servers: they retry when woken",
+    ),
+    WhyNot::NotInjectable(
+        &[
+            Fault::ReplicaFailover,
+            Fault::SentinelFailover,
+            Fault::SentinelFailoverConfirmed,
+            Fault::SentinelConfirmingReplicaLost,
+            Fault::ClusterFailover,
+            Fault::ClusterFailoverConfirmed,
+        ],
+        "the harness declares no Redis deployments of this backend",
+    ),
+];
+
 fn redis_keys(url: &str) -> Result<RedisKeyFn, LockError> {
     let config = RedisConfig::from_url(url)?;
     Ok(Arc::new(move |key| config.lock_key(key)))

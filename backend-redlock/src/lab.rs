@@ -1,6 +1,7 @@
 //! How the lab starts Redlock (feature `testbed`): five independent Redis masters on
 //! loopback (see `tenure_redis::lab`), under the clock shim if asked, plain or secured.
 
+use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::testbed::{BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
 
 use crate::Redlock;
@@ -12,9 +13,16 @@ pub const TESTBED: Testbed = Testbed {
     // Both bounds: each node's request timeout, and the round's per-node bound.
     waiter_records: None,
     server_bounds: None,
+    why_not: WHY_NOT,
     redis_keys: None,
     patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
 };
+
+/// What does not apply to Redlock.
+const WHY_NOT: &[WhyNot] = &[WhyNot::NotApplicable(
+    &[Fault::VanishedQueueRecord],
+    "waiters keep no record on the servers: they retry when woken",
+)];
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(tenure_redis::lab::start_servers(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::LockError;
-use tenure_conformance::faults::{leader_of, PeerLinks, WaiterRecords};
+use tenure_conformance::faults::{leader_of, Fault, PeerLinks, WaiterRecords, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::testbed::{
@@ -26,9 +26,23 @@ pub const TESTBED: Testbed = Testbed {
     servers: start_boxed,
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
+    why_not: WHY_NOT,
     redis_keys: None,
     patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
 };
+
+/// What the fault suite cannot do to ZooKeeper here.
+const WHY_NOT: &[WhyNot] = &[
+    WhyNot::NotInjectable(
+        &[Fault::ClockJump],
+        "the clock shim cannot shift Go or JVM clocks",
+    ),
+    WhyNot::NotInjectable(
+        &[Fault::StaleAcquire, Fault::StaleExtend, Fault::StaleRelease],
+        "a ZooKeeper session has one connection: the client moves on only by \
+         reconnecting the session, and the server closes the stalled connection with it",
+    ),
+];
 
 fn waiter_records(url: String) -> BoxFuture<'static, Result<Arc<dyn WaiterRecords>, LockError>> {
     Box::pin(async move {

@@ -14,7 +14,7 @@ pub use futures::future::BoxFuture;
 use tenure_api::{DistributedLock, LockError};
 
 use crate::faults::expect::Config;
-use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords};
+use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
@@ -89,6 +89,9 @@ pub struct Testbed {
     /// Where the backend runs on the Redis deployments the fault suite fails over (a
     /// Sentinel group, a Redis Cluster): where a lock's state lives.
     pub redis_keys: Option<RedisKeysFn>,
+    /// Why the backend does not run some faults (not injectable into its servers, or not
+    /// applying to its protocol), in its own words.
+    pub why_not: &'static [WhyNot],
 }
 
 impl Testbed {
@@ -239,6 +242,7 @@ impl Lab {
             .await?
             .with_nodes(self.nodes)
             .with_patient_query(testbed.patient_query)
+            .with_why_not(testbed.why_not)
             .secured(self.secured);
         if let Some(leader) = self.leader {
             target = target.with_leader(leader);

@@ -492,6 +492,7 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)
         .with_nodes(nodes)
         .with_patient_query(testbed.patient_query)
+        .with_why_not(testbed.why_not)
         .with_run_id(run_id)
         .secured(secured);
     if let Some(leader) = leader {

@@ -8,7 +8,8 @@ use crate::Harness as _;
 
 /// Why `fault` cannot run on `target`, if it cannot: the cell to report instead.
 pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
-    let backend = target.caps.backend;
+    // The backend's own reasons, where the rules below leave a fault to it.
+    let declared = || target.why_not(fault);
     let not_injectable = |reason: &str| {
         Some(Cell::NotInjectable {
             reason: reason.into(),
@@ -20,11 +21,9 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
     match fault {
         _ if no_process => not_injectable("no process control over these servers"),
         _ if no_links => not_injectable("the harness cannot put a client's links behind proxies"),
-        Fault::ClockJump if !target.clock_shim => not_injectable(match backend {
-            "etcd" | "zk" => "the clock shim cannot shift Go or JVM clocks",
-            "postgres" => "the harness runs no clock shim under postgres",
-            _ => "servers not started under the clock shim",
-        }),
+        Fault::ClockJump if !target.clock_shim => {
+            declared().or_else(|| not_injectable("servers not started under the clock shim"))
+        }
         Fault::PausedLeader if target.caps.fencing == FencingKind::None => {
             Some(Cell::NotApplicable {
                 reason: "no fencing tokens, so no terms: Election refuses this configuration"
@@ -43,9 +42,7 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                     "the harness's primary-replica pair does not run with TLS and ACL users"
                 }),
                 _ if redis => None,
-                _ if backend == "redis" => {
-                    not_injectable("the harness declares no Redis deployments of this backend")
-                }
+                _ if declared().is_some() => declared(),
                 _ if fault.is_topology_failover() => Some(Cell::NotApplicable {
                     reason: "a failover of a Redis deployment".into(),
                 }),
@@ -58,36 +55,9 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                 _ => not_injectable("the harness starts no replica for this backend"),
             }
         }
-        Fault::StaleAcquire | Fault::StaleExtend | Fault::StaleRelease => match backend {
-            "etcd" => not_injectable(
-                "the etcd client sends every request over one HTTP/2 connection per \
-                 endpoint and keeps it: a stalled connection holds up its later requests \
-                 (the lease's keep-alive too), so it never moves on before the stalled \
-                 ones land",
-            ),
-            "zk" => not_injectable(
-                "a ZooKeeper session has one connection: the client moves on only by \
-                 reconnecting the session, and the server closes the stalled connection \
-                 with it",
-            ),
-            "postgres" => not_injectable(
-                "a Postgres lock is its session's transaction: the client cannot move a \
-                 held lock to a fresh connection, and gives up a stalled connection with \
-                 what it was doing",
-            ),
-            _ => None,
-        },
-        Fault::VanishedQueueRecord if target.waiter_records.is_none() => match backend {
-            "redis" | "redlock" => Some(Cell::NotApplicable {
-                reason: "waiters keep no record on the servers: they retry when woken".into(),
-            }),
-            "postgres" => Some(Cell::NotApplicable {
-                reason: "a waiter's place is its lock wait inside the server, which only \
-                         ending its session removes (the connection-cut cell)"
-                    .into(),
-            }),
-            _ => not_injectable("the harness declares no way to remove a waiter's record"),
-        },
+        Fault::StaleAcquire | Fault::StaleExtend | Fault::StaleRelease => declared(),
+        Fault::VanishedQueueRecord if target.waiter_records.is_none() => declared()
+            .or_else(|| not_injectable("the harness declares no way to remove a waiter's record")),
         Fault::MinorityPartition => match target.caps.replication {
             Replication::SingleNode => Some(Cell::NotApplicable {
                 reason: "one server: no minority side".into(),
@@ -102,10 +72,7 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             _ if target.peer_links.is_some() => {
                 not_injectable("member links declared, but no way to find the leader")
             }
-            _ if backend == "etcd" => not_injectable(
-                "the harness has no control over the links between etcd members (its \
-                 members reach each other directly)",
-            ),
+            _ if declared().is_some() => declared(),
             _ => not_injectable("no control over the links between the members"),
         },
         _ => None,

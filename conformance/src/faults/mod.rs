@@ -35,7 +35,7 @@ pub use health::ensure;
 pub use inject::{
     clock_jump_offset_ms, clock_jump_ttl, heal, inject, Evidence, CLOCK_JUMP_MIN_TTL,
 };
-pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords};
+pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
 
 type Target = FaultTarget;
 

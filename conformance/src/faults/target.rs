@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockError, LockKey};
 
-use super::Fault;
+use super::{Cell, Fault};
 use crate::servers::zk::ZkEnsemble;
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
@@ -75,6 +75,36 @@ pub trait WaiterRecords: LockAdmin + 'static {
     async fn remove_newest_waiter(&self, key: &LockKey) -> Result<Option<String>, LockError>;
 }
 
+/// Why a backend does not run some faults, as its testbed declares: the cell reported
+/// instead where the suite's own rules leave the fault to the backend (see
+/// [`applicability`](super::applicability)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhyNot {
+    /// The faults apply to the backend, but cannot be injected into these servers.
+    NotInjectable(&'static [Fault], &'static str),
+    /// The faults do not apply to the backend's protocol.
+    NotApplicable(&'static [Fault], &'static str),
+}
+
+impl WhyNot {
+    /// The cell to report for `fault`, if this covers it.
+    fn cell(&self, fault: Fault) -> Option<Cell> {
+        match *self {
+            WhyNot::NotInjectable(faults, reason) if faults.contains(&fault) => {
+                Some(Cell::NotInjectable {
+                    reason: reason.into(),
+                })
+            }
+            WhyNot::NotApplicable(faults, reason) if faults.contains(&fault) => {
+                Some(Cell::NotApplicable {
+                    reason: reason.into(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A backend under the fault suite: its harness, its declared [`Capabilities`], the
 /// trials' TTL, and what the harness controls. Build it with [`FaultTarget::new`] and
 /// declare each control the harness has; [`run`](super::run) reports the faults that
@@ -104,6 +134,7 @@ pub struct FaultTarget {
     pub(super) secured: bool,
     pub(super) redis_key: Option<RedisKeyFn>,
     pub(super) patient_query: String,
+    pub(super) why_not: &'static [WhyNot],
     pub(super) run_id: u32,
     pub(super) draw: usize,
 }
@@ -153,6 +184,7 @@ impl FaultTarget {
             secured: false,
             redis_key: None,
             patient_query: String::new(),
+            why_not: &[],
             run_id: rand::random(),
             draw: 0,
         }
@@ -223,6 +255,13 @@ impl FaultTarget {
         self
     }
 
+    /// With the backend's reasons for not running some faults (its testbed's
+    /// [`WhyNot`]s).
+    pub fn with_why_not(mut self, why_not: &'static [WhyNot]) -> Self {
+        self.why_not = why_not;
+        self
+    }
+
     /// Names this run in the trials' keys (default: random), so runs never share keys.
     pub fn with_run_id(mut self, run_id: u32) -> Self {
         self.run_id = run_id;
@@ -278,6 +317,11 @@ impl FaultTarget {
 
     pub(super) async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         self.harness.client().await
+    }
+
+    /// The cell the backend declares for `fault` instead of running it, if any.
+    pub(super) fn why_not(&self, fault: Fault) -> Option<Cell> {
+        self.why_not.iter().find_map(|why| why.cell(fault))
     }
 
     pub(super) fn patient_query(&self) -> &str {
