@@ -29,3 +29,8 @@ pub use harness::{
 };
 pub use history::{Counter, FencedRegister, History, Increment, LostUpdates, Report};
 pub use suite::{scenarios, Ctx, Failure, Outcome, Requirement, Scenario};
+
+// The guide's Rust example compiles, as a doc-test.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/conformance.md")]
+mod conformance_guide {}

@@ -232,3 +232,11 @@ mod tests {
         assert_eq!(DRIVERS.len(), 1, "memory only");
     }
 }
+
+// The guides' Rust examples compile, as doc-tests (`no_run` where they need servers).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/primitives.md")]
+mod primitives_guide {}
