@@ -21,11 +21,12 @@ use crate::{EtcdConfig, EtcdLock};
 pub const TESTBED: Testbed = Testbed {
     name: "etcd",
     servers: start_boxed,
+    patient_query: "request_timeout_ms=10000",
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
-    why_not: WHY_NOT,
     redis_keys: None,
-    patient_query: "request_timeout_ms=10000",
+    floor: Some(crate::floor::floor),
+    why_not: WHY_NOT,
 };
 
 /// What the fault suite cannot do to etcd here.

@@ -4,6 +4,8 @@ mod admin;
 mod config;
 mod feed;
 #[cfg(feature = "testbed")]
+mod floor;
+#[cfg(feature = "testbed")]
 mod lab;
 mod queue;
 mod rpc;

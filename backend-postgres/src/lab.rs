@@ -15,11 +15,12 @@ use crate::{PgConfig, PgLock};
 pub const TESTBED: Testbed = Testbed {
     name: "postgres",
     servers: start_boxed,
+    patient_query: "request_timeout_ms=5000",
     waiter_records: None,
     server_bounds: None,
-    why_not: WHY_NOT,
     redis_keys: None,
-    patient_query: "request_timeout_ms=5000",
+    floor: Some(crate::floor::floor),
+    why_not: WHY_NOT,
 };
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.

@@ -6,6 +6,8 @@ mod client;
 mod config;
 mod error;
 mod fenced;
+#[cfg(feature = "testbed")]
+mod floor;
 mod held;
 #[cfg(feature = "testbed")]
 mod lab;

@@ -17,15 +17,14 @@ use crate::{RedisConfig, RedisLock, ACL_COMMANDS};
 pub const TESTBED: Testbed = Testbed {
     name: "redis",
     servers: start_boxed,
+    patient_query: "request_timeout_ms=5000",
     waiter_records: None,
     server_bounds: None,
-    why_not: WHY_NOT,
     redis_keys: Some(redis_keys),
-    patient_query: "request_timeout_ms=5000",
+    floor: Some(crate::floor::floor),
+    why_not: WHY_NOT,
 };
 
-/// The Redis key of a lock's state, for the fault suite's failovers of Sentinel and
-/// Cluster deployments.
 /// What does not apply to Redis, or cannot be injected without its deployments.
 const WHY_NOT: &[WhyNot] = &[
     WhyNot::NotApplicable(
@@ -45,6 +44,8 @@ const WHY_NOT: &[WhyNot] = &[
     ),
 ];
 
+/// The Redis key of a lock's state, for the fault suite's failovers of Sentinel and
+/// Cluster deployments.
 fn redis_keys(url: &str) -> Result<RedisKeyFn, LockError> {
     let config = RedisConfig::from_url(url)?;
     Ok(Arc::new(move |key| config.lock_key(key)))
@@ -61,8 +62,8 @@ fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxErr
 }
 
 /// Starts `count` independent Redis servers and a lab of `testbed` on them: its URLs
-/// `name://` (`names://` when secured, the name being the testbed's), its clients made by `connect`, with `cut_query`
-/// on the clients whose links a fault cuts.
+/// `NAME://` (`NAMEs://` when secured, NAME being the testbed's name), its clients made
+/// by `connect`, with `cut_query` on the clients whose links a fault cuts.
 ///
 /// # Cancel safety
 /// Cancel-safe: the servers started so far are stopped when dropped.

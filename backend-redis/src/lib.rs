@@ -4,6 +4,8 @@ mod admin;
 mod config;
 mod error;
 #[cfg(feature = "testbed")]
+pub mod floor;
+#[cfg(feature = "testbed")]
 pub mod lab;
 mod primary;
 mod releases;

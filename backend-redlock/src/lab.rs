@@ -11,11 +11,12 @@ pub const TESTBED: Testbed = Testbed {
     name: "redlock",
     servers: start_boxed,
     // Both bounds: each node's request timeout, and the round's per-node bound.
+    patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
     waiter_records: None,
     server_bounds: None,
-    why_not: WHY_NOT,
     redis_keys: None,
-    patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
+    floor: Some(crate::floor::floor),
+    why_not: WHY_NOT,
 };
 
 /// What does not apply to Redlock.

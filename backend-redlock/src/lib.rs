@@ -3,6 +3,8 @@
 mod admin;
 mod config;
 #[cfg(feature = "testbed")]
+mod floor;
+#[cfg(feature = "testbed")]
 mod lab;
 mod quorum;
 

@@ -24,11 +24,12 @@ const TICK_MS: u32 = 200;
 pub const TESTBED: Testbed = Testbed {
     name: "zk",
     servers: start_boxed,
+    patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
-    why_not: WHY_NOT,
     redis_keys: None,
-    patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
+    floor: Some(crate::floor::floor),
+    why_not: WHY_NOT,
 };
 
 /// What the fault suite cannot do to ZooKeeper here.

@@ -5,6 +5,8 @@ mod config;
 mod error;
 mod feed;
 #[cfg(feature = "testbed")]
+pub mod floor;
+#[cfg(feature = "testbed")]
 mod lab;
 mod names;
 mod pending;

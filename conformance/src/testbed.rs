@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use futures::future::BoxFuture;
-use tenure_api::{DistributedLock, LockError};
+use tenure_api::{async_trait, DistributedLock, LockError};
 
 use crate::faults::expect::Config;
 use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
@@ -57,6 +57,21 @@ pub struct Probe {
     pub members: Option<usize>,
 }
 
+/// Takes and releases a lock once: a cycle of `tenure bench`, by tenure or by a floor.
+#[async_trait]
+pub trait Locker: Send + Sync {
+    /// One acquire + release of `key`; calls `held` while holding it.
+    ///
+    /// # Cancel safety
+    /// Dropped midway, the lock may stay held until its lease runs out.
+    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String>;
+}
+
+/// Connects the protocol floor to the URL given, able to serve the number of concurrent
+/// cycles given, its grants on leases of the duration given.
+pub type FloorFn =
+    for<'a> fn(&'a str, usize, Duration) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
+
 /// What to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TestbedOptions {
@@ -89,6 +104,10 @@ pub struct Testbed {
     /// Where the backend runs on the Redis deployments the fault suite fails over (a
     /// Sentinel group, a Redis Cluster): where a lock's state lives.
     pub redis_keys: Option<RedisKeysFn>,
+    /// The protocol floor `tenure bench --floor` measures the backend against: the
+    /// cheapest acquire + release of a fresh key its plain client crate can do, with
+    /// none of tenure's work (fencing, deadlines, owner checks beyond compare-and-delete).
+    pub floor: Option<FloorFn>,
     /// Why the backend does not run some faults (not injectable into its servers, or not
     /// applying to its protocol), in its own words.
     pub why_not: &'static [WhyNot],

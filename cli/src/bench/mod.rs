@@ -236,12 +236,7 @@ fn median(values: impl IntoIterator<Item = f64>) -> f64 {
     }
 }
 
-/// Takes and releases a lock once.
-#[async_trait]
-pub(crate) trait Locker: Send + Sync {
-    /// One acquire + release of `key`; calls `held` while holding it.
-    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String>;
-}
+pub(crate) use tenure_conformance::testbed::Locker;
 
 /// The library: `try_acquire` (seq, par64 — the key is fresh, so it must be granted),
 /// blocking `acquire` (contended), or a 10 ms polling loop (the contended floor).

@@ -48,7 +48,7 @@ mod zk_recipe {
 
     impl ZkRecipe {
         pub(crate) async fn connect(url: &str) -> Result<Self, LockError> {
-            let (client, root) = crate::bench::floor::zk_connect(url, "tenure-recipe").await?;
+            let (client, root) = tenure_zk::floor::zk_connect(url, "tenure-recipe").await?;
             Ok(Self { client, root })
         }
     }

@@ -479,8 +479,14 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         use tenure_conformance::Harness;
         harness.short_ttl()
     };
-    let testbed = local::testbed(backend)
-        .ok_or_else(|| format!("{name}: no testbed for backend {backend:?} in this build"))?;
+    // What the servers are (not what the clusters file files them under) says how to
+    // probe them, which controls they offer and why a fault cannot run on them.
+    let testbed = local::testbed(caps.backend).ok_or_else(|| {
+        format!(
+            "{name}: no testbed for backend {:?} in this build",
+            caps.backend
+        )
+    })?;
     let probe = testbed
         .probe(&harness, short)
         .await

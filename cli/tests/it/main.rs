@@ -1,10 +1,12 @@
 //! The `tenure` command end to end against live servers, one test binary: the commands
-//! ([`cli`]), `tenure run` signalled and killed as a service manager would ([`run`]),
-//! `tenure doctor` and `inspect` finding planted leaks ([`doctor`]), and the local servers
-//! behind the lab following a restart ([`local_restart`]).
+//! ([`cli`]), every backend's bench floor ([`bench`]), `tenure run` signalled and killed
+//! as a service manager would ([`run`]), `tenure doctor` and `inspect` finding planted
+//! leaks ([`doctor`]), and the local servers behind the lab following a restart
+//! ([`local_restart`]).
 
 #![cfg(feature = "lab")]
 
+mod bench;
 mod cli;
 mod doctor;
 mod local_restart;

@@ -221,7 +221,6 @@ fn run_and_check(tls: bool, faults: &[Fault], with_suite: bool) -> Written {
 }
 
 /// What a run wrote and printed.
-#[allow(dead_code)] // Each test binary reads the fields it checks.
 pub(crate) struct Written {
     /// `(name, content)` of matrix.md, matrix.json, matrix.html.
     pub(crate) files: Vec<(&'static str, String)>,

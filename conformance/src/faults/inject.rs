@@ -39,12 +39,14 @@ pub(super) fn exited(pid: u32) -> bool {
     !crate::servers::pid_alive(pid)
 }
 
-/// Injects a server fault on node `index` (into [`FaultTarget::nodes`]) and returns the
-/// evidence that it took effect, or why there is none. [`run`] injects its server faults
-/// with it; [`heal`] undoes it.
+/// Injects a server fault on node `index` (into
+/// [`FaultTarget::with_nodes`](super::FaultTarget::with_nodes)) and returns the evidence
+/// that it took effect, or why there is none. [`run`](super::run) injects its server
+/// faults with it; [`heal`] undoes it.
 ///
 /// # Cancel safety
-/// Not cancel safe: cancelled midway, the fault may be left injected ([`ensure`] repairs).
+/// Not cancel safe: cancelled midway, the fault may be left injected
+/// ([`ensure`](super::ensure) repairs).
 pub async fn inject(fault: Fault, target: &Target, index: usize) -> Result<Evidence, String> {
     let node = &target.nodes[index];
     match fault {
@@ -136,8 +138,8 @@ pub(super) async fn set_clock(node: &dyn Node, offset_ms: i64) -> Result<(), Str
 /// Undoes [`inject`], and checks the undo took effect.
 ///
 /// # Cancel safety
-/// Not cancel safe: cancelled midway, the fault may be left half undone ([`ensure`]
-/// repairs).
+/// Not cancel safe: cancelled midway, the fault may be left half undone
+/// ([`ensure`](super::ensure) repairs).
 pub async fn heal(fault: Fault, target: &Target, node: usize) -> Result<(), String> {
     let node = &target.nodes[node];
     match fault {

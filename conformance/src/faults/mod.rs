@@ -3,12 +3,12 @@
 //! what a harness declares it controls).
 //!
 //! A trial is one holder/contender pair on a key of its own. The holder takes the lock
-//! and starts an increment of a [`Counter`] (reads it); the fault is injected; a
-//! contender (a healthy client) asks for the lock, and increments the counter if granted.
-//! If the contender is granted the lock while the holder still believes it holds it (or,
-//! for a paused holder, before the holder's delayed write), mutual exclusion was
-//! violated: the holder then finishes its stale increment, and the verdict says whether
-//! fencing rejected it. The counter says what that cost: the updates lost by a store that
+//! and starts an increment of a [`Counter`](crate::Counter) (reads it); the fault is
+//! injected; a contender (a healthy client) asks for the lock, and increments the counter
+//! if granted. If the contender is granted the lock while the holder still believes it
+//! holds it (or, for a paused holder, before the holder's delayed write), mutual
+//! exclusion was violated: the holder then finishes its stale increment, and the verdict
+//! says whether fencing rejected it. The counter says what that cost: the updates lost by a store that
 //! ignores the tokens, and by one that checks them (Jepsen's lock workload).
 
 use client::client_trial;

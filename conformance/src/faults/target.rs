@@ -14,7 +14,7 @@ use crate::servers::zk::ZkEnsemble;
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
-/// Finds the index (into [`FaultTarget::nodes`]) of the consensus leader, if any.
+/// Finds the index (into [`FaultTarget::with_nodes`]) of the consensus leader, if any.
 pub type LeaderFn = Arc<dyn Fn() -> BoxFuture<'static, Option<usize>> + Send + Sync>;
 
 /// A [`LeaderFn`] that asks `cluster` with `find` (e.g. `EtcdCluster::leader_index`).
@@ -36,7 +36,7 @@ pub type RedisKeyFn = Arc<dyn Fn(&LockKey) -> String + Send + Sync>;
 
 /// Cuts one member of a replicated backend off from the others, for partition faults.
 pub trait PeerLinks: Send + Sync {
-    /// Cuts member `index` (into [`FaultTarget::nodes`]) off from every other member.
+    /// Cuts member `index` (into [`FaultTarget::with_nodes`]) off from every other member.
     fn isolate(&self, index: usize) -> Result<(), String>;
     /// Restores every member-to-member link.
     fn heal(&self);
@@ -256,7 +256,11 @@ impl FaultTarget {
     }
 
     /// With the backend's reasons for not running some faults (its testbed's
-    /// [`WhyNot`]s).
+    /// [`WhyNot`]s, as [`Lab::fault_target`](crate::testbed::Lab::fault_target) declares
+    /// them). Undeclared, every fault the suite's own rules allow runs: a target on one
+    /// of tenure's backends built by hand should declare its testbed's
+    /// (`tenure_etcd::TESTBED.why_not`), or a stale-request fault, say, runs where it
+    /// cannot be injected.
     pub fn with_why_not(mut self, why_not: &'static [WhyNot]) -> Self {
         self.why_not = why_not;
         self
