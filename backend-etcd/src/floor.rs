@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 use tenure_api::{async_trait, LockError};
-use tenure_conformance::testbed::{BoxFuture, Locker};
+use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
 
 /// Guarded put on one lease granted up front, then delete.
 pub(crate) struct EtcdFloor {
@@ -58,20 +58,16 @@ impl Locker for EtcdFloor {
                 "floor",
                 Some(PutOptions::new().with_lease(self.lease)),
             )]);
-        let reply = kv.txn(txn).await.map_err(|e| failed("txn put", e))?;
+        let reply = kv.txn(txn).await.map_err(|e| cycle_failed("txn put", e))?;
         if !reply.succeeded() {
             return Err("a fresh key existed".into());
         }
         held();
         kv.delete(key, None)
             .await
-            .map_err(|e| failed("delete", e))?;
+            .map_err(|e| cycle_failed("delete", e))?;
         Ok(())
     }
-}
-
-fn failed(what: &str, error: impl std::fmt::Display) -> String {
-    format!("{what}: {error}")
 }
 
 /// The floor for an `etcd://` URL.

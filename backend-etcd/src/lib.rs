@@ -12,6 +12,8 @@ mod rpc;
 mod session;
 #[cfg(feature = "testbed")]
 mod testbed;
+#[cfg(feature = "testbed")]
+mod verdicts;
 
 use std::fmt;
 use std::sync::Arc;

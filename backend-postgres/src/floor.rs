@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tenure_api::{async_trait, LockError};
-use tenure_conformance::testbed::{BoxFuture, Locker};
+use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
 
 const TABLE: &str = "tenure_bench_floor";
 
@@ -42,18 +42,22 @@ impl PgFloor {
 impl Locker for PgFloor {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
         if self.advisory {
-            let mut tx = self.pool.begin().await.map_err(|e| failed("begin", e))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| cycle_failed("begin", e))?;
             let locked: bool =
                 sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
                     .bind(key)
                     .fetch_one(&mut *tx)
                     .await
-                    .map_err(|e| failed("pg_try_advisory_xact_lock", e))?;
+                    .map_err(|e| cycle_failed("pg_try_advisory_xact_lock", e))?;
             if !locked {
                 return Err(format!("advisory lock on {key:?} is held"));
             }
             held();
-            return tx.commit().await.map_err(|e| failed("commit", e));
+            return tx.commit().await.map_err(|e| cycle_failed("commit", e));
         }
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {TABLE} (key) VALUES ($1) ON CONFLICT DO NOTHING"
@@ -61,22 +65,22 @@ impl Locker for PgFloor {
         .bind(key)
         .execute(&self.pool)
         .await
-        .map_err(|e| failed("insert", e))?;
-        let mut tx = self.pool.begin().await.map_err(|e| failed("begin", e))?;
+        .map_err(|e| cycle_failed("insert", e))?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| cycle_failed("begin", e))?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT key FROM {TABLE} WHERE key = $1 FOR UPDATE NOWAIT"
         )))
         .bind(key)
         .fetch_one(&mut *tx)
         .await
-        .map_err(|e| failed("select for update nowait", e))?;
+        .map_err(|e| cycle_failed("select for update nowait", e))?;
         held();
-        tx.commit().await.map_err(|e| failed("commit", e))
+        tx.commit().await.map_err(|e| cycle_failed("commit", e))
     }
-}
-
-fn failed(what: &str, error: impl std::fmt::Display) -> String {
-    format!("{what}: {error}")
 }
 
 /// The floor for a `postgres://` URL, able to serve `tasks` concurrent cycles.

@@ -14,6 +14,8 @@ mod lab;
 mod records;
 mod socket;
 mod sql;
+#[cfg(feature = "testbed")]
+mod verdicts;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

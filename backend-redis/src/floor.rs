@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use tenure_api::{async_trait, LockError};
-use tenure_conformance::testbed::{BoxFuture, Locker};
+use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
 
 const DELETE_IF_OURS: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -83,7 +83,7 @@ impl Locker for RedisFloor {
             }
         });
         for reply in futures::future::join_all(set).await {
-            reply.map_err(|e| failed("SET NX PX", e))?;
+            reply.map_err(|e| cycle_failed("SET NX PX", e))?;
         }
         held();
         let delete = self.nodes.iter().map(|conn| {
@@ -97,14 +97,10 @@ impl Locker for RedisFloor {
             }
         });
         for reply in futures::future::join_all(delete).await {
-            reply.map_err(|e| failed("EVALSHA delete", e))?;
+            reply.map_err(|e| cycle_failed("EVALSHA delete", e))?;
         }
         Ok(())
     }
-}
-
-fn failed(what: &str, error: impl std::fmt::Display) -> String {
-    format!("{what}: {error}")
 }
 
 /// The floor for a `redis://` URL.

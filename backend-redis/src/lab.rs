@@ -23,13 +23,14 @@ pub const TESTBED: Testbed = Testbed {
     redis_keys: Some(redis_keys),
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
+    protocol: crate::verdicts::protocol,
 };
 
 /// What does not apply to Redis, or cannot be injected without its deployments.
 const WHY_NOT: &[WhyNot] = &[
     WhyNot::NotApplicable(
         &[Fault::VanishedQueueRecord],
-        "waiters keep no record on the servers: they retry when woken",
+        crate::verdicts::NO_WAITER_RECORDS.reason,
     ),
     WhyNot::NotInjectable(
         &[

@@ -11,6 +11,8 @@ mod primary;
 mod releases;
 pub mod scripts;
 mod unanswered;
+#[cfg(feature = "testbed")]
+pub mod verdicts;
 
 use std::fmt;
 use std::io::Write as _;

@@ -17,12 +17,13 @@ pub const TESTBED: Testbed = Testbed {
     redis_keys: None,
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
+    protocol: crate::verdicts::protocol,
 };
 
 /// What does not apply to Redlock.
 const WHY_NOT: &[WhyNot] = &[WhyNot::NotApplicable(
     &[Fault::VanishedQueueRecord],
-    "waiters keep no record on the servers: they retry when woken",
+    tenure_redis::verdicts::NO_WAITER_RECORDS.reason,
 )];
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {

@@ -7,6 +7,8 @@ mod floor;
 #[cfg(feature = "testbed")]
 mod lab;
 mod quorum;
+#[cfg(feature = "testbed")]
+mod verdicts;
 
 use std::fmt;
 use std::future::Future;

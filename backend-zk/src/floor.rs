@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::{async_trait, LockError};
-use tenure_conformance::testbed::{BoxFuture, Locker};
+use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 /// Ephemeral sequential create under one parent, then delete.
@@ -56,17 +56,13 @@ impl Locker for ZkFloor {
             .client
             .create(&prefix, &[], &mode)
             .await
-            .map_err(|e| failed("create", e))?;
+            .map_err(|e| cycle_failed("create", e))?;
         held();
         self.client
             .delete(&format!("{prefix}{sequence}"), None)
             .await
-            .map_err(|e| failed("delete", e))
+            .map_err(|e| cycle_failed("delete", e))
     }
-}
-
-fn failed(what: &str, error: impl std::fmt::Display) -> String {
-    format!("{what}: {error}")
 }
 
 /// The floor for a `zk://` URL.

@@ -14,6 +14,8 @@ mod queue;
 mod session;
 #[cfg(feature = "testbed")]
 mod testbed;
+#[cfg(feature = "testbed")]
+mod verdicts;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -13,7 +13,7 @@ use std::time::Duration;
 pub use futures::future::BoxFuture;
 use tenure_api::{async_trait, DistributedLock, LockError};
 
-use crate::faults::expect::Config;
+use crate::faults::expect::{Config, ProtocolFn};
 use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
@@ -67,6 +67,11 @@ pub trait Locker: Send + Sync {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String>;
 }
 
+/// A [`Locker::cycle`] error: the step that failed (`"delete"`) and why.
+pub fn cycle_failed(step: &str, error: impl fmt::Display) -> String {
+    format!("{step}: {error}")
+}
+
 /// Connects the protocol floor to the URL given, able to serve the number of concurrent
 /// cycles given, its grants on leases of the duration given.
 pub type FloorFn =
@@ -111,6 +116,8 @@ pub struct Testbed {
     /// Why the backend does not run some faults (not injectable into its servers, or not
     /// applying to its protocol), in its own words.
     pub why_not: &'static [WhyNot],
+    /// The backend's row of the table of expected verdicts, as a URL configures it.
+    pub protocol: ProtocolFn,
 }
 
 impl Testbed {
@@ -244,7 +251,7 @@ impl Lab {
             .probe(&self.harness, self.harness.short_ttl())
             .await?;
         let nodes = probe.members.unwrap_or(self.harness.targets().len());
-        let config = Config::of(self.testbed.name, &url, nodes)?;
+        let config = Config::of(&self.testbed, &url, nodes)?;
         Ok((self.fault_target(probe.ttl).await?, config))
     }
 

@@ -473,8 +473,6 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             driver.name, caps.backend
         ));
     }
-    // A deliberately broken wrapper (`broken:NAME`) is judged by its real backend's row.
-    let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
     let short = {
         use tenure_conformance::Harness;
         harness.short_ttl()
@@ -492,7 +490,13 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         .await
         .map_err(|e| format!("{name}: asking the servers: {e}"))?;
     let nodes_in_use = probe.members.unwrap_or(harness.targets().len());
-    let config = expect::Config::of(backend, &harness.url(), nodes_in_use)
+    // The row of the backend the name says (what a clusters file files the servers
+    // under, so that servers filed under the wrong name are a ⚠); a deliberately broken
+    // wrapper (`broken:NAME`) is judged by its real backend's row.
+    let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
+    let row = local::testbed(backend)
+        .ok_or_else(|| format!("{name}: no expected verdicts for backend {backend:?}"))?;
+    let config = expect::Config::of(row, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
     let harness_url = harness.url();
     let mut faults = FaultTarget::with_capabilities(name, harness, caps, probe.ttl)

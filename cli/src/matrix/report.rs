@@ -509,7 +509,7 @@ pub fn markdown(matrix: &Matrix) -> String {
         "SAFE: mutual exclusion held · F-SAFE: two holders, the stale write was rejected by \
          fencing · UNSAFE: two holders (or a regressed token) not contained · UNAVAIL: no \
          violation, but a healthy client could not get the lock · ⚠: outside the verdicts \
-         the backend's protocol allows (the reviewed table in `conformance/src/faults/expect.rs`).\n"
+         the backend's protocol allows (its reviewed row of the table, the backend crate's `src/verdicts.rs`).\n"
     );
     grid(matrix, &mut out);
     let _ = writeln!(out, "\n**What fencing buys** ({FENCING_LEGEND})\n");

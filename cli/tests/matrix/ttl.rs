@@ -10,17 +10,18 @@ use serde_json::Value;
 use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 
-/// Runs `tenure matrix --clusters` with `backends` (TOML lines) and `trials` trials;
-/// returns the backend's report and the run's stderr and success.
-async fn matrix(backends: String, trials: &str) -> (Value, String, bool) {
+/// Runs `tenure matrix --clusters` with `backends` (TOML lines), `trials` trials of each of
+/// `faults` (the cells a lease of the probed TTL must pass; the suite runs in the backend's
+/// crate); returns the backend's report and the run's stderr and success.
+async fn matrix(backends: String, trials: &str, faults: &str) -> (Value, String, bool) {
     let dir = tempfile::tempdir().unwrap();
     let clusters = dir.path().join("clusters.toml");
     std::fs::write(&clusters, format!("[backends]\n{backends}\n")).unwrap();
     let out_dir = dir.path().join("out");
-    let trials = trials.to_owned();
+    let (trials, faults) = (trials.to_owned(), faults.to_owned());
     let (out, out_dir) = tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-            .args(["matrix", "--trials", &trials, "--perf-secs", "0.1", "--out"])
+            .args(["matrix", "--trials", &trials, "--faults", &faults, "--out"])
             .arg(&out_dir)
             .arg("--clusters")
             .arg(&clusters)
@@ -53,6 +54,7 @@ async fn zookeeper_with_default_tick_gets_a_ttl_it_can_honour() {
             zk.connect_string()
         ),
         "2",
+        "paused-holder,blackhole,connection-cut",
     )
     .await;
     assert!(zk["error"].is_null(), "{}", zk["error"]);
@@ -85,7 +87,12 @@ async fn etcd_lease_floor_and_size_are_asked_of_the_servers() {
     let cluster = EtcdCluster::start(3).await.expect("etcd starts");
     // One member's endpoint only; the servers list three voting members.
     let endpoint = cluster.endpoints()[0].replace("http://", "");
-    let (etcd, stderr, success) = matrix(format!("etcd = \"etcd://{endpoint}/t\""), "1").await;
+    let (etcd, stderr, success) = matrix(
+        format!("etcd = \"etcd://{endpoint}/t\""),
+        "1",
+        "paused-holder,blackhole,connection-cut",
+    )
+    .await;
     assert!(etcd["error"].is_null(), "{}", etcd["error"]);
     // 500 ms is asked as 1 s (leases count whole seconds); the members' minimum
     // (1.5 election timeouts of 500 ms) is 0.75 s, so the server grants 1 s.
@@ -97,7 +104,10 @@ async fn etcd_lease_floor_and_size_are_asked_of_the_servers() {
     for check in etcd["checks"].as_array().unwrap() {
         assert_ne!(check["consistent"], false, "{check}\n{etcd}");
     }
-    for f in etcd["faults"].as_array().unwrap() {
+    let faults = etcd["faults"].as_array().unwrap();
+    assert_eq!(faults.len(), 3, "{etcd}");
+    for f in faults {
+        assert_eq!(f["cell"]["status"], "ran", "{f}");
         assert_eq!(f["mismatch"], false, "{f}");
     }
     assert!(success, "{stderr}");
