@@ -21,7 +21,7 @@ pub const TESTBED: Testbed = Testbed {
     redis_keys: None,
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
-    protocol: crate::verdicts::protocol,
+    protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
 };
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.

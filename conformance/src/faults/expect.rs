@@ -75,6 +75,11 @@ impl Config {
     }
 }
 
+/// The row of a backend no URL option changes, for its testbed's `protocol`.
+pub fn fixed<P: Protocol + Default + 'static>(_url: &str) -> Result<Arc<dyn Protocol>, String> {
+    Ok(Arc::new(P::default()))
+}
+
 /// The value of query option `name` in `url` (the last one given), for a row that depends
 /// on it.
 pub fn url_option<'a>(url: &'a str, name: &str) -> Option<&'a str> {
@@ -104,6 +109,29 @@ pub struct Premise {
 }
 
 impl Premise {
+    /// A consensus group of `members` (Raft, Zab): tokens ordered by the log, a majority
+    /// needed, no clock trusted.
+    pub fn consensus(expiry: ExpiryKind, members: usize) -> Premise {
+        Premise {
+            fencing: FencingKind::ConsensusOrdered,
+            expiry,
+            replication: Replication::Consensus { members },
+            failures_tolerated: members.saturating_sub(1) / 2,
+            clock_dependent: false,
+        }
+    }
+
+    /// One server, no failure survived.
+    pub fn single_node(fencing: FencingKind, expiry: ExpiryKind, clock_dependent: bool) -> Premise {
+        Premise {
+            fencing,
+            expiry,
+            replication: Replication::SingleNode,
+            failures_tolerated: 0,
+            clock_dependent,
+        }
+    }
+
     /// The declared capabilities that differ from the premise, as `name: declared X,
     /// expected Y`.
     pub fn contradictions(&self, caps: &Capabilities) -> Vec<String> {
