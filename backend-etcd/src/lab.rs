@@ -8,7 +8,7 @@ use std::time::Duration;
 use tenure_api::LockError;
 use tenure_conformance::faults::{leader_of, Fault, WaiterRecords, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::servers::etcd::{EtcdCluster, EtcdUser};
+use tenure_conformance::servers::etcd::{EtcdCluster, EtcdSecrets, EtcdUser};
 use tenure_conformance::testbed::{
     harness_on, BoxError, BoxFuture, Lab, ServerBounds, Testbed, TestbedOptions,
 };
@@ -76,23 +76,38 @@ fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxErr
     Box::pin(start(options))
 }
 
+/// Starts `members` members that serve clients over TLS only and require client
+/// certificates, then creates user `tenure`, whose role grants `readwrite` on
+/// [`EtcdConfig::key_prefix`] and nothing else (the least privilege the README documents),
+/// and the users `others` makes of the cluster's secrets, and enables authentication.
+///
+/// # Cancel safety
+/// Cancel-safe: the members started so far are stopped when dropped.
+pub async fn start_secured(
+    members: usize,
+    others: for<'a> fn(&'a EtcdSecrets) -> Vec<EtcdUser<'a>>,
+) -> Result<(EtcdCluster, EtcdSecrets), BoxError> {
+    let cluster = EtcdCluster::start_secured(members).await?;
+    let secrets = cluster.secrets().ok_or("a secured cluster")?.clone();
+    let hosts: Vec<String> = cluster
+        .members()
+        .iter()
+        .map(|m| m.addr().to_string())
+        .collect();
+    let prefix = EtcdConfig::from_url(&secrets.url(&hosts.join(",")))?.key_prefix();
+    let tenure = EtcdUser {
+        name: "tenure",
+        password: &secrets.password,
+        prefix: &prefix,
+    };
+    let users: Vec<EtcdUser<'_>> = std::iter::once(tenure).chain(others(&secrets)).collect();
+    cluster.enable_auth(&users).await?;
+    Ok((cluster, secrets))
+}
+
 async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     let (cluster, template) = if options.secured {
-        let cluster = EtcdCluster::start_secured(3).await?;
-        let secrets = cluster.secrets().ok_or("a secured cluster")?.clone();
-        let hosts: Vec<String> = cluster
-            .members()
-            .iter()
-            .map(|m| m.addr().to_string())
-            .collect();
-        let prefix = EtcdConfig::from_url(&secrets.url(&hosts.join(",")))?.key_prefix();
-        cluster
-            .enable_auth(&[EtcdUser {
-                name: "tenure",
-                password: &secrets.password,
-                prefix: &prefix,
-            }])
-            .await?;
+        let (cluster, secrets) = start_secured(3, |_| Vec::new()).await?;
         (cluster, secrets.url("{hosts}"))
     } else {
         let template = "etcd://{hosts}/tenure".to_owned();

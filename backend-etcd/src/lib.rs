@@ -6,7 +6,7 @@ mod feed;
 #[cfg(feature = "testbed")]
 mod floor;
 #[cfg(feature = "testbed")]
-mod lab;
+pub mod lab;
 mod queue;
 mod rpc;
 mod session;

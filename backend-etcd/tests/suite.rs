@@ -14,13 +14,10 @@
 //!   checked against the table's row for etcd.
 
 mod harness;
-mod secured;
 
-use std::time::Duration;
 use tenure_conformance::faults::expect;
+use tenure_conformance::runner;
 use tenure_conformance::testbed::TestbedOptions;
-use tenure_conformance::{runner, UrlHarness};
-use tenure_etcd::EtcdLock;
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
 /// testbed), under the clock shim where the backend's servers can run under it.
@@ -33,20 +30,13 @@ fn main() {
     runner::Suites::new()
         .suite("session", || harness::start(""))
         .suite("per-lock", || harness::start("lease=per-lock"))
+        // The matrix's secured servers (`tenure matrix --tls` starts the same testbed).
         .suite("secured", || async {
-            let (cluster, secrets) = secured::start(3).await?;
-            let targets = cluster.members().iter().map(|m| m.addr()).collect();
-            let harness =
-                UrlHarness::new("etcd", &secrets.url("{hosts}"), targets, |url| async move {
-                    EtcdLock::connect(&url).await
-                })
-                .cut_query("request_timeout_ms=500")
-                // etcd leases count whole seconds, with a minimum of about 1.5 election
-                // timeouts.
-                .with_short_ttl(Duration::from_secs(2));
-            // Counted, so the FIFO scenario starts each waiter once the one before is queued.
-            let observer = EtcdLock::connect(&harness.url()).await?;
-            Ok(harness.with_queue_admin(observer).owning(cluster))
+            let secured = TestbedOptions {
+                secured: true,
+                ..TestbedOptions::default()
+            };
+            Ok(tenure_etcd::TESTBED.start(secured).await?.harness)
         })
         .faults("faults", || async {
             let lab = tenure_etcd::TESTBED.start(FAULTS).await?;

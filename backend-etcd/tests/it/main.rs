@@ -2,11 +2,9 @@
 //! module per concern, in one test binary (the shared suite, its variants and the fault
 //! suite are `harness = false` binaries of their own).
 
-#[path = "../secured/mod.rs"]
-mod secured;
-
 mod faults;
 mod leases;
 mod observe;
+mod secured;
 mod security;
 mod sessions;
