@@ -4,8 +4,8 @@
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
     cell, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, LATE_REQUEST_NAMES_ITS_RECORD,
-    NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_MINORITY, ONE_SERVER_NO_MINORITY_SIDE,
-    ONLY_SERVER_FROZEN, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
+    LEADER_FROZEN, MAJORITY_REMAINS, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_MINORITY,
+    ONE_SERVER_NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -22,8 +22,8 @@ impl Protocol for PostgresProtocol {
         )
     }
 
-    /// One server (a `postgres://` URL names one host).
-    fn expect(&self, fault: Fault, _nodes: usize) -> Expect {
+    fn expect(&self, fault: Fault, nodes: usize) -> Expect {
+        let single = nodes < 3;
         match fault {
             Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => cell(
                 F_SAFE,
@@ -65,8 +65,10 @@ impl Protocol for PostgresProtocol {
                  pushed to its guard before a contender's grant, a round trip and a fence \
                  commit later",
             ),
-            Fault::MinorityLoss => NO_MINORITY,
-            Fault::ServerPause => ONLY_SERVER_FROZEN,
+            Fault::MinorityLoss if single => NO_MINORITY,
+            Fault::MinorityLoss => MAJORITY_REMAINS,
+            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
+            Fault::ServerPause => LEADER_FROZEN,
             Fault::ReplicaFailover => cell(
                 SAFE_OR_UNSAFE,
                 "the holder's transaction dies with the primary, but an asynchronous \

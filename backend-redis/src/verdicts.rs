@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
     cell, url_option, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, GRANT_OUTLIVES_CONNECTION,
-    NOT_APPLICABLE, NO_MINORITY, ONE_SERVER_NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE,
-    SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNSAFE,
+    LEADER_FROZEN, MAJORITY_REMAINS, NOT_APPLICABLE, NO_MINORITY, ONE_SERVER_NO_MINORITY_SIDE,
+    ONLY_SERVER_FROZEN, SAFE, SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNSAFE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -82,9 +82,9 @@ impl Protocol for RedisProtocol {
         Premise::single_node(fencing, ExpiryKind::ServerTtl, true)
     }
 
-    /// One server (a `redis://` URL names one host).
-    fn expect(&self, fault: Fault, _nodes: usize) -> Expect {
-        let clock = self.fence == Fence::Clock;
+    /// On `nodes` hosts of the URL (one, or a Sentinel group's or a Cluster's seeds).
+    fn expect(&self, fault: Fault, nodes: usize) -> Expect {
+        let (clock, single) = (self.fence == Fence::Clock, nodes < 3);
         match fault {
             // (A semaphore's permit is a lock of its own, and an election's leadership is
             // its lock: the same protocol, the same verdicts.)
@@ -121,8 +121,10 @@ impl Protocol for RedisProtocol {
             ),
             Fault::Blackhole => BLACKHOLE,
             Fault::ConnectionCut => GRANT_OUTLIVES_CONNECTION,
-            Fault::MinorityLoss => NO_MINORITY,
-            Fault::ServerPause => ONLY_SERVER_FROZEN,
+            Fault::MinorityLoss if single => NO_MINORITY,
+            Fault::MinorityLoss => MAJORITY_REMAINS,
+            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
+            Fault::ServerPause => LEADER_FROZEN,
             // --- Sentinel / Cluster: the primary dies while its replicas are behind ----
             Fault::SentinelFailoverConfirmed => cell(
                 SAFE,

@@ -40,7 +40,7 @@ impl Protocol for RedlockProtocol {
             },
             expiry: ExpiryKind::ServerTtl,
             replication: Replication::IndependentQuorum { nodes },
-            failures_tolerated: (nodes - 1) / 2,
+            failures_tolerated: nodes.saturating_sub(1) / 2,
             clock_dependent: true,
         }
     }

@@ -84,9 +84,9 @@ pub const FAULT_TRIALS: usize = 3;
 pub const FAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs [`FAULT_TRIALS`] trials of `fault` on `target`, on servers first brought back
-/// to health, and checks the cell against `expected` (for the five backends, their cell
-/// of the table, [`expect`](crate::faults::expect::expect); for another,
-/// [`never_unsafe`](crate::faults::expect::never_unsafe)): a verdict the protocol does
+/// to health, and checks the cell against `expected` (a backend's cell
+/// of the table, [`expect`](crate::faults::expect::expect), from the row its testbed
+/// names; for a backend without one, [`never_unsafe`](crate::faults::expect::never_unsafe)): a verdict the protocol does
 /// not allow (an UNSAFE where fencing should contain it; a SAFE where the table says the
 /// violation must be observed) is the failure, with the cell's notes, and so are lost
 /// updates its verdicts do not explain ([`Cell::check_updates`]). An injection that
@@ -144,8 +144,8 @@ pub async fn run_fault(
 
 /// The body of a `harness = false` test that runs only the fault suite (a [`Suites`] of
 /// one group, see [`Suites::faults`]): starts the backend's servers and the [`FaultTarget`] over them with `start`, with the verdicts
-/// each fault may show (for the five backends, their row of the table:
-/// `|fault| expect::expect(&config, fault)`; for any other,
+/// each fault may show (a backend's row of the table:
+/// `|fault| expect::expect(&config, fault)`; for a backend without one,
 /// [`never_unsafe`](crate::faults::expect::never_unsafe)),
 /// and runs every fault of [`Fault::ALL`] as a named test ([`run_fault`]), one at a time
 /// (they share the servers). A fault the target cannot inject, or that does not apply
@@ -262,8 +262,8 @@ impl Suites {
     }
 
     /// The fault suite on the target `start` starts, with the verdicts each fault may
-    /// show (for the five backends, their row of the table: `|fault|
-    /// expect::expect(&config, fault)`; for any other,
+    /// show (a backend's row of the table: `|fault|
+    /// expect::expect(&config, fault)`; for a backend without one,
     /// [`never_unsafe`](crate::faults::expect::never_unsafe)): one test per fault of
     /// [`Fault::ALL`] ([`run_fault`]), one at a time (they share the servers). A fault
     /// the target cannot inject, or that does not apply (no verdict expected), is

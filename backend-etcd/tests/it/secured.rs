@@ -1,6 +1,6 @@
 //! An etcd cluster that serves clients over TLS only, requires client certificates and
 //! has authentication enabled (`tenure_etcd::lab::start_secured`): user `tenure` holds a
-//! role granting `readwrite` on [`EtcdConfig::key_prefix`](tenure_etcd::EtcdConfig) and
+//! role granting `readwrite` on [`EtcdConfig::key_prefix`](tenure_etcd::EtcdConfig::key_prefix) and
 //! nothing else (the least privilege the README documents), user `stranger` one on
 //! `stranger/` only.
 

@@ -2,8 +2,10 @@
 //! show: every backend is started and wired (with `--tls`; plain, each backend's fault
 //! suite starts the same testbed), each chosen fault cell has a verdict its backend's row
 //! of the table allows, the shared suite and the performance runs land in the report
-//! (with `--with-suite`, on one backend), and the files render. Every fault cell itself runs in its backend's `tests/suite.rs` (group
-//! `faults`; each check once).
+//! (with `--with-suite`, on Redis and ZooKeeper: a backend without and one with FIFO
+//! waiters, and the seed's throughput claim that compares them), and the files render.
+//! Every fault cell itself runs in its backend's `tests/suite.rs` (group `faults`; each
+//! check once).
 //!
 //! Over TLS, every backend's servers require TLS, client certificates and a password, the
 //! lab connects as users with least privilege, and its faults go through the proxy over
@@ -201,7 +203,7 @@ fn run_and_check(only: &[&str], tls: bool, faults: &[Fault], with_suite: bool) -
     }
     // A claim per backend of the seed's matrix, and one on fencing across them.
     let claims = json["seed_claims"].as_array().unwrap().len();
-    assert!(claims >= if every { 5 } else { 1 }, "{claims} seed claims");
+    assert!(claims >= if every { 5 } else { 2 }, "{claims} seed claims");
     // No backend error, and no ⚠ (checked per cell above).
     assert!(out.status.success(), "{stderr}\n{report}");
     let mut written = Written {
@@ -234,15 +236,32 @@ pub(crate) struct Written {
     pub(crate) json: Value,
 }
 
-/// The shared suite and the performance runs land in the report, on one backend: every
-/// backend's suite runs in its own crate (`tests/suite.rs`), and the report is written
-/// the same way for each; every backend's servers are wired through the command by the
-/// run over TLS below.
+/// The shared suite and the performance runs land in the report, with the checks they
+/// feed (FIFO fairness, the seed's throughput claim), on two backends: every backend's
+/// suite runs in its own crate (`tests/suite.rs`); every backend's servers are wired
+/// through the command by the run over TLS below.
 #[test]
 fn quick_matrix_reports_the_suite_and_perf_with_the_cells() {
     let _turn = crate::one_at_a_time();
     let cells = [Fault::PausedHolder, Fault::ReplicaFailover, Fault::Restart];
-    let written = run_and_check(&["redis"], false, &cells, true);
+    let written = run_and_check(&["redis", "zk"], false, &cells, true);
+    let claims = written.json["seed_claims"].as_array().unwrap();
+    assert!(
+        claims.iter().any(|c| c["claim"]
+            .as_str()
+            .unwrap()
+            .contains("throughput: Redis 100,000+ ops/s")),
+        "{claims:?}"
+    );
+    // ZooKeeper declares FIFO waiters: its suite's FIFO scenario decides the check.
+    let zk = &written.json["backends"][1];
+    let fairness = zk["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["claim"] == "fairness Fifo")
+        .unwrap_or_else(|| panic!("no fairness check: {zk}"));
+    assert_eq!(fairness["consistent"], true, "{fairness}");
     assert_eq!(written.json["options"]["tls"], false);
 }
 

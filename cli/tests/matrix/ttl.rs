@@ -11,9 +11,15 @@ use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 
 /// Runs `tenure matrix --clusters` with `backends` (TOML lines), `trials` trials of each of
-/// `faults` (the cells a lease of the probed TTL must pass; the suite runs in the backend's
-/// crate); returns the backend's report and the run's stderr and success.
-async fn matrix(backends: String, trials: &str, faults: &str) -> (Value, String, bool) {
+/// `faults` (the cells a lease of the probed TTL must pass) and, with `with_suite`, the
+/// shared suite and the performance runs; returns the backend's report and the run's
+/// stderr and success.
+async fn matrix(
+    backends: String,
+    trials: &str,
+    faults: &str,
+    with_suite: bool,
+) -> (Value, String, bool) {
     let dir = tempfile::tempdir().unwrap();
     let clusters = dir.path().join("clusters.toml");
     std::fs::write(&clusters, format!("[backends]\n{backends}\n")).unwrap();
@@ -21,7 +27,9 @@ async fn matrix(backends: String, trials: &str, faults: &str) -> (Value, String,
     let (trials, faults) = (trials.to_owned(), faults.to_owned());
     let (out, out_dir) = tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-            .args(["matrix", "--trials", &trials, "--faults", &faults, "--out"])
+            .args(["matrix", "--trials", &trials, "--faults", &faults])
+            .args(with_suite.then_some("--with-suite"))
+            .arg("--out")
             .arg(&out_dir)
             .arg("--clusters")
             .arg(&clusters)
@@ -55,13 +63,18 @@ async fn zookeeper_with_default_tick_gets_a_ttl_it_can_honour() {
         ),
         "2",
         "paused-holder,blackhole,connection-cut",
+        false,
     )
     .await;
     assert!(zk["error"].is_null(), "{}", zk["error"]);
     // The server's floor, asked of the server: 2 × tickTime.
     assert_eq!(zk["ttl_ms"], 4000, "{zk}");
     let faults = zk["faults"].as_array().unwrap();
-    for (fault, want) in [("paused-holder", "F-SAFE"), ("blackhole", "SAFE")] {
+    for (fault, want) in [
+        ("paused-holder", "F-SAFE"),
+        ("blackhole", "SAFE"),
+        ("connection-cut", "SAFE"),
+    ] {
         let f = faults.iter().find(|f| f["fault"] == fault).unwrap();
         let cell = &f["cell"];
         assert_eq!(cell["status"], "ran", "{fault}: {cell}");
@@ -91,6 +104,7 @@ async fn etcd_lease_floor_and_size_are_asked_of_the_servers() {
         format!("etcd = \"etcd://{endpoint}/t\""),
         "1",
         "paused-holder,blackhole,connection-cut",
+        true,
     )
     .await;
     assert!(etcd["error"].is_null(), "{}", etcd["error"]);
@@ -99,6 +113,21 @@ async fn etcd_lease_floor_and_size_are_asked_of_the_servers() {
     assert_eq!(etcd["ttl_ms"], 1000, "{etcd}");
     assert_eq!(
         etcd["capabilities"]["replication"], "Consensus { members: 3 }",
+        "{etcd}"
+    );
+    // The shared suite on a user's cluster (the lab's own harness runs it in
+    // backend-etcd), and the FIFO check it decides.
+    let suite = etcd["suite"].as_array().unwrap();
+    assert_eq!(suite.len(), tenure_conformance::scenarios().len(), "{etcd}");
+    assert!(suite.iter().all(|s| s["result"] != "failed"), "{etcd}");
+    let fifo = etcd["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["claim"] == "fairness Fifo");
+    assert_eq!(
+        fifo.map(|c| &c["consistent"]),
+        Some(&Value::Bool(true)),
         "{etcd}"
     );
     for check in etcd["checks"].as_array().unwrap() {
