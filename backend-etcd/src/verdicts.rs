@@ -3,10 +3,9 @@
 
 use tenure_api::ExpiryKind;
 use tenure_conformance::faults::expect::{
-    cell, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, GRANT_OUTLIVES_CONNECTION,
-    LATE_REQUEST_NAMES_ITS_RECORD, LEADER_FROZEN, MAJORITY_REMAINS, NOT_A_REDIS_DEPLOYMENT,
-    NO_ASYNC_REPLICA, NO_MINORITY, NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_UNAVAIL,
-    STALE_RELEASE,
+    cell, minority_lost, server_frozen, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE,
+    GRANT_OUTLIVES_CONNECTION, LATE_REQUEST_NAMES_ITS_RECORD, NOT_A_REDIS_DEPLOYMENT,
+    NO_ASYNC_REPLICA, NO_MINORITY_SIDE, SAFE, SAFE_OR_UNAVAIL, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -57,10 +56,8 @@ impl Protocol for EtcdProtocol {
                  can expire the lease",
             ),
             Fault::ConnectionCut => GRANT_OUTLIVES_CONNECTION,
-            Fault::MinorityLoss if single => NO_MINORITY,
-            Fault::MinorityLoss => MAJORITY_REMAINS,
-            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
-            Fault::ServerPause => LEADER_FROZEN,
+            Fault::MinorityLoss => minority_lost(members),
+            Fault::ServerPause => server_frozen(members),
             Fault::ReplicaFailover => NO_ASYNC_REPLICA,
             Fault::SentinelFailover
             | Fault::SentinelFailoverConfirmed

@@ -3,9 +3,9 @@
 
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
-    cell, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, LATE_REQUEST_NAMES_ITS_RECORD,
-    LEADER_FROZEN, MAJORITY_REMAINS, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_MINORITY,
-    ONE_SERVER_NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
+    cell, minority_lost, server_frozen, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE,
+    LATE_REQUEST_NAMES_ITS_RECORD, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT,
+    ONE_SERVER_NO_MINORITY_SIDE, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -23,7 +23,6 @@ impl Protocol for PostgresProtocol {
     }
 
     fn expect(&self, fault: Fault, nodes: usize) -> Expect {
-        let single = nodes < 3;
         match fault {
             Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => cell(
                 F_SAFE,
@@ -65,10 +64,8 @@ impl Protocol for PostgresProtocol {
                  pushed to its guard before a contender's grant, a round trip and a fence \
                  commit later",
             ),
-            Fault::MinorityLoss if single => NO_MINORITY,
-            Fault::MinorityLoss => MAJORITY_REMAINS,
-            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
-            Fault::ServerPause => LEADER_FROZEN,
+            Fault::MinorityLoss => minority_lost(nodes),
+            Fault::ServerPause => server_frozen(nodes),
             Fault::ReplicaFailover => cell(
                 SAFE_OR_UNSAFE,
                 "the holder's transaction dies with the primary, but an asynchronous \

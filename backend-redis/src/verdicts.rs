@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
-    cell, url_option, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, GRANT_OUTLIVES_CONNECTION,
-    LEADER_FROZEN, MAJORITY_REMAINS, NOT_APPLICABLE, NO_MINORITY, ONE_SERVER_NO_MINORITY_SIDE,
-    ONLY_SERVER_FROZEN, SAFE, SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNSAFE,
+    cell, minority_lost, server_frozen, url_option, Expect, Premise, Protocol, CLIENT_SUSPEND,
+    F_SAFE, GRANT_OUTLIVES_CONNECTION, NOT_APPLICABLE, ONE_SERVER_NO_MINORITY_SIDE, SAFE,
+    SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNSAFE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -84,7 +84,7 @@ impl Protocol for RedisProtocol {
 
     /// On `nodes` hosts of the URL (one, or a Sentinel group's or a Cluster's seeds).
     fn expect(&self, fault: Fault, nodes: usize) -> Expect {
-        let (clock, single) = (self.fence == Fence::Clock, nodes < 3);
+        let clock = self.fence == Fence::Clock;
         match fault {
             // (A semaphore's permit is a lock of its own, and an election's leadership is
             // its lock: the same protocol, the same verdicts.)
@@ -121,10 +121,8 @@ impl Protocol for RedisProtocol {
             ),
             Fault::Blackhole => BLACKHOLE,
             Fault::ConnectionCut => GRANT_OUTLIVES_CONNECTION,
-            Fault::MinorityLoss if single => NO_MINORITY,
-            Fault::MinorityLoss => MAJORITY_REMAINS,
-            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
-            Fault::ServerPause => LEADER_FROZEN,
+            Fault::MinorityLoss => minority_lost(nodes),
+            Fault::ServerPause => server_frozen(nodes),
             // --- Sentinel / Cluster: the primary dies while its replicas are behind ----
             Fault::SentinelFailoverConfirmed => cell(
                 SAFE,

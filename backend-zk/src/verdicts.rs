@@ -3,9 +3,9 @@
 
 use tenure_api::ExpiryKind;
 use tenure_conformance::faults::expect::{
-    cell, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE, LATE_REQUEST_NAMES_ITS_RECORD,
-    LEADER_FROZEN, MAJORITY_REMAINS, NOT_A_REDIS_DEPLOYMENT, NO_ASYNC_REPLICA, NO_MINORITY,
-    NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_UNAVAIL, STALE_RELEASE,
+    cell, minority_lost, server_frozen, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE,
+    LATE_REQUEST_NAMES_ITS_RECORD, NOT_A_REDIS_DEPLOYMENT, NO_ASYNC_REPLICA, NO_MINORITY_SIDE,
+    SAFE, SAFE_OR_UNAVAIL, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -59,10 +59,8 @@ impl Protocol for ZkProtocol {
                 "the session outlives the connection: the guard gives up by its local \
                  deadline, before the leader can expire the session",
             ),
-            Fault::MinorityLoss if single => NO_MINORITY,
-            Fault::MinorityLoss => MAJORITY_REMAINS,
-            Fault::ServerPause if single => ONLY_SERVER_FROZEN,
-            Fault::ServerPause => LEADER_FROZEN,
+            Fault::MinorityLoss => minority_lost(members),
+            Fault::ServerPause => server_frozen(members),
             Fault::ReplicaFailover => NO_ASYNC_REPLICA,
             Fault::SentinelFailover
             | Fault::SentinelFailoverConfirmed
@@ -93,7 +91,7 @@ impl Protocol for ZkProtocol {
 
 #[cfg(test)]
 mod tests {
-    use tenure_conformance::faults::expect::Config;
+    use tenure_conformance::faults::expect::{Config, NO_MINORITY, ONLY_SERVER_FROZEN};
     use tenure_conformance::faults::Verdict;
 
     use super::*;

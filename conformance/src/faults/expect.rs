@@ -253,6 +253,26 @@ pub const LEADER_FROZEN: Expect = cell(
      before a new leader is elected, time out",
 );
 
+/// A minority of `members` servers lost, on a group that works while a majority does
+/// (consensus members, or a primary with standbys): [`NO_MINORITY`] on fewer than three.
+pub const fn minority_lost(members: usize) -> Expect {
+    if members < 3 {
+        NO_MINORITY
+    } else {
+        MAJORITY_REMAINS
+    }
+}
+
+/// One of `members` servers frozen (the leader, or the primary): [`ONLY_SERVER_FROZEN`]
+/// on fewer than three.
+pub const fn server_frozen(members: usize) -> Expect {
+    if members < 3 {
+        ONLY_SERVER_FROZEN
+    } else {
+        LEADER_FROZEN
+    }
+}
+
 /// A failover of a Redis deployment, on a backend that is not one.
 pub const NOT_A_REDIS_DEPLOYMENT: Expect = cell(NOT_APPLICABLE, "a failover of a Redis deployment");
 
