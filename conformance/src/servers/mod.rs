@@ -19,10 +19,13 @@
 //! command that installs it.
 
 use std::collections::HashSet;
+use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
+
+use nix::fcntl::{Flock, FlockArg};
 
 pub mod etcd;
 pub mod pgbouncer;
@@ -190,10 +193,50 @@ pub(crate) fn free_port() -> Result<u16> {
     )))
 }
 
-/// Records `port` as handed out; false if it already was.
+/// Records `port` as handed out; false if it already was, by this process or (see
+/// [`reserve_across_processes`]) by another one alive.
 fn hand_out(port: u16) -> bool {
     let mut set = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    set.get_or_insert_with(HashSet::new).insert(port)
+    let set = set.get_or_insert_with(HashSet::new);
+    if set.contains(&port) || !reserve_across_processes(port) {
+        return false;
+    }
+    set.insert(port)
+}
+
+/// The ports this process reserved for other processes to see: an exclusive `flock` on
+/// `$TMPDIR/tenure-ports/<port>`, held until this process exits (the kernel drops it then,
+/// also on a crash). Harnesses in test executables run side by side thus never hand out
+/// one port twice, even while its server is down for a fault (a stopped member's port,
+/// free to bind, stays its own). The files are left in place: removing one could let two
+/// processes lock different files of one name. Where the directory cannot be used, only
+/// this process's own record applies.
+static RESERVED: Mutex<Vec<Flock<File>>> = Mutex::new(Vec::new());
+
+/// Takes `port`'s lock file (see [`RESERVED`]); false if another live process holds it.
+fn reserve_across_processes(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("tenure-ports");
+    let file = std::fs::create_dir_all(&dir).and_then(|()| {
+        File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+    });
+    let Ok(file) = file else {
+        return true;
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            RESERVED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(lock);
+            true
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => false,
+        Err(_) => true,
+    }
 }
 
 /// The kernel's ephemeral port range (Linux's default if it cannot be read).
@@ -502,6 +545,22 @@ pub(crate) fn kill_now<'a>(cores: impl IntoIterator<Item = &'a NodeCore>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another process opening a handed-out port's lock file cannot take it (a second
+    /// open file description in this process stands in for that process).
+    #[test]
+    fn a_handed_out_port_is_locked_for_other_processes() {
+        let port = free_port().unwrap();
+        let path = std::env::temp_dir()
+            .join("tenure-ports")
+            .join(port.to_string());
+        let other = Flock::lock(File::open(&path).unwrap(), FlockArg::LockExclusiveNonblock);
+        assert!(
+            matches!(other, Err((_, nix::errno::Errno::EWOULDBLOCK))),
+            "{} is not locked",
+            path.display()
+        );
+    }
 
     #[test]
     fn missing_binary_names_the_install_command() {
