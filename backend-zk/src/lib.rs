@@ -7,7 +7,7 @@ mod feed;
 #[cfg(feature = "testbed")]
 pub mod floor;
 #[cfg(feature = "testbed")]
-mod lab;
+pub mod lab;
 mod names;
 mod pending;
 mod queue;

@@ -12,9 +12,9 @@
 //!   suite can cut: every fault, checked against the table's row for ZooKeeper.
 
 use tenure_conformance::faults::expect;
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same

@@ -4,8 +4,8 @@
 use std::error::Error;
 use std::time::Duration;
 
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::{Harness, UrlHarness};
+use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::EtcdLock;
 
 /// A fresh cluster and a harness on it, with `options` (e.g. `lease=per-lock`) on every

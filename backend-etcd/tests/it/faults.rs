@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use tenure_api::{
     AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockKey, ReleaseOutcome,
 };
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::pid_alive;
 use tenure_conformance::{retrying, History};
+use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::EtcdLock;
 
 const TTL: Duration = Duration::from_secs(10);

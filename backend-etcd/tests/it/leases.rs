@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::{EtcdLock, RequestFault, RequestFaults};
 use tokio::sync::Semaphore;
 

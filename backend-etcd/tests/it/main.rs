@@ -7,4 +7,5 @@ mod leases;
 mod observe;
 mod secured;
 mod security;
+mod servers;
 mod sessions;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
 use tenure_api::{DistributedLock, Election, FencingToken, Leader, LockError, LockKey};
-use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::EtcdLock;
 
 type Changes = BoxStream<'static, Result<Option<Leader>, LockError>>;

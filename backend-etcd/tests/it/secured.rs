@@ -4,8 +4,8 @@
 //! nothing else (the least privilege the README documents), user `stranger` one on
 //! `stranger/` only.
 
-use tenure_conformance::servers::etcd::{EtcdCluster, EtcdSecrets, EtcdUser};
 use tenure_conformance::testbed::BoxError;
+use tenure_etcd::lab::{EtcdCluster, EtcdSecrets, EtcdUser};
 
 /// Starts `members` members with users `tenure` and `stranger`.
 pub(crate) async fn start(members: usize) -> Result<(EtcdCluster, EtcdSecrets), BoxError> {

@@ -6,8 +6,8 @@ use crate::secured;
 
 use tenure_api::LockError;
 use tenure_conformance::security::{self, expect_config};
-use tenure_conformance::servers::etcd::{EtcdCluster, EtcdSecrets};
 use tenure_conformance::servers::tls::TestPki;
+use tenure_etcd::lab::{EtcdCluster, EtcdSecrets};
 use tenure_etcd::EtcdLock;
 
 struct Server {

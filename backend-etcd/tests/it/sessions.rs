@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey};
-use tenure_conformance::servers::etcd::EtcdCluster;
+use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::EtcdLock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -13,8 +13,8 @@ use tenure_api::{
 };
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::{retrying, FencedRegister, History};
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::{QueuedNode, ZkLock};
 
 const TICK_MS: u32 = 200;

@@ -11,3 +11,4 @@ mod faults;
 mod observe;
 mod requests;
 mod security;
+mod servers;

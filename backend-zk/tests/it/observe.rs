@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::stream::{BoxStream, StreamExt};
 use tenure_api::{DistributedLock, Election, FencingToken, Leader, LockError, LockKey};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
 
 type Changes = BoxStream<'static, Result<Option<Leader>, LockError>>;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockError, LockKey};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkNode, ZkOptions};
+use tenure_zk::lab::{ZkEnsemble, ZkNode, ZkOptions};
 use tenure_zk::ZkLock;
 
 const TICK_MS: u32 = 200;

@@ -13,7 +13,7 @@
 use tenure_api::LockError;
 use tenure_conformance::security::{self, expect_config};
 use tenure_conformance::servers::tls::TestPki;
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions, ZkSecrets};
+use tenure_zk::lab::{ZkEnsemble, ZkOptions, ZkSecrets};
 use tenure_zk::ZkLock;
 
 struct Server {

@@ -4,10 +4,10 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_etcd::lab::EtcdCluster;
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 fn tenure(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tenure"));

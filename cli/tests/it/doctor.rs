@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tenure::{DistributedLock, LockKey, OwnerId};
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_etcd::lab::EtcdCluster;
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 const TTL: Duration = Duration::from_secs(30);
 

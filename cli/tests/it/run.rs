@@ -9,9 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_etcd::lab::EtcdCluster;
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 /// `tenure --url URL ARGS…`, started with the stop signals' default dispositions (as
 /// from a terminal or a service manager, whatever this test process inherited: a

@@ -7,8 +7,8 @@
 use std::process::Command;
 
 use serde_json::Value;
-use tenure_conformance::servers::etcd::EtcdCluster;
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
+use tenure_etcd::lab::EtcdCluster;
+use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 /// Runs `tenure matrix --clusters` with `backends` (TOML lines), `trials` trials of each of
 /// `faults` (the cells a lease of the probed TTL must pass) and, with `with_suite`, the

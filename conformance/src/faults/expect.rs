@@ -24,7 +24,7 @@ use crate::testbed::Testbed;
 
 /// A backend's row of the table, as its URL configures it: what the backend guarantees
 /// and what each fault must show. Each backend crate writes its own (feature `testbed`),
-/// from how its protocol works; its [`Testbed`](crate::testbed::Testbed) names it.
+/// from how its protocol works; its [`Testbed`] names it.
 pub trait Protocol: fmt::Debug + Send + Sync {
     /// What the row assumes the backend guarantees on `nodes` servers.
     fn premise(&self, nodes: usize) -> Premise;

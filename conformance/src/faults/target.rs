@@ -10,7 +10,6 @@ use futures::future::BoxFuture;
 use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockError, LockKey};
 
 use super::{Cell, Fault};
-use crate::servers::zk::ZkEnsemble;
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
@@ -43,22 +42,6 @@ pub trait PeerLinks: Send + Sync {
     /// Bytes of member `index`'s traffic with the others dropped so far: evidence a cut
     /// fired.
     fn dropped(&self, index: usize) -> u64;
-}
-
-/// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
-impl PeerLinks for ZkEnsemble {
-    fn isolate(&self, index: usize) -> Result<(), String> {
-        ZkEnsemble::isolate(self, index).map_err(|e| e.to_string())
-    }
-
-    fn heal(&self) {
-        ZkEnsemble::heal(self);
-    }
-
-    fn dropped(&self, index: usize) -> u64 {
-        self.peer_link_stats(index)
-            .map_or(0, |s| s.bytes_blackholed)
-    }
 }
 
 /// The records a backend's servers keep of its waiters (an etcd queue key, a ZooKeeper

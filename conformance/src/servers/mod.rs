@@ -1,7 +1,9 @@
-//! Real servers on loopback ports, for tests: Redis (independent nodes, a
+//! Real servers on loopback ports, for tests, and the kit a backend's launcher is built
+//! from ([`process`], [`NodeCore`], [`impl_node!`](crate::servers::impl_node),
+//! [`free_port`], [`find_binary`], [`tls`]). Here: Redis (independent nodes, a
 //! primary/replica pair, a primary with two replicas and three sentinels, or a Redis
-//! Cluster of three primaries with a replica each), etcd (1 or 3 members), ZooKeeper
-//! (standalone or 3 nodes) and Postgres.
+//! Cluster of three primaries with a replica each) and Postgres; the etcd and ZooKeeper
+//! launchers are in their backends' `lab` modules (feature `testbed`).
 //!
 //! Every server is started from the installed binaries on free `127.0.0.1` ports, with its
 //! data and log files in a [`tempfile::TempDir`] owned by the cluster handle. Each node can
@@ -27,15 +29,16 @@ use std::sync::Mutex;
 
 use nix::fcntl::{Flock, FlockArg};
 
-pub mod etcd;
 pub mod pgbouncer;
 pub mod postgres;
-mod process;
+pub mod process;
 pub mod redis;
 pub mod tls;
-pub mod zk;
 
 pub use process::{pid_alive, spawned_pids};
+
+#[doc(hidden)]
+pub use async_trait::async_trait;
 
 /// Errors from starting or controlling a server.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +160,7 @@ const FORBIDDEN_PORT: u16 = 2024;
 /// server is down: a killed member's port would otherwise be reused as the local port of
 /// some connection (the fault proxies open many) and its restart fail to bind (ZooKeeper
 /// exits with status 14). Falls back to a kernel-chosen port if that range is unusable.
-pub(crate) fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let (low, _) = ephemeral_range();
     let below = 10_000u16..low.max(10_000);
     if below.len() >= 1024 {
@@ -251,12 +254,12 @@ fn ephemeral_range() -> (u16, u16) {
 }
 
 /// `127.0.0.1:port`.
-pub(crate) fn loopback(port: u16) -> SocketAddr {
+pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 /// Run `start` up to three times while it fails with a port clash.
-pub(crate) async fn retry_on_port_clash<T, F, Fut>(mut start: F) -> Result<T>
+pub async fn retry_on_port_clash<T, F, Fut>(mut start: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -274,7 +277,7 @@ where
 }
 
 /// Find `name` in `PATH`, else in the first existing of `extra_dirs`.
-pub(crate) fn find_binary(name: &str, extra_dirs: &[PathBuf], install: &str) -> Result<PathBuf> {
+pub fn find_binary(name: &str, extra_dirs: &[PathBuf], install: &str) -> Result<PathBuf> {
     let path_dirs = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default();
@@ -296,9 +299,12 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Generates the node-control methods shared by every node type, delegating to the
+/// Generates the node-control methods shared by every node type (`kill`, `pause`,
+/// `restart`, `addr`, `proxy`, `log_tail`, …) inside its `impl` block, delegating to the
 /// node's `core: NodeCore` field.
-macro_rules! node_control_methods {
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __node_control_methods {
     () => {
         /// Kill the server with `SIGKILL` (its whole process group) and reap it. Does nothing
         /// when it is not running.
@@ -383,7 +389,8 @@ macro_rules! node_control_methods {
         }
     };
 }
-pub(crate) use node_control_methods;
+#[doc(inline)]
+pub use crate::__node_control_methods as node_control_methods;
 
 /// `nodes` as the trait objects fault code takes.
 pub fn dyn_nodes<N: Node + 'static>(nodes: &[Arc<N>]) -> Vec<Arc<dyn Node>> {
@@ -443,7 +450,9 @@ pub trait Node: Send + Sync + std::fmt::Debug {
 /// Implements [`Node`] for a node type with a `core: NodeCore` field, delegating to the
 /// methods of [`node_control_methods`]; `clock` says how to shift its clock and `applied`
 /// reads the clock shim's evidence.
-macro_rules! impl_node {
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __impl_node {
     ($ty:ty) => {
         $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
             Err($crate::servers::ServerError::Unsupported {
@@ -459,7 +468,7 @@ macro_rules! impl_node {
         $crate::servers::impl_node!($ty, $clock, |_: &$ty| None);
     };
     ($ty:ty, $clock:expr, $applied:expr) => {
-        #[async_trait::async_trait]
+        #[$crate::servers::async_trait]
         impl $crate::servers::Node for $ty {
             fn label(&self) -> String {
                 self.core.process.what().to_owned()
@@ -500,26 +509,29 @@ macro_rules! impl_node {
         }
     };
 }
-pub(crate) use impl_node;
+#[doc(inline)]
+pub use crate::__impl_node as impl_node;
 
 /// State shared by every node type: the managed process, its client address and the fault
 /// proxy in front of it.
 #[derive(Debug)]
-pub(crate) struct NodeCore {
-    pub(crate) process: process::ServerProcess,
-    pub(crate) proxy: crate::proxy::FaultProxy,
+pub struct NodeCore {
+    /// The server process.
+    pub process: process::ServerProcess,
+    /// The fault proxy in front of its client port.
+    pub proxy: crate::proxy::FaultProxy,
 }
 
 impl NodeCore {
     /// A core for `process`, with a fresh proxy in front of its address. Does not start
     /// the process.
-    pub(crate) async fn new(process: process::ServerProcess) -> Result<Self> {
+    pub async fn new(process: process::ServerProcess) -> Result<Self> {
         let proxy = crate::proxy::FaultProxy::start(process.addr()).await?;
         Ok(NodeCore { process, proxy })
     }
 
     /// The process's current client address.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.process.addr()
     }
 
@@ -528,7 +540,7 @@ impl NodeCore {
     ///
     /// # Cancel safety
     /// Not cancel safe.
-    pub(crate) async fn restart(&self) -> Result<()> {
+    pub async fn restart(&self) -> Result<()> {
         let result = self.process.restart().await;
         self.proxy.set_target(self.process.addr());
         result
@@ -536,7 +548,7 @@ impl NodeCore {
 }
 
 /// Kill every process among `cores` without awaiting (for `Drop`).
-pub(crate) fn kill_now<'a>(cores: impl IntoIterator<Item = &'a NodeCore>) {
+pub fn kill_now<'a>(cores: impl IntoIterator<Item = &'a NodeCore>) {
     for c in cores {
         c.process.kill_now();
     }

@@ -86,24 +86,26 @@ struct ProcInfo {
 
 /// One process's line of `/proc/<pid>/stat`, the fields this module uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Stat {
+pub struct Stat {
     /// `R`, `S`, `D`, `T` (stopped), `t`, `Z` (zombie), `X`, …
-    pub(crate) state: char,
-    pub(crate) ppid: u32,
-    pub(crate) pgrp: u32,
+    pub state: char,
+    /// The parent's pid.
+    pub ppid: u32,
+    /// The process group.
+    pub pgrp: u32,
     /// Clock ticks after boot: with the pid, it names one process across pid reuse.
-    pub(crate) starttime: u64,
+    pub starttime: u64,
 }
 
 impl Stat {
     /// Neither a zombie nor dead.
-    pub(crate) fn live(&self) -> bool {
+    pub fn live(&self) -> bool {
         !matches!(self.state, 'Z' | 'X' | 'x')
     }
 }
 
 /// `/proc/<pid>/stat`, `None` if the process is gone.
-pub(crate) fn stat(pid: u32) -> Option<Stat> {
+pub fn stat(pid: u32) -> Option<Stat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses.
     let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
@@ -196,7 +198,7 @@ fn signal_each(procs: &[(u32, u64)], sig: Signal) {
 }
 
 /// The last `max_bytes` of a log file (lossy UTF-8), or a note that it cannot be read.
-pub(crate) fn log_tail(path: &Path, max_bytes: usize) -> String {
+pub fn log_tail(path: &Path, max_bytes: usize) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let start = bytes.len().saturating_sub(max_bytes);
@@ -207,7 +209,7 @@ pub(crate) fn log_tail(path: &Path, max_bytes: usize) -> String {
 }
 
 /// The last `max_bytes` of a log file written after its first `since` bytes.
-pub(crate) fn log_tail_since(path: &Path, since: u64, max_bytes: usize) -> String {
+pub fn log_tail_since(path: &Path, since: u64, max_bytes: usize) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let since = usize::try_from(since)
@@ -222,17 +224,22 @@ pub(crate) fn log_tail_since(path: &Path, since: u64, max_bytes: usize) -> Strin
 
 /// What to run.
 #[derive(Clone, Debug)]
-pub(crate) struct CommandSpec {
-    pub(crate) program: PathBuf,
-    pub(crate) args: Vec<OsString>,
-    pub(crate) env: Vec<(OsString, OsString)>,
-    pub(crate) cwd: Option<PathBuf>,
+pub struct CommandSpec {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Variables added to its environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// Its working directory (default: this process's).
+    pub cwd: Option<PathBuf>,
     /// `(uid, gid)` to run as.
-    pub(crate) user: Option<(u32, u32)>,
+    pub user: Option<(u32, u32)>,
 }
 
 impl CommandSpec {
-    pub(crate) fn new(program: impl Into<PathBuf>) -> Self {
+    /// Runs `program` with no arguments.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
         CommandSpec {
             program: program.into(),
             args: Vec::new(),
@@ -242,28 +249,32 @@ impl CommandSpec {
         }
     }
 
-    pub(crate) fn arg(mut self, a: impl Into<OsString>) -> Self {
+    /// Adds an argument.
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
         self.args.push(a.into());
         self
     }
 
-    pub(crate) fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+    /// Sets an environment variable.
+    pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
         self.env.push((k.into(), v.into()));
         self
     }
 
-    pub(crate) fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+    /// Runs in `dir`.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cwd = Some(dir.into());
         self
     }
 
-    pub(crate) fn user(mut self, user: Option<(u32, u32)>) -> Self {
+    /// Runs as `(uid, gid)` (default: as this process).
+    pub fn user(mut self, user: Option<(u32, u32)>) -> Self {
         self.user = user;
         self
     }
 
     /// Remove every occurrence of the option `name` and the `values` arguments after it.
-    pub(crate) fn remove_option(&mut self, name: &str, values: usize) {
+    pub fn remove_option(&mut self, name: &str, values: usize) {
         while let Some(i) = self.args.iter().position(|a| a == name) {
             let end = (i + 1 + values).min(self.args.len());
             self.args.drain(i..end);
@@ -282,7 +293,7 @@ impl CommandSpec {
 
 /// A readiness probe of the server's current client address: `Ok(true)` when ready,
 /// `Ok(false)` or an error while not yet.
-pub(crate) type Probe = Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, Result<bool>> + Send + Sync>;
+pub type Probe = Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, Result<bool>> + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -292,7 +303,7 @@ struct State {
 
 /// One server process that can be started, killed, paused, resumed and restarted, with
 /// its output appended to a log file.
-pub(crate) struct ServerProcess {
+pub struct ServerProcess {
     what: String,
     spec: Mutex<CommandSpec>,
     log: PathBuf,
@@ -321,7 +332,7 @@ impl fmt::Debug for ServerProcess {
 
 impl ServerProcess {
     /// A process description; nothing is started yet.
-    pub(crate) fn new(
+    pub fn new(
         what: impl Into<String>,
         spec: CommandSpec,
         log: PathBuf,
@@ -344,26 +355,28 @@ impl ServerProcess {
 
     /// Lets [`restart`](Self::restart) move the server to a fresh port when its own was
     /// taken meanwhile, rewriting the command-line option `option` (`--port`, `-p`).
-    pub(crate) fn movable_port(mut self, option: &'static str) -> Self {
+    pub fn movable_port(mut self, option: &'static str) -> Self {
         self.port_option = Some(option);
         self
     }
 
     /// The server's client address.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         *lock(&self.addr)
     }
 
-    pub(crate) fn what(&self) -> &str {
+    /// What this server is, for messages (`etcd member 1 on 127.0.0.1:…`).
+    pub fn what(&self) -> &str {
         &self.what
     }
 
-    pub(crate) fn log_path(&self) -> &Path {
+    /// The file its stdout and stderr are appended to.
+    pub fn log_path(&self) -> &Path {
         &self.log
     }
 
     /// Change what the next start runs.
-    pub(crate) fn update_spec(&self, f: impl FnOnce(&mut CommandSpec)) {
+    pub fn update_spec(&self, f: impl FnOnce(&mut CommandSpec)) {
         f(&mut lock(&self.spec));
     }
 
@@ -379,7 +392,7 @@ impl ServerProcess {
     }
 
     /// Spawn the process (it must not be running). Does not wait for readiness.
-    pub(crate) fn spawn(&self) -> Result<u32> {
+    pub fn spawn(&self) -> Result<u32> {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
         if st.child.is_some() {
@@ -427,7 +440,7 @@ impl ServerProcess {
     ///
     /// # Cancel safety
     /// Cancel safe (it only observes).
-    pub(crate) async fn wait_ready(&self) -> Result<()> {
+    pub async fn wait_ready(&self) -> Result<()> {
         let started = Instant::now();
         let deadline = started + self.ready_timeout;
         loop {
@@ -466,20 +479,20 @@ impl ServerProcess {
     /// # Cancel safety
     /// Not cancel safe: a cancelled start leaves the process running (it is still
     /// stopped on drop).
-    pub(crate) async fn start(&self) -> Result<()> {
+    pub async fn start(&self) -> Result<()> {
         self.spawn()?;
         self.wait_ready().await
     }
 
     /// `SIGKILL` the process group and every descendant that left it, reap the leader,
-    /// and wait (up to [`HELPERS_GONE_TIMEOUT`]) until those descendants are gone too:
+    /// and wait (up to 30 s) until those descendants are gone too:
     /// a Postgres backend that outlives its postmaster keeps the shared memory attached,
     /// and the next postmaster on the data dir refuses to start. Idempotent.
     ///
     /// # Cancel safety
     /// Cancel safe: the signals are sent before the first await; a dropped reap is
     /// finished by tokio's orphan reaper.
-    pub(crate) async fn kill(&self) -> Result<()> {
+    pub async fn kill(&self) -> Result<()> {
         let child = {
             let mut st = lock(&self.state);
             st.paused = false;
@@ -512,7 +525,7 @@ impl ServerProcess {
     /// `SIGKILL` the process group and its descendants without awaiting; the leader is
     /// reaped if it goes within a few milliseconds, else left to tokio's orphan reaper.
     /// For `Drop`.
-    pub(crate) fn kill_now(&self) {
+    pub fn kill_now(&self) {
         let child = {
             let mut st = lock(&self.state);
             st.paused = false;
@@ -540,7 +553,7 @@ impl ServerProcess {
     ///
     /// # Cancel safety
     /// Not cancel safe.
-    pub(crate) async fn restart(&self) -> Result<()> {
+    pub async fn restart(&self) -> Result<()> {
         self.kill().await?;
         let mut moves = 0;
         loop {
@@ -574,13 +587,13 @@ impl ServerProcess {
 
     /// `SIGSTOP` the process group (and helpers that left it); returns once they are
     /// stopped (state `T`), blocking up to 5 s.
-    pub(crate) fn pause(&self) -> Result<()> {
+    pub fn pause(&self) -> Result<()> {
         self.signal(Signal::SIGSTOP, true)
     }
 
     /// `SIGCONT` the process group (and helpers that left it); returns once none is
     /// stopped, blocking up to 5 s.
-    pub(crate) fn resume(&self) -> Result<()> {
+    pub fn resume(&self) -> Result<()> {
         self.signal(Signal::SIGCONT, false)
     }
 
@@ -622,7 +635,8 @@ impl ServerProcess {
         Ok(())
     }
 
-    pub(crate) fn pid(&self) -> Option<u32> {
+    /// The process-group leader's pid while running.
+    pub fn pid(&self) -> Option<u32> {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
         st.child.as_ref().and_then(Child::id)
@@ -632,7 +646,7 @@ impl ServerProcess {
     ///
     /// # Cancel safety
     /// Cancel safe (it only observes).
-    pub(crate) async fn probe_once(&self) -> Result<()> {
+    pub async fn probe_once(&self) -> Result<()> {
         if !self.is_running() {
             return Err(ServerError::NotRunning {
                 what: self.what.clone(),
@@ -651,11 +665,13 @@ impl ServerProcess {
         }
     }
 
-    pub(crate) fn is_running(&self) -> bool {
+    /// True while the process is alive (also while paused).
+    pub fn is_running(&self) -> bool {
         self.pid().is_some()
     }
 
-    pub(crate) fn is_paused(&self) -> bool {
+    /// True while paused with [`pause`](Self::pause).
+    pub fn is_paused(&self) -> bool {
         let mut st = lock(&self.state);
         reap_if_exited(&mut st);
         st.child.is_some() && st.paused

@@ -128,13 +128,17 @@ pub struct TestSecrets {
 impl TestSecrets {
     /// A new CA in `dir` (see [`TestPki::generate`]) and two random 128-bit passwords.
     pub fn generate(dir: &Path) -> Result<TestSecrets> {
-        let password = || format!("{:032x}", rand::random::<u128>());
         Ok(TestSecrets {
             pki: TestPki::generate(dir)?,
-            password: password(),
-            stranger_password: password(),
+            password: random_password(),
+            stranger_password: random_password(),
         })
     }
+}
+
+/// A random 128-bit password, in hex.
+pub fn random_password() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 impl TestSecrets {
@@ -174,7 +178,7 @@ impl std::fmt::Debug for TestSecrets {
 }
 
 /// Writes a private file (a key, passwords) readable by its owner only.
-pub(crate) fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+pub fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()

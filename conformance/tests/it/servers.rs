@@ -8,12 +8,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::etcd::EtcdCluster;
 use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::redis::{
     self, Persistence, RedisCluster, RedisOptions, RedisReplicaPair, Resp, RespConnection,
 };
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::servers::{pid_alive, spawned_pids, ServerError};
 
 /// A test failure that prints its message readably (multi-line server logs included).
@@ -381,109 +379,6 @@ async fn redis_replica_failover_loses_unreplicated_write() -> TestResult {
         Some("1")
     );
     set(r.addr(), &["after", "promotion"]).await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_single_member() -> TestResult {
-    let t = Instant::now();
-    let c = EtcdCluster::start(1).await?;
-    startup("etcd x1", t);
-    assert_eq!(c.endpoints().len(), 1);
-    assert!(c.endpoints()[0].starts_with("http://127.0.0.1:"));
-    assert_eq!(c.leader_index().await?, 0);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_three_members_leader_failover() -> TestResult {
-    let t = Instant::now();
-    let c = EtcdCluster::start(3).await?;
-    startup("etcd x3", t);
-    assert_eq!(c.proxied_endpoints().len(), 3);
-    let old = c.leader_index().await?;
-    let killed = &c.members()[old];
-    killed.kill().await?;
-
-    let t = Instant::now();
-    let new = c.leader_index().await?;
-    eprintln!("etcd: new leader after {} ms", t.elapsed().as_millis());
-    assert_ne!(new, old);
-
-    // The killed member rejoins: healthy (restart waits for /health) and follows the
-    // new leader.
-    killed.restart().await?;
-    let leader_id = c.members()[new].status().await?.0;
-    let followed = eventually(Duration::from_secs(5), || async {
-        matches!(killed.status().await, Ok((_, l)) if l == leader_id)
-    })
-    .await;
-    assert!(followed, "restarted member does not follow the leader");
-    Ok(())
-}
-
-/// A secured cluster's client ports need a client certificate: the leader is found by
-/// what each member's plain metrics port says, and follows a failover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secured_etcd_leader_is_found_through_metrics() -> TestResult {
-    let c = EtcdCluster::start_secured(3).await?;
-    assert!(
-        c.members()[0].status().await.is_err(),
-        "no plain client port"
-    );
-    let old = c.leader_index().await?;
-    let says: Vec<bool> =
-        futures::future::try_join_all(c.members().iter().map(|m| m.says_leader())).await?;
-    assert_eq!(says.iter().filter(|&&l| l).count(), 1, "{says:?}");
-    assert!(says[old], "{says:?}");
-    c.members()[old].kill().await?;
-    let new = c.leader_index().await?;
-    assert_ne!(new, old);
-    assert!(c.members()[new].says_leader().await?);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zk_standalone() -> TestResult {
-    let t = Instant::now();
-    let zk = ZkEnsemble::start(ZkOptions::default()).await?;
-    startup("zk x1", t);
-    let n = &zk.nodes()[0];
-    assert_eq!(n.four_letter("ruok").await?, "imok");
-    assert_eq!(n.mode().await?.as_deref(), Some("standalone"));
-    assert_eq!(zk.leader_index().await?, 0);
-    assert_eq!(zk.connect_string(), n.addr().to_string());
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zk_three_nodes_leader_failover() -> TestResult {
-    let t = Instant::now();
-    let zk = ZkEnsemble::start(ZkOptions::default().nodes(3).tick_time_ms(200)).await?;
-    startup("zk x3", t);
-    assert_eq!(zk.connect_string().split(',').count(), 3);
-    assert_eq!(zk.proxied_connect_string().split(',').count(), 3);
-    let mut modes = Vec::new();
-    for n in zk.nodes() {
-        assert_eq!(n.four_letter("ruok").await?, "imok");
-        modes.push(n.mode().await?);
-    }
-    let old = zk.leader_index().await?;
-    assert_eq!(modes[old].as_deref(), Some("leader"));
-    assert_eq!(
-        modes
-            .iter()
-            .filter(|m| m.as_deref() == Some("follower"))
-            .count(),
-        2,
-        "{modes:?}"
-    );
-
-    zk.nodes()[old].kill().await?;
-    let t = Instant::now();
-    let new = zk.leader_index().await?;
-    eprintln!("zk: new leader after {} ms", t.elapsed().as_millis());
-    assert_ne!(new, old);
     Ok(())
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 use tenure_api::LockError;
 use tenure_conformance::faults::{leader_of, Fault, WaiterRecords, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::servers::etcd::{EtcdCluster, EtcdSecrets, EtcdUser};
 use tenure_conformance::testbed::{
     harness_on, BoxError, BoxFuture, Lab, ServerBounds, Testbed, TestbedOptions,
 };
@@ -16,6 +15,9 @@ use tenure_conformance::testbed::{
 use tenure_conformance::UrlHarness;
 
 use crate::{EtcdConfig, EtcdLock};
+
+mod servers;
+pub use servers::{EtcdCluster, EtcdMember, EtcdSecrets, EtcdUser};
 
 /// etcd's testbed: a 3-member cluster, its server faults aimed at the leader.
 pub const TESTBED: Testbed = Testbed {

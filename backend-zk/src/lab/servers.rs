@@ -23,7 +23,7 @@
 //! with client certificates, Netty); a plain port stays open on loopback for the
 //! harness's own four-letter-word probes.
 //!
-//! The JVM reads the clock without libc: the [clock shim](crate::clock_shim) cannot shift
+//! The JVM reads the clock without libc: the [clock shim](tenure_conformance::clock_shim) cannot shift
 //! it.
 
 use std::net::SocketAddr;
@@ -34,11 +34,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{FaultProxy, ProxyMode, ProxyStats};
-
-use super::process::{CommandSpec, Probe, ServerProcess};
-use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
+use tenure_conformance::proxy::{FaultProxy, ProxyMode, ProxyStats};
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::tls::{write_private, TestSecrets};
+use tenure_conformance::servers::{
+    find_binary, free_port, impl_node, kill_now, loopback, node_control_methods, poll_until,
+    retry_on_port_clash, NodeCore, Result, ServerError,
+};
 
 const INSTALL: &str = "apt-get install -y zookeeper";
 const JAVA_INSTALL: &str = "apt-get install -y default-jre-headless";
@@ -154,7 +156,7 @@ impl ZkSecrets {
             std::fs::read_to_string(pki.server_key())?,
             std::fs::read_to_string(pki.server_cert())?
         );
-        super::tls::write_private(&key_store, &pem)?;
+        write_private(&key_store, &pem)?;
         Ok(format!(
             "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
              serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
@@ -185,10 +187,10 @@ pub struct ZkNode {
     plain: SocketAddr,
 }
 
-super::impl_node!(ZkNode);
+impl_node!(ZkNode);
 
 impl ZkNode {
-    super::node_control_methods!();
+    node_control_methods!();
 
     /// The server id (`myid`, from 1).
     pub fn id(&self) -> u32 {
@@ -242,11 +244,11 @@ impl ZkEnsemble {
                 what: format!("ZooKeeper needs at least one node and a tick: {options:?}"),
             });
         }
-        super::retry_on_port_clash(|| Self::try_start(&options)).await
+        retry_on_port_clash(|| Self::try_start(&options)).await
     }
 
     async fn try_start(options: &ZkOptions) -> Result<ZkEnsemble> {
-        let java = super::find_binary("java", &[], JAVA_INSTALL)?;
+        let java = find_binary("java", &[], JAVA_INSTALL)?;
         let classpath = classpath()?;
         let dir = tempfile::Builder::new().prefix("tenure-zk-").tempdir()?;
         let n = options.nodes;

@@ -10,7 +10,7 @@
 //! metrics port instead.
 //!
 //! etcd is written in Go and reads the clock without libc: the
-//! [clock shim](crate::clock_shim) cannot shift it.
+//! [clock shim](tenure_conformance::clock_shim) cannot shift it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,9 +20,12 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::process::{CommandSpec, Probe, ServerProcess};
-use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::tls::{random_password, TestSecrets};
+use tenure_conformance::servers::{
+    find_binary, free_port, impl_node, kill_now, loopback, node_control_methods, poll_until,
+    retry_on_port_clash, NodeCore, Result, ServerError,
+};
 
 const INSTALL: &str = "apt-get install -y etcd-server";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,10 +46,10 @@ pub struct EtcdMember {
     metrics: Option<SocketAddr>,
 }
 
-super::impl_node!(EtcdMember);
+impl_node!(EtcdMember);
 
 impl EtcdMember {
-    super::node_control_methods!();
+    node_control_methods!();
 
     /// The member's name (`m0`, `m1`, …).
     pub fn name(&self) -> &str {
@@ -171,7 +174,7 @@ impl EtcdCluster {
                 what: "an etcd cluster needs at least one member".into(),
             });
         }
-        super::retry_on_port_clash(|| Self::try_start(members, false)).await
+        retry_on_port_clash(|| Self::try_start(members, false)).await
     }
 
     /// Like [`start`](Self::start), but members serve clients over TLS only (certificates
@@ -190,11 +193,11 @@ impl EtcdCluster {
                 what: "an etcd cluster needs at least one member".into(),
             });
         }
-        super::retry_on_port_clash(|| Self::try_start(members, true)).await
+        retry_on_port_clash(|| Self::try_start(members, true)).await
     }
 
     async fn try_start(n: usize, secured: bool) -> Result<EtcdCluster> {
-        let bin = super::find_binary("etcd", &[], INSTALL)?;
+        let bin = find_binary("etcd", &[], INSTALL)?;
         let dir = tempfile::Builder::new().prefix("tenure-etcd-").tempdir()?;
         // Unique per cluster (the temp dir's name is "tenure-etcd-XXXXXX").
         let token = dir
@@ -400,7 +403,7 @@ impl EtcdCluster {
             .ok_or_else(|| ServerError::Unsupported {
                 what: "authentication on an etcd cluster without TLS".into(),
             })?;
-        let root_password = format!("{:032x}", rand::random::<u128>());
+        let root_password = random_password();
         // Each step's arguments, and the password `user add` reads on its stdin (never
         // on the command line, where `ps` would show it).
         let mut steps: Vec<(Vec<String>, Option<&str>)> = Vec::new();
@@ -429,7 +432,7 @@ impl EtcdCluster {
         steps.push((words(&["role", "add", "root"]), None));
         steps.push((words(&["user", "grant-role", "root", "root"]), None));
         steps.push((words(&["auth", "enable"]), None));
-        let bin = super::find_binary("etcdctl", &[], "apt-get install -y etcd-client")?;
+        let bin = find_binary("etcdctl", &[], "apt-get install -y etcd-client")?;
         let pki = &secrets.pki;
         for (step, password) in steps {
             let what = || format!("etcdctl {}", step.join(" "));

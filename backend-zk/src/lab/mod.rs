@@ -8,7 +8,6 @@ use std::time::Duration;
 use tenure_api::LockError;
 use tenure_conformance::faults::{leader_of, Fault, PeerLinks, WaiterRecords, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::servers::zk::{ZkEnsemble, ZkOptions};
 use tenure_conformance::testbed::{
     harness_on, BoxError, BoxFuture, Lab, ServerBounds, Testbed, TestbedOptions,
 };
@@ -16,6 +15,25 @@ use tenure_conformance::testbed::{
 use tenure_conformance::UrlHarness;
 
 use crate::ZkLock;
+
+mod servers;
+pub use servers::{ZkEnsemble, ZkNode, ZkOptions, ZkSecrets, CLASSPATH_ENV};
+
+/// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
+impl PeerLinks for ZkEnsemble {
+    fn isolate(&self, index: usize) -> Result<(), String> {
+        ZkEnsemble::isolate(self, index).map_err(|e| e.to_string())
+    }
+
+    fn heal(&self) {
+        ZkEnsemble::heal(self);
+    }
+
+    fn dropped(&self, index: usize) -> u64 {
+        self.peer_link_stats(index)
+            .map_or(0, |s| s.bytes_blackholed)
+    }
+}
 
 /// The ensemble's tick: sessions may then be 0.4–4 s, so expiry scenarios run in seconds.
 const TICK_MS: u32 = 200;
