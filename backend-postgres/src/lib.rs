@@ -10,7 +10,7 @@ mod fenced;
 mod floor;
 mod held;
 #[cfg(feature = "testbed")]
-mod lab;
+pub mod lab;
 mod records;
 mod socket;
 mod sql;
@@ -568,9 +568,7 @@ mod tests {
     /// without support), and the lock connects without it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_that_refuses_the_client_check_is_used_without_it() {
-        let server = tenure_conformance::servers::postgres::Postgres::start()
-            .await
-            .unwrap();
+        let server = crate::lab::Postgres::start().await.unwrap();
         let key = LockKey::new("client-check").unwrap();
         let ttl = Duration::from_secs(5);
         let mut config = PgConfig::from_url(&server.url()).unwrap();

@@ -3,8 +3,8 @@
 
 use std::error::Error;
 
-use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::UrlHarness;
+use tenure_postgres::lab::Postgres;
 use tenure_postgres::PgLock;
 
 /// Starts a server and returns the suite's harness for it: clients with `options` added to

@@ -10,9 +10,9 @@ use tenure_api::{
     AcquireOptions, DistributedLock, FencingToken, Lease, LockError, LockExt, LockKey,
     ReleaseOutcome,
 };
-use tenure_conformance::servers::pgbouncer::PgBouncer;
-use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::History;
+use tenure_postgres::lab::PgBouncer;
+use tenure_postgres::lab::Postgres;
 use tenure_postgres::{FencedTable, FencedWrite, PgLock};
 
 const TTL: Duration = Duration::from_secs(10);

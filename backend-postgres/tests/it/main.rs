@@ -11,3 +11,4 @@ mod faults;
 mod queue;
 mod security;
 mod semaphore;
+mod servers;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::{suite, Ctx, Harness, Links, UrlHarness};
+use tenure_postgres::lab::Postgres;
 use tenure_postgres::PgLock;
 
 const TTL: Duration = Duration::from_secs(10);

@@ -6,8 +6,8 @@ use crate::secured;
 
 use tenure_api::LockError;
 use tenure_conformance::security::{self, expect_config};
-use tenure_conformance::servers::postgres::{PgSecrets, Postgres};
 use tenure_conformance::servers::tls::TestPki;
+use tenure_postgres::lab::{PgSecrets, Postgres};
 use tenure_postgres::PgLock;
 
 struct Server {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, Semaphore};
-use tenure_conformance::servers::postgres::Postgres;
+use tenure_postgres::lab::Postgres;
 use tenure_postgres::PgLock;
 
 const TTL: Duration = Duration::from_secs(10);

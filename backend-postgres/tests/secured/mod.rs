@@ -5,7 +5,7 @@
 
 use std::error::Error;
 
-use tenure_conformance::servers::postgres::{PgSecrets, Postgres};
+use tenure_postgres::lab::{PgSecrets, Postgres};
 use tenure_postgres::PgConfig;
 
 pub(crate) type BoxError = Box<dyn Error + Send + Sync>;

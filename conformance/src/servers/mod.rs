@@ -2,7 +2,7 @@
 //! from ([`process`], [`NodeCore`], [`impl_node!`](crate::servers::impl_node),
 //! [`free_port`], [`find_binary`], [`tls`]). Here: Redis (independent nodes, a
 //! primary/replica pair, a primary with two replicas and three sentinels, or a Redis
-//! Cluster of three primaries with a replica each) and Postgres; the etcd and ZooKeeper
+//! Cluster of three primaries with a replica each); the etcd, ZooKeeper and Postgres
 //! launchers are in their backends' `lab` modules (feature `testbed`).
 //!
 //! Every server is started from the installed binaries on free `127.0.0.1` ports, with its
@@ -29,8 +29,6 @@ use std::sync::Mutex;
 
 use nix::fcntl::{Flock, FlockArg};
 
-pub mod pgbouncer;
-pub mod postgres;
 pub mod process;
 pub mod redis;
 pub mod tls;

@@ -18,9 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::process::{CommandSpec, Probe, ServerProcess};
-use super::tls::TestSecrets;
-use super::{free_port, loopback, NodeCore, Result, ServerError};
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::tls::TestSecrets;
+use tenure_conformance::servers::{
+    find_binary, free_port, impl_node, loopback, node_control_methods, retry_on_port_clash,
+    NodeCore, Result, ServerError,
+};
 
 const INSTALL: &str = "apt-get install -y postgresql";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -105,10 +108,10 @@ impl PgSecrets {
     }
 }
 
-super::impl_node!(Postgres);
+impl_node!(Postgres);
 
 impl Postgres {
-    super::node_control_methods!();
+    node_control_methods!();
 
     /// `initdb` a fresh data directory, start the server and wait until `pg_isready`
     /// succeeds and `psql -c 'select 1'` works.
@@ -116,7 +119,7 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start() -> Result<Postgres> {
-        super::retry_on_port_clash(|| Self::try_start(false)).await
+        retry_on_port_clash(|| Self::try_start(false)).await
     }
 
     /// Like [`start`](Self::start), but the server requires TLS (`ssl=on`, `hostssl`
@@ -129,7 +132,7 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start_secured() -> Result<Postgres> {
-        super::retry_on_port_clash(|| Self::try_start(true)).await
+        retry_on_port_clash(|| Self::try_start(true)).await
     }
 
     async fn try_start(secured: bool) -> Result<Postgres> {
@@ -293,7 +296,7 @@ fn remove_shared_memory(data: &Path) {
     else {
         return;
     };
-    let Ok(ipcrm) = super::find_binary("ipcrm", &[], "apt-get install -y util-linux") else {
+    let Ok(ipcrm) = find_binary("ipcrm", &[], "apt-get install -y util-linux") else {
         return;
     };
     let _ = std::process::Command::new(ipcrm)
@@ -345,7 +348,7 @@ fn bin_dir() -> Result<PathBuf> {
         .collect();
     versioned.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
     let extra: Vec<PathBuf> = versioned.into_iter().map(|(_, p)| p).collect();
-    let initdb = super::find_binary("initdb", &extra, INSTALL)?;
+    let initdb = find_binary("initdb", &extra, INSTALL)?;
     // Follow symlinks (e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin/initdb) to
     // the directory that holds the matching server and tools.
     let initdb = std::fs::canonicalize(&initdb).unwrap_or(initdb);

@@ -5,11 +5,15 @@
 use std::sync::Arc;
 
 use tenure_conformance::faults::{Fault, WhyNot};
-use tenure_conformance::servers::postgres::Postgres;
 use tenure_conformance::servers::Node;
 use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
 
 use crate::{PgConfig, PgLock};
+
+mod pgbouncer;
+mod servers;
+pub use pgbouncer::PgBouncer;
+pub use servers::{PgSecrets, Postgres, SECURED_SCHEMA};
 
 /// Postgres's testbed: one server.
 pub const TESTBED: Testbed = Testbed {

@@ -11,9 +11,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::postgres::Postgres;
-use super::process::{CommandSpec, Probe, ServerProcess};
-use super::{find_binary, free_port, loopback, Result};
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::{find_binary, free_port, loopback, retry_on_port_clash, Result};
+
+use super::servers::{give_to, run_as, Postgres};
 
 const INSTALL: &str = "apt-get install -y pgbouncer";
 
@@ -31,18 +32,18 @@ impl PgBouncer {
     /// # Cancel safety
     /// Cancel safe: a process started so far is killed when the future is dropped.
     pub async fn start(server: &Postgres, roles: &[&str]) -> Result<PgBouncer> {
-        super::retry_on_port_clash(|| Self::try_start(server, roles)).await
+        retry_on_port_clash(|| Self::try_start(server, roles)).await
     }
 
     async fn try_start(server: &Postgres, roles: &[&str]) -> Result<PgBouncer> {
         // Debian installs it in /usr/sbin, which a non-root PATH may lack.
         let binary = find_binary("pgbouncer", &["/usr/sbin".into()], INSTALL)?;
-        let user = super::postgres::run_as()?;
+        let user = run_as()?;
         let dir = tempfile::Builder::new()
             .prefix("tenure-pgbouncer-")
             .tempdir()?;
         let root = dir.path().to_owned();
-        super::postgres::give_to(&root, user)?;
+        give_to(&root, user)?;
         let port = free_port()?;
         let addr = loopback(port);
         let users: String = roles.iter().map(|r| format!("\"{r}\" \"\"\n")).collect();
