@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::FencedRegister;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::RedisLock;
 
 #[tokio::main(flavor = "current_thread")]

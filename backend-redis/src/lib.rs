@@ -40,6 +40,9 @@ use releases::{Link, Refused, Subscriber};
 use scripts::{count_of, parse_lock_value, token_for, Call, MAX_COUNT, SCRIPTS};
 use unanswered::Unanswered;
 
+/// Words of the refusal of a grant too few replicas confirmed (`wait_replicas`).
+pub(crate) const UNCONFIRMED: &str = "replicas wait_replicas asks for";
+
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
 /// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
 /// and the release channel (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`). Give the user the keys and channels of
@@ -218,8 +221,7 @@ impl RedisLock {
         let (value, confirmed) = self.run_script(what, &call, bound, wanted, route).await?;
         let confirmed = match confirmed {
             Some(got) if got < i64::from(wanted) => Err(format!(
-                "{what} on {}: {got} of the {wanted} replicas wait_replicas asks for \
-                 confirmed it within {:?}",
+                "{what} on {}: {got} of the {wanted} {UNCONFIRMED} confirmed it within {:?}",
                 self.config.endpoint(),
                 self.config.wait_timeout
             )),

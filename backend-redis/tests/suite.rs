@@ -19,11 +19,11 @@
 
 use std::time::Duration;
 use tenure_conformance::faults::expect;
-use tenure_conformance::servers::redis::sentinel::{RedisSentinels, MASTER_NAME};
-use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
+use tenure_redis::lab::sentinel::{RedisSentinels, MASTER_NAME};
+use tenure_redis::lab::sharded::RedisShardedCluster;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::RedisLock;
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{DistributedLock, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redlock::Redlock;
 
 async fn p50_us(

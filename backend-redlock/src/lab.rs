@@ -14,7 +14,7 @@ pub const TESTBED: Testbed = Testbed {
     patient_query: "node_timeout_ms=5000&request_timeout_ms=5000",
     waiter_records: None,
     server_bounds: None,
-    redis_keys: None,
+    deployments: None,
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,

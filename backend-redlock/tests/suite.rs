@@ -14,9 +14,9 @@
 //!   Redlock (with its quorum fence, the default).
 
 use tenure_conformance::faults::expect;
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redlock::Redlock;
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same

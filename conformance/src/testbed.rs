@@ -14,7 +14,7 @@ pub use futures::future::BoxFuture;
 use tenure_api::{async_trait, DistributedLock, LockError};
 
 use crate::faults::expect::{Config, ProtocolFn};
-use crate::faults::{FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
+use crate::faults::{Deployments, FaultTarget, LeaderFn, PeerLinks, WaiterRecords, WhyNot};
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
@@ -30,9 +30,8 @@ pub type WaiterRecordsFn =
 pub type ServerBoundsFn =
     for<'a> fn(&'a UrlHarness, Duration) -> BoxFuture<'a, Result<ServerBounds, LockError>>;
 
-/// Maps, for the client of the URL given, a lock key to the Redis key its state lives
-/// under.
-pub type RedisKeysFn = fn(&str) -> Result<RedisKeyFn, LockError>;
+/// The backend's replicated deployments, for clients configured as the URL given.
+pub type DeploymentsFn = fn(&str) -> Result<Deployments, LockError>;
 
 /// What a backend's servers impose on the fault suite's trials, asked of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,9 +105,10 @@ pub struct Testbed {
     /// Where the servers bound a lease from below (a negotiated session, a granted lease
     /// TTL) or know their members: how to ask them.
     pub server_bounds: Option<ServerBoundsFn>,
-    /// Where the backend runs on the Redis deployments the fault suite fails over (a
-    /// Sentinel group, a Redis Cluster): where a lock's state lives.
-    pub redis_keys: Option<RedisKeysFn>,
+    /// Where the backend's servers replicate asynchronously: the deployments the
+    /// failover faults start and fail over (for Redis: a primary/replica pair, a
+    /// Sentinel group, a Redis Cluster).
+    pub deployments: Option<DeploymentsFn>,
     /// The protocol floor `tenure bench --floor` measures the backend against: the
     /// cheapest acquire + release of a fresh key its plain client crate can do, with
     /// none of tenure's work (fencing, deadlines, owner checks beyond compare-and-delete).
@@ -282,8 +282,8 @@ impl Lab {
         if let Some(connect) = testbed.waiter_records {
             target = target.with_waiter_records(connect(url.clone()).await?);
         }
-        if let Some(keys) = testbed.redis_keys {
-            target = target.with_redis_deployments(keys(&url)?);
+        if let Some(deployments) = testbed.deployments {
+            target = target.with_deployments(deployments(&url)?);
         }
         Ok(target)
     }

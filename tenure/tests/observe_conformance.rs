@@ -10,8 +10,8 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tenure::observe::{Metered, Traced};
 use tenure::{async_trait, DistributedLock, LockError};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::{runner, CuttableClient, Harness, MemoryHarness, UrlHarness};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tracing_subscriber::layer::SubscriberExt;
 
 /// Any harness, with every client wrapped in the observability layers.

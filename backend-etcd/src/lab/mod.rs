@@ -26,7 +26,7 @@ pub const TESTBED: Testbed = Testbed {
     patient_query: "request_timeout_ms=10000",
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
-    redis_keys: None,
+    deployments: None,
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::EtcdProtocol>,

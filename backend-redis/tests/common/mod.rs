@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tenure_api::{DistributedLock, Lease, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::retrying;
-use tenure_conformance::servers::redis::RedisNode;
+use tenure_redis::lab::RedisNode;
 use tenure_redis::RedisLock;
 
 /// Long enough for a promotion on a loaded machine.

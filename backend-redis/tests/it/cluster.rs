@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, Backoff, DistributedLock, Lease, LockError, LockKey, WaitKind};
 use tenure_conformance::servers::poll_until;
-use tenure_conformance::servers::redis::sharded::RedisShardedCluster;
-use tenure_conformance::servers::redis::{RedisNode, Resp, RespConnection};
+use tenure_redis::lab::sharded::RedisShardedCluster;
+use tenure_redis::lab::{RedisNode, Resp, RespConnection};
 use tenure_redis::RedisLock;
 use tokio::task::JoinHandle;
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, Resp};
+use tenure_redis::lab::{RedisCluster, RedisOptions, Resp};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -227,11 +227,7 @@ async fn a_zero_wait_makes_one_attempt_bounded_by_the_request_timeout() {
 }
 
 /// A client of `node` as ACL user `user` (password `pw`), created with `rules`.
-async fn acl_client(
-    node: &tenure_conformance::servers::redis::RedisNode,
-    user: &str,
-    rules: &[&str],
-) -> RedisLock {
+async fn acl_client(node: &tenure_redis::lab::RedisNode, user: &str, rules: &[&str]) -> RedisLock {
     let mut setuser = vec!["ACL", "SETUSER", user, "on", ">pw"];
     setuser.extend(rules);
     let reply = node.command(&setuser).await.unwrap();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, RedisReplicaPair};
+use tenure_redis::lab::{RedisCluster, RedisOptions, RedisReplicaPair};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -32,7 +32,7 @@ async fn authentication_failures_are_config_errors_and_never_retried() {
     );
     let denied = node.command(&["GET", "x"]).await.unwrap();
     assert!(
-        matches!(&denied, tenure_conformance::servers::redis::Resp::Error(e) if e.starts_with("NOAUTH")),
+        matches!(&denied, tenure_redis::lab::Resp::Error(e) if e.starts_with("NOAUTH")),
         "the server refuses unauthenticated clients: {denied:?}"
     );
     let opts = AcquireOptions::new(TTL).wait(LONG_WAIT);

@@ -14,10 +14,8 @@ use tenure_api::{
 };
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
-use tenure_conformance::servers::redis::{
-    Persistence, RedisCluster, RedisOptions, RedisReplicaPair,
-};
 use tenure_conformance::{FencedRegister, History};
+use tenure_redis::lab::{Persistence, RedisCluster, RedisOptions, RedisReplicaPair};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -441,7 +439,7 @@ async fn a_release_is_announced_and_a_withdrawal_is_not() {
 
 /// Waits until `node` has counted `calls` `EVALSHA`s in all: the stalled requests of a
 /// test have reached the server (the fault fired, and what it delayed has landed).
-async fn evalsha_reached(node: &tenure_conformance::servers::redis::RedisNode, calls: u64) {
+async fn evalsha_reached(node: &tenure_redis::lab::RedisNode, calls: u64) {
     let started = Instant::now();
     while node.command_calls("evalsha").await.unwrap() < calls {
         assert!(
@@ -463,9 +461,7 @@ async fn all_stalled_landed(proxy: &FaultProxy) {
 /// A client of `node` through a fresh proxy, with a short request timeout (300 ms), so a
 /// request stalled longer than that is given up and the next call takes a fresh
 /// connection, which the stall does not hold up.
-async fn behind_proxy(
-    node: &tenure_conformance::servers::redis::RedisNode,
-) -> (RedisLock, FaultProxy) {
+async fn behind_proxy(node: &tenure_redis::lab::RedisNode) -> (RedisLock, FaultProxy) {
     let proxy = FaultProxy::start(node.addr()).await.unwrap();
     let url = format!("redis://{}?request_timeout_ms=300", proxy.addr());
     (connect(&url).await, proxy)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use tenure_api::{DistributedLock, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::scripts::{count_of, token_for};
 use tenure_redis::{Proposal, RedisLock};
 

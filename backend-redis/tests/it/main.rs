@@ -14,4 +14,5 @@ mod replicas;
 mod security;
 mod semaphore;
 mod sentinel;
+mod servers;
 mod waiters;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, Backoff, DistributedLock, LockError, LockKey};
 use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::redis::RedisReplicaPair;
+use tenure_redis::lab::RedisReplicaPair;
 use tenure_redis::RedisLock;
 
 use crate::common;

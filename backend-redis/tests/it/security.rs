@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockError, LockKey};
 use tenure_conformance::security::{self, expect_config};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions, RedisSecrets};
 use tenure_conformance::servers::tls::TestPki;
+use tenure_redis::lab::{RedisCluster, RedisOptions, RedisSecrets};
 use tenure_redis::RedisLock;
 
 struct Server {

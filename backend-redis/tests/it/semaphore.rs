@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::{AcquireOptions, DistributedLock, LockKey, Semaphore};
-use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions, Resp};
+use tenure_redis::lab::{RedisCluster, RedisNode, RedisOptions, Resp};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(30);

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use tenure_api::{DistributedLock, LockError, LockKey};
-use tenure_conformance::servers::redis::sentinel::RedisSentinels;
-use tenure_conformance::servers::redis::{RedisNode, Resp};
+use tenure_redis::lab::sentinel::RedisSentinels;
+use tenure_redis::lab::{RedisNode, Resp};
 use tenure_redis::RedisLock;
 
 use crate::common;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, DistributedLock, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisNode, RedisOptions};
+use tenure_redis::lab::{RedisCluster, RedisNode, RedisOptions};
 use tenure_redis::RedisLock;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -33,7 +33,7 @@ async fn subscriber_connections(node: &RedisNode) -> Vec<String> {
 /// Channels someone is subscribed to on `node` (`PUBSUB CHANNELS`).
 async fn subscribed_channels(node: &RedisNode) -> usize {
     match node.command(&["PUBSUB", "CHANNELS"]).await.unwrap() {
-        tenure_conformance::servers::redis::Resp::Array(Some(items)) => items.len(),
+        tenure_redis::lab::Resp::Array(Some(items)) => items.len(),
         other => panic!("{other:?}"),
     }
 }

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use tenure_conformance::proxy::FaultProxy;
-use tenure_conformance::servers::redis::RedisCluster;
+use tenure_redis::lab::RedisCluster;
 use tenure_redlock::Redlock;
 
 /// A `redlock://` URL over `addrs`, with `options` (`?…`) appended.

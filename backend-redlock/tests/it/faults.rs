@@ -13,10 +13,8 @@ use tenure_api::{
 };
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
-use tenure_conformance::servers::redis::{
-    Persistence, RedisCluster, RedisNode, RedisOptions, Resp,
-};
 use tenure_conformance::{FencedRegister, History, Report};
+use tenure_redis::lab::{Persistence, RedisCluster, RedisNode, RedisOptions, Resp};
 use tenure_redlock::Redlock;
 
 use crate::common;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_api::{DistributedLock, LockKey};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::RedisLock;
 use tenure_redlock::Redlock;
 

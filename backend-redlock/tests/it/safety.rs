@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use tenure_api::{AcquireOptions, DistributedLock, LockError, LockKey, ReleaseOutcome};
 use tenure_conformance::proxy::ProxyMode;
 use tenure_conformance::servers::pid_alive;
-use tenure_conformance::servers::redis::{
-    RedisCluster, RedisNode, RedisOptions, Resp, RespConnection,
-};
+use tenure_redis::lab::{RedisCluster, RedisNode, RedisOptions, Resp, RespConnection};
 
 use crate::common;
 use common::{direct, proxied};

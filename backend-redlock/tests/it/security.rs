@@ -3,8 +3,8 @@
 //! at connect, not a bare retryable `NoQuorum`.
 
 use tenure_api::LockError;
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::servers::tls::TestPki;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redlock::Redlock;
 
 #[tokio::test]

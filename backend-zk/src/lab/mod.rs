@@ -45,7 +45,7 @@ pub const TESTBED: Testbed = Testbed {
     patient_query: "session_timeout_ms=4000&request_timeout_ms=5000",
     waiter_records: Some(waiter_records),
     server_bounds: Some(server_bounds),
-    redis_keys: None,
+    deployments: None,
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::ZkProtocol>,

@@ -529,12 +529,13 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             faults = faults.with_stopping_clock();
         }
     }
-    // A broken variant's flaw needs one server's connection: on the suite's Sentinel and
-    // Cluster deployments it could not be wrapped, so they are not declared for it.
-    if let Some(keys) = testbed.redis_keys {
+    // A broken variant's flaw needs one server's connection: on the testbed's replicated
+    // deployments it could not be wrapped, so they are not declared for it.
+    if let Some(deployments) = testbed.deployments {
         if !name.starts_with("broken:") {
-            let keys = keys(&faults.harness().url()).map_err(|e| format!("{name}: {e}"))?;
-            faults = faults.with_redis_deployments(keys);
+            let deployments =
+                deployments(&faults.harness().url()).map_err(|e| format!("{name}: {e}"))?;
+            faults = faults.with_deployments(deployments);
         }
     }
     Ok(Target {

@@ -4,9 +4,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_etcd::lab::EtcdCluster;
 use tenure_postgres::lab::Postgres;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 fn tenure(args: &[&str]) -> Command {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tenure::{DistributedLock, LockKey, OwnerId};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_etcd::lab::EtcdCluster;
 use tenure_postgres::lab::Postgres;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 const TTL: Duration = Duration::from_secs(30);

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_etcd::lab::EtcdCluster;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 
 /// `tenure --url URL ARGS…`, started with the stop signals' default dispositions (as

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 
 /// Starts a Redis server and writes `dir/clusters.toml` naming it as `backend`; the
 /// server runs as long as the returned handle lives.

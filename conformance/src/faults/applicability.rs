@@ -34,14 +34,16 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
             reason: "a single node has no minority to lose".into(),
         }),
         _ if fault.is_replica_failover() => {
-            let redis = target.redis_key.is_some();
+            let replicated = target.deployments.is_some();
             match target.caps.replication {
-                _ if redis && target.secured => not_injectable(if fault.is_topology_failover() {
-                    "the harness starts its Sentinel and Cluster groups without TLS and ACL users"
-                } else {
-                    "the harness's primary-replica pair does not run with TLS and ACL users"
-                }),
-                _ if redis => None,
+                _ if replicated && target.secured => {
+                    not_injectable(if fault.is_topology_failover() {
+                        "the harness starts its Sentinel and Cluster groups without TLS and ACL users"
+                    } else {
+                        "the harness's primary-replica pair does not run with TLS and ACL users"
+                    })
+                }
+                _ if replicated => None,
                 _ if declared().is_some() => declared(),
                 _ if fault.is_topology_failover() => Some(Cell::NotApplicable {
                     reason: "a failover of a Redis deployment".into(),

@@ -19,10 +19,11 @@ mod catalogue;
 mod cell;
 mod client;
 pub mod expect;
+mod failover;
 mod health;
 mod inject;
 mod paused;
-mod redis;
+mod replicated;
 mod rounds;
 mod target;
 mod trial;
@@ -35,7 +36,8 @@ pub use health::ensure;
 pub use inject::{
     clock_jump_offset_ms, clock_jump_ttl, heal, inject, Evidence, CLOCK_JUMP_MIN_TTL,
 };
-pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, RedisKeyFn, WaiterRecords, WhyNot};
+pub use replicated::{Deployments, ReplicatedServers, ServerKeyFn, StartDeploymentFn};
+pub use target::{leader_of, FaultTarget, LeaderFn, PeerLinks, WaiterRecords, WhyNot};
 
 type Target = FaultTarget;
 

@@ -9,14 +9,13 @@ use tenure_api::{
 };
 
 use super::cell::{Trial, Verdict};
+use super::failover;
 use super::inject::{clock_jump_ttl, exited, heal, inject, Evidence};
-use super::redis;
 use super::trial::{
     contend, describe, hold, round_failed, setup_failed, short, Holder, Record, CONTENDER, HOLDER,
 };
 use super::{Fault, Target};
 use crate::proxy::ProxyMode;
-use crate::servers::redis::RedisReplicaPair;
 use crate::{retrying, History, Links, LostUpdates};
 
 /// Which nodes each side of a partitioned Redlock trial reaches: the holder the first
@@ -76,7 +75,7 @@ pub(super) async fn server_round(
         return replica_failover(target, round, pairs).await;
     }
     if fault.is_topology_failover() {
-        return redis::round(fault, target, round, pairs).await;
+        return failover::round(fault, target, round, pairs).await;
     }
     if fault == Fault::MinorityLoss {
         return minority_loss(target, round, pairs).await;
@@ -346,12 +345,16 @@ pub(super) async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Tri
     }
 }
 
-/// Redis primary + asynchronous replica: the replication link is cut, the holder is
-/// granted on the primary, the primary dies, the replica is promoted, a contender asks
-/// the new primary.
+/// A primary and its asynchronous replica (the testbed's deployment for this fault): the
+/// replica is cut off its primary's writes, the holder is granted on the primary, the
+/// primary dies, the replica is promoted, a contender asks the new primary.
 pub(super) async fn replica_failover(target: &Target, round: usize, pairs: usize) -> Vec<Trial> {
-    let pair = match RedisReplicaPair::start().await {
-        Ok(p) => p,
+    let Some(deployments) = &target.deployments else {
+        let error = LockError::backend("the target declares no replicated deployments");
+        return round_failed(pairs, "servers", error);
+    };
+    let servers = match (deployments.start)(Fault::ReplicaFailover).await {
+        Ok(servers) => servers,
         Err(e) => {
             let error = LockError::backend(format!("replica pair: {e}"));
             return round_failed(pairs, "servers", error);
@@ -359,17 +362,15 @@ pub(super) async fn replica_failover(target: &Target, round: usize, pairs: usize
     };
     let connect = |url: String| target.harness.client_of(url);
     let setup = async {
-        pair.wait_synced()
-            .await
-            .map_err(|e| LockError::backend(e.to_string()))?;
-        let primary = connect(pair.primary().url()).await?;
+        servers.in_sync(0, 1).await.map_err(LockError::backend)?;
+        let primary = connect(servers.url()).await?;
+        servers.strand(0, &[1]).await.map_err(LockError::backend)?;
         Ok::<_, LockError>(primary)
     };
     let primary = match setup.await {
         Ok(p) => p,
         Err(e) => return round_failed(pairs, "primary", e),
     };
-    pair.replication_link().set_mode(ProxyMode::Blackhole);
     let mut holders = Vec::new();
     let mut trials = Vec::new();
     for i in 0..pairs {
@@ -379,12 +380,13 @@ pub(super) async fn replica_failover(target: &Target, round: usize, pairs: usize
             Err(e) => trials.push(setup_failed("holder", e)),
         }
     }
+    let server_key = (deployments.server_key)(&target.key(Fault::ReplicaFailover, round, 0));
     let failover = async {
-        pair.primary().kill().await.map_err(|e| e.to_string())?;
-        pair.replica().promote().await.map_err(|e| e.to_string())
+        servers.nodes()[0].kill().await.map_err(|e| e.to_string())?;
+        servers.wait_failover(&server_key, 0).await
     };
     let fired = failover.await;
-    let url = pair.replica().url();
+    let url = servers.url();
     let judged = after_failover(target, holders, || connect(url.clone()), fired.is_ok()).await;
     match judged {
         Ok(judged) => trials.extend(judged),

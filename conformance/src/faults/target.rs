@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockError, LockKey};
 
+use super::replicated::Deployments;
 use super::{Cell, Fault};
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
@@ -28,10 +29,6 @@ where
         Box::pin(async move { find(&cluster).await })
     })
 }
-
-/// The Redis key a backend keeps a lock's state under (its hash slot picks a Redis
-/// Cluster's shard).
-pub type RedisKeyFn = Arc<dyn Fn(&LockKey) -> String + Send + Sync>;
 
 /// Cuts one member of a replicated backend off from the others, for partition faults.
 pub trait PeerLinks: Send + Sync {
@@ -115,7 +112,7 @@ pub struct FaultTarget {
     pub(super) stopping_clock: bool,
     pub(super) waiter_records: Option<Arc<dyn WaiterRecords>>,
     pub(super) secured: bool,
-    pub(super) redis_key: Option<RedisKeyFn>,
+    pub(super) deployments: Option<Deployments>,
     pub(super) patient_query: String,
     pub(super) why_not: &'static [WhyNot],
     pub(super) run_id: u32,
@@ -165,7 +162,7 @@ impl FaultTarget {
             stopping_clock: false,
             waiter_records: None,
             secured: false,
-            redis_key: None,
+            deployments: None,
             patient_query: String::new(),
             why_not: &[],
             run_id: rand::random(),
@@ -215,18 +212,19 @@ impl FaultTarget {
         self
     }
 
-    /// Declares that the servers require TLS and a password: the suite's own Redis
-    /// deployments (which run without) do not stand in for them.
+    /// Declares that the servers require TLS and a password: the replicated deployments
+    /// the testbed starts for the failover faults (which run without) do not stand in
+    /// for them.
     pub fn secured(mut self, secured: bool) -> Self {
         self.secured = secured;
         self
     }
 
-    /// Declares that the backend runs on Redis, and where it keeps a lock: the suite
-    /// then fails over Redis deployments it starts (a primary with an asynchronous
-    /// replica, Sentinel, Cluster), whose clients the harness makes from their URLs.
-    pub fn with_redis_deployments(mut self, key: RedisKeyFn) -> Self {
-        self.redis_key = Some(key);
+    /// Declares the backend's replicated deployments: the failover faults then fail them
+    /// over (for Redis: a primary with an asynchronous replica, Sentinel, Cluster),
+    /// their clients made by the harness from their URLs.
+    pub fn with_deployments(mut self, deployments: Deployments) -> Self {
+        self.deployments = Some(deployments);
         self
     }
 

@@ -1,9 +1,8 @@
 //! Real servers on loopback ports, for tests, and the kit a backend's launcher is built
 //! from ([`process`], [`NodeCore`], [`impl_node!`](crate::servers::impl_node),
-//! [`free_port`], [`find_binary`], [`tls`]). Here: Redis (independent nodes, a
-//! primary/replica pair, a primary with two replicas and three sentinels, or a Redis
-//! Cluster of three primaries with a replica each); the etcd, ZooKeeper and Postgres
-//! launchers are in their backends' `lab` modules (feature `testbed`).
+//! [`free_port`], [`find_binary`], [`tls`]). The launchers themselves are in each
+//! backend's `lab` module (feature `testbed`): `tenure_redis::lab::RedisCluster`,
+//! `tenure_etcd::lab::EtcdCluster`, and so on.
 //!
 //! Every server is started from the installed binaries on free `127.0.0.1` ports, with its
 //! data and log files in a [`tempfile::TempDir`] owned by the cluster handle. Each node can
@@ -30,7 +29,6 @@ use std::sync::Mutex;
 use nix::fcntl::{Flock, FlockArg};
 
 pub mod process;
-pub mod redis;
 pub mod tls;
 
 pub use process::{pid_alive, spawned_pids};

@@ -69,7 +69,7 @@ pub fn spawned_pids() -> Vec<u32> {
 }
 
 /// True if the process `pid`, or any process in the process group `pid`, is alive
-/// (zombies count as dead). Use it with a [`pid`](super::redis::RedisNode::pid) recorded
+/// (zombies count as dead). Use it with a node's [`pid`](super::Node::pid) recorded
 /// earlier to check that a server and its helpers are gone.
 pub fn pid_alive(pid: u32) -> bool {
     scan_proc()

@@ -1,5 +1,5 @@
-//! The lab's own integration tests: the suite catches deliberately broken locks, and the
-//! launchers, the fault proxy and the clock shim work on real servers.
+//! The lab's own integration tests: the suite catches deliberately broken locks. (The
+//! launchers, the fault proxy and the clock shim are tested on real servers in the
+//! backends' crates: `backend-redis/tests/it/servers.rs` and its siblings.)
 
 mod broken;
-mod servers;

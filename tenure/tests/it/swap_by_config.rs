@@ -2,8 +2,8 @@
 
 use std::process::Command;
 
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_etcd::lab::EtcdCluster;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 
 /// Runs the `app` example with `TENURE_URL=url` and returns its output. `cargo run`
 /// (re)builds it first: a stale copy from an earlier build would test old code.

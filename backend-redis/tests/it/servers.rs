@@ -1,4 +1,5 @@
-//! Live-server tests for the launchers, the fault proxy and the clock shim.
+//! Live-server tests for the Redis launchers (`tenure_redis::lab`), and for the lab's
+//! fault proxy and clock shim on redis-server.
 //!
 //! Each test starts real servers from the installed binaries and asserts real effects.
 //! Start-up times are printed as `STARTUP <kind>: <ms> ms` (run with `--nocapture`).
@@ -8,10 +9,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tenure_conformance::proxy::ProxyMode;
-use tenure_conformance::servers::redis::{
-    self, Persistence, RedisCluster, RedisOptions, RedisReplicaPair, Resp, RespConnection,
-};
 use tenure_conformance::servers::{pid_alive, spawned_pids, ServerError};
+use tenure_redis::lab::{
+    self as redis, Persistence, RedisCluster, RedisOptions, RedisReplicaPair, Resp, RespConnection,
+};
 
 /// A test failure that prints its message readably (multi-line server logs included).
 struct Failure(String);

@@ -15,11 +15,14 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::process::{CommandSpec, Probe, ServerProcess};
-use super::tls::TestSecrets;
-use super::{free_port, kill_now, loopback, poll_until, NodeCore, Result, ServerError};
-use crate::clock_shim::ClockShim;
-use crate::proxy::FaultProxy;
+use tenure_conformance::clock_shim::{self, ClockShim};
+use tenure_conformance::proxy::FaultProxy;
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::tls::{write_private, TestSecrets};
+use tenure_conformance::servers::{
+    find_binary, free_port, impl_node, kill_now, loopback, node_control_methods, poll_until,
+    retry_on_port_clash, NodeCore, Result, ServerError,
+};
 
 pub mod sentinel;
 pub mod sharded;
@@ -50,7 +53,7 @@ pub struct RedisOptions {
     pub nodes: usize,
     /// Persistence of every node (default none).
     pub persistence: Persistence,
-    /// Run every node under the [clock shim](crate::clock_shim), enabling
+    /// Run every node under the [clock shim](tenure_conformance::clock_shim), enabling
     /// [`RedisNode::set_clock_offset`] (default off).
     pub clock_shim: bool,
     /// Secure every node (default off): see [`RedisOptions::secured`].
@@ -88,7 +91,7 @@ impl RedisOptions {
     }
 
     /// Nodes that require TLS and a password: a TLS port only (`--port 0`), certificates
-    /// from a [`TestPki`](super::tls::TestPki) made for the cluster, client certificates required
+    /// from a [`TestPki`](tenure_conformance::servers::tls::TestPki) made for the cluster, client certificates required
     /// (`tls-auth-clients yes`), the `default` user off, and two ACL users allowed
     /// `commands` (e.g. `-@all +get …`): `tenure` on keys and channels `{tenure/*`, and
     /// `stranger` on `{stranger/*` only. Their random passwords and the certificates are
@@ -158,14 +161,14 @@ pub struct RedisNode {
     offset_file: Option<PathBuf>,
 }
 
-super::impl_node!(
+impl_node!(
     RedisNode,
     RedisNode::set_clock_offset,
     RedisNode::clock_applied
 );
 
 impl RedisNode {
-    super::node_control_methods!();
+    node_control_methods!();
 
     /// `redis://127.0.0.1:<port>`, direct.
     pub fn url(&self) -> String {
@@ -197,15 +200,15 @@ impl RedisNode {
                     self.core.process.what()
                 ),
             })?;
-        crate::clock_shim::write_offset(file, offset_ms)?;
+        clock_shim::write_offset(file, offset_ms)?;
         Ok(())
     }
 
     /// Evidence from the clock shim: the offset the server process last read and applies,
-    /// with that process's pid (see [`crate::clock_shim::read_applied`]). `None` without
+    /// with that process's pid (see [`clock_shim::read_applied`]). `None` without
     /// the shim or before the server first read its clock.
     pub fn clock_applied(&self) -> Option<(i64, u32)> {
-        crate::clock_shim::read_applied(self.offset_file.as_ref()?)
+        clock_shim::read_applied(self.offset_file.as_ref()?)
     }
 
     /// Run one command on a fresh direct connection, bounded by 5 s.
@@ -375,7 +378,7 @@ impl RedisNode {
         replica_of: Option<SocketAddr>,
         secrets: Option<&RedisSecrets>,
     ) -> Result<RedisNode> {
-        let bin = super::find_binary("redis-server", &[], INSTALL)?;
+        let bin = find_binary("redis-server", &[], INSTALL)?;
         let port = free_port()?;
         let addr = loopback(port);
         let dir = root.join(name);
@@ -413,7 +416,7 @@ impl RedisNode {
         };
         if let Some(secrets) = secrets {
             let acl = dir.join("users.acl");
-            super::tls::write_private(&acl, &secrets.acl_file())?;
+            write_private(&acl, &secrets.acl_file())?;
             spec = spec
                 .arg("--port")
                 .arg("0")
@@ -437,7 +440,7 @@ impl RedisNode {
         let offset_file = match shim {
             Some(shim) => {
                 let file = dir.join("clock-offset-ms");
-                crate::clock_shim::write_offset(&file, 0)?;
+                clock_shim::write_offset(&file, 0)?;
                 for (k, v) in shim.env(&file) {
                     spec = spec.env(k, v);
                 }
@@ -492,7 +495,7 @@ impl RedisCluster {
         } else {
             None
         };
-        super::retry_on_port_clash(|| Self::try_start(&options, shim.as_ref())).await
+        retry_on_port_clash(|| Self::try_start(&options, shim.as_ref())).await
     }
 
     async fn try_start(options: &RedisOptions, shim: Option<&ClockShim>) -> Result<RedisCluster> {
@@ -583,7 +586,7 @@ impl RedisReplicaPair {
     /// # Cancel safety
     /// Cancel safe: processes started so far are killed when the future is dropped.
     pub async fn start() -> Result<RedisReplicaPair> {
-        super::retry_on_port_clash(Self::try_start).await
+        retry_on_port_clash(Self::try_start).await
     }
 
     async fn try_start() -> Result<RedisReplicaPair> {
@@ -633,7 +636,7 @@ impl RedisReplicaPair {
     }
 
     /// The fault proxy that carries replication from the primary to the replica. Set it to
-    /// [`ProxyMode::Blackhole`](crate::proxy::ProxyMode::Blackhole) to cut replication while
+    /// [`ProxyMode::Blackhole`](tenure_conformance::proxy::ProxyMode::Blackhole) to cut replication while
     /// both servers keep running.
     pub fn replication_link(&self) -> &FaultProxy {
         &self.link

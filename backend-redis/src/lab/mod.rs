@@ -3,15 +3,20 @@
 //! TLS with client certificates and an ACL user allowed [`ACL_COMMANDS`] on its prefix.
 
 use std::future::Future;
-use std::sync::Arc;
 
 use tenure_api::{DistributedLock, LockAdmin, LockError};
-use tenure_conformance::faults::{Fault, RedisKeyFn, WhyNot};
+use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::servers::redis::{RedisCluster, RedisOptions};
 use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
 
-use crate::{RedisConfig, RedisLock, ACL_COMMANDS};
+use crate::{RedisLock, ACL_COMMANDS};
+
+mod deployments;
+mod servers;
+pub use servers::{
+    command, info_field, ping, sentinel, sharded, Persistence, RedisCluster, RedisNode,
+    RedisOptions, RedisReplicaPair, RedisSecrets, Resp, RespConnection,
+};
 
 /// Redis's testbed: one server.
 pub const TESTBED: Testbed = Testbed {
@@ -20,7 +25,7 @@ pub const TESTBED: Testbed = Testbed {
     patient_query: "request_timeout_ms=5000",
     waiter_records: None,
     server_bounds: None,
-    redis_keys: Some(redis_keys),
+    deployments: Some(deployments::deployments),
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
@@ -44,13 +49,6 @@ const WHY_NOT: &[WhyNot] = &[
         "the harness declares no Redis deployments of this backend",
     ),
 ];
-
-/// The Redis key of a lock's state, for the fault suite's failovers of Sentinel and
-/// Cluster deployments.
-fn redis_keys(url: &str) -> Result<RedisKeyFn, LockError> {
-    let config = RedisConfig::from_url(url)?;
-    Ok(Arc::new(move |key| config.lock_key(key)))
-}
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(start_servers(

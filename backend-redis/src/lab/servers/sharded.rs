@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::servers::poll_until;
+use tenure_conformance::servers::{
+    find_binary, kill_now, poll_until, retry_on_port_clash, Result, ServerError,
+};
 
-use super::super::{kill_now, Result, ServerError};
 use super::{info_field, Persistence, RedisNode, Resp, POLL};
 
 /// How long [`RedisShardedCluster::start`] waits for the cluster to form, and
@@ -34,7 +35,7 @@ impl RedisShardedCluster {
     /// # Cancel safety
     /// Cancel safe: nodes started so far are killed when the future is dropped.
     pub async fn start(node_timeout: Duration) -> Result<RedisShardedCluster> {
-        super::super::retry_on_port_clash(|| Self::try_start(node_timeout)).await
+        retry_on_port_clash(|| Self::try_start(node_timeout)).await
     }
 
     async fn try_start(node_timeout: Duration) -> Result<RedisShardedCluster> {
@@ -96,7 +97,7 @@ impl RedisShardedCluster {
     /// `redis-cli --cluster create … --cluster-replicas 1`: the first three nodes become
     /// primaries, the last three their replicas.
     async fn form(&self) -> Result<()> {
-        let cli = super::super::find_binary("redis-cli", &[], INSTALL_CLI)?;
+        let cli = find_binary("redis-cli", &[], INSTALL_CLI)?;
         let mut command = tokio::process::Command::new(cli);
         command.args(["--cluster", "create"]);
         command.args(self.nodes.iter().map(|n| n.addr().to_string()));

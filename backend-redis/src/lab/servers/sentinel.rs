@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::servers::poll_until;
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::{
+    find_binary, free_port, kill_now, loopback, node_control_methods, poll_until,
+    retry_on_port_clash, NodeCore, Result, ServerError,
+};
 
-use super::super::process::{CommandSpec, Probe, ServerProcess};
-use super::super::{free_port, kill_now, loopback, NodeCore, Result, ServerError};
 use super::{command, ping, Persistence, RedisNode, Resp, INSTALL, POLL, READY_TIMEOUT};
 
 /// The name the sentinels monitor the primary under (the path of a `redis+sentinel://`
@@ -26,7 +28,7 @@ pub struct SentinelNode {
 }
 
 impl SentinelNode {
-    super::super::node_control_methods!();
+    node_control_methods!();
 
     /// Runs one command on a fresh connection to this sentinel, bounded by 5 s.
     ///
@@ -97,7 +99,7 @@ impl RedisSentinels {
     /// # Cancel safety
     /// Cancel safe: processes started so far are killed when the future is dropped.
     pub async fn start(down_after: Duration) -> Result<RedisSentinels> {
-        super::super::retry_on_port_clash(|| Self::try_start(down_after)).await
+        retry_on_port_clash(|| Self::try_start(down_after)).await
     }
 
     async fn try_start(down_after: Duration) -> Result<RedisSentinels> {
@@ -274,7 +276,7 @@ impl SentinelNode {
         primary: SocketAddr,
         down_after: Duration,
     ) -> Result<SentinelNode> {
-        let bin = super::super::find_binary("redis-server", &[], INSTALL)?;
+        let bin = find_binary("redis-server", &[], INSTALL)?;
         let port = free_port()?;
         let addr = loopback(port);
         let dir = root.join(format!("sentinel{i}"));
