@@ -41,6 +41,10 @@ async fn crash_restart_keeps_commits() -> TestResult {
     Ok(())
 }
 
+/// A postmaster's dynamic shared-memory segments outlive a `SIGKILL`: as POSIX segments
+/// (`/dev/shm/PostgreSQL.*`, the default) each server the suite started left one behind in
+/// RAM-backed `/dev/shm`, about 880 (some 450 MB) per `./x test`. None may survive the handle, across
+/// a crash restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaves_no_shared_memory_behind() -> TestResult {
     let pg = Postgres::start().await?;
@@ -74,6 +78,11 @@ async fn shared_memory(pg: &Postgres) -> Result<Vec<String>, ServerError> {
     Ok(found)
 }
 
+/// Postgres backends call `setsid()`, so killing the postmaster's process group misses
+/// them; a busy backend (a CPU-bound query does not check for postmaster death) then
+/// outlives its postmaster with the shared memory attached, and the restarted postmaster
+/// refuses to start ("pre-existing shared memory block … is still in use"). This is what
+/// made the matrix's Postgres restart fault leave the server down under load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_kills_busy_backends() -> TestResult {
     let pg = std::sync::Arc::new(Postgres::start().await?);
@@ -117,6 +126,9 @@ async fn restart_kills_busy_backends() -> TestResult {
     Ok(())
 }
 
+/// Between the kill and the start of a restart, the server's port is free and any process
+/// may bind it (an outgoing connection, another test's server, a fault proxy): the restart
+/// then moves the server to a fresh port, and its proxy follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_moves_when_its_port_is_taken() -> TestResult {
     let pg = Postgres::start().await?;
@@ -141,6 +153,8 @@ async fn restart_moves_when_its_port_is_taken() -> TestResult {
     Ok(())
 }
 
+/// A paused server is observed stopped (state `T`) — Postgres backends included, which left
+/// the postmaster's process group — and running again after resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_the_postmaster_and_its_backends() -> TestResult {
     let pg = Postgres::start().await?;

@@ -244,6 +244,7 @@ impl ReplicatedServers for RedisShardedCluster {
 /// replication link passes through a proxy.
 struct Pair {
     pair: RedisReplicaPair,
+    /// Set once a failover is asked for: clients are then sent to the replica.
     promoted: AtomicBool,
 }
 
@@ -258,7 +259,7 @@ impl Pair {
 
 #[async_trait]
 impl ReplicatedServers for Pair {
-    /// The primary's URL, the replica's once it is promoted.
+    /// The primary's URL, the replica's once its promotion is asked for.
     fn url(&self) -> String {
         self.node(usize::from(self.promoted.load(Ordering::SeqCst)))
             .url()
@@ -292,12 +293,12 @@ impl ReplicatedServers for Pair {
     }
 
     async fn wait_failover(&self, _server_key: &str, _old: usize) -> Result<usize, String> {
+        self.promoted.store(true, Ordering::SeqCst);
         self.pair
             .replica()
             .promote()
             .await
             .map_err(|e| e.to_string())?;
-        self.promoted.store(true, Ordering::SeqCst);
         Ok(1)
     }
 

@@ -382,10 +382,6 @@ async fn redis_replica_failover_loses_unreplicated_write() -> TestResult {
     Ok(())
 }
 
-/// A postmaster's dynamic shared-memory segments outlive a `SIGKILL`: as POSIX segments
-/// (`/dev/shm/PostgreSQL.*`, the default) each server the suite started left one behind in
-/// RAM-backed `/dev/shm`, about 880 (some 450 MB) per `./x test`. None may survive the handle, across
-/// a crash restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_processes_outlive_their_handles() -> TestResult {
     // Plain drop.
@@ -433,14 +429,6 @@ async fn no_processes_outlive_their_handles() -> TestResult {
     Ok(())
 }
 
-/// Postgres backends call `setsid()`, so killing the postmaster's process group misses
-/// them; a busy backend (a CPU-bound query does not check for postmaster death) then
-/// outlives its postmaster with the shared memory attached, and the restarted postmaster
-/// refuses to start ("pre-existing shared memory block … is still in use"). This is what
-/// made the matrix's Postgres restart fault leave the server down under load.
-/// Between the kill and the start of a restart, the server's port is free and any process
-/// may bind it (an outgoing connection, another test's server, a fault proxy): the restart
-/// then moves the server to a fresh port, and its proxy follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_moves_when_its_port_is_taken() -> TestResult {
     let c = RedisCluster::start(RedisOptions::default().nodes(1)).await?;
@@ -506,8 +494,6 @@ async fn redis_clock_shim_records_the_offset_it_applies() -> TestResult {
     Ok(())
 }
 
-/// A paused server is observed stopped (state `T`) — Postgres backends included, which left
-/// the postmaster's process group — and running again after resume.
 /// `pause` returns once the server is stopped, and `resume` once it runs again: SIGSTOP and
 /// SIGCONT are delivered asynchronously, and a request sent right after `pause` returned
 /// could otherwise still be served.

@@ -379,7 +379,7 @@ impl ClustersConfig {
 /// Where a backend's servers come from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// Start local servers with the conformance launcher; `secured`: servers that
+    /// Start local servers with the backend's testbed; `secured`: servers that
     /// require TLS and a password, used with least privilege (see
     /// [`TestbedOptions::secured`]).
     Local {

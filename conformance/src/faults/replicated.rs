@@ -46,9 +46,10 @@ pub trait ReplicatedServers: Send + Sync {
     /// # Cancel safety
     /// Cancel-safe: it only asks.
     async fn in_sync(&self, primary: usize, replica: usize) -> Result<(), String>;
-    /// Cuts `replicas` off `primary`'s writes until they are resumed (frozen, their
-    /// links closed) or promoted: the replication lag in which an asynchronous failover
-    /// loses writes, made certain.
+    /// Cuts `replicas` off `primary`'s writes: the replication lag in which an
+    /// asynchronous failover loses writes, made certain. How is the deployment's: frozen
+    /// with their links closed (the rounds [resume](Node::resume) them once the primary
+    /// is killed), or their replication links black-holed.
     ///
     /// # Cancel safety
     /// Not cancel-safe: some replicas may be left stranded.

@@ -361,14 +361,24 @@ pub(super) async fn replica_failover(target: &Target, round: usize, pairs: usize
         }
     };
     let connect = |url: String| target.harness.client_of(url);
+    let server_key = (deployments.server_key)(&target.key(Fault::ReplicaFailover, round, 0));
+    let nodes = servers.nodes();
     let setup = async {
-        servers.in_sync(0, 1).await.map_err(LockError::backend)?;
+        let old = servers.primary_of(&server_key).await;
+        let old = old.map_err(LockError::backend)?;
+        let replicas = servers.replicas_of(old).await;
+        let replicas = replicas.map_err(LockError::backend)?;
+        for &replica in &replicas {
+            let synced = servers.in_sync(old, replica).await;
+            synced.map_err(LockError::backend)?;
+        }
         let primary = connect(servers.url()).await?;
-        servers.strand(0, &[1]).await.map_err(LockError::backend)?;
-        Ok::<_, LockError>(primary)
+        let stranded = servers.strand(old, &replicas).await;
+        stranded.map_err(LockError::backend)?;
+        Ok::<_, LockError>((primary, old, replicas))
     };
-    let primary = match setup.await {
-        Ok(p) => p,
+    let (primary, old, replicas) = match setup.await {
+        Ok(setup) => setup,
         Err(e) => return round_failed(pairs, "primary", e),
     };
     let mut holders = Vec::new();
@@ -380,10 +390,12 @@ pub(super) async fn replica_failover(target: &Target, round: usize, pairs: usize
             Err(e) => trials.push(setup_failed("holder", e)),
         }
     }
-    let server_key = (deployments.server_key)(&target.key(Fault::ReplicaFailover, round, 0));
     let failover = async {
-        servers.nodes()[0].kill().await.map_err(|e| e.to_string())?;
-        servers.wait_failover(&server_key, 0).await
+        nodes[old].kill().await.map_err(|e| e.to_string())?;
+        for &replica in &replicas {
+            nodes[replica].resume().map_err(|e| e.to_string())?;
+        }
+        servers.wait_failover(&server_key, old).await
     };
     let fired = failover.await;
     let url = servers.url();

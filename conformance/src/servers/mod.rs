@@ -13,7 +13,7 @@
 //! every descendant that left it (Postgres backends call `setsid()`), so helpers a server
 //! forks are stopped with it, and a kill waits until they are gone. Cluster handles kill
 //! everything they started when dropped, also while unwinding from a panic.
-//! [`spawned_pids`] lists the processes this crate started that are still alive, so a test
+//! [`spawned_pids`] lists the processes started through this kit that are still alive, so a test
 //! can check that none outlive their handles.
 //!
 //! A missing binary is reported as [`ServerError::MissingBinary`], naming the `apt-get`

@@ -31,14 +31,14 @@ const HELPERS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the log goes into an error message.
 const LOG_TAIL_BYTES: usize = 3000;
 
-/// Process groups (leader PIDs) spawned by this crate in this process.
+/// Process groups (leader PIDs) spawned through this kit in this process.
 static SPAWNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The PIDs of processes started by this crate (servers and anything they forked) that are
+/// The PIDs of processes started through this kit (servers and anything they forked) that are
 /// still alive. Zombies count as dead. Empty once every cluster handle has been dropped.
 pub fn spawned_pids() -> Vec<u32> {
     let mut groups = lock(&SPAWNED);
