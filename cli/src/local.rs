@@ -2,6 +2,8 @@
 //! backend's testbed (its crate's `TESTBED`, feature `testbed`) starts them — Redis ×1,
 //! Redlock ×5, etcd ×3, ZooKeeper ×3, Postgres.
 
+use tenure_api::LockError;
+use tenure_conformance::broken::BrokenVariant;
 use tenure_conformance::testbed::{BoxError, Testbed};
 pub use tenure_conformance::testbed::{Lab, TestbedOptions};
 
@@ -37,4 +39,31 @@ pub async fn start(backend: &str, options: TestbedOptions) -> Result<Lab, BoxErr
         .into());
     };
     testbed.start(options).await
+}
+
+/// Every deliberately broken variant's name (after `broken:`), backend by backend.
+pub fn broken_names() -> Vec<&'static str> {
+    TESTBEDS
+        .iter()
+        .flat_map(|testbed| testbed.broken.iter().map(|variant| variant.name))
+        .collect()
+}
+
+/// The broken variant a backend name `broken:NAME` names, with its real backend's
+/// testbed; `Ok(None)` for other names.
+pub fn broken(name: &str) -> Result<Option<(&'static Testbed, BrokenVariant)>, LockError> {
+    let Some(wanted) = name.strip_prefix("broken:") else {
+        return Ok(None);
+    };
+    let found = TESTBEDS.iter().find_map(|testbed| {
+        let variant = testbed.broken.iter().find(|v| v.name == wanted)?;
+        Some((testbed, *variant))
+    });
+    match found {
+        Some(found) => Ok(Some(found)),
+        None => Err(LockError::InvalidInput(format!(
+            "no broken variant {wanted:?} (known: {})",
+            broken_names().join(", ")
+        ))),
+    }
 }

@@ -12,6 +12,7 @@
 //! }
 //! ```
 
+pub mod broken;
 pub mod clock_shim;
 pub mod faults;
 pub mod harness;

@@ -13,6 +13,7 @@ use std::time::Duration;
 pub use futures::future::BoxFuture;
 use tenure_api::{async_trait, DistributedLock, LockError};
 
+use crate::broken::BrokenVariant;
 use crate::faults::expect::{Config, ProtocolFn};
 use crate::faults::{Deployments, FaultTarget, LeaderFn, PeerLinks, WaiterRecords, WhyNot};
 use crate::servers::Node;
@@ -118,6 +119,9 @@ pub struct Testbed {
     pub why_not: &'static [WhyNot],
     /// The backend's row of the table of expected verdicts, as a URL configures it.
     pub protocol: ProtocolFn,
+    /// Its deliberately broken variants (`tenure matrix --backends broken:NAME`), judged
+    /// by its row.
+    pub broken: &'static [BrokenVariant],
 }
 
 impl Testbed {

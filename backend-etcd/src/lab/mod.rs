@@ -16,6 +16,7 @@ use tenure_conformance::UrlHarness;
 
 use crate::{EtcdConfig, EtcdLock};
 
+mod broken;
 mod servers;
 pub use servers::{EtcdCluster, EtcdMember, EtcdSecrets, EtcdUser};
 
@@ -30,6 +31,7 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::EtcdProtocol>,
+    broken: broken::BROKEN,
 };
 
 /// What the fault suite cannot do to etcd here.

@@ -10,6 +10,7 @@ use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed,
 
 use crate::{PgConfig, PgLock};
 
+mod broken;
 mod pgbouncer;
 mod servers;
 pub use pgbouncer::PgBouncer;
@@ -26,6 +27,7 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
+    broken: broken::BROKEN,
 };
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.

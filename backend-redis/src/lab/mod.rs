@@ -11,6 +11,8 @@ use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed,
 
 use crate::{RedisLock, ACL_COMMANDS};
 
+mod broken;
+pub use broken::warm_up;
 mod deployments;
 mod servers;
 pub use servers::{
@@ -29,6 +31,7 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
+    broken: broken::BROKEN,
 };
 
 /// What does not apply to Redis, or cannot be injected without its deployments.

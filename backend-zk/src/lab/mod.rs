@@ -16,6 +16,7 @@ use tenure_conformance::UrlHarness;
 
 use crate::ZkLock;
 
+mod broken;
 mod servers;
 pub use servers::{ZkEnsemble, ZkNode, ZkOptions, ZkSecrets, CLASSPATH_ENV};
 
@@ -49,6 +50,7 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::ZkProtocol>,
+    broken: broken::BROKEN,
 };
 
 /// What the fault suite cannot do to ZooKeeper here.

@@ -5,7 +5,6 @@
 //! [`Capabilities`] against the table's premises and what was observed.
 
 #[doc(hidden)]
-pub mod broken;
 pub mod report;
 
 use std::io::{IsTerminal, Write as _};
@@ -524,8 +523,8 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             faults = faults.with_waiter_records(records);
         }
     }
-    if let Ok(Some(flaw)) = broken::Flaw::of_backend(name) {
-        if flaw.stops_the_clock() {
+    if let Ok(Some((_, variant))) = local::broken(name) {
+        if variant.stops_the_clock {
             faults = faults.with_stopping_clock();
         }
     }
@@ -549,13 +548,12 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
 type Wrap = Box<dyn FnOnce(UrlHarness) -> UrlHarness + Send>;
 
 /// The real backend behind `name`, and how to wrap its clients: `broken:NAME` is a
-/// deliberately broken variant (see [`broken`]), judged by its backend's expectations.
+/// deliberately broken variant (a testbed's [`BrokenVariant`](tenure_conformance::broken::BrokenVariant)),
+/// judged by its backend's expectations.
 fn broken_backend(name: &str) -> Result<(&str, Wrap), String> {
-    if let Some(flaw) = broken::Flaw::of_backend(name).map_err(|e| e.to_string())? {
-        let wrap = move |harness: UrlHarness| {
-            harness.wrapping(move |url, lock| broken::wrap(flaw, url, lock))
-        };
-        return Ok((flaw.backend(), Box::new(wrap)));
+    if let Some((testbed, variant)) = local::broken(name).map_err(|e| e.to_string())? {
+        let wrap = move |harness: UrlHarness| harness.wrapping(variant.wrap);
+        return Ok((testbed.name, Box::new(wrap)));
     }
     Ok((name, Box::new(|harness| harness)))
 }

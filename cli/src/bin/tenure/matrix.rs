@@ -84,7 +84,7 @@ fn fault_named(name: &str) -> Result<Fault, LockError> {
 
 /// The broken variants' names.
 fn broken_names() -> Vec<&'static str> {
-    matrix::broken::Flaw::ALL.map(|f| f.name()).to_vec()
+    tenure_cli::local::broken_names()
 }
 
 pub(crate) async fn run(args: &MatrixArgs) -> Result<ExitCode, LockError> {

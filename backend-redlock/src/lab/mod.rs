@@ -6,6 +6,8 @@ use tenure_conformance::testbed::{BoxError, BoxFuture, Lab, Testbed, TestbedOpti
 
 use crate::Redlock;
 
+mod broken;
+
 /// Redlock's testbed: five masters.
 pub const TESTBED: Testbed = Testbed {
     name: "redlock",
@@ -18,6 +20,7 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
+    broken: broken::BROKEN,
 };
 
 /// What does not apply to Redlock.
