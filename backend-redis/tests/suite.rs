@@ -23,8 +23,17 @@ use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_redis::lab::sentinel::{RedisSentinels, MASTER_NAME};
 use tenure_redis::lab::sharded::RedisShardedCluster;
-use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::RedisLock;
+
+/// The shared suite's servers, plain and secured: the testbed's, as the matrix starts them.
+const PLAIN: TestbedOptions = TestbedOptions {
+    clock_shim: false,
+    secured: false,
+};
+const SECURED: TestbedOptions = TestbedOptions {
+    clock_shim: false,
+    secured: true,
+};
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
 /// testbed), under the clock shim where the backend's servers can run under it.
@@ -36,30 +45,10 @@ const FAULTS: TestbedOptions = TestbedOptions {
 fn main() {
     runner::Suites::new()
         .suite("single", || async {
-            let cluster = RedisCluster::start(RedisOptions::default()).await?;
-            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-            Ok(
-                UrlHarness::new("redis", "redis://{hosts}", targets, |url| async move {
-                    RedisLock::connect(&url).await
-                })
-                .cut_query("command_timeout_ms=300")
-                .owning(cluster),
-            )
+            Ok(tenure_redis::TESTBED.start(PLAIN).await?.harness)
         })
         .suite("secured", || async {
-            let cluster =
-                RedisCluster::start(RedisOptions::default().secured(tenure_redis::ACL_COMMANDS))
-                    .await?;
-            let secrets = cluster.secrets().expect("a secured cluster").clone();
-            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-            let template = secrets.url("rediss", "{hosts}");
-            Ok(
-                UrlHarness::new("redis", &template, targets, |url| async move {
-                    RedisLock::connect(&url).await
-                })
-                .cut_query("request_timeout_ms=300")
-                .owning(cluster),
-            )
+            Ok(tenure_redis::TESTBED.start(SECURED).await?.harness)
         })
         .suite("sentinel", || async {
             // Slow to declare the primary down: no failover here unless a test causes one.

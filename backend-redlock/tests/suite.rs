@@ -14,10 +14,19 @@
 //!   Redlock (with its quorum fence, the default).
 
 use tenure_conformance::faults::expect;
+use tenure_conformance::runner;
 use tenure_conformance::testbed::TestbedOptions;
-use tenure_conformance::{runner, UrlHarness};
-use tenure_redis::lab::{RedisCluster, RedisOptions};
-use tenure_redlock::Redlock;
+
+/// The shared suite's servers, plain and secured: the testbed's five masters, as the
+/// matrix starts them.
+const PLAIN: TestbedOptions = TestbedOptions {
+    clock_shim: false,
+    secured: false,
+};
+const SECURED: TestbedOptions = TestbedOptions {
+    clock_shim: false,
+    secured: true,
+};
 
 /// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
 /// testbed), under the clock shim where the backend's servers can run under it.
@@ -29,40 +38,14 @@ const FAULTS: TestbedOptions = TestbedOptions {
 fn main() {
     runner::Suites::new()
         .suite("fenced", || async {
-            let cluster = RedisCluster::start(RedisOptions::default().nodes(5)).await?;
-            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-            Ok(
-                UrlHarness::new("redlock", "redlock://{hosts}", targets, |url| async move {
-                    Redlock::connect(&url).await
-                })
-                .owning(cluster),
-            )
+            Ok(tenure_redlock::TESTBED.start(PLAIN).await?.harness)
         })
         .suite("unfenced", || async {
-            let cluster = RedisCluster::start(RedisOptions::default().nodes(5)).await?;
-            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-            let template = "redlock://{hosts}?fencing=false";
-            Ok(
-                UrlHarness::new("redlock", template, targets, |url| async move {
-                    Redlock::connect(&url).await
-                })
-                .owning(cluster),
-            )
+            let lab = tenure_redlock::TESTBED.start(PLAIN).await?;
+            Ok(lab.harness.query("fencing=false"))
         })
         .suite("secured", || async {
-            let options = RedisOptions::default()
-                .nodes(3)
-                .secured(tenure_redis::ACL_COMMANDS);
-            let cluster = RedisCluster::start(options).await?;
-            let secrets = cluster.secrets().expect("a secured cluster").clone();
-            let targets = cluster.nodes().iter().map(|n| n.addr()).collect();
-            let template = secrets.url("redlocks", "{hosts}");
-            Ok(
-                UrlHarness::new("redlock", &template, targets, |url| async move {
-                    Redlock::connect(&url).await
-                })
-                .owning(cluster),
-            )
+            Ok(tenure_redlock::TESTBED.start(SECURED).await?.harness)
         })
         .faults("faults", || async {
             let lab = tenure_redlock::TESTBED.start(FAULTS).await?;
