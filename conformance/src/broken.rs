@@ -63,6 +63,7 @@ impl fmt::Debug for BrokenVariant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BrokenVariant")
             .field("name", &self.name)
+            .field("stops_the_clock", &self.stops_the_clock)
             .finish_non_exhaustive()
     }
 }

@@ -77,6 +77,14 @@ pub fn cycle_failed(step: &str, error: impl fmt::Display) -> String {
 pub type FloorFn =
     for<'a> fn(&'a str, usize, Duration) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
 
+/// Connects one client of a peer library (another library's lock on the same servers)
+/// to the URL given.
+pub type PeerFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
+
+/// A name for what a URL configures beyond its backend, where `tenure bench` reports its
+/// lines apart (Postgres: `advisory` for `locking=advisory`).
+pub type BenchVariantFn = fn(&str) -> Option<&'static str>;
+
 /// What to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TestbedOptions {
@@ -114,6 +122,12 @@ pub struct Testbed {
     /// cheapest acquire + release of a fresh key its plain client crate can do, with
     /// none of tenure's work (fencing, deadlines, owner checks beyond compare-and-delete).
     pub floor: Option<FloorFn>,
+    /// The peer library `tenure bench --peers` runs interleaved with tenure, where the
+    /// bench has one: its name and how to connect one of its clients.
+    pub peer: Option<(&'static str, PeerFn)>,
+    /// What the bench reports a URL's lines under beyond the backend's name, where it
+    /// reports some apart.
+    pub bench_variant: Option<BenchVariantFn>,
     /// Why the backend does not run some faults (not injectable into its servers, or not
     /// applying to its protocol), in its own words.
     pub why_not: &'static [WhyNot],

@@ -29,6 +29,8 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: Some(server_bounds),
     deployments: None,
     floor: Some(crate::floor::floor),
+    peer: None,
+    bench_variant: None,
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::EtcdProtocol>,
     broken: broken::BROKEN,

@@ -25,10 +25,20 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: None,
     deployments: None,
     floor: Some(crate::floor::floor),
+    peer: None,
+    bench_variant: Some(bench_variant),
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
     broken: broken::BROKEN,
 };
+
+/// Advisory locking's bench lines are reported apart (its floor is its own, and its rows
+/// stay apart from the row lock's).
+fn bench_variant(url: &str) -> Option<&'static str> {
+    PgConfig::from_url(url)
+        .is_ok_and(|config| config.locking == crate::Locking::Advisory)
+        .then_some("advisory")
+}
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.
 const WHY_NOT: &[WhyNot] = &[

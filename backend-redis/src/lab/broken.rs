@@ -1,6 +1,8 @@
 //! Redis's deliberately broken variants ([`BrokenVariant`]): the real client with one
-//! classic anti-pattern each, on the same servers and links, and a plain connection of
-//! its own for the raw commands the anti-pattern sends.
+//! classic anti-pattern each, on the same servers and links. Those that send requests of
+//! their own have a client and a plain connection of their own too, their scripts loaded
+//! at once; `local-counter-token` and `deadline-on-a-stopping-clock` send none (the
+//! latter is the real client itself, `acquire_any` included).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -29,6 +29,8 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: None,
     deployments: Some(deployments::deployments),
     floor: Some(crate::floor::floor),
+    peer: None,
+    bench_variant: None,
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

@@ -18,6 +18,8 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: None,
     deployments: None,
     floor: Some(crate::floor::floor),
+    peer: None,
+    bench_variant: None,
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

@@ -17,6 +17,7 @@ use tenure_conformance::UrlHarness;
 use crate::ZkLock;
 
 mod broken;
+mod peer;
 mod servers;
 pub use servers::{ZkEnsemble, ZkNode, ZkOptions, ZkSecrets, CLASSPATH_ENV};
 
@@ -48,6 +49,8 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: Some(server_bounds),
     deployments: None,
     floor: Some(crate::floor::floor),
+    peer: Some(("recipe", peer::connect)),
+    bench_variant: None,
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::ZkProtocol>,
     broken: broken::BROKEN,

@@ -96,8 +96,8 @@ pub struct BenchOptions {
     /// change of leader). The `seq` and `par64` floors stay the plain client's; the
     /// `contended` floor campaigns in a 10 ms polling loop.
     pub election: bool,
-    /// Also run the backend's peer library, where the bench has one (see `peer.rs`:
-    /// ZooKeeper's is zookeeper-client's lock recipe), interleaved, and report
+    /// Also run the backend's peer library, where its testbed names one (ZooKeeper's:
+    /// zookeeper-client's lock recipe), interleaved, and report
     /// tenure's throughput over the peer's.
     pub peers: bool,
 }
@@ -470,16 +470,16 @@ async fn drive(
     stats.elapsed += started.elapsed();
 }
 
-/// The backend name of a URL, from its scheme.
+/// The backend name of a URL, from its scheme, and what its testbed reports the URL's
+/// lines apart under (`postgres advisory`).
 fn backend_name(url: &str) -> String {
     let name = tenure::driver_for(url).map_or("unknown", |driver| driver.name);
-    // Advisory locking has a floor of its own: its rows stay apart from the row lock's.
-    let advisory = name == "postgres"
-        && tenure_postgres::PgConfig::from_url(url)
-            .is_ok_and(|config| config.locking == tenure_postgres::Locking::Advisory);
-    match advisory {
-        true => "postgres advisory".to_owned(),
-        false => name.to_owned(),
+    let variant = crate::local::testbed(name)
+        .and_then(|testbed| testbed.bench_variant)
+        .and_then(|variant| variant(url));
+    match variant {
+        Some(variant) => format!("{name} {variant}"),
+        None => name.to_owned(),
     }
 }
 
