@@ -81,9 +81,35 @@ pub type FloorFn =
 /// to the URL given.
 pub type PeerFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
 
-/// A name for what a URL configures beyond its backend, where `tenure bench` reports its
-/// lines apart (Postgres: `advisory` for `locking=advisory`).
-pub type BenchVariantFn = fn(&str) -> Option<&'static str>;
+/// A configuration of a backend that `tenure bench --all-local` measures too, and reports
+/// apart from the default (Postgres: advisory locking, against a floor of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchVariant {
+    /// Its name, after the backend's (`postgres advisory`).
+    pub name: &'static str,
+    /// The query options that configure it (`locking=advisory`), as a URL spells them.
+    pub query: &'static str,
+}
+
+impl BenchVariant {
+    /// Whether `url`'s query options include every one of this variant's.
+    pub fn configured_by(&self, url: &str) -> bool {
+        let options: Vec<&str> = url
+            .split_once('?')
+            .map_or("", |(_, query)| query)
+            .split('&')
+            .collect();
+        self.query
+            .split('&')
+            .all(|option| options.contains(&option))
+    }
+
+    /// `url` configured as this variant.
+    pub fn url(&self, url: &str) -> String {
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}{}", self.query)
+    }
+}
 
 /// What to start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,9 +151,8 @@ pub struct Testbed {
     /// The peer library `tenure bench --peers` runs interleaved with tenure, where the
     /// bench has one: its name and how to connect one of its clients.
     pub peer: Option<(&'static str, PeerFn)>,
-    /// What the bench reports a URL's lines under beyond the backend's name, where it
-    /// reports some apart.
-    pub bench_variant: Option<BenchVariantFn>,
+    /// The configurations `tenure bench` measures and reports apart from the default.
+    pub bench_variants: &'static [BenchVariant],
     /// Why the backend does not run some faults (not injectable into its servers, or not
     /// applying to its protocol), in its own words.
     pub why_not: &'static [WhyNot],

@@ -30,7 +30,7 @@ pub const TESTBED: Testbed = Testbed {
     deployments: None,
     floor: Some(crate::floor::floor),
     peer: None,
-    bench_variant: None,
+    bench_variants: &[],
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::EtcdProtocol>,
     broken: broken::BROKEN,

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::Node;
-use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    harness_on, BenchVariant, BoxError, BoxFuture, Lab, Testbed, TestbedOptions,
+};
 
 use crate::{PgConfig, PgLock};
 
@@ -26,19 +28,16 @@ pub const TESTBED: Testbed = Testbed {
     deployments: None,
     floor: Some(crate::floor::floor),
     peer: None,
-    bench_variant: Some(bench_variant),
+    // Advisory locking, against a floor of its own (its rows stay apart from the row
+    // lock's).
+    bench_variants: &[BenchVariant {
+        name: "advisory",
+        query: "locking=advisory",
+    }],
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
     broken: broken::BROKEN,
 };
-
-/// Advisory locking's bench lines are reported apart (its floor is its own, and its rows
-/// stay apart from the row lock's).
-fn bench_variant(url: &str) -> Option<&'static str> {
-    PgConfig::from_url(url)
-        .is_ok_and(|config| config.locking == crate::Locking::Advisory)
-        .then_some("advisory")
-}
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.
 const WHY_NOT: &[WhyNot] = &[

@@ -30,7 +30,7 @@ pub const TESTBED: Testbed = Testbed {
     deployments: Some(deployments::deployments),
     floor: Some(crate::floor::floor),
     peer: None,
-    bench_variant: None,
+    bench_variants: &[],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

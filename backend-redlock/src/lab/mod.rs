@@ -19,7 +19,7 @@ pub const TESTBED: Testbed = Testbed {
     deployments: None,
     floor: Some(crate::floor::floor),
     peer: None,
-    bench_variant: None,
+    bench_variants: &[],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

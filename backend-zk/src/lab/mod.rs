@@ -50,7 +50,7 @@ pub const TESTBED: Testbed = Testbed {
     deployments: None,
     floor: Some(crate::floor::floor),
     peer: Some(("recipe", peer::connect)),
-    bench_variant: None,
+    bench_variants: &[],
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::ZkProtocol>,
     broken: broken::BROKEN,

@@ -475,10 +475,9 @@ async fn drive(
 fn backend_name(url: &str) -> String {
     let name = tenure::driver_for(url).map_or("unknown", |driver| driver.name);
     let variant = crate::local::testbed(name)
-        .and_then(|testbed| testbed.bench_variant)
-        .and_then(|variant| variant(url));
+        .and_then(|testbed| testbed.bench_variants.iter().find(|v| v.configured_by(url)));
     match variant {
-        Some(variant) => format!("{name} {variant}"),
+        Some(variant) => format!("{name} {}", variant.name),
         None => name.to_owned(),
     }
 }

@@ -83,15 +83,12 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
                 .await
                 .map_err(|e| LockError::backend(format!("starting local {name}: {e}")))?;
             let url = backend.harness.url();
-            if name == "postgres" {
-                // Advisory locking, against the advisory floor, on the same server.
-                let separator = if url.contains('?') { '&' } else { '?' };
-                let advisory = format!("{url}{separator}locking=advisory");
-                targets.push((name.to_owned(), url, Some(backend)));
-                targets.push(("postgres advisory".to_owned(), advisory, None));
-            } else {
-                targets.push((name.to_owned(), url, Some(backend)));
-            }
+            // The backend's other configurations, on the same servers.
+            let variants = backend.testbed.bench_variants.iter();
+            let variants = variants.map(|v| (format!("{name} {}", v.name), v.url(&url), None));
+            let variants: Vec<_> = variants.collect();
+            targets.push((name.to_owned(), url, Some(backend)));
+            targets.extend(variants);
         }
         for round in 1..=args.repeat {
             for (name, url, _servers) in &targets {
