@@ -19,27 +19,19 @@ use tenure_conformance::faults::expect;
 use tenure_conformance::runner;
 use tenure_conformance::testbed::TestbedOptions;
 
-/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
-/// testbed), under the clock shim where the backend's servers can run under it.
-const FAULTS: TestbedOptions = TestbedOptions {
-    clock_shim: true,
-    secured: false,
-};
-
 fn main() {
     runner::Suites::new()
         .suite("session", || harness::start(""))
         .suite("per-lock", || harness::start("lease=per-lock"))
         // The matrix's secured servers (`tenure matrix --tls` starts the same testbed).
         .suite("secured", || async {
-            let secured = TestbedOptions {
-                secured: true,
-                ..TestbedOptions::default()
-            };
-            Ok(tenure_etcd::TESTBED.start(secured).await?.harness)
+            Ok(tenure_etcd::TESTBED
+                .start(TestbedOptions::SECURED)
+                .await?
+                .harness)
         })
         .faults("faults", || async {
-            let lab = tenure_etcd::TESTBED.start(FAULTS).await?;
+            let lab = tenure_etcd::TESTBED.start(TestbedOptions::FAULTS).await?;
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

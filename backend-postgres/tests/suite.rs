@@ -20,13 +20,6 @@ use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::{runner, UrlHarness};
 use tenure_postgres::PgLock;
 
-/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
-/// testbed), under the clock shim where the backend's servers can run under it.
-const FAULTS: TestbedOptions = TestbedOptions {
-    clock_shim: true,
-    secured: false,
-};
-
 fn main() {
     runner::Suites::new()
         .suite("rows", || harness::suite_harness(""))
@@ -45,7 +38,9 @@ fn main() {
             Ok(harness.with_queue_admin(observer).owning(server))
         })
         .faults("faults", || async {
-            let lab = tenure_postgres::TESTBED.start(FAULTS).await?;
+            let lab = tenure_postgres::TESTBED
+                .start(TestbedOptions::FAULTS)
+                .await?;
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

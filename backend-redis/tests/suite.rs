@@ -25,30 +25,19 @@ use tenure_redis::lab::sentinel::{RedisSentinels, MASTER_NAME};
 use tenure_redis::lab::sharded::RedisShardedCluster;
 use tenure_redis::RedisLock;
 
-/// The shared suite's servers, plain and secured: the testbed's, as the matrix starts them.
-const PLAIN: TestbedOptions = TestbedOptions {
-    clock_shim: false,
-    secured: false,
-};
-const SECURED: TestbedOptions = TestbedOptions {
-    clock_shim: false,
-    secured: true,
-};
-
-/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
-/// testbed), under the clock shim where the backend's servers can run under it.
-const FAULTS: TestbedOptions = TestbedOptions {
-    clock_shim: true,
-    secured: false,
-};
-
 fn main() {
     runner::Suites::new()
         .suite("single", || async {
-            Ok(tenure_redis::TESTBED.start(PLAIN).await?.harness)
+            Ok(tenure_redis::TESTBED
+                .start(TestbedOptions::PLAIN)
+                .await?
+                .harness)
         })
         .suite("secured", || async {
-            Ok(tenure_redis::TESTBED.start(SECURED).await?.harness)
+            Ok(tenure_redis::TESTBED
+                .start(TestbedOptions::SECURED)
+                .await?
+                .harness)
         })
         .suite("sentinel", || async {
             // Slow to declare the primary down: no failover here unless a test causes one.
@@ -79,7 +68,7 @@ fn main() {
             .owning(cluster))
         })
         .faults("faults", || async {
-            let lab = tenure_redis::TESTBED.start(FAULTS).await?;
+            let lab = tenure_redis::TESTBED.start(TestbedOptions::FAULTS).await?;
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

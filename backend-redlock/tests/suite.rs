@@ -17,38 +17,28 @@ use tenure_conformance::faults::expect;
 use tenure_conformance::runner;
 use tenure_conformance::testbed::TestbedOptions;
 
-/// The shared suite's servers, plain and secured: the testbed's five masters, as the
-/// matrix starts them.
-const PLAIN: TestbedOptions = TestbedOptions {
-    clock_shim: false,
-    secured: false,
-};
-const SECURED: TestbedOptions = TestbedOptions {
-    clock_shim: false,
-    secured: true,
-};
-
-/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
-/// testbed), under the clock shim where the backend's servers can run under it.
-const FAULTS: TestbedOptions = TestbedOptions {
-    clock_shim: true,
-    secured: false,
-};
-
 fn main() {
     runner::Suites::new()
         .suite("fenced", || async {
-            Ok(tenure_redlock::TESTBED.start(PLAIN).await?.harness)
+            Ok(tenure_redlock::TESTBED
+                .start(TestbedOptions::PLAIN)
+                .await?
+                .harness)
         })
         .suite("unfenced", || async {
-            let lab = tenure_redlock::TESTBED.start(PLAIN).await?;
+            let lab = tenure_redlock::TESTBED.start(TestbedOptions::PLAIN).await?;
             Ok(lab.harness.query("fencing=false"))
         })
         .suite("secured", || async {
-            Ok(tenure_redlock::TESTBED.start(SECURED).await?.harness)
+            Ok(tenure_redlock::TESTBED
+                .start(TestbedOptions::SECURED)
+                .await?
+                .harness)
         })
         .faults("faults", || async {
-            let lab = tenure_redlock::TESTBED.start(FAULTS).await?;
+            let lab = tenure_redlock::TESTBED
+                .start(TestbedOptions::FAULTS)
+                .await?;
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

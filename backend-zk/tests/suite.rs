@@ -17,13 +17,6 @@ use tenure_conformance::{runner, UrlHarness};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
 
-/// The fault suite's servers: those of the matrix (`tenure matrix` starts the same
-/// testbed), under the clock shim where the backend's servers can run under it.
-const FAULTS: TestbedOptions = TestbedOptions {
-    clock_shim: true,
-    secured: false,
-};
-
 fn main() {
     runner::Suites::new()
         .suite("standalone", || async {
@@ -55,7 +48,7 @@ fn main() {
             Ok(harness.with_queue_admin(observer).owning(ensemble))
         })
         .faults("faults", || async {
-            let lab = tenure_zk::TESTBED.start(FAULTS).await?;
+            let lab = tenure_zk::TESTBED.start(TestbedOptions::FAULTS).await?;
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

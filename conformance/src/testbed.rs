@@ -123,6 +123,25 @@ pub struct TestbedOptions {
     pub secured: bool,
 }
 
+impl TestbedOptions {
+    /// Plain servers, as `tenure matrix` starts them.
+    pub const PLAIN: Self = Self {
+        clock_shim: false,
+        secured: false,
+    };
+    /// Servers that require TLS and a password, as `tenure matrix --tls` starts them.
+    pub const SECURED: Self = Self {
+        clock_shim: false,
+        secured: true,
+    };
+    /// The fault suite's servers: the matrix's, under the clock shim where the backend's
+    /// servers can run under it.
+    pub const FAULTS: Self = Self {
+        clock_shim: true,
+        secured: false,
+    };
+}
+
 /// How one backend's lab starts.
 #[derive(Clone, Copy)]
 pub struct Testbed {
