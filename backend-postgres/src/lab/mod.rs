@@ -61,13 +61,25 @@ fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxErr
     Box::pin(start(options))
 }
 
+/// Starts a server that requires TLS with a client certificate and a SCRAM password
+/// ([`Postgres::start_secured`]), creates the lock objects as its owner and grants role
+/// `tenure` exactly [`PgConfig::grant_sql`]: the least privilege the README documents
+/// (role `stranger` has no privilege at all).
+///
+/// # Cancel safety
+/// Cancel-safe: the server is stopped when dropped.
+pub async fn start_secured() -> Result<(Postgres, PgSecrets), BoxError> {
+    let server = Postgres::start_secured().await?;
+    let secrets = server.secrets().ok_or("a secured server")?.clone();
+    let config = PgConfig::from_url(&secrets.url(&server.addr().to_string()))?;
+    server.psql(&config.schema_sql()).await?;
+    server.psql(&config.grant_sql("tenure")?).await?;
+    Ok((server, secrets))
+}
+
 async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     let (server, template) = if options.secured {
-        let server = Postgres::start_secured().await?;
-        let secrets = server.secrets().ok_or("a secured server")?.clone();
-        let config = PgConfig::from_url(&secrets.url(&server.addr().to_string()))?;
-        server.psql(&config.schema_sql()).await?;
-        server.psql(&config.grant_sql("tenure")?).await?;
+        let (server, secrets) = start_secured().await?;
         (server, secrets.url("{hosts}"))
     } else {
         let template = "postgres://postgres@{hosts}/postgres".to_owned();

@@ -7,14 +7,14 @@ use tenure_conformance::testbed::TestbedOptions;
 use tenure_conformance::UrlHarness;
 use tenure_postgres::PgLock;
 
-/// Starts a server and returns the suite's harness for it: clients with `options` added to
-/// their URL (`&`-prefixed), each with a pool of two connections.
+/// Starts a server (plain, or secured as `servers` says) and returns the suite's harness
+/// for it: clients with `options` added to their URL (`&`-prefixed), each with a pool of
+/// two connections.
 pub(crate) async fn suite_harness(
     options: &str,
+    servers: TestbedOptions,
 ) -> Result<UrlHarness, Box<dyn Error + Send + Sync>> {
-    let lab = tenure_postgres::TESTBED
-        .start(TestbedOptions::default())
-        .await?;
+    let lab = tenure_postgres::TESTBED.start(servers).await?;
     let harness = lab
         .harness
         .query(&format!("pool_size=2{options}"))

@@ -65,7 +65,9 @@ impl Harness for SlowFirstWaiter {
 
 async fn fifo_with_a_slow_first_waiter(options: &str) {
     let harness = SlowFirstWaiter {
-        inner: harness::suite_harness(options).await.unwrap(),
+        inner: harness::suite_harness(options, tenure_conformance::testbed::TestbedOptions::PLAIN)
+            .await
+            .unwrap(),
         made: AtomicUsize::new(0),
         links: Mutex::new(Vec::new()),
     };
