@@ -804,3 +804,26 @@ async fn on_etcd_a_waiter_whose_key_was_deleted_never_runs_beside_the_next() {
     .await
     .unwrap();
 }
+
+/// The keeper's switch is a socket in a private directory under `TMPDIR`, removed once the
+/// keeper connected: by the time the command runs it is gone, and nothing is left after.
+#[test]
+fn the_switch_leaves_no_file_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listing = "ls -A \"$TMPDIR\"";
+    let out = tenure(
+        "memory://",
+        &["run", "--key", "k", "--", "sh", "-c", listing],
+    )
+    .env("TMPDIR", tmp.path())
+    .output()
+    .expect("tenure runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "seen by the command"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

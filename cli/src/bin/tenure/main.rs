@@ -116,7 +116,7 @@ enum Command {
     Keeper {
         /// The pid of the `tenure run` that started it.
         parent: i32,
-        /// The abstract socket on which tenure tells the lease deadlines.
+        /// The path of the socket on which tenure tells the lease deadlines.
         #[arg(long)]
         switch: Option<String>,
         /// The lease's deadline when the command starts, ns of CLOCK_MONOTONIC.

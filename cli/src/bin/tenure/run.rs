@@ -357,13 +357,13 @@ impl Group {
         guard: &LockGuard,
         plan: StopPlan,
     ) -> Result<(), LockError> {
-        let (listener, name) = switch::listen()
+        let (listener, rendezvous) = switch::listen()
             .map_err(|e| LockError::backend(format!("cannot open the keeper's switch: {e}")))?;
         let keeper = std::process::Command::new(own_executable())
             .arg0("tenure")
             .arg("__keeper")
             .arg(std::process::id().to_string())
-            .arg(format!("--switch={name}"))
+            .arg(format!("--switch={}", rendezvous.path().display()))
             .arg(format!(
                 "--deadline-ns={}",
                 switch::monotonic(guard.deadline()).as_nanos()
@@ -398,6 +398,8 @@ impl Group {
             }
         })
         .await;
+        // Connected or not, nobody else is to find the socket.
+        drop(rendezvous);
         if let Ok(Some(stream)) = accepted {
             self.switch = Some((stream, None));
             self.tell(guard.deadline()).await;
@@ -690,33 +692,53 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The switch: an abstract Unix socket (Linux; no file to clean up) on which tenure
-/// writes each lease deadline, as nanoseconds of `CLOCK_MONOTONIC` — one clock for both
-/// processes — one per line.
+/// The switch: a Unix socket on which tenure writes each lease deadline, as nanoseconds
+/// of `CLOCK_MONOTONIC` — one clock for both processes — one per line. Its path is in a
+/// private directory (`mkdtemp`, mode 0700) that tenure removes as soon as the keeper has
+/// connected (or failed to), so that no file outlives the start, and no other user's
+/// process can connect meanwhile.
 mod switch {
     use super::*;
-    use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::net::SocketAddr;
+    use std::path::{Path, PathBuf};
     use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-    /// Listens on a fresh abstract name; the listener and the name.
-    pub(super) fn listen() -> std::io::Result<(tokio::net::UnixListener, String)> {
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let name = format!("tenure-keeper-{}-{nonce:x}", std::process::id());
-        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
-        let listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
-        listener.set_nonblocking(true)?;
-        Ok((tokio::net::UnixListener::from_std(listener)?, name))
+    /// The switch's socket file and its private directory, removed when dropped.
+    pub(super) struct Rendezvous {
+        dir: PathBuf,
+        path: PathBuf,
     }
 
-    /// True if `stream`'s other end is process `pid`.
+    impl Rendezvous {
+        /// The socket's path, for the keeper.
+        pub(super) fn path(&self) -> &Path {
+            &self.path
+        }
+    }
+
+    impl Drop for Rendezvous {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    /// Listens on a socket in a fresh private directory under the temporary directory.
+    pub(super) fn listen() -> std::io::Result<(tokio::net::UnixListener, Rendezvous)> {
+        let template = std::env::temp_dir().join("tenure-keeper-XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template)?;
+        let path = dir.join("switch");
+        let rendezvous = Rendezvous { dir, path };
+        let listener = tokio::net::UnixListener::bind(rendezvous.path())?;
+        Ok((listener, rendezvous))
+    }
+
+    /// True if `stream`'s other end is process `pid` (where the platform names the peer's
+    /// process; elsewhere, a process of this user: the directory admits no other).
     pub(super) fn peer_is(stream: &UnixStream, pid: Pid) -> bool {
-        stream
-            .peer_cred()
-            .is_ok_and(|cred| cred.pid() == Some(pid.as_raw()))
+        stream.peer_cred().is_ok_and(|cred| match cred.pid() {
+            Some(peer) => peer == pid.as_raw(),
+            None => cred.uid() == nix::unistd::getuid().as_raw(),
+        })
     }
 
     /// What the keeper says when it stopped the group on its own.
@@ -726,9 +748,8 @@ mod switch {
     pub(super) type Deadlines = Lines<BufReader<OwnedReadHalf>>;
 
     /// The keeper's end: the deadlines tenure tells, and the half to answer on.
-    pub(super) fn connect(name: &str) -> std::io::Result<(Deadlines, OwnedWriteHalf)> {
-        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
-        let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+    pub(super) fn connect(path: &str) -> std::io::Result<(Deadlines, OwnedWriteHalf)> {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
         stream.set_nonblocking(true)?;
         let (read, write) = UnixStream::from_std(stream)?.into_split();
         Ok((BufReader::new(read).lines(), write))
