@@ -8,7 +8,8 @@
 //!   `locking=advisory`.
 //! - `secured::`: The shared suite against a Postgres server that requires TLS with a
 //!   client certificate and a SCRAM password, as a role with only the privileges of
-//!   `PgConfig::grant_sql` (`migrate` left on: it finds the objects and creates nothing).
+//!   `PgConfig::grant_sql` (`migrate` left on for every client but the link-cut ones: it
+//!   finds the objects and creates nothing).
 //! - `faults::`: The fault suite (`tenure_conformance::faults`, the matrix's) against a
 //!   live Postgres server: every fault, checked against the table's row for Postgres.
 

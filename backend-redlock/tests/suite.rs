@@ -5,7 +5,7 @@
 //! - `fenced::`: The shared suite against Redlock on five live redis-servers.
 //! - `unfenced::`: The shared suite against Redlock with `fencing=false` (no fence counter,
 //!   one round trip per acquire) on five live redis-servers.
-//! - `secured::`: The shared suite against Redlock on three redis-servers that each require
+//! - `secured::`: The shared suite against Redlock on five redis-servers that each require
 //!   TLS with client certificates and a password, as an ACL user limited to
 //!   [`tenure_redis::ACL_COMMANDS`] on its own prefix: Redlock's nodes read the same
 //!   `ca_file`, `cert_file` and `key_file` as single Redis.

@@ -92,8 +92,10 @@ pub struct BenchVariant {
 }
 
 impl BenchVariant {
-    /// Whether `url`'s query options include every one of this variant's.
+    /// Whether `url`'s query options include every one of this variant's, spelled as the
+    /// variant spells them.
     pub fn configured_by(&self, url: &str) -> bool {
+        let url = url.split_once('#').map_or(url, |(url, _)| url);
         let options: Vec<&str> = url
             .split_once('?')
             .map_or("", |(_, query)| query)
@@ -124,12 +126,12 @@ pub struct TestbedOptions {
 }
 
 impl TestbedOptions {
-    /// Plain servers, as `tenure matrix` starts them.
+    /// Plain servers (the shared suite's, `tenure bench`'s).
     pub const PLAIN: Self = Self {
         clock_shim: false,
         secured: false,
     };
-    /// Servers that require TLS and a password, as `tenure matrix --tls` starts them.
+    /// Servers that require TLS and a password, clients of least privilege.
     pub const SECURED: Self = Self {
         clock_shim: false,
         secured: true,
@@ -366,4 +368,37 @@ where
 {
     let targets = nodes.iter().map(|n| n.addr()).collect();
     UrlHarness::new(name, template, targets, connect).follow_nodes(nodes)
+}
+
+#[cfg(test)]
+mod bench_variant_tests {
+    use super::BenchVariant;
+
+    const ADVISORY: BenchVariant = BenchVariant {
+        name: "advisory",
+        query: "locking=advisory",
+    };
+
+    #[test]
+    fn a_variant_is_the_urls_that_carry_its_options() {
+        assert!(ADVISORY.configured_by("postgres://h/db?locking=advisory"));
+        assert!(ADVISORY.configured_by("postgres://h/db?pool_size=2&locking=advisory#x"));
+        assert!(!ADVISORY.configured_by("postgres://h/db"));
+        assert!(!ADVISORY.configured_by("postgres://h/db?locking=row"));
+        assert!(!ADVISORY.configured_by("postgres://h/db?locking=advisoryX"));
+        assert!(!ADVISORY.configured_by("postgres://h/db#locking=advisory"));
+    }
+
+    #[test]
+    fn a_variants_url_adds_its_options() {
+        assert_eq!(
+            ADVISORY.url("postgres://h/db"),
+            "postgres://h/db?locking=advisory"
+        );
+        assert_eq!(
+            ADVISORY.url("postgres://h/db?pool_size=2"),
+            "postgres://h/db?pool_size=2&locking=advisory"
+        );
+        assert!(ADVISORY.configured_by(&ADVISORY.url("postgres://h/db")));
+    }
 }

@@ -118,7 +118,7 @@ enum Command {
         parent: i32,
         /// The path of the socket on which tenure tells the lease deadlines.
         #[arg(long)]
-        switch: Option<String>,
+        switch: Option<std::path::PathBuf>,
         /// The lease's deadline when the command starts, ns of CLOCK_MONOTONIC.
         #[arg(long)]
         deadline_ns: Option<u64>,

@@ -363,7 +363,11 @@ impl Group {
             .arg0("tenure")
             .arg("__keeper")
             .arg(std::process::id().to_string())
-            .arg(format!("--switch={}", rendezvous.path().display()))
+            .arg({
+                let mut arg = std::ffi::OsString::from("--switch=");
+                arg.push(rendezvous.path());
+                arg
+            })
             .arg(format!(
                 "--deadline-ns={}",
                 switch::monotonic(guard.deadline()).as_nanos()
@@ -504,7 +508,7 @@ fn own_executable() -> std::path::PathBuf {
     }
 }
 
-/// The keeper (`tenure __keeper PARENT --switch NAME … -- CMD…`): runs `cmd` in its own
+/// The keeper (`tenure __keeper PARENT --switch PATH … -- CMD…`): runs `cmd` in its own
 /// process group and exits with its status (128+signal if it was killed). A stop signal
 /// while `parent` lives was sent to the whole group by tenure, which does the stopping.
 /// The keeper stops the group itself only when tenure cannot: tenure died (the
@@ -513,7 +517,7 @@ fn own_executable() -> std::path::PathBuf {
 /// within the stop plan without a newer one — SIGTERM, then SIGKILL, as tenure would.
 pub(crate) fn keeper(
     parent: i32,
-    switch: Option<&str>,
+    switch: Option<&std::path::Path>,
     deadline_ns: Option<u64>,
     plan: StopPlan,
     cmd: &[String],
@@ -540,7 +544,7 @@ pub(crate) fn keeper(
 
 async fn keep(
     parent: Pid,
-    switch: Option<&str>,
+    switch: Option<&std::path::Path>,
     first: Option<Instant>,
     plan: StopPlan,
     cmd: &[String],
@@ -722,13 +726,29 @@ mod switch {
         }
     }
 
-    /// Listens on a socket in a fresh private directory under the temporary directory.
+    /// The longest socket path every Unix takes (`sun_path` is 104 bytes on macOS and
+    /// the BSDs, 108 on Linux, with its NUL).
+    const MAX_SOCKET_PATH: usize = 100;
+
+    /// Listens on a socket in a fresh private directory under the temporary directory
+    /// (`/tmp` where that one is unset or too long a path for a socket).
     pub(super) fn listen() -> std::io::Result<(tokio::net::UnixListener, Rendezvous)> {
-        let template = std::env::temp_dir().join("tenure-keeper-XXXXXX");
-        let dir = nix::unistd::mkdtemp(&template)?;
+        let name = "tenure-keeper-XXXXXX";
+        let mut parent = std::env::temp_dir();
+        let fits = |parent: &Path| {
+            parent.is_absolute()
+                && parent.join(name).join("switch").as_os_str().len() <= MAX_SOCKET_PATH
+        };
+        if !fits(&parent) {
+            parent = PathBuf::from("/tmp");
+        }
+        let dir = nix::unistd::mkdtemp(&parent.join(name))?;
         let path = dir.join("switch");
         let rendezvous = Rendezvous { dir, path };
-        let listener = tokio::net::UnixListener::bind(rendezvous.path())?;
+        let listener = tokio::net::UnixListener::bind(rendezvous.path()).map_err(|e| {
+            let path = rendezvous.path().display();
+            std::io::Error::new(e.kind(), format!("{path}: {e}"))
+        })?;
         Ok((listener, rendezvous))
     }
 
@@ -748,7 +768,7 @@ mod switch {
     pub(super) type Deadlines = Lines<BufReader<OwnedReadHalf>>;
 
     /// The keeper's end: the deadlines tenure tells, and the half to answer on.
-    pub(super) fn connect(path: &str) -> std::io::Result<(Deadlines, OwnedWriteHalf)> {
+    pub(super) fn connect(path: &Path) -> std::io::Result<(Deadlines, OwnedWriteHalf)> {
         let stream = std::os::unix::net::UnixStream::connect(path)?;
         stream.set_nonblocking(true)?;
         let (read, write) = UnixStream::from_std(stream)?.into_split();
