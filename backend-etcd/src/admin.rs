@@ -32,8 +32,7 @@ impl EtcdLock {
     /// `<prefix>/<text>` with `%` written `%25` and `/` written `%2F`: the start of every
     /// queue of a key beginning with `text`.
     pub(crate) fn escaped_prefix(&self, text: &str) -> String {
-        let escaped = text.replace('%', "%25").replace('/', "%2F");
-        format!("{}/{escaped}", self.rpc.config.prefix)
+        self.rpc.config.escaped_prefix(text)
     }
 
     /// The lease's remaining seconds as the leader sees them; 0 when it is gone.

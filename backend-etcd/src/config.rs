@@ -73,6 +73,13 @@ pub enum LeaseMode {
 }
 
 impl EtcdConfig {
+    /// `<prefix>/<text>` with `%` written `%25` and `/` written `%2F`: the start of every
+    /// queue of a key beginning with `text`.
+    pub(crate) fn escaped_prefix(&self, text: &str) -> String {
+        let escaped = text.replace('%', "%25").replace('/', "%2F");
+        format!("{}/{escaped}", self.prefix)
+    }
+
     /// The query options.
     pub const OPTIONS: &[&str] = &[
         "prefix",

@@ -1,24 +1,49 @@
-//! The protocol floor on Redis (feature `testbed`, for `tenure bench --floor`): the
-//! cheapest acquire + release of a fresh key the plain `redis` crate can do, with none of
-//! tenure's work — `SET k v NX PX ttl`, then an `EVALSHA` compare-and-delete (on every
-//! node at once, for Redlock).
+//! The floors on Redis (feature `testbed`, for `tenure bench --floor`), with the plain
+//! `redis` crate, on one node or on every node at once (Redlock's):
+//!
+//! - the *protocol floor*: the cheapest acquire + release of a fresh key, with none of
+//!   tenure's work — `SET k v NX PX ttl`, then an `EVALSHA` compare-and-delete;
+//! - the *same-work floor*: tenure's own server work — its acquire script
+//!   ([`SCRIPTS`]`.acquire`, with the fence counter) or, unfenced, its `SET NX PX` of
+//!   `"<owner>:<count>"`; Redlock's fence round where the nodes' counts disagree; its
+//!   release script, announcing on the key's channel — with none of its client (no owner
+//!   tracking, bounds, retries, routing).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tenure_api::{async_trait, LockError};
+use tenure_api::{async_trait, LockError, LockKey, OwnerId};
 use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
+
+use crate::scripts::SCRIPTS;
+use crate::{FenceMode, RedisConfig};
 
 const DELETE_IF_OURS: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0"#;
 
-/// Plain `SET NX PX` + scripted delete, on one node or all nodes at once.
+/// What a floor cycle sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// The protocol floor: `SET NX PX`, scripted compare-and-delete.
+    Protocol,
+    /// tenure's server work.
+    SameWork {
+        /// The fence counter the acquire script keeps (`None`: unfenced, a `SET NX PX`).
+        fence: Option<FenceMode>,
+        /// Redlock's: a count proposed to every node (this client's clock), taken within
+        /// this window.
+        proposal_window: Option<Duration>,
+    },
+}
+
+/// A floor on one node or on all nodes at once.
 pub struct RedisFloor {
-    nodes: Vec<MultiplexedConnection>,
+    nodes: Vec<(MultiplexedConnection, RedisConfig)>,
     delete: redis::Script,
     ttl_ms: u64,
+    work: Work,
 }
 
 impl std::fmt::Debug for RedisFloor {
@@ -26,91 +51,240 @@ impl std::fmt::Debug for RedisFloor {
         f.debug_struct("RedisFloor")
             .field("nodes", &self.nodes.len())
             .field("ttl_ms", &self.ttl_ms)
+            .field("work", &self.work)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisFloor {
-    async fn open(client_url: &str) -> Result<MultiplexedConnection, LockError> {
-        let client = redis::Client::open(client_url)
-            .map_err(|e| LockError::Config(format!("floor client: {e}")))?;
-        client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| LockError::unavailable("floor connect", e))
-    }
-
-    fn new(nodes: Vec<MultiplexedConnection>, ttl: Duration) -> Self {
-        Self {
-            nodes,
+    /// The floor doing `work` on every node of `nodes` at once, its grants on leases of
+    /// `ttl`.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the connections made so far are dropped.
+    pub async fn connect(
+        nodes: Vec<RedisConfig>,
+        ttl: Duration,
+        work: Work,
+    ) -> Result<Self, LockError> {
+        let connections = futures::future::try_join_all(nodes.iter().map(|config| async {
+            let client = redis::Client::open(config.client_url()?)
+                .map_err(|e| LockError::Config(format!("floor client: {e}")))?;
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| LockError::unavailable("floor connect", e))
+        }))
+        .await?;
+        Ok(Self {
+            nodes: connections.into_iter().zip(nodes).collect(),
             delete: redis::Script::new(DELETE_IF_OURS),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            work,
+        })
+    }
+
+    /// `SET NX PX` on every node, then the compare-and-delete.
+    async fn protocol_cycle(
+        &self,
+        key: &str,
+        held: &(dyn Fn() + Send + Sync),
+    ) -> Result<(), String> {
+        let value = "floor";
+        let replies = self.on_every_node(|mut conn, _| async move {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.ttl_ms)
+                .query_async::<Option<String>>(&mut conn)
+                .await
+        });
+        for reply in replies.await {
+            reply.map_err(|e| cycle_failed("SET NX PX", e))?;
         }
+        held();
+        let replies = self.on_every_node(|mut conn, _| async move {
+            self.delete
+                .key(key)
+                .arg(value)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        });
+        for reply in replies.await {
+            reply.map_err(|e| cycle_failed("EVALSHA delete", e))?;
+        }
+        Ok(())
     }
 
-    /// The floor on the server of a `redis://` URL.
-    pub async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
-        let config = crate::RedisConfig::from_url(url)?;
-        Ok(Self::new(
-            vec![Self::open(config.client_url()?).await?],
-            ttl,
-        ))
+    /// tenure's acquire on every node (and its fence round where the granted counts
+    /// disagree), then its release.
+    async fn same_work_cycle(
+        &self,
+        key: &str,
+        held: &(dyn Fn() + Send + Sync),
+        fence: Option<FenceMode>,
+        proposal_window: Option<Duration>,
+    ) -> Result<(), String> {
+        let key = LockKey::new(key).map_err(|e| e.to_string())?;
+        let owner = OwnerId::random().hex();
+        let owner = std::str::from_utf8(&owner).expect("an owner id is hex");
+        let count = proposal_window.map(|_| clock_micros());
+        let replies = self.on_every_node(|mut conn, config| {
+            let lock = config.lock_key(&key);
+            async move {
+                let Some(fence) = fence else {
+                    let value = format!("{owner}:{}", count.unwrap_or_else(clock_micros));
+                    let set = redis::cmd("SET")
+                        .arg(&lock)
+                        .arg(value)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(self.ttl_ms)
+                        .query_async::<Option<String>>(&mut conn)
+                        .await?;
+                    return Ok((i64::from(set.is_some()), count.unwrap_or(0) as i64));
+                };
+                let mut call = SCRIPTS.acquire.key(&lock);
+                call.key(format!("{lock}:fence"))
+                    .arg(owner)
+                    .arg(self.ttl_ms)
+                    .arg(fence.as_str());
+                // As tenure's client: a proposal only to a clock-floored counter.
+                if let (FenceMode::ClockFloored, Some(count), Some(window)) =
+                    (fence, count, proposal_window)
+                {
+                    call.arg("").arg(count).arg(window.as_micros() as u64);
+                }
+                let (granted, count, _) = call.invoke_async::<(i64, i64, i64)>(&mut conn).await?;
+                Ok::<_, redis::RedisError>((granted, count))
+            }
+        });
+        let mut counts = Vec::with_capacity(self.nodes.len());
+        for reply in replies.await {
+            match reply.map_err(|e| cycle_failed("acquire", e))? {
+                (1, count) => counts.push(count),
+                _ => return Err("a fresh key was held".into()),
+            }
+        }
+        let highest = counts.iter().copied().max().unwrap_or(0);
+        let agreed = counts.iter().filter(|&&c| c == highest).count() > self.nodes.len() / 2;
+        if let (Some(fence), false) = (fence.filter(|_| self.nodes.len() > 1), agreed) {
+            let replies = self.on_every_node(|mut conn, config| {
+                let lock = config.lock_key(&key);
+                async move {
+                    SCRIPTS
+                        .raise_fence
+                        .key(&lock)
+                        .key(format!("{lock}:fence"))
+                        .arg(owner)
+                        .arg(highest)
+                        .arg(fence.as_str())
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            });
+            for reply in replies.await {
+                reply.map_err(|e| cycle_failed("raise fence", e))?;
+            }
+        }
+        held();
+        let replies = self.on_every_node(|mut conn, config| {
+            let lock = config.lock_key(&key);
+            async move {
+                SCRIPTS
+                    .release
+                    .key(&lock)
+                    .arg(owner)
+                    .arg(format!("{lock}:released"))
+                    .arg("")
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        });
+        for reply in replies.await {
+            reply.map_err(|e| cycle_failed("release", e))?;
+        }
+        Ok(())
     }
 
-    /// The floor on every node of `nodes` at once (Redlock's), each given by its
-    /// client URL.
-    pub async fn connect_all(nodes: &[&str], ttl: Duration) -> Result<Self, LockError> {
-        let nodes = futures::future::try_join_all(nodes.iter().map(|url| Self::open(url))).await?;
-        Ok(Self::new(nodes, ttl))
+    /// `request` sent to every node at once, each given its connection and configuration.
+    fn on_every_node<'a, F, Fut, T>(
+        &'a self,
+        request: F,
+    ) -> impl std::future::Future<Output = Vec<T>> + 'a
+    where
+        F: Fn(MultiplexedConnection, &'a RedisConfig) -> Fut,
+        Fut: std::future::Future<Output = T> + 'a,
+    {
+        let requests = self
+            .nodes
+            .iter()
+            .map(|(conn, config)| request(conn.clone(), config));
+        futures::future::join_all(requests)
     }
+}
+
+/// This client's clock in µs since the epoch: the count Redlock proposes, or an unfenced
+/// grant stores.
+fn clock_micros() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[async_trait]
 impl Locker for RedisFloor {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
-        let value = "floor";
-        let set = self.nodes.iter().map(|conn| {
-            let mut conn = conn.clone();
-            async move {
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(value)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(self.ttl_ms)
-                    .query_async::<Option<String>>(&mut conn)
+        match self.work {
+            Work::Protocol => self.protocol_cycle(key, held).await,
+            Work::SameWork {
+                fence,
+                proposal_window,
+            } => {
+                self.same_work_cycle(key, held, fence, proposal_window)
                     .await
             }
-        });
-        for reply in futures::future::join_all(set).await {
-            reply.map_err(|e| cycle_failed("SET NX PX", e))?;
         }
-        held();
-        let delete = self.nodes.iter().map(|conn| {
-            let mut conn = conn.clone();
-            async move {
-                self.delete
-                    .key(key)
-                    .arg(value)
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            }
-        });
-        for reply in futures::future::join_all(delete).await {
-            reply.map_err(|e| cycle_failed("EVALSHA delete", e))?;
-        }
-        Ok(())
     }
 }
 
-/// The floor for a `redis://` URL.
+/// A floor doing `work` for a `redis://` URL.
+fn connect(
+    url: &str,
+    ttl: Duration,
+    work: Work,
+) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
+    Box::pin(async move {
+        let config = RedisConfig::from_url(url)?;
+        let floor: Arc<dyn Locker> = Arc::new(RedisFloor::connect(vec![config], ttl, work).await?);
+        Ok(floor)
+    })
+}
+
+/// The protocol floor for a `redis://` URL.
 pub(crate) fn floor(
     url: &str,
     _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
+    connect(url, ttl, Work::Protocol)
+}
+
+/// The same-work floor for a `redis://` URL, with its fence mode.
+pub(crate) fn same_work(
+    url: &str,
+    _tasks: usize,
+    ttl: Duration,
+) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
     Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(RedisFloor::connect(url, ttl).await?);
-        Ok(floor)
+        let fence = RedisConfig::from_url(url)?.fence;
+        let work = Work::SameWork {
+            fence: Some(fence),
+            proposal_window: None,
+        };
+        connect(url, ttl, work).await
     })
 }

@@ -72,8 +72,8 @@ pub fn cycle_failed(step: &str, error: impl fmt::Display) -> String {
     format!("{step}: {error}")
 }
 
-/// Connects the protocol floor to the URL given, able to serve the number of concurrent
-/// cycles given, its grants on leases of the duration given.
+/// Connects a floor (the protocol floor, or the same-work floor) to the URL given, able to
+/// serve the number of concurrent cycles given, its grants on leases of the duration given.
 pub type FloorFn =
     for<'a> fn(&'a str, usize, Duration) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
 
@@ -169,6 +169,11 @@ pub struct Testbed {
     /// cheapest acquire + release of a fresh key its plain client crate can do, with
     /// none of tenure's work (fencing, deadlines, owner checks beyond compare-and-delete).
     pub floor: Option<FloorFn>,
+    /// The same-work floor `tenure bench --floor` also measures: the plain client crate
+    /// sending exactly the server work of tenure's cycle (its scripts, txns, statements,
+    /// in the same round trips), so that tenure / same-work is what tenure's client costs
+    /// and same-work / protocol floor what the guarantee costs the servers.
+    pub same_work_floor: Option<FloorFn>,
     /// The peer library `tenure bench --peers` runs interleaved with tenure, where the
     /// bench has one: its name and how to connect one of its clients.
     pub peer: Option<(&'static str, PeerFn)>,

@@ -29,6 +29,7 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: Some(server_bounds),
     deployments: None,
     floor: Some(crate::floor::floor),
+    same_work_floor: Some(crate::floor::same_work),
     peer: None,
     bench_variants: &[],
     why_not: WHY_NOT,

@@ -27,6 +27,7 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: None,
     deployments: None,
     floor: Some(crate::floor::floor),
+    same_work_floor: Some(crate::floor::same_work),
     peer: None,
     // Advisory locking, against a floor of its own (its rows stay apart from the row
     // lock's).

@@ -10,6 +10,7 @@ mod deadlines;
 mod errors;
 mod faults;
 mod fence;
+mod floor;
 mod replicas;
 mod security;
 mod semaphore;

@@ -18,6 +18,7 @@ pub const TESTBED: Testbed = Testbed {
     server_bounds: None,
     deployments: None,
     floor: Some(crate::floor::floor),
+    same_work_floor: Some(crate::floor::same_work),
     peer: None,
     bench_variants: &[],
     why_not: WHY_NOT,

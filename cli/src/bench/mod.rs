@@ -4,13 +4,17 @@
 //!
 //! Modes (DESIGN.md §6): `seq` — one task, acquire + release of a fresh key per cycle;
 //! `par64` — 64 tasks on one client, each on fresh keys of its own; `contended` — 16
-//! clients, one key, blocking `acquire`. The floor of `seq`/`par64` is the same cycle sent
-//! with the backend's plain client crate (module `floor`); the floor of `contended` is the same
-//! library polling with `try_acquire` and 10 ms sleeps, the loop push wake-ups replace.
-//! `held` is not a cycle: it holds N leases with renewing guards and reports the RSS.
+//! clients, one key, blocking `acquire`. `seq`/`par64` have two floors, both the same cycle
+//! sent with the backend's plain client crate (module `floor`): the protocol floor (the
+//! least a lock needs) and the same-work floor (tenure's own server work); the floor of
+//! `contended` is the same library polling with `try_acquire` and 10 ms sleeps, the loop
+//! push wake-ups replace. Every line reports its client's CPU time and context switches
+//! per cycle (module `profile`). `held` is not a cycle: it holds N leases with renewing
+//! guards and reports the RSS.
 
 mod floor;
 mod peer;
+mod profile;
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,6 +25,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tenure_api::{async_trait, AcquireOptions, DistributedLock, LockError, LockExt, LockKey};
+
+use floor::Floor;
+use profile::Usage;
 
 /// What one cycle measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,7 +92,8 @@ pub struct BenchOptions {
     pub secs: f64,
     /// Lease TTL of every grant.
     pub ttl: Duration,
-    /// Also measure the floor, interleaved.
+    /// Also measure the floors, interleaved: `seq` and `par64` against the protocol floor
+    /// and the same-work floor (a lock bench only), `contended` against 10 ms polling.
     pub floor: bool,
     /// Bench a [`Semaphore`](tenure::Semaphore) of this many permits per key instead of
     /// the lock. The `seq` and `par64` floors stay the plain client's; the `contended`
@@ -123,7 +131,9 @@ pub struct BenchLine {
     pub backend: String,
     /// The mode.
     pub mode: Mode,
-    /// `tenure` (the library), `floor` (plain client) or `poll10ms` (contended floor).
+    /// `tenure` (the library), `floor` (the protocol floor: plain client), `same-work` (the
+    /// same-work floor: plain client sending tenure's server work), `poll10ms` (contended
+    /// floor) or the peer library's name.
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     /// On library lines of a semaphore bench: its permits per key.
@@ -152,14 +162,25 @@ pub struct BenchLine {
     /// every client got the lock equally often; 0 = a client starved).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fairness: Option<f64>,
-    /// Library throughput divided by the floor's (cycles/s; hand-offs/s in `contended`),
-    /// on library lines run with a floor.
+    /// Library throughput divided by the (protocol) floor's (cycles/s; hand-offs/s in
+    /// `contended`), on library lines run with a floor; on the same-work floor's line, its
+    /// throughput over the protocol floor's (what the guarantee costs the servers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// Library throughput divided by the same-work floor's (what tenure's client costs),
+    /// on library lines run with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_work_ratio: Option<f64>,
     /// Library throughput divided by the peer library's (as `ratio`), on library lines
     /// run with a peer (`--peers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_ratio: Option<f64>,
+    /// This process's CPU time (user + system, all threads) per cycle, µs: the client's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_cycle: Option<f64>,
+    /// This process's context switches (voluntary + involuntary) per cycle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switches_per_cycle: Option<f64>,
     /// Rounds this line summarises: with more than one (`--repeat`), every rate, latency,
     /// fairness and ratio is the median over the rounds (each ratio taken within its
     /// round), and `cycles`, `errors` and `secs` are totals.
@@ -217,7 +238,10 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 handoffs_per_s: known(&|l| l.handoffs_per_s),
                 fairness: known(&|l| l.fairness),
                 ratio: known(&|l| l.ratio),
+                same_work_ratio: known(&|l| l.same_work_ratio),
                 peer_ratio: known(&|l| l.peer_ratio),
+                cpu_us_per_cycle: known(&|l| l.cpu_us_per_cycle),
+                switches_per_cycle: known(&|l| l.switches_per_cycle),
                 rounds: group.iter().map(|l| l.rounds).sum(),
             }
         })
@@ -338,6 +362,8 @@ struct Stats {
     per_task: Vec<u64>,
     errors: u64,
     elapsed: Duration,
+    /// What this process spent during the slices.
+    usage: Usage,
     first_error: Option<String>,
 }
 
@@ -350,6 +376,7 @@ impl Stats {
             per_task: Vec::new(),
             errors: 0,
             elapsed: Duration::ZERO,
+            usage: Usage::default(),
             first_error: None,
         }
     }
@@ -363,6 +390,7 @@ impl Stats {
                 0.0
             }
         };
+        let per_cycle = self.usage.per_cycle(self.cycles);
         BenchLine {
             backend: backend.to_owned(),
             mode,
@@ -378,7 +406,10 @@ impl Stats {
             p99_us: self.histogram.value_at_quantile(0.99),
             errors: self.errors,
             ratio: None,
+            same_work_ratio: None,
             peer_ratio: None,
+            cpu_us_per_cycle: per_cycle.map(|(cpu, _)| cpu),
+            switches_per_cycle: per_cycle.map(|(_, switches)| switches),
             rounds: 1,
         }
     }
@@ -405,6 +436,7 @@ async fn drive(
     stats: &mut Stats,
 ) {
     let started = Instant::now();
+    let used = Usage::now();
     let until = started + slice;
     let last_holder = Arc::new(AtomicUsize::new(usize::MAX));
     let tasks: Vec<_> = (0..mode.tasks())
@@ -468,6 +500,7 @@ async fn drive(
         }
     }
     stats.elapsed += started.elapsed();
+    stats.usage = stats.usage.plus(Usage::now().since(used));
 }
 
 /// The backend name of a URL, from its scheme, and what its testbed reports the URL's
@@ -516,8 +549,9 @@ async fn library_lockers(
 }
 
 /// Runs `mode` against `url` for `options.secs` (per implementation), in 1 s slices
-/// alternating library, floor and peer. Returns the library line (with its ratios) and,
-/// with a floor or a peer, their lines. A run where every cycle failed is an error
+/// alternating library, floors and peer. Returns the library line (with its ratios) and,
+/// with floors or a peer, their lines (the same-work floor's with its ratio to the
+/// protocol floor). A run where every cycle failed is an error
 /// carrying the first failure.
 ///
 /// # Cancel safety
@@ -552,10 +586,17 @@ pub async fn run(
             library_lockers(url, mode, options, Wait::Poll10ms).await?,
             "poll10ms",
         )),
-        (true, _) => Some((
-            floor::lockers(url, mode.tasks(), options.ttl).await?,
-            "floor",
-        )),
+        (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::Protocol)
+            .await?
+            .map(|lockers| (lockers, Floor::Protocol.name())),
+    };
+    // The same work as a lock's: not a semaphore's or an election's.
+    let lock_bench = options.permits.is_none() && !options.election;
+    let same_work = match (options.floor && lock_bench, mode) {
+        (false, _) | (true, Mode::Contended) => None,
+        (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::SameWork)
+            .await?
+            .map(|lockers| (lockers, Floor::SameWork.name())),
     };
     let peer = if options.peers {
         peer::lockers(url, mode).await?
@@ -566,17 +607,27 @@ pub async fn run(
     let total = Duration::from_secs_f64(options.secs);
     let slice = total.min(Duration::from_secs(1));
     let (mut ours, mut theirs, mut peers) = (Stats::new(), Stats::new(), Stats::new());
+    let mut same = Stats::new();
     while ours.elapsed < total {
         let this = slice.min(total - ours.elapsed);
         drive(&library, mode, &format!("{run}/lib"), this, &mut ours).await;
         if let Some((lockers, _)) = &floor {
             drive(lockers, mode, &format!("{run}/floor"), this, &mut theirs).await;
         }
+        if let Some((lockers, _)) = &same_work {
+            drive(lockers, mode, &format!("{run}/same"), this, &mut same).await;
+        }
         if let Some((lockers, _)) = &peer {
             drive(lockers, mode, &format!("{run}/peer"), this, &mut peers).await;
         }
     }
-    for (stats, what) in [(&ours, "tenure"), (&theirs, "floor"), (&peers, "peer")] {
+    let all = [
+        (&ours, "tenure"),
+        (&theirs, "floor"),
+        (&same, "same-work"),
+        (&peers, "peer"),
+    ];
+    for (stats, what) in all {
         if stats.cycles == 0 && stats.errors > 0 {
             return Err(LockError::backend(format!(
                 "{backend} {mode} ({what}): every cycle failed; the first: {}",
@@ -601,10 +652,17 @@ pub async fn run(
         }
         floor_line
     });
+    let mut same_line = same_work.map(|(_, name)| same.line(&backend, mode, name));
     let peer_line = peer.map(|(_, implementation)| peers.line(&backend, mode, implementation));
     line.ratio = floor_line.as_ref().and_then(|floor| ratio(&line, floor));
     line.peer_ratio = peer_line.as_ref().and_then(|peer| ratio(&line, peer));
-    Ok([Some(line), floor_line, peer_line]
+    if let Some(same_line) = &mut same_line {
+        line.same_work_ratio = ratio(&line, same_line);
+        same_line.ratio = floor_line
+            .as_ref()
+            .and_then(|floor| ratio(same_line, floor));
+    }
+    Ok([Some(line), floor_line, same_line, peer_line]
         .into_iter()
         .flatten()
         .collect())
@@ -735,7 +793,10 @@ mod tests {
             handoffs_per_s: None,
             fairness: None,
             ratio,
+            same_work_ratio: None,
             peer_ratio: None,
+            cpu_us_per_cycle: Some(cycles_per_s / 100.0),
+            switches_per_cycle: None,
             rounds: 1,
         }
     }

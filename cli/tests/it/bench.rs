@@ -1,13 +1,13 @@
-//! `tenure bench --floor` on every backend's local servers: each backend's protocol floor
-//! (its testbed's, in its own crate) completes its cycles without an error, beside
-//! tenure's, and the ratio between them is reported.
+//! `tenure bench --floor` on every backend's local servers: each backend's two floors (its
+//! testbed's, in its own crate) complete their cycles without an error, beside tenure's,
+//! and the ratios between them and the client's CPU per cycle are reported.
 
 use std::process::Command;
 
 use serde_json::Value;
 
 #[test]
-fn every_backend_has_a_working_floor() {
+fn every_backend_has_working_floors() {
     let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["bench", "--all-local", "--floor", "--mode", "seq"])
         .args(["--secs", "0.3", "--json"])
@@ -39,5 +39,20 @@ fn every_backend_has_a_working_floor() {
             .find(|l| l["backend"] == backend && l["impl"] == "tenure")
             .unwrap_or_else(|| panic!("no tenure line for {backend}: {lines:?}"));
         assert!(ours["ratio"].as_f64().unwrap() > 0.0, "{ours}");
+        assert!(ours["same_work_ratio"].as_f64().unwrap() > 0.0, "{ours}");
+        let same_work = lines
+            .iter()
+            .find(|l| l["backend"] == backend && l["impl"] == "same-work")
+            .unwrap_or_else(|| panic!("no same-work line for {backend}: {lines:?}"));
+        assert!(same_work["cycles"].as_u64().unwrap() > 0, "{same_work}");
+        assert_eq!(same_work["errors"], 0, "{same_work}");
+        assert!(same_work["ratio"].as_f64().unwrap() > 0.0, "{same_work}");
+        for line in [ours, floor, same_work] {
+            // A cycle over loopback takes CPU and blocks on the socket at least once.
+            assert!(line["cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{line}");
+            assert!(line["switches_per_cycle"].as_f64().unwrap() > 0.0, "{line}");
+        }
     }
+    let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
+    assert_eq!(same_work, 6, "{lines:?}");
 }

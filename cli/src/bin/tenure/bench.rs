@@ -19,7 +19,9 @@ pub(crate) struct BenchArgs {
     /// Lease TTL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// Also run the raw protocol floor, interleaved, and print library/floor ratios.
+    /// Also run the floors, interleaved: the protocol floor (the plain client doing the least
+    /// a lock needs) and, for a lock's seq and par64, the same-work floor (the plain client
+    /// sending tenure's own server work); print tenure/floor ratios.
     #[arg(long)]
     floor: bool,
     /// Also run the backend's peer library where the bench has one (ZooKeeper:
@@ -171,13 +173,16 @@ fn print_table(rows: &[Row]) {
         ("", "")
     };
     println!(
-        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | tenure/floor |{peer_head}"
+        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | ÷ protocol floor | ÷ same-work |{peer_head} CPU µs/cycle | switches/cycle |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|{peer_rule}");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|{peer_rule}---:|---:|");
     let times = |r: Option<f64>| r.map_or(String::new(), |r| format!("{r:.2}×"));
     for row in rows {
         if let Row::Cycles(l) = row {
             let ratio = times(l.ratio);
+            let same_work_ratio = times(l.same_work_ratio);
+            let number = |n: Option<f64>| n.map_or(String::new(), |n| format!("{n:.1}"));
+            let (cpu, switches) = (number(l.cpu_us_per_cycle), number(l.switches_per_cycle));
             let peer_ratio = if peers {
                 format!(" {} |", times(l.peer_ratio))
             } else {
@@ -193,7 +198,7 @@ fn print_table(rows: &[Row]) {
                 (None, false) => l.implementation.to_owned(),
             };
             println!(
-                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} |{peer_ratio}",
+                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} | {same_work_ratio} |{peer_ratio} {cpu} | {switches} |",
                 l.backend, l.mode, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
             );
         }
