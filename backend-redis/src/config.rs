@@ -128,6 +128,16 @@ pub enum FenceMode {
     /// grows with the number of distinct names. Tokens are exact up to 2^53; a counter
     /// that reaches it is refused ([`LockError::Backend`]).
     Counter,
+    /// No fence counter (`fence=none`): a free lock is taken by one `SET NX PX`, with no
+    /// script and no second key — the single-node `SET NX` lock, for work that is
+    /// idempotent or deduplicated downstream. A token's count is the client's clock in µs
+    /// at the grant: grants by one client increase while its clock moves forward, but no
+    /// counter backs them, so **tokens are not fences**, and
+    /// [`capabilities`](tenure_api::DistributedLock::capabilities) says so
+    /// ([`FencingKind::None`](tenure_api::FencingKind::None)); an
+    /// [`Election`](tenure_api::Election) refuses it. Not for Redlock's nodes: Redlock
+    /// spells it `fencing=false`.
+    None,
 }
 
 impl FenceMode {
@@ -136,6 +146,7 @@ impl FenceMode {
         match self {
             Self::ClockFloored => "clock",
             Self::Counter => "counter",
+            Self::None => "none",
         }
     }
 }
@@ -414,10 +425,11 @@ impl RedisConfig {
                     config.fence = match value {
                         "clock" => FenceMode::ClockFloored,
                         "counter" => FenceMode::Counter,
+                        "none" => FenceMode::None,
                         other => {
-                            return Err(
-                                url.error(format!("fence={other:?}: expected clock or counter"))
-                            )
+                            return Err(url.error(format!(
+                                "fence={other:?}: expected clock, counter or none"
+                            )))
                         }
                     }
                 }
@@ -713,6 +725,17 @@ mod tests {
         assert_eq!(
             RedisConfig::from_url("redis://h").unwrap().fence,
             FenceMode::ClockFloored
+        );
+        for mode in [FenceMode::ClockFloored, FenceMode::Counter, FenceMode::None] {
+            let url = format!("redis://h?fence={}", mode.as_str());
+            assert_eq!(RedisConfig::from_url(&url).unwrap().fence, mode);
+        }
+        let refused = RedisConfig::from_url("redis://h?fence=off").unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("expected clock, counter or none"),
+            "{refused}"
         );
         assert_eq!(c.request_timeout, Duration::from_millis(250));
         assert_eq!(

@@ -30,8 +30,9 @@ pub enum Work {
     Protocol,
     /// tenure's server work.
     SameWork {
-        /// The fence counter the acquire script keeps (`None`: unfenced, a `SET NX PX`).
-        fence: Option<FenceMode>,
+        /// The fence counter the acquire script keeps ([`FenceMode::None`]: none, a `SET
+        /// NX PX`).
+        fence: FenceMode,
         /// Redlock's: a count proposed to every node (this client's clock), taken within
         /// this window.
         proposal_window: Option<Duration>,
@@ -124,7 +125,7 @@ impl RedisFloor {
         &self,
         key: &str,
         held: &(dyn Fn() + Send + Sync),
-        fence: Option<FenceMode>,
+        fence: FenceMode,
         proposal_window: Option<Duration>,
     ) -> Result<(), String> {
         let key = LockKey::new(key).map_err(|e| e.to_string())?;
@@ -134,7 +135,7 @@ impl RedisFloor {
         let replies = self.on_every_node(|mut conn, config| {
             let lock = config.lock_key(&key);
             async move {
-                let Some(fence) = fence else {
+                if fence == FenceMode::None {
                     let value = format!("{owner}:{}", count.unwrap_or_else(clock_micros));
                     let set = redis::cmd("SET")
                         .arg(&lock)
@@ -145,7 +146,7 @@ impl RedisFloor {
                         .query_async::<Option<String>>(&mut conn)
                         .await?;
                     return Ok((i64::from(set.is_some()), count.unwrap_or(0) as i64));
-                };
+                }
                 let mut call = SCRIPTS.acquire.key(&lock);
                 call.key(format!("{lock}:fence"))
                     .arg(owner)
@@ -170,7 +171,8 @@ impl RedisFloor {
         }
         let highest = counts.iter().copied().max().unwrap_or(0);
         let agreed = counts.iter().filter(|&&c| c == highest).count() > self.nodes.len() / 2;
-        if let (Some(fence), false) = (fence.filter(|_| self.nodes.len() > 1), agreed) {
+        let fenced = fence != FenceMode::None;
+        if fenced && self.nodes.len() > 1 && !agreed {
             let replies = self.on_every_node(|mut conn, config| {
                 let lock = config.lock_key(&key);
                 async move {
@@ -280,9 +282,8 @@ pub(crate) fn same_work(
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
     Box::pin(async move {
-        let fence = RedisConfig::from_url(url)?.fence;
         let work = Work::SameWork {
-            fence: Some(fence),
+            fence: RedisConfig::from_url(url)?.fence,
             proposal_window: None,
         };
         connect(url, ttl, work).await

@@ -359,9 +359,9 @@ impl RedisLock {
         limit: Duration,
     ) -> Result<Grant, LockError> {
         let keys = std::slice::from_ref(key);
-        let fence = Counting::Fence(self.config.fence, Some(proposal));
+        let counting = self.counting(Some(proposal));
         let (grant, _) = self
-            .run_grant(keys, owner, ttl, label, fence, Bound::full(limit))
+            .run_grant(keys, owner, ttl, label, counting, Bound::full(limit))
             .await?;
         Ok(grant)
     }
@@ -402,9 +402,20 @@ impl RedisLock {
         label: Option<&str>,
         bound: Bound,
     ) -> Result<(Grant, usize), LockError> {
-        let counting = Counting::Fence(self.config.fence, None);
+        let counting = self.counting(None);
         self.run_grant(keys, owner, ttl, label, counting, bound)
             .await
+    }
+
+    /// How this client's grants count: with its fence counter (and `proposal`), or, with
+    /// `fence=none`, unfenced (the proposed count, else this client's clock).
+    fn counting(&self, proposal: Option<Proposal>) -> Counting {
+        match self.config.fence {
+            FenceMode::None => {
+                Counting::Unfenced(proposal.map_or_else(unfenced_count, |p| p.count))
+            }
+            mode => Counting::Fence(mode, proposal),
+        }
     }
 
     /// Takes a free lock without a fence counter by `SET lock value NX PX ttl`, the
@@ -580,11 +591,14 @@ impl RedisLock {
         limit: Duration,
     ) -> Result<bool, LockError> {
         let lock_key = self.lock_key(key);
-        let mut call = Call::script(&SCRIPTS.extend, 2);
-        call.key(&lock_key)
-            .key(Self::fence_key(&lock_key))
-            .arg(&owner.hex()[..])
-            .arg(millis(ttl));
+        // Without a fence counter, the lock key alone: there is no fence key to keep alive.
+        let fenced = self.config.fence != FenceMode::None;
+        let mut call = Call::script(&SCRIPTS.extend, 1 + usize::from(fenced));
+        call.key(&lock_key);
+        if fenced {
+            call.key(Self::fence_key(&lock_key));
+        }
+        call.arg(&owner.hex()[..]).arg(millis(ttl));
         let (extended, confirmed) = self
             .call_confirmed::<i64>("extend", call, Bound::full(limit), &Route::Current)
             .await?;
@@ -699,6 +713,11 @@ impl RedisLock {
         token: FencingToken,
         limit: Duration,
     ) -> Result<bool, LockError> {
+        if self.config.fence == FenceMode::None {
+            return Err(LockError::Config(
+                "fence=none keeps no fence counter to raise (Redlock: fencing=false)".into(),
+            ));
+        }
         let lock_key = self.lock_key(key);
         let mut call = Call::script(&SCRIPTS.raise_fence, 2);
         call.key(&lock_key)
@@ -1228,6 +1247,7 @@ impl DistributedLock for RedisLock {
             fencing: match self.config.fence {
                 FenceMode::ClockFloored => FencingKind::ClockFlooredCounter,
                 FenceMode::Counter => FencingKind::SingleNodeCounter,
+                FenceMode::None => FencingKind::None,
             },
             expiry: ExpiryKind::ServerTtl,
             replication: Replication::SingleNode,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
-    cell, minority_lost, server_frozen, url_option, Expect, Premise, Protocol, CLIENT_SUSPEND,
-    F_SAFE, GRANT_OUTLIVES_CONNECTION, NOT_APPLICABLE, ONE_SERVER_NO_MINORITY_SIDE, SAFE,
-    SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNSAFE,
+    cell, minority_lost, server_frozen, url_option, Expect, Premise, Protocol, ANY_CONTAINMENT,
+    CLIENT_SUSPEND, F_SAFE, GRANT_OUTLIVES_CONNECTION, NOT_APPLICABLE, ONE_SERVER_NO_MINORITY_SIDE,
+    SAFE, SAFE_OR_F_SAFE, STALE_RELEASE, UNAVAIL, UNFENCED_VIOLATION, UNSAFE,
 };
 use tenure_conformance::faults::Fault;
 
@@ -19,6 +19,8 @@ pub enum Fence {
     Clock,
     /// A plain `INCR`.
     Counter,
+    /// No counter (`fence=none`): tokens promise no order.
+    None,
 }
 
 impl Fence {
@@ -27,7 +29,8 @@ impl Fence {
         match url_option(url, "fence") {
             None | Some("clock") => Ok(Fence::Clock),
             Some("counter") => Ok(Fence::Counter),
-            Some(other) => Err(format!("fence={other:?}: expected clock or counter")),
+            Some("none") => Ok(Fence::None),
+            Some(other) => Err(format!("fence={other:?}: expected clock, counter or none")),
         }
     }
 }
@@ -73,11 +76,53 @@ pub const STALE_EXTEND: Expect = cell(
     "an extension never shortens the key's expiry: the late one is a no-op",
 );
 
+/// The cells of `fence=none` that differ from the fenced modes': wherever a fenced mode
+/// counts on the token to contain a double grant, nothing is sure to (a token's count is
+/// the granting client's clock, so a later grant's is larger only by luck of the clocks).
+fn unfenced(fault: Fault) -> Option<Expect> {
+    let reason = match fault {
+        Fault::PausedLeader => {
+            return Some(cell(
+                NOT_APPLICABLE,
+                "no fencing tokens, so no terms: Election refuses fence=none",
+            ))
+        }
+        Fault::PausedHolder | Fault::PausedPermitHolder => {
+            "the key's TTL runs out during the pause and the contender is granted; with \
+             fence=none tokens promise no order, so nothing is sure to stop the woken \
+             holder's write"
+        }
+        Fault::ClockJump => {
+            "Redis expires keys by its wall clock: the jump frees the key while the holder's \
+             own deadline has not passed; with fence=none nothing is sure to stop the stale \
+             write"
+        }
+        Fault::Restart => {
+            return Some(cell(
+                ANY_CONTAINMENT,
+                "the restarted server forgot the grant: a double grant unless the holder's \
+                 guard gave up while the server was down, contained only if the clocks \
+                 happen to order the two tokens",
+            ))
+        }
+        Fault::ReplicaFailover
+        | Fault::SentinelFailover
+        | Fault::ClusterFailover
+        | Fault::SentinelConfirmingReplicaLost => {
+            "the promoted replica missed the grant: the contender is granted while the \
+             holder's lease runs, and with fence=none nothing is sure to stop the stale write"
+        }
+        _ => return None,
+    };
+    Some(cell(UNFENCED_VIOLATION, reason))
+}
+
 impl Protocol for RedisProtocol {
     fn premise(&self, _nodes: usize) -> Premise {
         let fencing = match self.fence {
             Fence::Clock => FencingKind::ClockFlooredCounter,
             Fence::Counter => FencingKind::SingleNodeCounter,
+            Fence::None => FencingKind::None,
         };
         Premise::single_node(fencing, ExpiryKind::ServerTtl, true)
     }
@@ -85,6 +130,11 @@ impl Protocol for RedisProtocol {
     /// On `nodes` hosts of the URL (one, or a Sentinel group's or a Cluster's seeds).
     fn expect(&self, fault: Fault, nodes: usize) -> Expect {
         let clock = self.fence == Fence::Clock;
+        if self.fence == Fence::None {
+            if let Some(unfenced) = unfenced(fault) {
+                return unfenced;
+            }
+        }
         match fault {
             // (A semaphore's permit is a lock of its own, and an election's leadership is
             // its lock: the same protocol, the same verdicts.)
@@ -191,6 +241,30 @@ mod tests {
         );
         let error = Config::of(&TESTBED, "redis://h?fence=lamport", 1).unwrap_err();
         assert!(error.contains("fence=\"lamport\""), "{error}");
+    }
+
+    /// Without a fence, every fault a fence contains may go uncontained, and an election
+    /// does not apply.
+    #[test]
+    fn without_a_fence_every_double_grant_may_go_uncontained() {
+        let config = config("redis://h?fence=none");
+        assert_eq!(
+            config.allowing(Verdict::Unsafe),
+            [
+                Fault::PausedHolder,
+                Fault::PausedPermitHolder,
+                Fault::ClockJump,
+                Fault::Restart,
+                Fault::ReplicaFailover,
+                Fault::SentinelFailover,
+                Fault::SentinelConfirmingReplicaLost,
+                Fault::ClusterFailover,
+            ]
+        );
+        assert_eq!(
+            RedisProtocol { fence: Fence::None }.premise(1).fencing,
+            FencingKind::None
+        );
     }
 
     /// Only a counter lost with the data lets a double grant go uncontained; the clock

@@ -4,6 +4,8 @@
 //! servers started only if one of its tests is selected.
 //!
 //! - `single::`: The shared suite against a live redis-server started by the harness.
+//! - `unfenced::`: The shared suite against a live redis-server with `fence=none` (no fence
+//!   counter: `SET NX PX`; tokens are not fences, and the capabilities say so).
 //! - `secured::`: The shared suite against a redis-server that requires TLS with client
 //!   certificates and a password, as an ACL user that may run only
 //!   [`tenure_redis::ACL_COMMANDS`] on its own prefix: the least privilege the README
@@ -16,6 +18,8 @@
 //!   live redis-server under the clock shim, and Redis deployments the suite starts (an
 //!   asynchronous replica, Sentinel, Cluster): every fault, checked against the table's row
 //!   for Redis (`?fence=clock`, the default).
+//! - `faults_unfenced::`: The same fault suite with `fence=none`, checked against Redis's
+//!   row for it: the faults a fence contains are violations nothing is sure to contain.
 
 use std::time::Duration;
 use tenure_conformance::faults::expect;
@@ -32,6 +36,10 @@ fn main() {
                 .start(TestbedOptions::PLAIN)
                 .await?
                 .harness)
+        })
+        .suite("unfenced", || async {
+            let lab = tenure_redis::TESTBED.start(TestbedOptions::PLAIN).await?;
+            Ok(lab.harness.query("fence=none"))
         })
         .suite("secured", || async {
             Ok(tenure_redis::TESTBED
@@ -69,6 +77,12 @@ fn main() {
         })
         .faults("faults", || async {
             let lab = tenure_redis::TESTBED.start(TestbedOptions::FAULTS).await?;
+            let (target, config) = lab.fault_suite().await?;
+            Ok((target, move |fault| expect::expect(&config, fault)))
+        })
+        .faults("faults_unfenced", || async {
+            let mut lab = tenure_redis::TESTBED.start(TestbedOptions::FAULTS).await?;
+            lab.harness = lab.harness.query("fence=none");
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })

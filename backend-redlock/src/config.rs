@@ -85,6 +85,13 @@ impl RedlockConfig {
                      Redis servers, not Sentinel groups or clusters"
                 )));
             }
+            if node.fence == tenure_redis::FenceMode::None {
+                return Err(LockError::Config(
+                    "fence=none is single Redis's; Redlock without fence rounds is \
+                     fencing=false"
+                        .into(),
+                ));
+            }
             let id = node_identity(node);
             if seen.contains(&id) {
                 return Err(LockError::Config(format!(
@@ -223,6 +230,18 @@ mod tests {
         assert_eq!(c.nodes[1].endpoint(), "b:7001");
         assert_eq!(c.nodes[0].prefix, "x:");
         assert!(!format!("{c} {c:?}").contains("pw"));
+    }
+
+    /// Single Redis's `fence=none` would leave Redlock's fence round a counter to raise
+    /// that its grants never count: Redlock's unfenced mode is `fencing=false`.
+    #[test]
+    fn fence_none_is_refused_for_fencing_false() {
+        let refused = RedlockConfig::from_url("redlock://a:1,b:2,c:3?fence=none").unwrap_err();
+        assert!(
+            matches!(&refused, LockError::Config(m) if m.contains("fencing=false")),
+            "{refused}"
+        );
+        assert!(RedlockConfig::from_url("redlock://a:1,b:2,c:3?fencing=false").is_ok());
     }
 
     /// Issue 18 item 7: an unknown option was handed on to every node's Redis client,

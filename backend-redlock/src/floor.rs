@@ -46,16 +46,14 @@ pub(crate) fn same_work(
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
     connect(url, ttl, |config, ttl| match config.fencing {
         true => Work::SameWork {
-            fence: Some(
-                config
-                    .nodes
-                    .first()
-                    .map_or_else(FenceMode::default, |n| n.fence),
-            ),
+            fence: config
+                .nodes
+                .first()
+                .map_or_else(FenceMode::default, |n| n.fence),
             proposal_window: Some(config.node_timeout_for(ttl)),
         },
         false => Work::SameWork {
-            fence: None,
+            fence: FenceMode::None,
             proposal_window: None,
         },
     })

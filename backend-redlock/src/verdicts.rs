@@ -24,9 +24,10 @@ pub(crate) struct RedlockProtocol {
 
 /// Reads the row of a `redlock://` URL.
 pub(crate) fn protocol(url: &str) -> Result<Arc<dyn Protocol>, String> {
-    let fence = match url_option(url, "fencing") {
-        Some("false") => None,
-        _ => Some(Fence::of(url)?),
+    let fence = match (url_option(url, "fencing"), Fence::of(url)?) {
+        (_, Fence::None) => return Err("fence=none: Redlock's is fencing=false".into()),
+        (Some("false"), _) => None,
+        (_, fence) => Some(fence),
     };
     Ok(Arc::new(RedlockProtocol { fence }))
 }
@@ -84,7 +85,8 @@ impl Protocol for RedlockProtocol {
                  forms a majority while the holder's validity lasts; that node kept the \
                  holder's fence, so the contender's token is larger",
             ),
-            (Fault::Restart, None) => cell(
+            // (`Some(Fence::None)` is refused when the row is read.)
+            (Fault::Restart, None | Some(Fence::None)) => cell(
                 SAFE_OR_UNSAFE,
                 "the node both majorities share restarts empty: a double grant unless the \
                  holder's guard gave up meanwhile, and no fence to contain it",

@@ -75,7 +75,7 @@ impl Election {
         if caps.fencing == FencingKind::None {
             return Err(LockError::Config(format!(
                 "an election's terms are fencing tokens, and this {} configuration has none \
-                 (for Redlock: fencing=true)",
+                 (for Redlock: fencing=true; for Redis: not fence=none)",
                 caps.backend
             )));
         }

@@ -7,7 +7,9 @@ use std::future::Future;
 use tenure_api::{DistributedLock, LockAdmin, LockError};
 use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::dyn_nodes;
-use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    harness_on, BenchVariant, BoxError, BoxFuture, Lab, Testbed, TestbedOptions,
+};
 
 use crate::{RedisLock, ACL_COMMANDS};
 
@@ -31,7 +33,11 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     same_work_floor: Some(crate::floor::same_work),
     peer: None,
-    bench_variants: &[],
+    // No fence counter, against the same floors: like with like beside unfenced peers.
+    bench_variants: &[BenchVariant {
+        name: "fence=none",
+        query: "fence=none",
+    }],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

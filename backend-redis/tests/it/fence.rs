@@ -286,3 +286,37 @@ async fn a_proposed_count_is_taken_only_within_the_counters_bounds() {
         .unwrap();
     assert_eq!(count(granted), 1, "INCR of an absent counter");
 }
+
+/// `fence=none` (issue 60): a grant is one `SET NX PX` of the owner-tagged value, no fence
+/// key is ever written (not by the grant, the extension or the release), and the client
+/// says its tokens are not fences, so an election refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_fence_no_fence_key_is_written_and_tokens_are_not_fences() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    let lock = RedisLock::connect(&format!("{url}?fence=none"))
+        .await
+        .unwrap();
+    assert_eq!(lock.capabilities().fencing, tenure_api::FencingKind::None);
+    let election = tenure_api::Election::new(std::sync::Arc::new(lock.clone()));
+    assert!(
+        matches!(&election, Err(tenure_api::LockError::Config(m)) if m.contains("fence=none")),
+        "{election:?}"
+    );
+    let k = LockKey::new("fence/none").unwrap();
+    let lock_key = lock.lock_key(&k);
+    let mut conn = plain(&url).await;
+    let mut lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let stored: String = query(&mut conn, &["GET", &lock_key]).await;
+    assert_eq!(
+        stored,
+        format!("{}:{}", lease.owner(), count_of(lease.token()))
+    );
+    assert!(lock.try_acquire(&k, TTL).await.unwrap().is_none(), "held");
+    lock.extend(&mut lease, TTL * 2).await.unwrap();
+    let pttl: i64 = query(&mut conn, &["PTTL", &lock_key]).await;
+    assert!(pttl > TTL.as_millis() as i64, "extended: {pttl}");
+    lock.release(lease).await.unwrap();
+    let keys: Vec<String> = query(&mut conn, &["KEYS", "*"]).await;
+    assert!(keys.is_empty(), "no lock and no fence key left: {keys:?}");
+}

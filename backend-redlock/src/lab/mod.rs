@@ -2,7 +2,9 @@
 //! loopback (see `tenure_redis::lab`), under the clock shim if asked, plain or secured.
 
 use tenure_conformance::faults::{Fault, WhyNot};
-use tenure_conformance::testbed::{BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    BenchVariant, BoxError, BoxFuture, Lab, Testbed, TestbedOptions,
+};
 
 use crate::Redlock;
 
@@ -20,7 +22,11 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     same_work_floor: Some(crate::floor::same_work),
     peer: None,
-    bench_variants: &[],
+    // No fence round, against the same floors: like with like beside unfenced peers.
+    bench_variants: &[BenchVariant {
+        name: "fencing=false",
+        query: "fencing=false",
+    }],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,

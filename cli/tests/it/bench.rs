@@ -25,9 +25,19 @@ fn every_backend_has_working_floors() {
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
         .collect();
     let floors: Vec<&Value> = lines.iter().filter(|l| l["impl"] == "floor").collect();
-    // Every backend, and Postgres's advisory locking against its own floor.
-    assert_eq!(floors.len(), 6, "{lines:?}");
-    for backend in ["redis", "redlock", "etcd", "zk", "postgres"] {
+    // Every backend, Postgres's advisory locking against its own floor, Redis with
+    // fence=none and Redlock with fencing=false.
+    assert_eq!(floors.len(), 8, "{lines:?}");
+    for backend in [
+        "redis",
+        "redis fence=none",
+        "redlock",
+        "redlock fencing=false",
+        "etcd",
+        "zk",
+        "postgres",
+        "postgres advisory",
+    ] {
         let floor = floors
             .iter()
             .find(|l| l["backend"] == backend)
@@ -54,5 +64,5 @@ fn every_backend_has_working_floors() {
         }
     }
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
-    assert_eq!(same_work, 6, "{lines:?}");
+    assert_eq!(same_work, 8, "{lines:?}");
 }
