@@ -139,7 +139,17 @@ pub(crate) struct EtcdSameWork {
 }
 
 impl EtcdSameWork {
+    /// Refuses, with [`LockError::Config`], a URL configured for work it does not send
+    /// (`lease=per-lock`: a grant and a revoke per lock) or over TLS (`etcds://`).
     pub(crate) async fn connect(url: &str) -> Result<Self, LockError> {
+        let config = EtcdConfig::from_url(url)?;
+        if config.lease == crate::LeaseMode::PerLock || config.tls {
+            return Err(LockError::Config(
+                "the same-work floor sends session-lease work over plain TCP: not with \
+                 lease=per-lock or etcds://"
+                    .into(),
+            ));
+        }
         Ok(Self {
             leased: Leased::connect(url, true).await?,
             names: AtomicU64::new(0),

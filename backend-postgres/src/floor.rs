@@ -26,6 +26,7 @@ use tenure_api::{async_trait, validate_ttl, LockError, LockKey, OwnerId};
 use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
 
 use crate::client::Dedicated;
+use crate::records::Record;
 use crate::sql::{begin_batch, LOCKED_XID};
 use crate::{Locking, PgConfig, PgLock};
 
@@ -124,7 +125,9 @@ fn pool_size(tasks: usize) -> u32 {
 /// the same round trips and on the same connections, with none of tenure's client-side
 /// work. It borrows from a `PgLock` of the URL (which never takes a lease) what decides
 /// the server's work: the configuration, the SQL (`sql::Statements`, `sql::begin_batch`),
-/// the autocommit pool (as tenure builds it, sized for the cycles at once) and the way
+/// the autocommit pool and its record queue (as tenure's: `pool_size` connections, 2 by
+/// default, and the records of grants that come while every one is busy share one
+/// statement, as tenure's do) and the way
 /// lock connections are opened (`PgLock::open`: the same startup options, and the session
 /// settings and client address query once per connection).
 ///
@@ -136,12 +139,13 @@ fn pool_size(tasks: usize) -> u32 {
 ///    idle_in_transaction_session_timeout = ttl ms; SELECT pg_current_xact_id()::text AS
 ///    tenure_locked_xid, pg_backend_pid() FROM "public"."tenure_locks" WHERE key = E'k'
 ///    FOR UPDATE NOWAIT`;
-/// 2. on an autocommit pool connection, one prepared statement, committed and flushed on
-///    its own: the fence and holder record, `INSERT INTO "public"."tenure_locks_holders" …
+/// 2. on an autocommit pool connection, one prepared statement (shared with the
+///    records of concurrent grants), committed and flushed on its own: the fence and
+///    holder record, `INSERT INTO "public"."tenure_locks_holders" …
 ///    SELECT …, nextval('"public"."tenure_locks_fence"'), … FROM (SELECT
 ///    set_config('synchronous_commit', 'on', true)) AS durable, unnest($1, …, $5) … ON
-///    CONFLICT (key) DO UPDATE … RETURNING key, token`, with one row (the key, an owner
-///    text, the lock transaction's id and backend pid, the TTL);
+///    CONFLICT (key) DO UPDATE … RETURNING key, token`, a row per grant (the key, an
+///    owner text, the lock transaction's id and backend pid, the TTL);
 /// 3. on the lock connection, while the lock is held: `COMMIT`; the connection is kept
 ///    for the next cycle.
 ///
@@ -153,10 +157,7 @@ fn pool_size(tasks: usize) -> u32 {
 /// As for tenure, sqlx syncs a pool connection as it goes back to the pool (off the
 /// cycle's path), and the pool pings one idle for a second or more before use. Not done
 /// here: owner ids, leases, the loss watch, held and waiting slots, bounds on replies,
-/// retries (of a stale cached connection, of a lost record), and the grouping of the
-/// records of concurrent grants into one statement (tenure's pool has `pool_size`
-/// connections, 2 by default, and grants that come while both are busy share a
-/// statement; here every cycle sends its own, on a pool of one connection per task).
+/// retries (of a stale cached connection, of a lost record).
 pub(crate) struct PgSameWork {
     /// tenure's client on the URL: configuration, SQL, autocommit pool, lock connections.
     lock: PgLock,
@@ -182,12 +183,10 @@ impl fmt::Debug for PgSameWork {
 
 impl PgSameWork {
     /// Connects tenure's client on `url` (creating its lock objects if missing, as tenure
-    /// does), its autocommit pool sized for `tasks` concurrent cycles.
-    pub(crate) async fn connect(url: &str, tasks: usize, ttl: Duration) -> Result<Self, LockError> {
+    /// does).
+    pub(crate) async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
         validate_ttl(ttl)?;
-        let mut config = PgConfig::from_url(url)?;
-        config.pool_size = pool_size(tasks);
-        let lock = PgLock::with_config(config).await?;
+        let lock = PgLock::with_config(PgConfig::from_url(url)?).await?;
         Ok(Self {
             lock,
             idle: Mutex::new(Vec::new()),
@@ -229,17 +228,19 @@ impl Locker for PgSameWork {
         };
         let xid: String = locked.try_get(0).map_err(|e| cycle_failed("lock", e))?;
         let pid: i32 = locked.try_get(1).map_err(|e| cycle_failed("lock", e))?;
-        let recorded = sqlx::query(AssertSqlSafe(inner.sql.record.as_str()))
-            .bind(vec![row_key.as_str()])
-            .bind(vec![self.holder.as_str()])
-            .bind(vec![xid.as_str()])
-            .bind(vec![pid])
-            .bind(vec![self.ttl_ms])
-            .fetch_all(&inner.pool)
-            .await
-            .map_err(|e| cycle_failed("take fence", e))?;
-        if recorded.is_empty() {
-            return Err(format!("the grant on {key} was not recorded"));
+        // Through tenure's record queue: the records of grants that come while every pool
+        // connection is busy share one statement, as tenure's do.
+        let record = Record {
+            row_key,
+            holder: self.holder.clone(),
+            xid,
+            pid,
+            ttl_ms: self.ttl_ms,
+        };
+        match self.lock.record(record).await {
+            Ok(Some(_token)) => {}
+            Ok(None) => return Err(format!("the grant on {key} was not recorded")),
+            Err(e) => return Err(cycle_failed("take fence", e)),
         }
         held();
         conn.listener()
@@ -251,15 +252,15 @@ impl Locker for PgSameWork {
     }
 }
 
-/// The same-work floor for a `postgres://` URL, able to serve `tasks` concurrent cycles
-/// of leases of `ttl`.
+/// The same-work floor for a `postgres://` URL, of leases of `ttl` (its pool sized as
+/// tenure's, whatever the concurrent cycles).
 pub(crate) fn same_work(
     url: &str,
-    tasks: usize,
+    _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
     Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(PgSameWork::connect(url, tasks, ttl).await?);
+        let floor: Arc<dyn Locker> = Arc::new(PgSameWork::connect(url, ttl).await?);
         Ok(floor)
     })
 }

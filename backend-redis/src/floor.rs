@@ -63,11 +63,19 @@ impl RedisFloor {
     ///
     /// # Cancel safety
     /// Cancel-safe: the connections made so far are dropped.
+    ///
+    /// A same-work floor refuses, with [`LockError::Config`], nodes configured for work it
+    /// does not send (`wait_replicas`: tenure's `WAIT` after each write).
     pub async fn connect(
         nodes: Vec<RedisConfig>,
         ttl: Duration,
         work: Work,
     ) -> Result<Self, LockError> {
+        if matches!(work, Work::SameWork { .. }) && nodes.iter().any(|n| n.wait_replicas > 0) {
+            return Err(LockError::Config(
+                "the same-work floor sends no WAIT: not with wait_replicas".into(),
+            ));
+        }
         let connections = futures::future::try_join_all(nodes.iter().map(|config| async {
             let client = redis::Client::open(config.client_url()?)
                 .map_err(|e| LockError::Config(format!("floor client: {e}")))?;
@@ -171,10 +179,17 @@ impl RedisFloor {
         }
         let highest = counts.iter().copied().max().unwrap_or(0);
         let agreed = counts.iter().filter(|&&c| c == highest).count() > self.nodes.len() / 2;
-        let fenced = fence != FenceMode::None;
-        if fenced && self.nodes.len() > 1 && !agreed {
-            let replies = self.on_every_node(|mut conn, config| {
-                let lock = config.lock_key(&key);
+        // Redlock's: the fence round to every node where a majority did not count the
+        // highest count itself; where it did, the highest recorded on the nodes that
+        // counted another (as tenure's round does once it is decided).
+        if fence != FenceMode::None && self.nodes.len() > 1 {
+            let raises = self
+                .nodes
+                .iter()
+                .zip(&counts)
+                .filter(|(_, &c)| !agreed || c != highest);
+            let raises = raises.map(|((conn, config), _)| {
+                let (mut conn, lock) = (conn.clone(), config.lock_key(&key));
                 async move {
                     SCRIPTS
                         .raise_fence
@@ -187,7 +202,7 @@ impl RedisFloor {
                         .await
                 }
             });
-            for reply in replies.await {
+            for reply in futures::future::join_all(raises).await {
                 reply.map_err(|e| cycle_failed("raise fence", e))?;
             }
         }

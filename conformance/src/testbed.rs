@@ -113,8 +113,8 @@ impl BenchVariant {
     }
 }
 
-/// What to start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What to start (by default, [`TestbedOptions::PLAIN`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TestbedOptions {
     /// Run the servers under the clock shim where the backend's servers can take it
     /// (Redis), so fault scenarios can jump their clocks (it turns `clock_gettime` into a
@@ -123,25 +123,42 @@ pub struct TestbedOptions {
     /// Servers that require TLS with client certificates from a throwaway CA and a
     /// password, and clients as a user with only the privileges docs/security.md lists.
     pub secured: bool,
+    /// Route the links between members through proxies that faults can cut, where the
+    /// backend's servers need them for that (ZooKeeper's ensemble). The proxies run in
+    /// this process, so a benchmark leaves them out: they would spend its CPU relaying
+    /// the servers' replication.
+    pub cuttable_links: bool,
 }
 
 impl TestbedOptions {
-    /// Plain servers (the shared suite's, `tenure bench`'s).
+    /// Plain servers (the shared suite's).
     pub const PLAIN: Self = Self {
         clock_shim: false,
         secured: false,
+        cuttable_links: true,
     };
     /// Servers that require TLS and a password, clients of least privilege.
     pub const SECURED: Self = Self {
-        clock_shim: false,
         secured: true,
+        ..Self::PLAIN
     };
     /// The fault suite's servers: the matrix's, under the clock shim where the backend's
     /// servers can run under it.
     pub const FAULTS: Self = Self {
         clock_shim: true,
-        secured: false,
+        ..Self::PLAIN
     };
+    /// `tenure bench`'s: plain, and nothing of the lab's in the measured process.
+    pub const BENCH: Self = Self {
+        cuttable_links: false,
+        ..Self::PLAIN
+    };
+}
+
+impl Default for TestbedOptions {
+    fn default() -> Self {
+        Self::PLAIN
+    }
 }
 
 /// How one backend's lab starts.

@@ -68,7 +68,11 @@ async fn the_same_work_floor_costs_the_server_what_tenure_costs() {
         .await
         .unwrap();
     for fence in [FenceMode::ClockFloored, FenceMode::Counter, FenceMode::None] {
-        let url = format!("{url}?fence={}", fence.as_str());
+        // A prefix, as the key names must agree; patient, as the machine may be loaded.
+        let url = format!(
+            "{url}?fence={}&prefix=bench:&request_timeout_ms=5000",
+            fence.as_str()
+        );
         let lock = RedisLock::connect(&url).await.unwrap();
         let ours = cost(&mut observer, |n| {
             let lock = &lock;

@@ -110,7 +110,7 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     let zk_options = ZkOptions::default()
         .nodes(3)
         .tick_time_ms(TICK_MS)
-        .peer_proxies(true);
+        .peer_proxies(options.cuttable_links);
     let zk_options = match options.secured {
         true => zk_options.secured(),
         false => zk_options,
@@ -133,8 +133,11 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     // A key's queue is its lock directory's children, holder and waiters alike.
     let observer = ZkLock::connect(&harness.url()).await?;
     let harness = harness.with_queue_admin(observer).owning(ensemble);
-    Ok(Lab::new(TESTBED, harness, nodes)
+    let lab = Lab::new(TESTBED, harness, nodes)
         .secured(options.secured)
-        .with_leader(leader)
-        .with_peer_links(links))
+        .with_leader(leader);
+    Ok(match options.cuttable_links {
+        true => lab.with_peer_links(links),
+        false => lab,
+    })
 }

@@ -44,7 +44,8 @@ impl Floor {
 }
 
 /// `floor`'s lockers for `url`, able to serve `tasks` concurrent cycles; `None` for a
-/// backend without a same-work floor. A backend without a protocol floor is an error.
+/// backend without a same-work floor, or one that does not send the work `url`
+/// configures (it says why on stderr). A backend without a protocol floor is an error.
 pub(super) async fn lockers(
     url: &str,
     tasks: usize,
@@ -66,5 +67,14 @@ pub(super) async fn lockers(
             tenure::redact_url(url)
         )));
     };
-    Ok(Some(vec![connect(url, tasks, ttl).await?]))
+    match connect(url, tasks, ttl).await {
+        Err(LockError::Config(why)) if floor == Floor::SameWork => {
+            eprintln!(
+                "tenure bench: no same-work floor for {}: {why}",
+                tenure::redact_url(url)
+            );
+            Ok(None)
+        }
+        connected => Ok(Some(vec![connected?])),
+    }
 }

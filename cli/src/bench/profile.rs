@@ -48,10 +48,14 @@ impl Usage {
         }
     }
 
-    /// CPU µs and context switches per cycle, rounded to one place (none without cycles).
+    /// CPU µs (to one place) and context switches (to two: `par64` makes few) per cycle;
+    /// none without cycles.
     pub(super) fn per_cycle(self, cycles: u64) -> Option<(f64, f64)> {
-        let per = |total: f64| (total / cycles as f64 * 10.0).round() / 10.0;
-        (cycles > 0).then(|| (per(self.cpu.as_micros() as f64), per(self.switches as f64)))
+        let per = |total: f64, places: f64| (total / cycles as f64 * places).round() / places;
+        (cycles > 0).then(|| {
+            let cpu = per(self.cpu.as_micros() as f64, 10.0);
+            (cpu, per(self.switches as f64, 100.0))
+        })
     }
 }
 
@@ -62,20 +66,26 @@ mod tests {
     #[test]
     fn work_done_between_readings_is_counted() {
         let before = Usage::now();
-        // Busy for a few ms of CPU, then block (a voluntary switch).
-        let started = std::time::Instant::now();
+        // Busy until 5 ms of CPU are counted (however loaded the machine), then block: a
+        // voluntary switch.
         let mut x = 0u64;
-        while started.elapsed() < Duration::from_millis(20) {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        while Usage::now().since(before).cpu < Duration::from_millis(5) {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
         let used = Usage::now().since(before);
         assert!(used.cpu >= Duration::from_millis(5), "{used:?}");
         assert!(used.switches >= 1, "{used:?}");
-        assert_eq!(used.plus(used).switches, 2 * used.switches);
-        let (cpu, switches) = used.per_cycle(2).unwrap();
-        assert!(cpu >= 2500.0, "{cpu}");
-        assert_eq!(switches, (used.switches as f64 / 2.0 * 10.0).round() / 10.0);
+        assert_eq!(used.plus(used).cpu, 2 * used.cpu);
+        let (cpu, switches) = Usage {
+            cpu: Duration::from_micros(2_500),
+            switches: 3,
+        }
+        .per_cycle(4)
+        .unwrap();
+        assert_eq!((cpu, switches), (625.0, 0.75));
         assert_eq!(used.per_cycle(0), None);
     }
 }

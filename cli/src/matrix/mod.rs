@@ -434,8 +434,8 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
         &Source::Local { secured } => {
             let (backend, wrap) = broken_backend(name)?;
             let options = TestbedOptions {
-                clock_shim: true,
                 secured,
+                ..TestbedOptions::FAULTS
             };
             let local = local::start(backend, options)
                 .await

@@ -81,7 +81,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         let mut targets = vec![("memory".to_owned(), "memory://".to_owned(), None)];
         for name in local::backends() {
             eprintln!("tenure bench: starting local {name} servers");
-            let backend = local::start(name, TestbedOptions::default())
+            let backend = local::start(name, TestbedOptions::BENCH)
                 .await
                 .map_err(|e| LockError::backend(format!("starting local {name}: {e}")))?;
             let url = backend.harness.url();
@@ -173,7 +173,7 @@ fn print_table(rows: &[Row]) {
         ("", "")
     };
     println!(
-        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | ÷ protocol floor | ÷ same-work |{peer_head} CPU µs/cycle | switches/cycle |"
+        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | ÷ floor | ÷ same-work |{peer_head} CPU µs/cycle | switches/cycle |"
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|{peer_rule}---:|---:|");
     let times = |r: Option<f64>| r.map_or(String::new(), |r| format!("{r:.2}×"));
