@@ -16,7 +16,7 @@ use etcd_client::{
 };
 use tenure_api::backend::holder_text;
 use tenure_api::{async_trait, LockError, OwnerId};
-use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
+use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 
 use crate::queue::own_prefix;
 use crate::EtcdConfig;
@@ -213,10 +213,7 @@ pub(crate) fn floor(
     _tasks: usize,
     _ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(EtcdFloor::connect(url).await?);
-        Ok(floor)
-    })
+    boxed_locker(EtcdFloor::connect(url))
 }
 
 /// The same-work floor for an `etcd://` URL.
@@ -225,8 +222,5 @@ pub(crate) fn same_work(
     _tasks: usize,
     _ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(EtcdSameWork::connect(url).await?);
-        Ok(floor)
-    })
+    boxed_locker(EtcdSameWork::connect(url))
 }

@@ -23,7 +23,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tenure_api::backend::holder_text;
 use tenure_api::{async_trait, validate_ttl, LockError, LockKey, OwnerId};
-use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
+use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 
 use crate::client::Dedicated;
 use crate::records::Record;
@@ -109,10 +109,7 @@ pub(crate) fn floor(
     tasks: usize,
     _ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(PgFloor::connect(url, tasks).await?);
-        Ok(floor)
-    })
+    boxed_locker(PgFloor::connect(url, tasks))
 }
 
 /// Connections for `tasks` concurrent cycles.
@@ -259,8 +256,5 @@ pub(crate) fn same_work(
     _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(PgSameWork::connect(url, ttl).await?);
-        Ok(floor)
-    })
+    boxed_locker(PgSameWork::connect(url, ttl))
 }

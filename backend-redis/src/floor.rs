@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use tenure_api::{async_trait, LockError, LockKey, OwnerId};
-use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
+use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 
 use crate::scripts::SCRIPTS;
 use crate::{FenceMode, RedisConfig};
@@ -268,16 +268,16 @@ impl Locker for RedisFloor {
     }
 }
 
-/// A floor doing `work` for a `redis://` URL.
+/// A floor doing `work(config)` for a `redis://` URL.
 fn connect(
     url: &str,
     ttl: Duration,
-    work: Work,
+    work: fn(&RedisConfig) -> Work,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
+    boxed_locker(async move {
         let config = RedisConfig::from_url(url)?;
-        let floor: Arc<dyn Locker> = Arc::new(RedisFloor::connect(vec![config], ttl, work).await?);
-        Ok(floor)
+        let work = work(&config);
+        RedisFloor::connect(vec![config], ttl, work).await
     })
 }
 
@@ -287,7 +287,7 @@ pub(crate) fn floor(
     _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    connect(url, ttl, Work::Protocol)
+    connect(url, ttl, |_| Work::Protocol)
 }
 
 /// The same-work floor for a `redis://` URL, with its fence mode.
@@ -296,11 +296,8 @@ pub(crate) fn same_work(
     _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let work = Work::SameWork {
-            fence: RedisConfig::from_url(url)?.fence,
-            proposal_window: None,
-        };
-        connect(url, ttl, work).await
+    connect(url, ttl, |config| Work::SameWork {
+        fence: config.fence,
+        proposal_window: None,
     })
 }

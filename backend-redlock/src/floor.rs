@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::LockError;
-use tenure_conformance::testbed::{BoxFuture, Locker};
+use tenure_conformance::testbed::{boxed_locker, BoxFuture, Locker};
 use tenure_redis::floor::{RedisFloor, Work};
 use tenure_redis::FenceMode;
 
@@ -19,12 +19,10 @@ fn connect(
     ttl: Duration,
     work: fn(&crate::RedlockConfig, Duration) -> Work,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
+    boxed_locker(async move {
         let config = crate::RedlockConfig::from_url(url)?;
         let work = work(&config, ttl);
-        let floor = RedisFloor::connect(config.nodes, ttl, work).await?;
-        let floor: Arc<dyn Locker> = Arc::new(floor);
-        Ok(floor)
+        RedisFloor::connect(config.nodes, ttl, work).await
     })
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_api::{async_trait, LockError, OwnerId};
-use tenure_conformance::testbed::{cycle_failed, BoxFuture, Locker};
+use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 use zookeeper_client::{Acls, Client, Connector, CreateMode, Error as ZkError};
 
 use crate::names::{encode_key, node_prefix};
@@ -91,10 +91,7 @@ pub(crate) fn floor(
     _tasks: usize,
     _ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(ZkFloor::connect(url).await?);
-        Ok(floor)
-    })
+    boxed_locker(ZkFloor::connect(url))
 }
 
 /// tenure's server work for one bench cycle — `try_acquire` of a fresh key with the
@@ -199,8 +196,5 @@ pub(crate) fn same_work(
     _tasks: usize,
     _ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
-    Box::pin(async move {
-        let floor: Arc<dyn Locker> = Arc::new(ZkSameWork::connect(url).await?);
-        Ok(floor)
-    })
+    boxed_locker(ZkSameWork::connect(url))
 }

@@ -77,6 +77,18 @@ pub fn cycle_failed(step: &str, error: impl fmt::Display) -> String {
 pub type FloorFn =
     for<'a> fn(&'a str, usize, Duration) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
 
+/// The locker `connect` makes, boxed as a [`FloorFn`] or a [`PeerFn`] returns it.
+pub fn boxed_locker<'a, L, F>(connect: F) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>
+where
+    L: Locker + 'static,
+    F: Future<Output = Result<L, LockError>> + Send + 'a,
+{
+    Box::pin(async move {
+        let locker: Arc<dyn Locker> = Arc::new(connect.await?);
+        Ok(locker)
+    })
+}
+
 /// Connects one client of a peer library (another library's lock on the same servers)
 /// to the URL given.
 pub type PeerFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn Locker>, LockError>>;
