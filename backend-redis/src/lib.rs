@@ -408,12 +408,11 @@ impl RedisLock {
     }
 
     /// How this client's grants count: with its fence counter (and `proposal`), or, with
-    /// `fence=none`, unfenced (the proposed count, else this client's clock).
+    /// `fence=none`, unfenced (this client's clock).
     fn counting(&self, proposal: Option<Proposal>) -> Counting {
         match self.config.fence {
-            FenceMode::None => {
-                Counting::Unfenced(proposal.map_or_else(unfenced_count, |p| p.count))
-            }
+            // A proposal is a fence counter's: without one, this client's clock, as always.
+            FenceMode::None => Counting::Unfenced(unfenced_count()),
             mode => Counting::Fence(mode, proposal),
         }
     }
@@ -495,7 +494,9 @@ impl RedisLock {
             Counting::Fence(mode, _) => (Some(mode), None, None),
         };
         let claimed = match (keys, counting) {
-            ([key], Counting::Unfenced(count)) => {
+            // Not with wait_replicas: a held key would then pay a WAIT for the SET and
+            // another for the script that decides; the script alone waits once.
+            ([key], Counting::Unfenced(count)) if self.config.wait_replicas == 0 => {
                 self.claim_unfenced(key, owner, ttl, label, count, bound)
                     .await
             }

@@ -7,7 +7,8 @@
 //! out is the count with 10 low bits of the owner id appended ([`token_for`]), so that two
 //! holders of one double grant get different tokens.
 //!
-//! The fence counter comes in two kinds ([`FenceMode`](crate::FenceMode)): a plain `INCR`,
+//! The fence counter comes in two kinds ([`FenceMode`](crate::FenceMode); `fence=none` keeps
+//! none, and takes a free lock by `SET NX PX` without a script): a plain `INCR`,
 //! or a *clock-floored* counter, `max(counter + 1, server TIME in µs)`, which keeps tokens
 //! increasing when the server loses the counter (restart without persistence, failover to
 //! an asynchronous replica), as long as the server's clock does not run backwards past

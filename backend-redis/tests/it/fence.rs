@@ -313,6 +313,13 @@ async fn without_a_fence_no_fence_key_is_written_and_tokens_are_not_fences() {
         format!("{}:{}", lease.owner(), count_of(lease.token()))
     );
     assert!(lock.try_acquire(&k, TTL).await.unwrap().is_none(), "held");
+    let raised = lock
+        .raise_fence(&k, lease.owner(), lease.token(), LIMIT)
+        .await;
+    assert!(
+        matches!(&raised, Err(tenure_api::LockError::Config(m)) if m.contains("fence=none")),
+        "no counter to raise: {raised:?}"
+    );
     lock.extend(&mut lease, TTL * 2).await.unwrap();
     let pttl: i64 = query(&mut conn, &["PTTL", &lock_key]).await;
     assert!(pttl > TTL.as_millis() as i64, "extended: {pttl}");

@@ -9,8 +9,8 @@
 //!
 //! | backend | protocol floor cycle | same-work floor cycle |
 //! |---|---|---|
-//! | redis | `SET k v NX PX ttl`; `EVALSHA` compare-and-delete | tenure's acquire script (fence counter); its release script (announcing) |
-//! | redlock | the same to every node concurrently | the same to every node, proposing one count; the fence round if the counts disagree |
+//! | redis | `SET k v NX PX ttl`; `EVALSHA` compare-and-delete | tenure's acquire script (fence counter; `fence=none`: its `SET NX PX`); its release script (announcing) |
+//! | redlock | the same to every node concurrently | the same to every node, proposing one count; the fence round if the counts disagree, else the raise to the nodes that counted another |
 //! | etcd | txn put `k` on a lease granted once, guarded by `create_revision == 0`; delete | tenure's enqueue txn (guarded put on one session lease, the queue's head); its delete |
 //! | zk | create an ephemeral sequential node under one parent; delete it | tenure's requests for a fresh key: its contender node (no key node yet), the key's container, the contender again, the children, the delete |
 //! | postgres | `INSERT … ON CONFLICT DO NOTHING` (the fresh key's row); `BEGIN; SELECT … FOR UPDATE NOWAIT; COMMIT` | tenure's begin batch, fence statement and commit |
@@ -68,7 +68,10 @@ pub(super) async fn lockers(
         )));
     };
     match connect(url, tasks, ttl).await {
-        Err(LockError::Config(why)) if floor == Floor::SameWork => {
+        // The floors' refusals of work they do not send, not any configuration error.
+        Err(LockError::Config(why))
+            if floor == Floor::SameWork && why.starts_with("the same-work floor") =>
+        {
             eprintln!(
                 "tenure bench: no same-work floor for {}: {why}",
                 tenure::redact_url(url)

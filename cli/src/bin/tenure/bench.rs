@@ -181,8 +181,12 @@ fn print_table(rows: &[Row]) {
         if let Row::Cycles(l) = row {
             let ratio = times(l.ratio);
             let same_work_ratio = times(l.same_work_ratio);
-            let number = |n: Option<f64>| n.map_or(String::new(), |n| format!("{n:.1}"));
-            let (cpu, switches) = (number(l.cpu_us_per_cycle), number(l.switches_per_cycle));
+            let number =
+                |n: Option<f64>, places| n.map_or(String::new(), |n| format!("{n:.places$}"));
+            let (cpu, switches) = (
+                number(l.cpu_us_per_cycle, 1),
+                number(l.switches_per_cycle, 2),
+            );
             let peer_ratio = if peers {
                 format!(" {} |", times(l.peer_ratio))
             } else {
