@@ -12,6 +12,9 @@
 //! - `faults::`: The fault suite (`tenure_conformance::faults`, the matrix's) against five
 //!   live masters under the clock shim: every fault, checked against the table's row for
 //!   Redlock (with its quorum fence, the default).
+//! - `faults_unfenced::`: The same fault suite with `fencing=false`, checked against
+//!   Redlock's row for it: the faults a fence contains are violations nothing is sure to
+//!   contain.
 
 use tenure_conformance::faults::expect;
 use tenure_conformance::runner;
@@ -39,6 +42,14 @@ fn main() {
             let lab = tenure_redlock::TESTBED
                 .start(TestbedOptions::FAULTS)
                 .await?;
+            let (target, config) = lab.fault_suite().await?;
+            Ok((target, move |fault| expect::expect(&config, fault)))
+        })
+        .faults("faults_unfenced", || async {
+            let mut lab = tenure_redlock::TESTBED
+                .start(TestbedOptions::FAULTS)
+                .await?;
+            lab.harness = lab.harness.query("fencing=false");
             let (target, config) = lab.fault_suite().await?;
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
