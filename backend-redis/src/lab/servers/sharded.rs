@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_conformance::servers::{
-    find_binary, kill_now, poll_until, retry_on_port_clash, Result, ServerError,
+    find_binary, free_port, kill_now, poll_until, retry_on_port_clash, Result, ServerError,
 };
 
 use super::{info_field, Persistence, RedisNode, Resp, POLL};
@@ -57,18 +57,10 @@ impl RedisShardedCluster {
                 None,
             )
             .await?;
-            // The cluster bus listens on the client port + 10000: it must be a port, and
-            // free (a clash is retried on other ports).
-            let bus = u32::from(node.addr().port()) + 10_000;
-            let bus_free = u16::try_from(bus)
-                .ok()
-                .is_some_and(|bus| std::net::TcpListener::bind(("127.0.0.1", bus)).is_ok());
-            if !bus_free {
-                return Err(ServerError::Start {
-                    what: format!("redis cluster node{i}"),
-                    detail: format!("cluster bus port {bus}: Address already in use"),
-                });
-            }
+            // The cluster bus gets a free port of its own (Redis ≥ 7: `cluster-port`): by
+            // default it is the client port + 10000, which lands in the ephemeral range,
+            // where the tests' own outgoing connections take ports at random.
+            let bus = free_port()?.to_string();
             let conf = node.dir.join("nodes.conf");
             let millis = node_timeout.as_millis().max(1).to_string();
             node.core.process.update_spec(|spec| {
@@ -80,6 +72,8 @@ impl RedisShardedCluster {
                         &conf.display().to_string(),
                         "--cluster-node-timeout",
                         &millis,
+                        "--cluster-port",
+                        &bus,
                     ]
                     .map(Into::into),
                 );
