@@ -139,12 +139,12 @@ impl RedisFloor {
         let key = LockKey::new(key).map_err(|e| e.to_string())?;
         let owner = OwnerId::random().hex();
         let owner = std::str::from_utf8(&owner).expect("an owner id is hex");
-        let count = proposal_window.map(|_| clock_micros());
+        let count = proposal_window.map(|_| crate::unfenced_count());
         let replies = self.on_every_node(|mut conn, config| {
             let lock = config.lock_key(&key);
             async move {
                 if fence == FenceMode::None {
-                    let value = format!("{owner}:{}", count.unwrap_or_else(clock_micros));
+                    let value = format!("{owner}:{}", count.unwrap_or_else(crate::unfenced_count));
                     let set = redis::cmd("SET")
                         .arg(&lock)
                         .arg(value)
@@ -241,15 +241,6 @@ impl RedisFloor {
             .map(|(conn, config)| request(conn.clone(), config));
         futures::future::join_all(requests)
     }
-}
-
-/// This client's clock in µs since the epoch: the count Redlock proposes, or an unfenced
-/// grant stores.
-fn clock_micros() -> u64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[async_trait]
