@@ -654,9 +654,10 @@ impl DistributedLock for Redlock {
 
     /// Extends on all nodes concurrently; held only if a majority extended within the
     /// validity. Decided as soon as that is certain either way: a majority extended, a
-    /// majority can no longer extend ([`LockError::LeaseLost`] when the nodes that
-    /// answered say the lock is not ours, [`LockError::NoQuorum`] when too few
-    /// answered), or more nodes failed for good than a majority can spare (that node's
+    /// majority can no longer extend ([`LockError::LeaseLost`] when a majority says the
+    /// lock is not ours, else [`LockError::NoQuorum`]: a node that did not answer may
+    /// still hold it, and [`LockGuard`](tenure_api::LockGuard) retries until the
+    /// deadline), or more nodes failed for good than a majority can spare (that node's
     /// non-retryable error). The requests still reach the slower nodes afterwards.
     ///
     /// # Cancel safety
@@ -689,7 +690,10 @@ impl DistributedLock for Redlock {
                 source: None,
             }),
             Some(Verdict::Fatal) => Err(tally.take_fatal()),
-            _ if tally.no > nodes - quorum || tally.answered() >= quorum => {
+            // Lost only once no majority can hold it for us: a lease granted by a bare
+            // majority, one of whose nodes is slow, is unproven (`NoQuorum`, retried by
+            // the guard), not lost.
+            _ if tally.no > nodes - quorum => {
                 Err(LockError::lost(format!(
                     "only {} of {nodes} nodes still hold `{key}` for {owner}",
                     tally.yes

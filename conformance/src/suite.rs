@@ -887,7 +887,8 @@ pub async fn lost_fires_when_the_link_is_cut(ctx: &Ctx<'_>) -> Outcome {
     );
     ensure!(client.link.fired(), "the cut did not hold back any traffic");
     if let Some(deadline) = deadline {
-        // Loss is reported when a renewal fails or at the latest at the (moving) deadline.
+        // Loss is reported when a renewal fails for good or at the latest at the (moving)
+        // deadline.
         ensure!(
             Instant::now() <= deadline + ttl * 2,
             "loss reported long after the deadline"

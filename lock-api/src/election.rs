@@ -228,7 +228,8 @@ impl Terms {
 }
 
 /// A won election: the renewing lease on the name, its term and value. Lost when a
-/// renewal fails or its deadline passes; it never re-campaigns on its own.
+/// renewal fails for good or its deadline passes (see [`LockGuard`]); it never
+/// re-campaigns on its own.
 #[derive(Debug)]
 pub struct Leadership {
     guard: LockGuard,

@@ -47,6 +47,9 @@ struct LostInner {
     clock: Arc<dyn Clock>,
     /// The backend's push notice of a loss, where it has one.
     notice: Option<LossNotice>,
+    /// The last renewal's error while renewals fail for a reason that may pass (the
+    /// guard retries them until the deadline): the reason given if the deadline passes.
+    failing: Mutex<Option<String>>,
 }
 
 impl fmt::Debug for LostSignal {
@@ -97,6 +100,7 @@ impl LostSignal {
                 deadline: Mutex::new((deadline, suspended)),
                 clock,
                 notice,
+                failing: Mutex::new(None),
             }),
         }
     }
@@ -108,6 +112,11 @@ impl LostSignal {
         }
         drop(slot);
         self.inner.token.cancel();
+    }
+
+    /// Notes the last renewal's error (`None`: it succeeded), while retrying may cure it.
+    fn failing(&self, error: Option<&LockError>) {
+        *locked(&self.inner.failing) = error.map(ToString::to_string);
     }
 
     /// Moves the deadline to `deadline` after a renewal (never once lost); `suspended`
@@ -139,10 +148,13 @@ impl LostSignal {
         let (_, suspended_then) = *locked(&self.inner.deadline);
         if self.inner.clock.now() >= self.deadline() {
             let slept = self.inner.clock.suspended().saturating_sub(suspended_then);
-            self.mark(if slept.is_zero() {
-                "the lease deadline passed without a renewal".to_owned()
-            } else {
+            let failing = locked(&self.inner.failing).clone();
+            self.mark(if !slept.is_zero() {
                 format!("the lease deadline passed while the machine was suspended for {slept:?}")
+            } else if let Some(error) = failing {
+                format!("the lease deadline passed while renewals failed: {error}")
+            } else {
+                "the lease deadline passed without a renewal".to_owned()
             });
             return true;
         }
@@ -160,8 +172,8 @@ impl LostSignal {
         locked(&self.inner.reason).clone()
     }
 
-    /// Completes when the lease is lost: when a renewal fails or the backend reports the
-    /// loss, or at the lease's deadline at the latest.
+    /// Completes when the lease is lost: when a renewal fails for good or the backend
+    /// reports the loss, or at the lease's deadline at the latest.
     ///
     /// # Cancel safety
     /// Cancel-safe.
@@ -201,9 +213,12 @@ struct Shared<L: ?Sized> {
 /// latest, even if the renewal task is starved. The renewal task renews once a third of
 /// the remaining validity (of at most the TTL) has passed — before the deadline, with
 /// two thirds left for the round trip — and at once for a lease that reached the guard
-/// with less than two thirds of its TTL left. The first renewal that fails, or
-/// that does not complete before the deadline, marks the lease lost: the guard never
-/// re-acquires. If the renewal task panics, the lease is reported lost too.
+/// with less than two thirds of its TTL left. A renewal that fails for a reason that may
+/// pass ([`LockError::is_retryable`]: no reply, no quorum, unreachable) is retried after a
+/// third of the time left (at least 10 ms) until the deadline; one that
+/// fails for good (the lease is another's, a server error), or no renewal completing
+/// before the deadline, marks the lease lost: the guard never re-acquires. If the
+/// renewal task panics, the lease is reported lost too.
 ///
 /// [`release`](Self::release) is the normal end. Dropping the guard without releasing
 /// spawns a best-effort release on the current tokio runtime (without blocking); with no
@@ -365,9 +380,14 @@ fn renewal_delay(ttl: Duration, remaining: Duration, first: bool) -> Duration {
     }
 }
 
+/// The shortest pause before retrying a renewal that failed for a reason that may pass.
+const RENEWAL_RETRY_MIN: Duration = Duration::from_millis(10);
+
 async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
     let (clock, lost) = (&shared.clock, &shared.lost);
     let mut first = true;
+    // Whether the last renewal failed for a reason that may pass.
+    let mut failing = false;
     loop {
         let Some(lease) = locked(&shared.lease).clone() else {
             return;
@@ -378,7 +398,11 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
             return;
         }
         let now = clock.now();
-        let delay = renewal_delay(ttl, valid_until.saturating_duration_since(now), first);
+        let remaining = valid_until.saturating_duration_since(now);
+        let delay = match failing {
+            false => renewal_delay(ttl, remaining, first),
+            true => renewal_interval(remaining).max(RENEWAL_RETRY_MIN),
+        };
         first = false;
         tokio::select! {
             _ = shared.stop.cancelled() => return,
@@ -398,9 +422,18 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
             )),
             result = shared.lock.extend(&mut renewed, ttl) => result,
         };
-        if let Err(error) = outcome {
-            lost.mark(format!("renewal failed: {error}"));
-            return;
+        // A slow node or a dropped connection need not mean the lease is gone: it stands
+        // until its deadline, so retry until then (each extension counts from when it
+        // was sent, and a late one never shortens the lease).
+        failing = matches!(&outcome, Err(error) if error.is_retryable());
+        lost.failing(outcome.as_ref().err().filter(|_| failing));
+        match outcome {
+            Ok(()) => {}
+            Err(_) if failing => continue,
+            Err(error) => {
+                lost.mark(format!("renewal failed: {error}"));
+                return;
+            }
         }
         let mut slot = locked(&shared.lease);
         if slot.is_none() || shared.stop.is_cancelled() {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{
-    async_trait, AcquireOptions, Capabilities, DistributedLock, HolderInfo, Lease, LockError,
-    LockExt, LockGuard, LockKey, ManualClock, MemoryLock, ReleaseOutcome, WithLockError,
+    async_trait, renewal_interval, AcquireOptions, Capabilities, DistributedLock, HolderInfo,
+    Lease, LockError, LockExt, LockGuard, LockKey, ManualClock, MemoryLock, ReleaseOutcome,
+    WithLockError,
 };
 
 fn key(name: &str) -> LockKey {
@@ -16,6 +17,7 @@ fn key(name: &str) -> LockKey {
 /// How the injected backend behaves on `extend`.
 const HEALTHY: u8 = 0;
 const FAILING: u8 = 1;
+const REFUSED: u8 = 4;
 const HANGING: u8 = 2;
 const PANICKING: u8 = 3;
 
@@ -27,6 +29,10 @@ struct Faulty {
     extend_mode: AtomicU8,
     extend_entered: AtomicBool,
     extends: AtomicU32,
+    /// Extensions that failed (FAILING or REFUSED).
+    failures: AtomicU32,
+    /// In HEALTHY mode, how many of the next extensions fail as FAILING does.
+    failing_next: AtomicU32,
     /// Every extension's deadline is tightened by this much (like `DriftMargin`).
     margin: Duration,
     release_fails: AtomicBool,
@@ -51,6 +57,8 @@ impl Faulty {
             extend_mode: AtomicU8::new(HEALTHY),
             extend_entered: AtomicBool::new(false),
             extends: AtomicU32::new(0),
+            failures: AtomicU32::new(0),
+            failing_next: AtomicU32::new(0),
             margin: Duration::ZERO,
             release_fails: AtomicBool::new(false),
             grant_delay,
@@ -76,11 +84,23 @@ impl DistributedLock for Faulty {
     }
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         self.extend_entered.store(true, Ordering::SeqCst);
-        match self.extend_mode.load(Ordering::SeqCst) {
+        let failing_next = self
+            .failing_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let mode = match self.extend_mode.load(Ordering::SeqCst) {
+            HEALTHY if failing_next => FAILING,
+            mode => mode,
+        };
+        if matches!(mode, FAILING | REFUSED) {
+            self.failures.fetch_add(1, Ordering::SeqCst);
+        }
+        match mode {
             FAILING => Err(LockError::Unavailable {
                 message: "injected: connection refused".into(),
                 source: None,
             }),
+            REFUSED => Err(LockError::lost("injected: held by another owner")),
             HANGING => std::future::pending().await,
             PANICKING => panic!("injected: a bug in the backend's extend"),
             _ => {
@@ -132,20 +152,74 @@ async fn guard_renews_past_the_ttl() {
     assert!(lock.inspect(&k).await.unwrap().is_none());
 }
 
+/// A renewal the server refuses for good (the lease is another's) is a loss at once,
+/// long before the deadline.
 #[tokio::test]
-async fn failed_renewal_marks_the_lease_lost() {
+async fn a_renewal_refused_for_good_marks_the_lease_lost_at_once() {
+    let lock = Faulty::new(MemoryLock::new());
+    let guard = lock
+        .lock(&key("refused"), &AcquireOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let deadline = guard.deadline();
+    lock.extend_mode.store(REFUSED, Ordering::SeqCst);
+    tokio::time::timeout(renewal_interval(LONG_TTL) * 2, guard.lost())
+        .await
+        .expect("loss reported at the first refused renewal (ttl/3)");
+    assert!(Instant::now() < deadline, "reported before the deadline");
+    assert_eq!(lock.failures.load(Ordering::SeqCst), 1, "not retried");
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(reason.contains("held by another owner"), "{reason}");
+}
+
+/// A renewal that keeps failing for a reason that may pass (unreachable, no quorum) is
+/// retried until the lease deadline; then the lease is lost, with the last error.
+#[tokio::test]
+async fn a_renewal_failing_until_the_deadline_marks_the_lease_lost_then() {
     let lock = Faulty::new(MemoryLock::new());
     let guard = lock
         .lock(&key("flaky"), &AcquireOptions::new(SHORT_TTL))
         .await
         .unwrap();
     lock.extend_mode.store(FAILING, Ordering::SeqCst);
-    tokio::time::timeout(SHORT_TTL, guard.lost())
+    let deadline = guard.deadline();
+    tokio::time::timeout(SHORT_TTL * 2, guard.lost())
         .await
-        .expect("loss reported at the first failed renewal (ttl/3)");
+        .expect("loss reported by the deadline");
     assert!(guard.is_lost());
+    let failures = lock.failures.load(Ordering::SeqCst);
+    assert!(failures >= 2, "retried: {failures} attempts");
     let reason = guard.lost_signal().reason().unwrap();
-    assert!(reason.contains("connection refused"), "{reason}");
+    assert!(
+        reason.contains("while renewals failed") && reason.contains("connection refused"),
+        "{reason}"
+    );
+    assert!(
+        Instant::now() + Duration::from_millis(50) >= deadline,
+        "not given up before the deadline: {reason}"
+    );
+}
+
+/// Defect: one renewal that failed for a reason that passes (a slow node: Redlock's
+/// `NoQuorum` with one of the lease's three nodes late) marked the lease lost, though it
+/// still stood on the servers. The guard retries, and keeps it.
+#[tokio::test]
+async fn a_renewal_that_fails_once_is_retried_and_the_lease_kept() {
+    let lock = Faulty::new(MemoryLock::new());
+    let k = key("blip");
+    let guard = lock
+        .lock(&k, &AcquireOptions::new(SHORT_TTL))
+        .await
+        .unwrap();
+    lock.failing_next.store(1, Ordering::SeqCst);
+    tokio::time::sleep(SHORT_TTL * 3).await;
+    assert_eq!(lock.failures.load(Ordering::SeqCst), 1, "the fault fired");
+    assert!(!guard.is_lost(), "lost: {:?}", guard.lost_signal().reason());
+    assert_eq!(
+        lock.inspect(&k).await.unwrap().map(|h| h.token),
+        Some(Some(guard.fencing_token()))
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
 
 #[tokio::test]
