@@ -31,6 +31,7 @@ pub use config::{
     redact, FenceMode, RedisConfig, SentinelConfig, Topology, DEFAULT_SENTINEL_PORT,
     DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS,
 };
+use config::{KeyName, FENCE, RELEASED};
 use error::{bounded, classify, timed_out};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
@@ -189,13 +190,9 @@ impl RedisLock {
         self.config.lock_key(key)
     }
 
-    /// The fence key of the lock key `lock_key`.
-    fn fence_key(lock_key: &str) -> FenceKey<'_> {
-        FenceKey(lock_key)
-    }
-
-    fn channel(lock_key: &str) -> String {
-        [lock_key, ":released"].concat()
+    /// See [`RedisConfig::key_name`].
+    fn key_name<'a>(&'a self, key: &'a LockKey, suffix: &'static str) -> KeyName<'a> {
+        self.config.key_name(key, suffix)
     }
 
     async fn call<T: redis::FromRedisValue>(&self, what: &str, call: Call) -> Result<T, LockError> {
@@ -442,7 +439,7 @@ impl RedisLock {
             value.extend_from_slice(label.as_bytes());
         }
         let mut call = Call::command("SET", 1);
-        call.key(self.lock_key(key))
+        call.key(self.key_name(key, ""))
             .arg(value)
             .arg("NX")
             .arg("PX")
@@ -512,10 +509,9 @@ impl RedisLock {
                 let per_key = if fence.is_some() { 2 } else { 1 };
                 let mut call = Call::script(&SCRIPTS.acquire, per_key * keys.len());
                 for key in keys {
-                    let lock_key = self.lock_key(key);
-                    call.key(&lock_key);
+                    call.key(self.key_name(key, ""));
                     if fence.is_some() {
-                        call.key(Self::fence_key(&lock_key));
+                        call.key(self.key_name(key, FENCE));
                     }
                 }
                 call.arg(&owner.hex()[..])
@@ -591,13 +587,12 @@ impl RedisLock {
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        let lock_key = self.lock_key(key);
         // Without a fence counter, the lock key alone: there is no fence key to keep alive.
         let fenced = self.config.fence != FenceMode::None;
         let mut call = Call::script(&SCRIPTS.extend, 1 + usize::from(fenced));
-        call.key(&lock_key);
+        call.key(self.key_name(key, ""));
         if fenced {
-            call.key(Self::fence_key(&lock_key));
+            call.key(self.key_name(key, FENCE));
         }
         call.arg(&owner.hex()[..]).arg(millis(ttl));
         let (extended, confirmed) = self
@@ -649,13 +644,12 @@ impl RedisLock {
         announce: bool,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        let lock_key = self.lock_key(key);
         // On a Redis Cluster, a shard channel: a PUBLISH would go to every node.
         let sharded = if self.is_cluster() { "sharded" } else { "" };
         let mut call = Call::script(&SCRIPTS.release, 1);
-        call.key(&lock_key).arg(&owner.hex()[..]);
+        call.key(self.key_name(key, "")).arg(&owner.hex()[..]);
         if announce {
-            call.arg(Self::channel(&lock_key).as_bytes());
+            call.arg_fmt(self.key_name(key, RELEASED));
         } else {
             call.arg("");
         }
@@ -719,10 +713,9 @@ impl RedisLock {
                 "fence=none keeps no fence counter to raise (Redlock: fencing=false)".into(),
             ));
         }
-        let lock_key = self.lock_key(key);
         let mut call = Call::script(&SCRIPTS.raise_fence, 2);
-        call.key(&lock_key)
-            .key(Self::fence_key(&lock_key))
+        call.key(self.key_name(key, ""))
+            .key(self.key_name(key, FENCE))
             .arg(&owner.hex()[..])
             .arg(count_of(token))
             .arg(self.config.fence.as_str());
@@ -1033,7 +1026,7 @@ impl RedisLock {
                 }
             }
         };
-        let channel = Self::channel(&self.lock_key(key));
+        let channel = self.key_name(key, RELEASED).to_string();
         let limit = self.config.request_timeout.min(left());
         subscriber
             .watch(channel.clone(), limit)
@@ -1207,7 +1200,7 @@ impl DistributedLock for RedisLock {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let mut call = Call::script(&SCRIPTS.inspect, 1);
-        call.key(self.lock_key(key));
+        call.key(self.key_name(key, ""));
         let (value, pttl): (Option<String>, i64) = self.call("inspect", call).await?;
         let Some(value) = value else { return Ok(None) };
         let value = parse_lock_value(&value)?;
@@ -1386,15 +1379,6 @@ fn unfenced_count() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     u64::try_from(since_epoch.as_micros()).map_or(MAX_COUNT, |c| c.clamp(1, MAX_COUNT))
-}
-
-/// The fence key of a lock key, written where it is needed (without a string of its own).
-struct FenceKey<'a>(&'a str);
-
-impl fmt::Display for FenceKey<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:fence", self.0)
-    }
 }
 
 fn millis(ttl: Duration) -> u64 {

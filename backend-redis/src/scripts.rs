@@ -318,6 +318,13 @@ impl Call {
         self
     }
 
+    /// Adds the next argument, written as `arg` formats (as [`key`](Self::key)).
+    pub(crate) fn arg_fmt(&mut self, arg: impl std::fmt::Display) -> &mut Self {
+        debug_assert_eq!(self.keys_left, 0, "an argument before the last key");
+        redis::RedisWrite::write_arg_fmt(&mut self.cmd, arg);
+        self
+    }
+
     /// The command.
     pub(crate) fn cmd(&self) -> &redis::Cmd {
         debug_assert_eq!(self.keys_left, 0, "fewer keys than announced");

@@ -26,7 +26,7 @@ use tenure_api::{
 use tenure_redis::{scripts, Grant, Proposal, RedisLock};
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 
-use quorum::{gather, Gates, Tally, Verdict};
+use quorum::{gather, InFlight, Tally, Verdict};
 
 pub use config::{RedlockConfig, MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT};
 #[cfg(feature = "testbed")]
@@ -46,7 +46,7 @@ struct Inner {
     connecting: Vec<Mutex<Option<Connecting>>>,
     /// Each node's `host:port`, for errors (formatted once, not on every request).
     endpoints: Vec<String>,
-    gates: Arc<Gates>,
+    in_flight: Arc<InFlight>,
 }
 
 impl fmt::Debug for Redlock {
@@ -98,7 +98,7 @@ impl Redlock {
                 config,
                 nodes,
                 connecting,
-                gates: Arc::default(),
+                in_flight: Arc::default(),
             }),
         };
         let results = lock.inner.fan_out(limit, |_, _| async { Ok(()) }).await;
@@ -353,11 +353,11 @@ impl Inner {
         Tally::new(self.nodes.len(), self.config.quorum())
     }
 
-    /// Sends `owner`'s release to every node, each behind the owner's earlier requests to
-    /// that node (see [`Gates`]), in one task of their own, so it reaches every node even
-    /// if the caller stops listening. The answers arrive on the returned channel, each
-    /// with whether its node was still busy with an earlier request when the release was
-    /// queued; the second value counts those nodes.
+    /// Sends `owner`'s release to every node, each behind the owner's round request to
+    /// that node if it is still in flight (see [`InFlight`]), in one task of their own,
+    /// so it reaches every node even if the caller stops listening. The answers arrive on
+    /// the returned channel, each with whether its node was still busy with the round's
+    /// request when the release was asked for; the second value counts those nodes.
     fn release_everywhere(
         self: &Arc<Self>,
         key: &LockKey,
@@ -365,27 +365,18 @@ impl Inner {
         limit: Duration,
     ) -> (ReleaseAnswers, usize) {
         let (answers, received) = mpsc::unbounded_channel();
-        let tickets: Vec<_> = (0..self.nodes.len())
-            .map(|i| self.gates.ticket(owner, i, self.nodes.len()))
-            .collect();
-        let busy = tickets.iter().filter(|t| t.is_queued()).count();
+        let behind = self.in_flight.behind(owner);
+        let busy = behind.busy();
         let (inner, key) = (self.clone(), key.clone());
         spawn(async move {
-            let (inner, key, answers) = (&inner, &key, &answers);
-            join_all(
-                tickets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, mut ticket)| async move {
-                        let queued = ticket.is_queued();
-                        ticket.wait_turn().await;
-                        let released = inner
-                            .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
-                            .await;
-                        let _ = answers.send((queued, released));
-                        drop(ticket);
-                    }),
-            )
+            let (inner, key, answers, behind) = (&inner, &key, &answers, &behind);
+            join_all((0..inner.nodes.len()).map(|i| async move {
+                behind.wait(i).await;
+                let released = inner
+                    .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
+                    .await;
+                let _ = answers.send((behind.is_busy(i), released));
+            }))
             .await;
         });
         (received, busy)
@@ -420,14 +411,14 @@ impl Inner {
             count: proposal(),
             window: limit,
         });
-        // Collected by `join_all` at once (tickets are taken in node order, now), into
-        // its own vector: the node futures are large, and collecting them first would
-        // allocate and copy them twice.
-        let nodes = join_all((0..self.nodes.len()).map(|i| {
-            let mut ticket = self.gates.ticket(owner, i, self.nodes.len());
+        // In flight from now (a release asked for later waits for each node's request),
+        // until each node's future drops its `request`. Collected by `join_all` at once,
+        // into its own vector: the node futures are large, and collecting them first
+        // would allocate and copy them twice.
+        let requests = self.in_flight.round(owner, self.nodes.len());
+        let nodes = join_all(requests.into_iter().enumerate().map(|(i, request)| {
             let (replies, mut decision) = (replies.clone(), decision.clone());
             async move {
-                ticket.wait_turn().await;
                 let reply = self
                     .on_node(i, limit, |node, left| {
                         grant(node, key, owner, ttl, label, proposed, left)
@@ -472,7 +463,7 @@ impl Inner {
                         Phase::Pending | Phase::Held(_) => Ok(false),
                     };
                 }
-                drop(ticket);
+                drop(request);
             }
         }));
         drop((replies, decision));

@@ -1,13 +1,13 @@
-//! Counting node answers until the outcome is certain, and ordering the requests one
-//! owner sends to one node.
+//! Counting node answers until the outcome is certain, and ordering a release behind
+//! the round requests of its owner still in flight.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt};
 use tenure_api::{LockError, OwnerId};
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 
 /// What the nodes said so far in one phase (grant, fence, extend or release).
 #[derive(Debug)]
@@ -149,95 +149,135 @@ pub(crate) async fn gather<T>(
     values
 }
 
-/// Orders the requests of one owner on one node: each request waits until the previous
-/// one (request, and the clean-up that belongs to it) has finished — answered or timed
-/// out — before it is sent. A late grant therefore cannot overtake the release meant
-/// for it, and a failed round's clean-up release cannot delete the next round's grant
-/// of the same owner. Entries exist only while requests are in flight.
+/// The rounds whose node requests are still in flight, by owner. A round's request to a
+/// node — its grant, and the clean-up or fence raise that follows it — is the first its
+/// owner sends there (every round has an owner id of its own); a release of that owner
+/// waits on each node until the round's request there has finished, answered or timed
+/// out. A late grant therefore cannot overtake the release meant for it, and a round's
+/// clean-up cannot land after the release. Entries exist only while requests are in
+/// flight, so a release after a settled round waits for nothing.
 #[derive(Debug, Default)]
-pub(crate) struct Gates {
-    tails: Mutex<HashMap<OwnerId, Vec<Option<Tail>>>>,
-    next: AtomicU64,
+pub(crate) struct InFlight {
+    rounds: Mutex<HashMap<OwnerId, Arc<Round>>>,
 }
 
-/// The last place in one (owner, node) queue: its id and the signal that it finished.
-type Tail = (u64, oneshot::Receiver<()>);
-
-/// A place in one (owner, node) queue. Dropping it lets the next request go.
+/// One round's node requests: which are still in flight, and a signal as each ends.
 #[derive(Debug)]
-pub(crate) struct Ticket {
-    gates: Arc<Gates>,
-    owner: OwnerId,
-    node: usize,
-    id: u64,
-    previous: Option<oneshot::Receiver<()>>,
-    _done: oneshot::Sender<()>,
+struct Round {
+    busy: Box<[AtomicBool]>,
+    finished: Notify,
 }
 
-impl Gates {
-    /// Takes the next place in the queue of `owner` on `node` (of `nodes`). Synchronous,
-    /// so places are handed out in call order.
-    pub(crate) fn ticket(self: &Arc<Self>, owner: OwnerId, node: usize, nodes: usize) -> Ticket {
-        let (done, waiter) = oneshot::channel();
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut tails = self.tails.lock().unwrap_or_else(PoisonError::into_inner);
-        let queue = tails
-            .entry(owner)
-            .or_insert_with(|| (0..nodes).map(|_| None).collect());
-        let previous = queue[node].replace((id, waiter)).map(|(_, rx)| rx);
-        Ticket {
-            gates: self.clone(),
-            owner,
-            node,
-            id,
-            previous,
-            _done: done,
-        }
+/// A round's request to one node, in flight until dropped.
+#[derive(Debug)]
+pub(crate) struct Request {
+    in_flight: Arc<InFlight>,
+    owner: OwnerId,
+    round: Arc<Round>,
+    node: usize,
+}
+
+/// What a release of one owner waits for: that owner's round, if its requests are still
+/// in flight, with the nodes where one was when the release was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Behind(Option<(Arc<Round>, Box<[bool]>)>);
+
+impl InFlight {
+    /// Notes a round of `owner` about to send a request to each of `nodes` nodes; one
+    /// [`Request`] per node, each in flight until dropped. Synchronous, so a release
+    /// asked for once the round has begun finds it.
+    pub(crate) fn round(self: &Arc<Self>, owner: OwnerId, nodes: usize) -> Vec<Request> {
+        let round = Arc::new(Round {
+            busy: (0..nodes).map(|_| AtomicBool::new(true)).collect(),
+            finished: Notify::new(),
+        });
+        self.locked().insert(owner, round.clone());
+        (0..nodes)
+            .map(|node| Request {
+                in_flight: self.clone(),
+                owner,
+                round: round.clone(),
+                node,
+            })
+            .collect()
+    }
+
+    /// What a release of `owner` must wait for on each node.
+    pub(crate) fn behind(&self, owner: OwnerId) -> Behind {
+        let round = self.locked().get(&owner).cloned();
+        Behind(round.map(|round| {
+            let busy = (0..round.busy.len()).map(|i| round.is_busy(i)).collect();
+            (round, busy)
+        }))
+    }
+
+    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Arc<Round>>> {
+        self.rounds.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[cfg(test)]
     fn owners(&self) -> usize {
-        self.tails
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.locked().len()
     }
 }
 
-impl Ticket {
-    /// Whether an earlier request of this owner on this node is still in flight.
-    pub(crate) fn is_queued(&self) -> bool {
-        self.previous.is_some()
+impl Behind {
+    /// On how many nodes a request of the round was in flight when the release was asked
+    /// for.
+    pub(crate) fn busy(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |(_, busy)| busy.iter().filter(|b| **b).count())
     }
 
-    /// Waits until the previous request of this owner on this node has finished.
+    /// Whether a request of the round was in flight on node `node` when the release was
+    /// asked for.
+    pub(crate) fn is_busy(&self, node: usize) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|(_, busy)| busy.get(node) == Some(&true))
+    }
+
+    /// Waits until the round's request to node `node` has finished.
     ///
     /// # Cancel safety
-    /// Cancel-safe; the place is kept until the ticket is dropped.
-    pub(crate) async fn wait_turn(&mut self) {
-        if let Some(previous) = self.previous.as_mut() {
-            let _ = previous.await; // Err: the previous ticket was dropped, i.e. done
-            self.previous = None;
+    /// Cancel-safe.
+    pub(crate) async fn wait(&self, node: usize) {
+        let Some((round, _)) = &self.0 else { return };
+        loop {
+            let finished = round.finished.notified();
+            tokio::pin!(finished);
+            // Registered before the check, so an end between the two still wakes it.
+            finished.as_mut().enable();
+            if !round.is_busy(node) {
+                return;
+            }
+            finished.await;
         }
     }
 }
 
-impl Drop for Ticket {
+impl Round {
+    fn is_busy(&self, node: usize) -> bool {
+        self.busy
+            .get(node)
+            .is_some_and(|b| b.load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for Request {
     fn drop(&mut self) {
-        let mut tails = self
-            .gates
-            .tails
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(queue) = tails.get_mut(&self.owner) {
-            if matches!(queue[self.node], Some((id, _)) if id == self.id) {
-                queue[self.node] = None;
-            }
-            if queue.iter().all(Option::is_none) {
-                tails.remove(&self.owner);
+        self.round.busy[self.node].store(false, Ordering::SeqCst);
+        self.round.finished.notify_waiters();
+        if self.round.busy.iter().all(|b| !b.load(Ordering::SeqCst)) {
+            let mut rounds = self.in_flight.locked();
+            if rounds
+                .get(&self.owner)
+                .is_some_and(|r| Arc::ptr_eq(r, &self.round))
+            {
+                rounds.remove(&self.owner);
             }
         }
-        // `_done` drops after this, which wakes the next ticket.
     }
 }
 
@@ -331,27 +371,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tickets_run_in_order_and_leave_nothing_behind() {
-        let gates = Arc::new(Gates::default());
+    async fn a_release_waits_for_the_rounds_request_on_its_node_and_nothing_is_left() {
+        let in_flight = Arc::new(InFlight::default());
         let owner = OwnerId::random();
-        let mut first = gates.ticket(owner, 1, 3);
-        let mut second = gates.ticket(owner, 1, 3);
-        let mut other_node = gates.ticket(owner, 2, 3);
-        first.wait_turn().await;
-        other_node.wait_turn().await; // independent of node 1
-        let waiting = tokio::time::timeout(Duration::from_millis(50), second.wait_turn()).await;
-        assert!(waiting.is_err(), "the second request waits for the first");
-        drop(first);
-        tokio::time::timeout(Duration::from_secs(10), second.wait_turn())
-            .await
-            .expect("runs once the first is done");
-        drop(other_node);
-        assert_eq!(gates.owners(), 1);
-        drop(second);
         assert_eq!(
-            gates.owners(),
+            in_flight.behind(owner).busy(),
             0,
-            "no entry is left once nothing is in flight"
+            "no round: nothing to wait for"
         );
+        let mut requests = in_flight.round(owner, 3);
+        let behind = in_flight.behind(owner);
+        assert_eq!(behind.busy(), 3);
+        drop(requests.remove(2));
+        assert!(
+            behind.is_busy(2),
+            "in flight when the release was asked for"
+        );
+        assert_eq!(in_flight.behind(owner).busy(), 2);
+        tokio::time::timeout(Duration::from_secs(10), behind.wait(2))
+            .await
+            .expect("node 2's request has finished");
+        let waiting = tokio::time::timeout(Duration::from_millis(50), behind.wait(1)).await;
+        assert!(waiting.is_err(), "node 1's request is in flight");
+        let wait = tokio::spawn({
+            let behind = behind.clone();
+            async move { behind.wait(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(requests.remove(1));
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("woken once node 1's request finished")
+            .unwrap();
+        assert_eq!(in_flight.owners(), 1, "node 0's request is in flight");
+        drop(requests);
+        assert_eq!(
+            in_flight.owners(),
+            0,
+            "nothing left once no request is in flight"
+        );
+        assert_eq!(in_flight.behind(owner).busy(), 0);
     }
 }
