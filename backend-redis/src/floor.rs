@@ -16,6 +16,7 @@ use redis::aio::MultiplexedConnection;
 use tenure_api::{async_trait, LockError, LockKey, OwnerId};
 use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 
+use crate::config::{FENCE, RELEASED};
 use crate::scripts::SCRIPTS;
 use crate::{FenceMode, RedisConfig};
 
@@ -156,7 +157,7 @@ impl RedisFloor {
                     return Ok((i64::from(set.is_some()), count.unwrap_or(0) as i64));
                 }
                 let mut call = SCRIPTS.acquire.key(&lock);
-                call.key(format!("{lock}:fence"))
+                call.key(format!("{lock}{FENCE}"))
                     .arg(owner)
                     .arg(self.ttl_ms)
                     .arg(fence.as_str());
@@ -194,7 +195,7 @@ impl RedisFloor {
                     SCRIPTS
                         .raise_fence
                         .key(&lock)
-                        .key(format!("{lock}:fence"))
+                        .key(format!("{lock}{FENCE}"))
                         .arg(owner)
                         .arg(highest)
                         .arg(fence.as_str())
@@ -214,7 +215,7 @@ impl RedisFloor {
                     .release
                     .key(&lock)
                     .arg(owner)
-                    .arg(format!("{lock}:released"))
+                    .arg(format!("{lock}{RELEASED}"))
                     .arg("")
                     .invoke_async::<i64>(&mut conn)
                     .await

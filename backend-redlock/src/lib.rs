@@ -128,8 +128,8 @@ impl Redlock {
     }
 }
 
-/// Per-node release answers: whether the node was busy with an earlier request, and
-/// whether it released.
+/// Per-node release answers: whether the node was busy with the round's request when
+/// the release was asked for, and whether it released.
 type ReleaseAnswers = mpsc::UnboundedReceiver<(bool, Result<bool, LockError>)>;
 
 /// Where a round stands, as seen by its node requests.
@@ -375,7 +375,7 @@ impl Inner {
                 let released = inner
                     .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
                     .await;
-                let _ = answers.send((behind.is_busy(i), released));
+                let _ = answers.send((behind.was_busy(i), released));
             }))
             .await;
         });
@@ -645,8 +645,9 @@ impl DistributedLock for Redlock {
 
     /// Extends on all nodes concurrently; held only if a majority extended within the
     /// validity. Decided as soon as that is certain either way: a majority extended, a
-    /// majority can no longer extend ([`LockError::LeaseLost`] when a majority says the
-    /// lock is not ours, else [`LockError::NoQuorum`]: a node that did not answer may
+    /// majority can no longer extend ([`LockError::LeaseLost`] when more nodes say the
+    /// lock is not ours than a majority can spare, else [`LockError::NoQuorum`]: a node
+    /// that did not answer may
     /// still hold it, and [`LockGuard`](tenure_api::LockGuard) retries until the
     /// deadline), or more nodes failed for good than a majority can spare (that node's
     /// non-retryable error). The requests still reach the slower nodes afterwards.
@@ -698,11 +699,12 @@ impl DistributedLock for Redlock {
     }
 
     /// Releases on every node. The release is sent to all nodes from one background task,
-    /// each request behind this owner's earlier requests to that node, so a grant still
-    /// in flight (a node that had not answered when the acquire was decided) is released
-    /// too, once it has come back or timed out. The answer comes when every node has answered or
-    /// timed out — not waiting for nodes still busy with such an earlier request, once a
-    /// majority has answered — or as soon as a majority can no longer answer:
+    /// each request behind the round's request to that node if it is still in flight, so
+    /// a grant still in flight (a node that had not answered when the acquire was
+    /// decided) is released too, once it has come back or timed out. The answer comes
+    /// when every node has answered or timed out — not waiting for nodes still busy with
+    /// the round's request, once a majority has answered — or as soon as a majority can
+    /// no longer answer:
     ///
     /// - `Ok(Released)`: a majority answered and at least one node deleted our lock;
     /// - `Ok(NotHeld)`: a majority answered and none held it for us (it had expired or

@@ -155,7 +155,8 @@ pub(crate) async fn gather<T>(
 /// waits on each node until the round's request there has finished, answered or timed
 /// out. A late grant therefore cannot overtake the release meant for it, and a round's
 /// clean-up cannot land after the release. Entries exist only while requests are in
-/// flight, so a release after a settled round waits for nothing.
+/// flight, so a release after a settled round waits for nothing. Extensions and the
+/// fence round's raises are not ordered: both check the owner and never create a key.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     rounds: Mutex<HashMap<OwnerId, Arc<Round>>>,
@@ -232,7 +233,7 @@ impl Behind {
 
     /// Whether a request of the round was in flight on node `node` when the release was
     /// asked for.
-    pub(crate) fn is_busy(&self, node: usize) -> bool {
+    pub(crate) fn was_busy(&self, node: usize) -> bool {
         self.0
             .as_ref()
             .is_some_and(|(_, busy)| busy.get(node) == Some(&true))
@@ -384,7 +385,7 @@ mod tests {
         assert_eq!(behind.busy(), 3);
         drop(requests.remove(2));
         assert!(
-            behind.is_busy(2),
+            behind.was_busy(2),
             "in flight when the release was asked for"
         );
         assert_eq!(in_flight.behind(owner).busy(), 2);

@@ -115,7 +115,7 @@ impl LostSignal {
     }
 
     /// Notes the last renewal's error (`None`: it succeeded), while retrying may cure it.
-    fn failing(&self, error: Option<&LockError>) {
+    fn note_renewal_error(&self, error: Option<&LockError>) {
         *locked(&self.inner.failing) = error.map(ToString::to_string);
     }
 
@@ -214,8 +214,8 @@ struct Shared<L: ?Sized> {
 /// the remaining validity (of at most the TTL) has passed — before the deadline, with
 /// two thirds left for the round trip — and at once for a lease that reached the guard
 /// with less than two thirds of its TTL left. A renewal that fails for a reason that may
-/// pass ([`LockError::is_retryable`]: no reply, no quorum, unreachable) is retried after a
-/// third of the time left (at least 10 ms) until the deadline; one that
+/// pass ([`LockError::Unavailable`]: no reply, unreachable; [`LockError::NoQuorum`]) is
+/// retried after a third of the time left (at least 10 ms) until the deadline; one that
 /// fails for good (the lease is another's, a server error), or no renewal completing
 /// before the deadline, marks the lease lost: the guard never re-acquires. If the
 /// renewal task panics, the lease is reported lost too.
@@ -417,16 +417,24 @@ async fn watchdog<L: DistributedLock + ?Sized>(shared: Arc<Shared<L>>) {
         let suspended = clock.suspended();
         let outcome = tokio::select! {
             _ = shared.stop.cancelled() => return,
-            _ = clock.sleep_until(valid_until) => Err(LockError::lost(
-                "renewal did not complete before the lease deadline",
-            )),
+            _ = clock.sleep_until(valid_until) => {
+                // Lost at its deadline: the signal names the last renewal error, if any.
+                if !lost.is_lost() {
+                    lost.mark("renewal did not complete before the lease deadline");
+                }
+                return;
+            }
             result = shared.lock.extend(&mut renewed, ttl) => result,
         };
         // A slow node or a dropped connection need not mean the lease is gone: it stands
         // until its deadline, so retry until then (each extension counts from when it
         // was sent, and a late one never shortens the lease).
-        failing = matches!(&outcome, Err(error) if error.is_retryable());
-        lost.failing(outcome.as_ref().err().filter(|_| failing));
+        // (Not `Timeout`: for an extension, "held by another".)
+        failing = matches!(
+            &outcome,
+            Err(LockError::NoQuorum { .. } | LockError::Unavailable { .. })
+        );
+        lost.note_renewal_error(outcome.as_ref().err().filter(|_| failing));
         match outcome {
             Ok(()) => {}
             Err(_) if failing => continue,

@@ -31,7 +31,7 @@ struct Faulty {
     extends: AtomicU32,
     /// Extensions that failed (FAILING or REFUSED).
     failures: AtomicU32,
-    /// In HEALTHY mode, how many of the next extensions fail as FAILING does.
+    /// How many of the next extensions fail as FAILING does, whatever the mode.
     failing_next: AtomicU32,
     /// Every extension's deadline is tightened by this much (like `DriftMargin`).
     margin: Duration,
@@ -89,7 +89,7 @@ impl DistributedLock for Faulty {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         let mode = match self.extend_mode.load(Ordering::SeqCst) {
-            HEALTHY if failing_next => FAILING,
+            _ if failing_next => FAILING,
             mode => mode,
         };
         if matches!(mode, FAILING | REFUSED) {
@@ -197,6 +197,28 @@ async fn a_renewal_failing_until_the_deadline_marks_the_lease_lost_then() {
     assert!(
         Instant::now() + Duration::from_millis(50) >= deadline,
         "not given up before the deadline: {reason}"
+    );
+}
+
+/// A renewal fails for a reason that may pass, and its retry is still in flight at the
+/// deadline: the loss names the failure, not only the deadline.
+#[tokio::test]
+async fn a_loss_at_the_deadline_names_the_last_renewal_error() {
+    let lock = Faulty::new(MemoryLock::new());
+    let guard = lock
+        .lock(&key("failed-then-silent"), &AcquireOptions::new(SHORT_TTL))
+        .await
+        .unwrap();
+    lock.failing_next.store(1, Ordering::SeqCst);
+    lock.extend_mode.store(HANGING, Ordering::SeqCst);
+    tokio::time::timeout(SHORT_TTL * 2, guard.lost())
+        .await
+        .expect("loss reported by the deadline");
+    assert_eq!(lock.failures.load(Ordering::SeqCst), 1, "the fault fired");
+    let reason = guard.lost_signal().reason().unwrap();
+    assert!(
+        reason.contains("while renewals failed") && reason.contains("connection refused"),
+        "{reason}"
     );
 }
 
