@@ -353,7 +353,7 @@ impl Inner {
         Tally::new(self.nodes.len(), self.config.quorum())
     }
 
-    /// Sends `owner`'s release to every node, each behind the owner's round request to
+    /// Sends `owner`'s release to every node, each behind the owner's previous request to
     /// that node if it is still in flight (see [`InFlight`]), in one task of their own,
     /// so it reaches every node even if the caller stops listening. The answers arrive on
     /// the returned channel, each with whether its node was still busy with the round's
@@ -365,18 +365,24 @@ impl Inner {
         limit: Duration,
     ) -> (ReleaseAnswers, usize) {
         let (answers, received) = mpsc::unbounded_channel();
-        let behind = self.in_flight.behind(owner);
+        let (behind, requests) = self.in_flight.queue(owner, self.nodes.len());
         let busy = behind.busy();
         let (inner, key) = (self.clone(), key.clone());
         spawn(async move {
             let (inner, key, answers, behind) = (&inner, &key, &answers, &behind);
-            join_all((0..inner.nodes.len()).map(|i| async move {
-                behind.wait(i).await;
-                let released = inner
-                    .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
-                    .await;
-                let _ = answers.send((behind.was_busy(i), released));
-            }))
+            join_all(
+                requests
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, request)| async move {
+                        behind.wait(i).await;
+                        let released = inner
+                            .on_node(i, limit, |node, left| node.release_owner(key, owner, left))
+                            .await;
+                        let _ = answers.send((behind.was_busy(i), released));
+                        drop(request);
+                    }),
+            )
             .await;
         });
         (received, busy)
@@ -415,7 +421,8 @@ impl Inner {
         // until each node's future drops its `request`. Collected by `join_all` at once,
         // into its own vector: the node futures are large, and collecting them first
         // would allocate and copy them twice.
-        let requests = self.in_flight.round(owner, self.nodes.len());
+        // (A fresh owner id: nothing of it is in flight yet.)
+        let (_, requests) = self.in_flight.queue(owner, self.nodes.len());
         let nodes = join_all(requests.into_iter().enumerate().map(|(i, request)| {
             let (replies, mut decision) = (replies.clone(), decision.clone());
             async move {

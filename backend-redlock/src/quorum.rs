@@ -149,14 +149,15 @@ pub(crate) async fn gather<T>(
     values
 }
 
-/// The rounds whose node requests are still in flight, by owner. A round's request to a
-/// node — its grant, and the clean-up or fence raise that follows it — is the first its
-/// owner sends there (every round has an owner id of its own); a release of that owner
-/// waits on each node until the round's request there has finished, answered or timed
-/// out. A late grant therefore cannot overtake the release meant for it, and a round's
-/// clean-up cannot land after the release. Entries exist only while requests are in
-/// flight, so a release after a settled round waits for nothing. Extensions and the
-/// fence round's raises are not ordered: both check the owner and never create a key.
+/// The requests of each owner still in flight, as batches (a round's grants, a release),
+/// queued per node: a batch's request to a node waits until the previous batch's request
+/// there has finished, answered or timed out. A round's request to a node — its grant,
+/// and the clean-up or fence raise that follows it — is the first its owner sends there
+/// (every round has an owner id of its own), so a late grant cannot overtake the release
+/// meant for it, a round's clean-up cannot land after the release, and a second release
+/// lands after the first. The latest batch of an owner is kept only while its requests
+/// are in flight, so a release after a settled round waits for nothing. Extensions and
+/// the fence round's raises are not queued: both check the owner and never create a key.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     rounds: Mutex<HashMap<OwnerId, Arc<Round>>>,
@@ -184,32 +185,34 @@ pub(crate) struct Request {
 pub(crate) struct Behind(Option<(Arc<Round>, Box<[bool]>)>);
 
 impl InFlight {
-    /// Notes a round of `owner` about to send a request to each of `nodes` nodes; one
-    /// [`Request`] per node, each in flight until dropped. Synchronous, so a release
-    /// asked for once the round has begun finds it.
-    pub(crate) fn round(self: &Arc<Self>, owner: OwnerId, nodes: usize) -> Vec<Request> {
+    /// Notes a batch of requests of `owner` about to go to each of `nodes` nodes (a
+    /// round's grants, or a release), one [`Request`] per node, each in flight until
+    /// dropped; and what each must wait for first: the owner's previous batch's request
+    /// to the same node, while it is in flight. Synchronous and under one lock, so
+    /// batches queue per node in call order: a release asked for once the round has
+    /// begun goes behind it, and a second release behind the first (which answers
+    /// `Released` where it deletes the key, the second `NotHeld`).
+    pub(crate) fn queue(self: &Arc<Self>, owner: OwnerId, nodes: usize) -> (Behind, Vec<Request>) {
         let round = Arc::new(Round {
             busy: (0..nodes).map(|_| AtomicBool::new(true)).collect(),
             finished: Notify::new(),
         });
-        self.locked().insert(owner, round.clone());
-        (0..nodes)
+        let previous = self.locked().insert(owner, round.clone());
+        let behind = Behind(previous.map(|previous| {
+            let busy = (0..previous.busy.len())
+                .map(|i| previous.is_busy(i))
+                .collect();
+            (previous, busy)
+        }));
+        let requests = (0..nodes)
             .map(|node| Request {
                 in_flight: self.clone(),
                 owner,
                 round: round.clone(),
                 node,
             })
-            .collect()
-    }
-
-    /// What a release of `owner` must wait for on each node.
-    pub(crate) fn behind(&self, owner: OwnerId) -> Behind {
-        let round = self.locked().get(&owner).cloned();
-        Behind(round.map(|round| {
-            let busy = (0..round.busy.len()).map(|i| round.is_busy(i)).collect();
-            (round, busy)
-        }))
+            .collect();
+        (behind, requests)
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Arc<Round>>> {
@@ -372,45 +375,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_release_waits_for_the_rounds_request_on_its_node_and_nothing_is_left() {
+    async fn batches_queue_per_node_and_nothing_is_left() {
         let in_flight = Arc::new(InFlight::default());
         let owner = OwnerId::random();
-        assert_eq!(
-            in_flight.behind(owner).busy(),
-            0,
-            "no round: nothing to wait for"
-        );
-        let mut requests = in_flight.round(owner, 3);
-        let behind = in_flight.behind(owner);
-        assert_eq!(behind.busy(), 3);
-        drop(requests.remove(2));
+        let (nothing, mut round) = in_flight.queue(owner, 3);
+        assert_eq!(nothing.busy(), 0, "a fresh owner waits for nothing");
+        let (behind_round, mut first) = in_flight.queue(owner, 3);
+        assert_eq!(behind_round.busy(), 3);
+        drop(round.remove(2));
         assert!(
-            behind.was_busy(2),
+            behind_round.was_busy(2),
             "in flight when the release was asked for"
         );
-        assert_eq!(in_flight.behind(owner).busy(), 2);
-        tokio::time::timeout(Duration::from_secs(10), behind.wait(2))
+        tokio::time::timeout(Duration::from_secs(10), behind_round.wait(2))
             .await
-            .expect("node 2's request has finished");
-        let waiting = tokio::time::timeout(Duration::from_millis(50), behind.wait(1)).await;
-        assert!(waiting.is_err(), "node 1's request is in flight");
+            .expect("node 2's grant has finished");
+        let waiting = tokio::time::timeout(Duration::from_millis(50), behind_round.wait(1)).await;
+        assert!(waiting.is_err(), "node 1's grant is in flight");
+        // A second release queues behind the first, not only behind the round.
+        let (behind_first, second) = in_flight.queue(owner, 3);
+        assert_eq!(
+            behind_first.busy(),
+            3,
+            "the first release is in flight everywhere"
+        );
+        drop(round);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), behind_first.wait(1)).await;
+        assert!(
+            waiting.is_err(),
+            "the first release's request to node 1 is in flight"
+        );
         let wait = tokio::spawn({
-            let behind = behind.clone();
-            async move { behind.wait(1).await }
+            let behind_first = behind_first.clone();
+            async move { behind_first.wait(1).await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(requests.remove(1));
+        drop(first.remove(1));
         tokio::time::timeout(Duration::from_secs(10), wait)
             .await
-            .expect("woken once node 1's request finished")
+            .expect("woken once the first release's request finished")
             .unwrap();
-        assert_eq!(in_flight.owners(), 1, "node 0's request is in flight");
-        drop(requests);
+        drop(first);
+        assert_eq!(in_flight.owners(), 1, "the second release is in flight");
+        drop(second);
         assert_eq!(
             in_flight.owners(),
             0,
             "nothing left once no request is in flight"
         );
-        assert_eq!(in_flight.behind(owner).busy(), 0);
     }
 }
