@@ -1,5 +1,5 @@
-//! Counting node answers until the outcome is certain, and ordering a release behind
-//! the round requests of its owner still in flight.
+//! Counting node answers until the outcome is certain, and queueing an owner's requests
+//! to each node behind its earlier ones still in flight.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,29 +160,30 @@ pub(crate) async fn gather<T>(
 /// the fence round's raises are not queued: both check the owner and never create a key.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    rounds: Mutex<HashMap<OwnerId, Arc<Round>>>,
+    batches: Mutex<HashMap<OwnerId, Arc<Batch>>>,
 }
 
-/// One round's node requests: which are still in flight, and a signal as each ends.
+/// One batch of an owner's requests, one per node: which are still in flight, and a signal
+/// as each ends.
 #[derive(Debug)]
-struct Round {
+struct Batch {
     busy: Box<[AtomicBool]>,
     finished: Notify,
 }
 
-/// A round's request to one node, in flight until dropped.
+/// A batch's request to one node, in flight until dropped.
 #[derive(Debug)]
 pub(crate) struct Request {
     in_flight: Arc<InFlight>,
     owner: OwnerId,
-    round: Arc<Round>,
+    batch: Arc<Batch>,
     node: usize,
 }
 
-/// What a release of one owner waits for: that owner's round, if its requests are still
-/// in flight, with the nodes where one was when the release was asked for.
+/// What a batch waits for: the owner's previous batch, if its requests are still
+/// in flight, with the nodes where one was when this batch was queued.
 #[derive(Debug, Clone)]
-pub(crate) struct Behind(Option<(Arc<Round>, Box<[bool]>)>);
+pub(crate) struct Behind(Option<(Arc<Batch>, Box<[bool]>)>);
 
 impl InFlight {
     /// Notes a batch of requests of `owner` about to go to each of `nodes` nodes (a
@@ -193,11 +194,11 @@ impl InFlight {
     /// begun goes behind it, and a second release behind the first (which answers
     /// `Released` where it deletes the key, the second `NotHeld`).
     pub(crate) fn queue(self: &Arc<Self>, owner: OwnerId, nodes: usize) -> (Behind, Vec<Request>) {
-        let round = Arc::new(Round {
+        let batch = Arc::new(Batch {
             busy: (0..nodes).map(|_| AtomicBool::new(true)).collect(),
             finished: Notify::new(),
         });
-        let previous = self.locked().insert(owner, round.clone());
+        let previous = self.locked().insert(owner, batch.clone());
         let behind = Behind(previous.map(|previous| {
             let busy = (0..previous.busy.len())
                 .map(|i| previous.is_busy(i))
@@ -208,15 +209,15 @@ impl InFlight {
             .map(|node| Request {
                 in_flight: self.clone(),
                 owner,
-                round: round.clone(),
+                batch: batch.clone(),
                 node,
             })
             .collect();
         (behind, requests)
     }
 
-    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Arc<Round>>> {
-        self.rounds.lock().unwrap_or_else(PoisonError::into_inner)
+    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Arc<Batch>>> {
+        self.batches.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[cfg(test)]
@@ -226,34 +227,34 @@ impl InFlight {
 }
 
 impl Behind {
-    /// On how many nodes a request of the round was in flight when the release was asked
-    /// for.
+    /// On how many nodes a request of the previous batch was in flight when this one was
+    /// queued.
     pub(crate) fn busy(&self) -> usize {
         self.0
             .as_ref()
             .map_or(0, |(_, busy)| busy.iter().filter(|b| **b).count())
     }
 
-    /// Whether a request of the round was in flight on node `node` when the release was
-    /// asked for.
+    /// Whether a request of the previous batch was in flight on node `node` when this one
+    /// was queued.
     pub(crate) fn was_busy(&self, node: usize) -> bool {
         self.0
             .as_ref()
             .is_some_and(|(_, busy)| busy.get(node) == Some(&true))
     }
 
-    /// Waits until the round's request to node `node` has finished.
+    /// Waits until the previous batch's request to node `node` has finished.
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub(crate) async fn wait(&self, node: usize) {
-        let Some((round, _)) = &self.0 else { return };
+        let Some((batch, _)) = &self.0 else { return };
         loop {
-            let finished = round.finished.notified();
+            let finished = batch.finished.notified();
             tokio::pin!(finished);
             // Registered before the check, so an end between the two still wakes it.
             finished.as_mut().enable();
-            if !round.is_busy(node) {
+            if !batch.is_busy(node) {
                 return;
             }
             finished.await;
@@ -261,7 +262,7 @@ impl Behind {
     }
 }
 
-impl Round {
+impl Batch {
     fn is_busy(&self, node: usize) -> bool {
         self.busy
             .get(node)
@@ -271,15 +272,15 @@ impl Round {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        self.round.busy[self.node].store(false, Ordering::SeqCst);
-        self.round.finished.notify_waiters();
-        if self.round.busy.iter().all(|b| !b.load(Ordering::SeqCst)) {
-            let mut rounds = self.in_flight.locked();
-            if rounds
+        self.batch.busy[self.node].store(false, Ordering::SeqCst);
+        self.batch.finished.notify_waiters();
+        if self.batch.busy.iter().all(|b| !b.load(Ordering::SeqCst)) {
+            let mut batches = self.in_flight.locked();
+            if batches
                 .get(&self.owner)
-                .is_some_and(|r| Arc::ptr_eq(r, &self.round))
+                .is_some_and(|r| Arc::ptr_eq(r, &self.batch))
             {
-                rounds.remove(&self.owner);
+                batches.remove(&self.owner);
             }
         }
     }
