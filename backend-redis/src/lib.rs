@@ -267,9 +267,16 @@ impl RedisLock {
                     self.unanswered.answered(*owner, &node);
                 }
             }
-            // The first command after the server came back fails on the dead socket while
-            // the manager reconnects; with Sentinel, a failed or demoted primary may have
-            // been replaced. Every script is idempotent for its owner (a repeated acquire
+            // A connection that dropped is not reconnected in place (as redis-rs's
+            // `ConnectionManager` would, at 3-4 µs per request): the node is marked
+            // suspect, and replaced by a fresh connection before its next request — also
+            // when this call does not retry.
+            if matches!(&result, Err(e) if e.is_unrecoverable_error()) {
+                node.suspect();
+            }
+            // The first command after the server came back fails on the dead socket, and
+            // is retried over a fresh connection; with Sentinel, a failed or demoted
+            // primary may have been replaced. Every script is idempotent for its owner (a repeated acquire
             // is recognised, extend and release compare the owner), so one retry is safe.
             // A timeout leaves no time to retry: the next call checks the node first (a
             // fresh connection; with Sentinel, asking the sentinels). Without Sentinel,

@@ -5,18 +5,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
 use tenure_api::urls::HostPort;
 use tenure_api::LockError;
 
 use crate::config::{RedisConfig, Topology};
 use crate::error::{bounded, classify};
 
-/// Commands go over one auto-reconnecting connection to a node, or over a Redis Cluster
-/// connection that routes each by its key's slot (and follows `MOVED`/`ASK`).
+/// Commands go over one multiplexed connection to a node (a dropped one is replaced as a
+/// suspect one is, see [`Primary::rediscover`]), or over a Redis Cluster connection that
+/// routes each by its key's slot (and follows `MOVED`/`ASK`). Not redis-rs's
+/// `ConnectionManager`, which reconnects in place: it cost 3–4 µs of client CPU per request
+/// (docs/performance.md), a third of a Redlock round's.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Node(ConnectionManager),
+    Node(MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -204,7 +208,7 @@ impl Primary {
     /// After `failed` (the node a call just failed on) stopped answering or said it is a
     /// replica: with Sentinel, asks the sentinels which node is the primary now and
     /// switches to it; without, switches to a fresh connection to the configured server
-    /// if `failed` is suspect (a dropped connection its manager reconnects by itself).
+    /// if `failed` is suspect (a call marks a node whose connection dropped or timed out).
     /// Callers that saw the same node fail while a check ran take that check's answer
     /// instead of asking again. The node to retry on (`failed` itself on a Redis
     /// Cluster, or when it is still the primary and not suspect), or why none was
@@ -268,16 +272,12 @@ async fn connect_node(
     deadline: Instant,
 ) -> Result<Node, LockError> {
     let client = node.client()?;
-    let manager_config = ConnectionManagerConfig::new()
+    let connection_config = AsyncConnectionConfig::new()
         .set_connection_timeout(config.connect_timeout)
-        .set_response_timeout(config.request_timeout)
-        // No retry inside the client: its first retry waits 1-2 s (backon's minimum
-        // delay plus jitter) and is made for refusals no retry can fix too (a wrong
-        // password, an untrusted certificate). Callers retry what is retryable.
-        .set_number_of_retries(0);
+        .set_response_timeout(config.request_timeout);
     let conn = bounded(
         deadline.saturating_duration_since(Instant::now()),
-        client.get_connection_manager_with_config(manager_config),
+        client.get_multiplexed_async_connection_with_config(&connection_config),
     )
     .await
     .map_err(|e| {

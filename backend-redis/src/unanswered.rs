@@ -9,10 +9,10 @@
 //!
 //! So each grant request notes the connection it is sent on until a reply arrives on
 //! that connection; one that gets none (timed out, or dropped by its caller) leaves the
-//! note, which keeps the connection open. (A connection that dropped is reconnected in
-//! place by its manager: a clean-up sent over it then goes over the new socket. A request
-//! lost with the old socket reaches a server only through a middlebox that kept it —
-//! then the late grant is freed by its TTL.) A clean-up for that owner is
+//! note, which keeps the connection open. (A connection that dropped is replaced by a
+//! fresh one: a clean-up sent over the dropped one fails, and goes over the current one
+//! too. A request lost with the old socket reaches a server only through a middlebox
+//! that kept it — then the late grant is freed by its TTL.) A clean-up for that owner is
 //! sent behind every noted connection, and over the current one as well (a noted one may
 //! be dead, or no longer the primary). This is safe because an owner id is never
 //! granted again once its clean-up is sent (each acquire attempt and each Redlock round
