@@ -13,3 +13,14 @@ pub mod bench;
 pub mod local;
 #[cfg(feature = "lab")]
 pub mod matrix;
+
+/// The allocator the `tenure` binary installs with the lab: the system allocator behind
+/// counters of its calls (a few relaxed atomic adds per allocation), from which `tenure
+/// bench` reports allocations per cycle (`"allocs_per_cycle"`).
+#[cfg(feature = "lab")]
+pub use stats_alloc::INSTRUMENTED_SYSTEM as COUNTING_ALLOCATOR;
+
+/// This library's unit tests count allocations as the binary does.
+#[cfg(all(test, feature = "lab"))]
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &COUNTING_ALLOCATOR;

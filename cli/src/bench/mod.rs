@@ -181,6 +181,10 @@ pub struct BenchLine {
     /// This process's context switches (voluntary + involuntary) per cycle.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switches_per_cycle: Option<f64>,
+    /// This process's heap allocations per cycle (the bench's own included: a key string
+    /// per cycle), where its allocator counts them (the `tenure` binary's does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocs_per_cycle: Option<f64>,
     /// Rounds this line summarises: with more than one (`--repeat`), every rate, latency,
     /// fairness and ratio is the median over the rounds (each ratio taken within its
     /// round), and `cycles`, `errors` and `secs` are totals.
@@ -242,6 +246,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 peer_ratio: known(&|l| l.peer_ratio),
                 cpu_us_per_cycle: known(&|l| l.cpu_us_per_cycle),
                 switches_per_cycle: known(&|l| l.switches_per_cycle),
+                allocs_per_cycle: known(&|l| l.allocs_per_cycle),
                 rounds: group.iter().map(|l| l.rounds).sum(),
             }
         })
@@ -408,8 +413,9 @@ impl Stats {
             ratio: None,
             same_work_ratio: None,
             peer_ratio: None,
-            cpu_us_per_cycle: per_cycle.map(|(cpu, _)| cpu),
-            switches_per_cycle: per_cycle.map(|(_, switches)| switches),
+            cpu_us_per_cycle: per_cycle.map(|p| p.cpu_us),
+            switches_per_cycle: per_cycle.map(|p| p.switches),
+            allocs_per_cycle: per_cycle.and_then(|p| p.allocations),
             rounds: 1,
         }
     }
@@ -797,6 +803,7 @@ mod tests {
             peer_ratio: None,
             cpu_us_per_cycle: Some(cycles_per_s / 100.0),
             switches_per_cycle: None,
+            allocs_per_cycle: None,
             rounds: 1,
         }
     }

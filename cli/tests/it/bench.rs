@@ -61,6 +61,8 @@ fn every_backend_has_working_floors() {
             // A cycle over loopback takes CPU and blocks on the socket at least once.
             assert!(line["cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{line}");
             assert!(line["switches_per_cycle"].as_f64().unwrap() > 0.0, "{line}");
+            // The binary counts its allocations: a cycle makes at least its key string.
+            assert!(line["allocs_per_cycle"].as_f64().unwrap() >= 1.0, "{line}");
         }
     }
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();

@@ -173,9 +173,9 @@ fn print_table(rows: &[Row]) {
         ("", "")
     };
     println!(
-        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | ÷ floor | ÷ same-work |{peer_head} CPU µs/cycle | switches/cycle |"
+        "| backend | mode | impl | cycles/s | hand-offs/s | fairness | p50 µs | p99 µs | errors | ÷ floor | ÷ same-work |{peer_head} CPU µs/cycle | switches/cycle | allocs/cycle |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|{peer_rule}---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|{peer_rule}---:|---:|---:|");
     let times = |r: Option<f64>| r.map_or(String::new(), |r| format!("{r:.2}×"));
     for row in rows {
         if let Row::Cycles(l) = row {
@@ -183,9 +183,10 @@ fn print_table(rows: &[Row]) {
             let same_work_ratio = times(l.same_work_ratio);
             let number =
                 |n: Option<f64>, places| n.map_or(String::new(), |n| format!("{n:.places$}"));
-            let (cpu, switches) = (
+            let (cpu, switches, allocs) = (
                 number(l.cpu_us_per_cycle, 1),
                 number(l.switches_per_cycle, 2),
+                number(l.allocs_per_cycle, 1),
             );
             let peer_ratio = if peers {
                 format!(" {} |", times(l.peer_ratio))
@@ -202,7 +203,7 @@ fn print_table(rows: &[Row]) {
                 (None, false) => l.implementation.to_owned(),
             };
             println!(
-                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} | {same_work_ratio} |{peer_ratio} {cpu} | {switches} |",
+                "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} | {same_work_ratio} |{peer_ratio} {cpu} | {switches} | {allocs} |",
                 l.backend, l.mode, l.cycles_per_s, l.p50_us, l.p99_us, l.errors
             );
         }

@@ -20,6 +20,12 @@ mod run;
 
 use run::EXIT_LOST;
 
+/// With the lab, allocations are counted for `tenure bench` (see
+/// [`tenure_cli::COUNTING_ALLOCATOR`]).
+#[cfg(feature = "lab")]
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &tenure_cli::COUNTING_ALLOCATOR;
+
 /// Exit code: the lock is held by someone else (after waiting).
 const EXIT_BUSY: u8 = 75;
 /// Exit code: bad configuration or input.
