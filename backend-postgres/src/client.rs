@@ -95,6 +95,36 @@ impl Dedicated {
     }
 }
 
+/// Why a pool found no connection within `connect_timeout`. The pool retries refusals
+/// that may pass ("too many connections", a server starting up, a refused port) quietly
+/// until it times out: one direct attempt tells what the server says — or, if it
+/// connects, that connecting took too long (an overloaded client or server).
+pub(crate) async fn no_connection(config: &PgConfig, options: &PgConnectOptions) -> LockError {
+    let started = Instant::now();
+    let probe = bounded_for(
+        config,
+        config.connect_timeout,
+        "connect",
+        PgConnection::connect_with(options),
+    )
+    .await;
+    match probe {
+        Err(refused) => refused,
+        Ok(probe) => {
+            let took = started.elapsed();
+            let _ = tokio::time::timeout(config.request_timeout, probe.close()).await;
+            LockError::Unavailable {
+                message: format!(
+                    "connect on {}: none within {:?}, a direct one took {took:.1?}",
+                    config.endpoint(),
+                    config.connect_timeout
+                ),
+                source: None,
+            }
+        }
+    }
+}
+
 /// The server's view of where the connection comes from, which is this end's local
 /// address unless something (a proxy, NAT) sits between.
 const CLIENT_ADDRESS: &str = "SELECT host(inet_client_addr()), inet_client_port()";
@@ -164,29 +194,8 @@ impl PgLock {
                 return Err((map_err(config, "connect", e), rejected));
             }
             _ => {
-                // The pool retries "too many connections" quietly until it times out: one
-                // direct attempt tells what the server says.
                 drop(pool.close());
-                let probe = bounded_for(
-                    config,
-                    config.connect_timeout,
-                    "connect",
-                    PgConnection::connect_with(options),
-                )
-                .await
-                .map_err(|e| (e, false))?;
-                let _ = tokio::time::timeout(config.request_timeout, probe.close()).await;
-                return Err((
-                    LockError::Unavailable {
-                        message: format!(
-                            "connect on {}: no connection within {:?}",
-                            config.endpoint(),
-                            config.connect_timeout
-                        ),
-                        source: None,
-                    },
-                    false,
-                ));
+                return Err((no_connection(config, options).await, false));
             }
         };
         conn.eager_reconnect(false);

@@ -304,8 +304,22 @@ impl PgLock {
     /// Cancel-safe: a half-open connection is dropped.
     pub(crate) async fn pooled(&self) -> Result<PoolConnection<Postgres>, LockError> {
         let config = &self.inner.config;
-        let limit = config.connect_timeout;
-        bounded_for(config, limit, "connect", self.inner.pool.acquire()).await
+        let pool = &self.inner.pool;
+        // The pool gives up after `connect_timeout` (its own bound; this one is a
+        // backstop), and then says only that it timed out: [`client::no_connection`]
+        // asks the server why.
+        let limit = config.connect_timeout + Duration::from_secs(1);
+        let acquired = bounded_for(config, limit, "connect", async {
+            match pool.acquire().await {
+                Err(sqlx::Error::PoolTimedOut) => Ok(None),
+                other => other.map(Some),
+            }
+        })
+        .await?;
+        match acquired {
+            Some(connection) => Ok(connection),
+            None => Err(client::no_connection(config, &pool.connect_options()).await),
+        }
     }
 
     /// Whether dedicated connections ask the server to check for closed client sockets

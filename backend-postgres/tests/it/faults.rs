@@ -814,6 +814,14 @@ async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
     assert!(!held.is_empty());
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
     assert!(err.to_string().contains("max_connections"), "{err}");
+    // A client without a connection yet: its pool only times out, then asks the server
+    // why (not "pool timed out").
+    let err = match PgLock::connect(&url).await {
+        Ok(other) => other.inspect(&key("slot-0")).await.unwrap_err(),
+        Err(e) => e,
+    };
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_connections"), "{err}");
     for lease in held {
         lock.release(lease).await.unwrap();
     }
