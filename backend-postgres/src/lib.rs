@@ -296,9 +296,12 @@ impl PgLock {
         self.inner.pool.close().await;
     }
 
-    /// A connection of the autocommit pool: an idle one, or a new one. Opening it is
+    /// A connection of the autocommit pool: an idle one, or a new one. The wait for it is
     /// bounded by `connect_timeout`; the statements run on it are each bounded by
-    /// `request_timeout` ([`bounded`](Self::bounded)).
+    /// `request_timeout` ([`bounded`](Self::bounded)). When none came: if every
+    /// connection the pool may have was busy, the error says so (raise `pool_size`);
+    /// otherwise one direct attempt, within another `connect_timeout`, asks the server
+    /// why ([`client::no_connection`]).
     ///
     /// # Cancel safety
     /// Cancel-safe: a half-open connection is dropped.
@@ -316,8 +319,19 @@ impl PgLock {
             }
         })
         .await?;
+        let size = pool.options().get_max_connections();
         match acquired {
             Some(connection) => Ok(connection),
+            // Every connection the pool may open is open (or being opened): busy.
+            None if pool.size() >= size => Err(LockError::Unavailable {
+                message: format!(
+                    "connect on {}: all {size} connections of the pool stayed busy for {:?} \
+                     (raise pool_size)",
+                    config.endpoint(),
+                    config.connect_timeout
+                ),
+                source: None,
+            }),
             None => Err(client::no_connection(config, &pool.connect_options()).await),
         }
     }

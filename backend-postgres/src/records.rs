@@ -108,7 +108,8 @@ impl Drop for Withdraw<'_> {
 impl PgLock {
     /// Takes `record`'s fencing token and records its holder, in a statement shared with
     /// every other record queued by the time a pool connection is free. Bounded by the
-    /// wait for a pool connection (`connect_timeout`) and then one `request_timeout` per
+    /// wait for a pool connection (`connect_timeout`; another one to learn why, when none
+    /// could be opened: see `PgLock::pooled`) and then one `request_timeout` per
     /// statement on it.
     ///
     /// # Cancel safety

@@ -8,6 +8,7 @@
 //! leak the doctor looks for (the `TTL = -1` check).
 
 use std::sync::LazyLock;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use redis::Script;
@@ -120,8 +121,12 @@ impl RedisLock {
         let limit = self.config.request_timeout;
         let mut found = Vec::new();
         let mut cursor = 0u64;
-        // One node for the whole walk: a cursor means nothing on another.
-        let node = self.primary.node();
+        // One node for the whole walk (a cursor means nothing on another), taken as a
+        // call takes it: a suspect one is replaced first. A connection that dropped
+        // (closed by the server, or the server restarted) makes it suspect, and the walk
+        // starts again once over a fresh one.
+        let mut node = self.primary.node_for_call(Instant::now() + limit).await;
+        let mut restarted = false;
         loop {
             let mut conn = node.conn.clone();
             let mut scan = redis::cmd("SCAN");
@@ -130,9 +135,21 @@ impl RedisLock {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(SCAN_COUNT);
-            let (next, keys): (u64, Vec<String>) = bounded(limit, scan.query_async(&mut conn))
-                .await
-                .map_err(|e| classify(&self.config, "scan", e))?;
+            let (next, keys): (u64, Vec<String>) =
+                match bounded(limit, scan.query_async(&mut conn)).await {
+                    Ok(reply) => reply,
+                    Err(e) if e.is_unrecoverable_error() => {
+                        node.suspect();
+                        if restarted {
+                            return Err(classify(&self.config, "scan", e));
+                        }
+                        restarted = true;
+                        node = self.primary.node_for_call(Instant::now() + limit).await;
+                        (found, cursor) = (Vec::new(), 0);
+                        continue;
+                    }
+                    Err(e) => return Err(classify(&self.config, "scan", e)),
+                };
             // Lock keys end with the closing brace; fence counters with `}:fence`.
             let locks: Vec<String> = keys.into_iter().filter(|k| k.ends_with('}')).collect();
             if !locks.is_empty() {

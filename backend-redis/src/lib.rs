@@ -76,8 +76,8 @@ const CLUSTER_RECHECK: Duration = Duration::from_secs(1);
 const LIMIT_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A lock service on one Redis server, the primary Redis Sentinel names, or a Redis
-/// Cluster. Cheap to share (`Arc`); all calls multiplex over one auto-reconnecting
-/// connection (a cluster connection, routed by slot, on a cluster), and all waiters
+/// Cluster. Cheap to share (`Arc`); all calls multiplex over one connection, replaced
+/// when it drops (a cluster connection, routed by slot, on a cluster), and all waiters
 /// share one subscriber connection (opened at the first wait, again after it closes;
 /// on a cluster, a cluster connection subscribing shard channels).
 #[derive(Clone)]

@@ -15,7 +15,7 @@ pub mod local;
 pub mod matrix;
 
 /// The allocator the `tenure` binary installs with the lab: the system allocator behind
-/// counters of its calls (a few relaxed atomic adds per allocation), from which `tenure
+/// counters of its calls (a few atomic adds per allocation and free), from which `tenure
 /// bench` reports allocations per cycle (`"allocs_per_cycle"`).
 #[cfg(feature = "lab")]
 pub use stats_alloc::INSTRUMENTED_SYSTEM as COUNTING_ALLOCATOR;

@@ -827,6 +827,35 @@ async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
     }
 }
 
+/// Every connection the autocommit pool may open is busy (its only one waits for a
+/// reply from a paused server): a second caller is told the pool stayed busy, not sent to
+/// open a connection of its own to learn why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_connections_all_stay_busy_says_so() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!(
+        "{}?pool_size=1&connect_timeout_ms=1000&request_timeout_ms=10000",
+        server.url()
+    );
+    let lock = Arc::new(PgLock::connect(&url).await.unwrap());
+    server.pause().unwrap();
+    let first = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.inspect(&key("busy-a")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = lock.inspect(&key("busy-b")).await;
+    server.resume().unwrap();
+    let err = second.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("all 1 connections of the pool stayed busy"),
+        "{err}"
+    );
+    assert!(first.await.unwrap().is_ok(), "the first caller is answered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_whose_transaction_dies_before_the_lease_starts_is_retried_not_lost() {
     let server = Postgres::start().await.unwrap();

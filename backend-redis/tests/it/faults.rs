@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tenure_api::{
-    AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey, ReleaseOutcome,
+    AcquireOptions, DistributedLock, Lease, LockAdmin, LockError, LockExt, LockKey, ReleaseOutcome,
 };
 use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
@@ -119,6 +119,16 @@ async fn a_connection_the_server_closed_is_replaced_at_the_next_call() {
         let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
         lock.release(lease).await.unwrap();
     }
+    // Listing locks (`holders`, `doctor`) walks the keyspace over the same connection:
+    // closed by the server, it is replaced there too.
+    let _held = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let killed = node
+        .command(&["CLIENT", "KILL", "TYPE", "normal"])
+        .await
+        .unwrap();
+    assert!(killed.as_int().unwrap_or(0) >= 1, "fired: {killed:?}");
+    let holders = LockAdmin::holders(&lock, "").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
 }
 
 /// `lock` recorded as `client` in `history`.
