@@ -69,9 +69,11 @@ impl fmt::Debug for ZkLock {
 /// One node in a key's queue, as [`ZkLock::queue`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedNode {
-    /// The node's name, `lock-<owner>-<sequence>`.
+    /// The node's name, `lock-<owner>-<sequence>`; another recipe's contender (Curator,
+    /// kazoo) keeps the name its client gave it (see the crate docs).
     pub name: String,
-    /// The acquire call that created it.
+    /// The acquire call that created it; for another recipe's node, the UUID its name
+    /// carries, or one derived from its name.
     pub owner: OwnerId,
     /// Its queue position (the server's sequence number).
     pub sequence: i64,
@@ -218,6 +220,9 @@ impl ZkLock {
         };
         let label = match data.is_empty() {
             true => None,
+            // Another recipe's node holds what its client put there (kazoo: the
+            // identifier; Curator: the client's address), shown as text.
+            false if node.foreign => Some(String::from_utf8_lossy(&data).into_owned()),
             false => Some(String::from_utf8(data).map_err(|_| {
                 LockError::backend(format!("lock node {path} has a non-UTF-8 label"))
             })?),

@@ -4,6 +4,14 @@
 //! ZooKeeper refuses in a path percent-encoded (so `jobs/nightly` and `jobs%2Fnightly`
 //! cannot collide, and no key can escape the prefix or clash with another key's
 //! directory). Lock nodes inside it are named `lock-<owner id hex>-<sequence>`.
+//!
+//! Other recipes' contenders in the same directory are in the queue too, ordered by the
+//! sequence ZooKeeper gave them like tenure's own: Curator's and go-zookeeper's
+//! `[_c_<uuid>-]lock-<sequence>` (Curator's read-write lock: `__READ__`, `__WRIT__`) and
+//! kazoo's `<uuid hex>__lock__<sequence>` (`__rlock__`). tenure waits for each of them as
+//! for one of its own, never sharing the lock with it, and never deletes one. A child
+//! whose name ends in none of these is not a contender (one that merely looks like one,
+//! `block-0000000001`, counts: the safe side).
 
 use std::fmt::Write as _;
 
@@ -70,34 +78,100 @@ pub(crate) fn node_prefix(owner: OwnerId) -> String {
     format!("{LOCK_PREFIX}{owner}-")
 }
 
+/// Where another recipe's node name puts its sequence: after the last of these.
+const FOREIGN_MARKERS: [&str; 5] = ["__lock__", "__rlock__", "__READ__", "__WRIT__", "lock-"];
+
 /// A lock node found in a key's directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockNode {
     /// The node's name (last path component).
     pub(crate) name: String,
-    /// Whose node it is.
+    /// Whose node it is: for another recipe's node, the UUID its name carries (Curator's
+    /// `_c_<uuid>-`, kazoo's `<uuid hex>`), else one derived from its name; never a
+    /// tenure owner's.
     pub(crate) owner: OwnerId,
     /// Its sequence number: the queue position.
     pub(crate) sequence: i64,
+    /// Another recipe's contender (Curator, kazoo), not tenure's.
+    pub(crate) foreign: bool,
+}
+
+/// A sequence as ZooKeeper appends it: `%010d` of the parent's 32-bit `cversion` —
+/// negative past 2^31, e.g. `-2147483648` or `-000000001` — or a longer run of digits.
+fn sequence(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 impl LockNode {
-    /// Parses `lock-<32 hex>-<sequence>`, the sequence being what ZooKeeper appends:
-    /// `%010d` of the parent's 32-bit `cversion` — negative past 2^31, e.g. `-2147483648`
-    /// or `-000000001` — or a longer run of digits. Anything else is not a lock node.
+    /// Parses tenure's `lock-<32 hex>-<sequence>`, or another recipe's contender (see the
+    /// module docs) whose name ends in the full 10 or more characters of a sequence.
+    /// Anything else is not a lock node.
     pub(crate) fn parse(name: &str) -> Option<Self> {
+        Self::parse_own(name).or_else(|| Self::parse_foreign(name))
+    }
+
+    /// Whether this is `owner`'s own node (never another recipe's, whatever owner id its
+    /// name yields).
+    pub(crate) fn is_of(&self, owner: OwnerId) -> bool {
+        !self.foreign && self.owner == owner
+    }
+
+    /// Parses tenure's `lock-<32 hex>-<sequence>` only.
+    pub(crate) fn parse_own(name: &str) -> Option<Self> {
         let rest = name.strip_prefix(LOCK_PREFIX)?;
-        let (owner, sequence) = rest.split_once('-')?;
-        let digits = sequence.strip_prefix('-').unwrap_or(sequence);
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
+        let (owner, sequence_text) = rest.split_once('-')?;
         Some(Self {
             name: name.to_string(),
             owner: OwnerId::parse(owner).ok()?,
-            sequence: sequence.parse().ok()?,
+            sequence: sequence(sequence_text)?,
+            foreign: false,
         })
     }
+
+    fn parse_foreign(name: &str) -> Option<Self> {
+        // A child's name, not a path below it (the holder feed's recursive watch sees
+        // those too: a Curator semaphore's `locks/…` nodes are not this lock's queue).
+        if name.contains('/') {
+            return None;
+        }
+        FOREIGN_MARKERS.iter().find_map(|marker| {
+            let at = name.rfind(marker)?;
+            let text = &name[at + marker.len()..];
+            let sequence = sequence(text).filter(|_| text.len() >= 10)?;
+            Some(Self {
+                name: name.to_string(),
+                owner: foreign_owner(&name[..at], name),
+                sequence,
+                foreign: true,
+            })
+        })
+    }
+}
+
+/// The owner of another recipe's node `name`, which starts with `stem`: the UUID in the
+/// stem (Curator's protected `_c_<uuid>-`, kazoo's `<uuid hex>`), else one derived from
+/// the whole name (FNV-1a, the same in every build).
+fn foreign_owner(stem: &str, name: &str) -> OwnerId {
+    let hex: String = stem
+        .trim_start_matches("_c_")
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    OwnerId::parse(&hex).unwrap_or_else(|_| {
+        let fnv = |basis: u64| {
+            name.bytes().fold(basis, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        };
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
+        bytes[8..].copy_from_slice(&fnv(0x8422_2325_cbf2_9ce4).to_be_bytes());
+        OwnerId(bytes)
+    })
 }
 
 /// The lock nodes among `children`, in queue order: the order ZooKeeper assigned their
@@ -165,10 +239,11 @@ pub(crate) fn listing(children: &[String], cversion: i32) -> Listing {
     Listing { nodes, ambiguous }
 }
 
-/// The owner encoded in a lock node path's last component.
+/// The owner encoded in the last component of a path of tenure's own lock node (none for
+/// another recipe's node: no lease is ever on one).
 pub(crate) fn owner_of_path(path: &str) -> Option<OwnerId> {
     let name = path.rsplit('/').next()?;
-    LockNode::parse(name).map(|n| n.owner)
+    LockNode::parse_own(name).map(|n| n.owner)
 }
 
 #[cfg(test)]
@@ -245,6 +320,60 @@ mod tests {
         );
         assert_eq!(owner_of_path(&format!("/t/k/{}", q[1].name)), Some(a));
         assert_eq!(owner_of_path("/t/k/other"), None);
+    }
+
+    /// Other recipes' contenders in a key's directory are queued with tenure's, by the
+    /// sequence ZooKeeper gave each: a kazoo or Curator holder is one tenure waits for.
+    #[test]
+    fn other_recipes_nodes_queue_with_tenures_by_sequence() {
+        let ours = OwnerId([0xab; 16]);
+        let uuid = "3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b";
+        let children = vec![
+            format!("{}0000000012", node_prefix(ours)),
+            "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b__lock__0000000004".to_string(),
+            format!("_c_{uuid}-lock-0000000007"),
+            "lock-0000000009".to_string(),
+            "__WRIT__0000000010".to_string(),
+            "0123456789abcdef0123456789abcdef__rlock__0000000011".to_string(),
+            // Not contenders: no sequence, or too short to be ZooKeeper's.
+            "leases".to_string(),
+            "lock-42".to_string(),
+            "x__lock__12".to_string(),
+        ];
+        let q = listing(&children, 13).nodes;
+        let sequences: Vec<i64> = q.iter().map(|n| n.sequence).collect();
+        assert_eq!(sequences, [4, 7, 9, 10, 11, 12]);
+        let foreign: Vec<bool> = q.iter().map(|n| n.foreign).collect();
+        assert_eq!(foreign, [true, true, true, true, true, false]);
+        let kazoo = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
+        assert_eq!(q[0].owner, kazoo, "kazoo's UUID prefix");
+        assert_eq!(q[1].owner, kazoo, "Curator's protected UUID");
+        assert_ne!(q[2].owner, ours);
+        assert_ne!(q[2].owner, q[3].owner, "derived from the whole name");
+        assert_eq!(
+            q[2].owner,
+            LockNode::parse("lock-0000000009").unwrap().owner,
+            "the same for the same name"
+        );
+        assert_eq!(q[5].owner, ours);
+        assert!(q[5].is_of(ours) && !q[0].is_of(kazoo) && !q[0].is_of(ours));
+        // No lease is on another recipe's node, whatever owner its name yields.
+        assert_eq!(owner_of_path(&format!("/t/k/{}", q[0].name)), None);
+        assert_eq!(owner_of_path(&format!("/t/k/{}", q[5].name)), Some(ours));
+        // Below a child (a recursive watch's event): not a contender of this queue.
+        assert_eq!(LockNode::parse("locks/_c_x-lock-0000000003"), None);
+        // Negative sequences past the 32-bit wrap, as ZooKeeper formats them.
+        for (name, expected) in [
+            ("abc__lock__-000000001", -1),
+            ("abc__lock__-2147483648", -2_147_483_648),
+            ("_c_x-lock--000000002", -2),
+        ] {
+            assert_eq!(
+                LockNode::parse(name).map(|n| n.sequence),
+                Some(expected),
+                "{name}"
+            );
+        }
     }
 
     /// Defect: the largest-gap rule put a waiter created 3·10^9 directory changes after

@@ -112,7 +112,7 @@ async fn sweep(
                 let mut clean = true;
                 for node in queue(&children)
                     .into_iter()
-                    .filter(|n| n.owner == owner && Some(&n.name) != keep.as_ref())
+                    .filter(|n| n.is_of(owner) && Some(&n.name) != keep.as_ref())
                 {
                     let path = format!("{dir}/{}", node.name);
                     match bounded(request_timeout, client.delete(&path, None)).await {

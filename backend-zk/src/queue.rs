@@ -147,7 +147,7 @@ impl ZkLock {
             match bounded(self.request_timeout(), client.create(&path, data, &options)).await {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", node_prefix(owner));
-                    if LockNode::parse(&name).is_none() {
+                    if LockNode::parse_own(&name).is_none() {
                         // Never expected (every sequence ZooKeeper produces parses), but
                         // a node the queue cannot see would be re-created forever.
                         let _ = bounded(
@@ -204,7 +204,7 @@ impl ZkLock {
             .children(client, dir)
             .await?
             .into_iter()
-            .filter(|n| n.owner == owner)
+            .filter(|n| n.is_of(owner))
         {
             let path = format!("{dir}/{}", node.name);
             match bounded(self.request_timeout(), client.check_stat(&path)).await {
@@ -292,12 +292,12 @@ impl ZkLock {
         }
         for duplicate in nodes
             .iter()
-            .filter(|n| n.owner == owner && n.name != node.name)
+            .filter(|n| n.is_of(owner) && n.name != node.name)
         {
             let path = format!("{dir}/{}", duplicate.name);
             let _ = bounded(self.request_timeout(), client.delete(&path, None)).await;
         }
-        nodes.retain(|n| n.owner != owner || n.name == node.name);
+        nodes.retain(|n| !n.is_of(owner) || n.name == node.name);
         let position = match nodes.iter().position(|n| n.name == node.name) {
             None => Position::Gone,
             Some(_) if node.uncertain.load(Ordering::Relaxed) => {

@@ -8,6 +8,7 @@
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 mod faults;
+mod foreign;
 mod observe;
 mod requests;
 mod security;
