@@ -827,25 +827,44 @@ async fn server_out_of_connection_slots_is_unavailable_and_names_the_setting() {
     }
 }
 
-/// Every connection the autocommit pool may open is busy (its only one waits for a
-/// reply from a paused server): a second caller is told the pool stayed busy, not sent to
-/// open a connection of its own to learn why.
+/// Every connection the autocommit pool may open is busy (its only one waits behind
+/// another session's lock on the holder table): a second caller is told the pool stayed
+/// busy, not sent to open a connection of its own to learn why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_whose_connections_all_stay_busy_says_so() {
+    use sqlx::Connection as _;
     let server = Postgres::start().await.unwrap();
     let url = format!(
-        "{}?pool_size=1&connect_timeout_ms=1000&request_timeout_ms=10000",
+        "{}?pool_size=1&connect_timeout_ms=1000&request_timeout_ms=30000",
         server.url()
     );
     let lock = Arc::new(PgLock::connect(&url).await.unwrap());
-    server.pause().unwrap();
+    let mut blocker = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query("LOCK TABLE public.tenure_locks_holders IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
     let first = tokio::spawn({
         let lock = lock.clone();
         async move { lock.inspect(&key("busy-a")).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first caller holds the pool's connection once its read waits on the lock.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n: i64 = sqlx::query_scalar(waiting)
+            .fetch_one(&mut blocker)
+            .await
+            .unwrap();
+        if n >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first caller never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let second = lock.inspect(&key("busy-b")).await;
-    server.resume().unwrap();
+    sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
     let err = second.unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
     assert!(
@@ -853,7 +872,8 @@ async fn a_pool_whose_connections_all_stay_busy_says_so() {
             .contains("all 1 connections of the pool stayed busy"),
         "{err}"
     );
-    assert!(first.await.unwrap().is_ok(), "the first caller is answered");
+    let first = first.await.unwrap();
+    assert!(first.is_ok(), "the first caller is answered: {first:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
