@@ -101,15 +101,7 @@ async fn a_connection_the_server_closed_is_replaced_at_the_next_call() {
     let lock = connect(&node.url()).await;
     let k = key("connection-closed");
     let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
-    // Every client connection but the one asking (`SKIPME yes`, the default).
-    let killed = node
-        .command(&["CLIENT", "KILL", "TYPE", "normal"])
-        .await
-        .unwrap();
-    assert!(
-        killed.as_int().unwrap_or(0) >= 1,
-        "the fault fired: the client's connection was closed ({killed:?})"
-    );
+    close_connections(node, "normal").await;
     assert_eq!(
         lock.release(lease).await.unwrap(),
         ReleaseOutcome::Released,
@@ -122,13 +114,23 @@ async fn a_connection_the_server_closed_is_replaced_at_the_next_call() {
     // Listing locks (`holders`, `doctor`) walks the keyspace over the same connection:
     // closed by the server, it is replaced there too.
     let _held = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
-    let killed = node
-        .command(&["CLIENT", "KILL", "TYPE", "normal"])
-        .await
-        .unwrap();
-    assert!(killed.as_int().unwrap_or(0) >= 1, "fired: {killed:?}");
+    close_connections(node, "normal").await;
     let holders = LockAdmin::holders(&lock, "").await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");
+}
+
+/// The server closes every connection of `kind` (`normal`: clients; `replica`: the
+/// replication link) but the one asking (`SKIPME yes`, the default); asserts the fault
+/// fired.
+async fn close_connections(node: &tenure_redis::lab::RedisNode, kind: &str) {
+    let killed = node
+        .command(&["CLIENT", "KILL", "TYPE", kind])
+        .await
+        .unwrap();
+    assert!(
+        killed.as_int().unwrap_or(0) >= 1,
+        "the fault fired: {kind} connections closed ({killed:?})"
+    );
 }
 
 /// `lock` recorded as `client` in `history`.
@@ -329,14 +331,7 @@ async fn failover_to_an_async_replica(fence: &str) -> DoubleGrant {
 
     // The replica falls behind: frozen, and cut off from the primary.
     replica.pause().unwrap();
-    let killed = primary
-        .command(&["CLIENT", "KILL", "TYPE", "replica"])
-        .await
-        .unwrap();
-    assert!(
-        killed.as_int().unwrap_or(0) >= 1,
-        "the fault fired: replication link cut"
-    );
+    close_connections(primary, "replica").await;
     let held = a.try_acquire(&k, TTL).await.unwrap().unwrap();
     primary.kill().await.unwrap();
     replica.resume().unwrap();
