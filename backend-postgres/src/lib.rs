@@ -319,13 +319,13 @@ impl PgLock {
             }
         })
         .await?;
-        let size = pool.options().get_max_connections();
+        let most = pool.options().get_max_connections();
         match acquired {
             Some(connection) => Ok(connection),
             // Every connection the pool may open is open (or being opened): busy.
-            None if pool.size() >= size => Err(LockError::Unavailable {
+            None if pool.size() >= most => Err(LockError::Unavailable {
                 message: format!(
-                    "connect on {}: all {size} connections of the pool stayed busy for {:?} \
+                    "connect on {}: all {most} connections of the pool stayed busy for {:?} \
                      (raise pool_size)",
                     config.endpoint(),
                     config.connect_timeout

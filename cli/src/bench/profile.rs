@@ -1,27 +1,24 @@
 //! What a bench slice cost this process, from `getrusage(RUSAGE_SELF)`: CPU time (user +
 //! system, every thread) and context switches (voluntary — a thread blocking on I/O or
 //! a lock — and involuntary); and the heap allocations made, counted by the `tenure`
-//! binary's allocator ([`crate::COUNTING_ALLOCATOR`]). Servers are other processes: only the client is
-//! counted, so a line's per-cycle figures are its client's cost, and a regression shows
-//! without `perf`.
+//! binary's allocator ([`COUNTING_ALLOCATOR`]). Servers are other processes: only the
+//! client is counted, so a line's per-cycle figures are its client's cost, and a
+//! regression shows without `perf`.
 
-use std::alloc::System;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::time::TimeValLike;
-use stats_alloc::StatsAlloc;
 
-/// The allocator whose counts are read: [`crate::COUNTING_ALLOCATOR`].
-static ALLOCATOR: &StatsAlloc<System> = &crate::COUNTING_ALLOCATOR;
+use crate::COUNTING_ALLOCATOR;
 
-/// Whether [`ALLOCATOR`] is this process's global allocator: an allocation made here
-/// shows in its count.
+/// Whether [`COUNTING_ALLOCATOR`] is this process's global allocator: an allocation
+/// made here shows in its count.
 static COUNTING: LazyLock<bool> = LazyLock::new(|| {
-    let before = ALLOCATOR.stats().allocations;
+    let before = COUNTING_ALLOCATOR.stats().allocations;
     drop(std::hint::black_box(Box::new(0u64)));
-    ALLOCATOR.stats().allocations > before
+    COUNTING_ALLOCATOR.stats().allocations > before
 });
 
 /// This process's resource use so far, or between two readings.
@@ -32,7 +29,7 @@ pub(super) struct Usage {
     /// Voluntary + involuntary context switches.
     pub(super) switches: u64,
     /// Heap allocations (`alloc` and `alloc_zeroed` calls; a `realloc` is not counted),
-    /// when [`ALLOCATOR`] counts them.
+    /// when [`COUNTING_ALLOCATOR`] counts them.
     pub(super) allocations: Option<u64>,
 }
 
@@ -99,9 +96,9 @@ pub(super) struct PerCycle {
     pub(super) allocations: Option<f64>,
 }
 
-/// Allocations so far, if [`ALLOCATOR`] counts them.
+/// Allocations so far, if [`COUNTING_ALLOCATOR`] counts them.
 fn allocations() -> Option<u64> {
-    (*COUNTING).then(|| u64::try_from(ALLOCATOR.stats().allocations).unwrap_or(u64::MAX))
+    (*COUNTING).then(|| u64::try_from(COUNTING_ALLOCATOR.stats().allocations).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -156,11 +156,7 @@ async fn guard_renews_past_the_ttl() {
 /// long before the deadline.
 #[tokio::test]
 async fn a_renewal_refused_for_good_marks_the_lease_lost_at_once() {
-    let lock = Faulty::new(MemoryLock::new());
-    let guard = lock
-        .lock(&key("refused"), &AcquireOptions::new(LONG_TTL))
-        .await
-        .unwrap();
+    let (lock, guard) = faulty_guard("refused", LONG_TTL).await;
     let deadline = guard.deadline();
     lock.extend_mode.store(REFUSED, Ordering::SeqCst);
     tokio::time::timeout(renewal_interval(LONG_TTL) * 2, guard.lost())
@@ -176,11 +172,7 @@ async fn a_renewal_refused_for_good_marks_the_lease_lost_at_once() {
 /// retried until the lease deadline; then the lease is lost, with the last error.
 #[tokio::test]
 async fn a_renewal_failing_until_the_deadline_marks_the_lease_lost_then() {
-    let lock = Faulty::new(MemoryLock::new());
-    let guard = lock
-        .lock(&key("flaky"), &AcquireOptions::new(SHORT_TTL))
-        .await
-        .unwrap();
+    let (lock, guard) = faulty_guard("flaky", SHORT_TTL).await;
     lock.extend_mode.store(FAILING, Ordering::SeqCst);
     let deadline = guard.deadline();
     tokio::time::timeout(SHORT_TTL * 2, guard.lost())
@@ -204,11 +196,7 @@ async fn a_renewal_failing_until_the_deadline_marks_the_lease_lost_then() {
 /// deadline: the loss names the failure, not only the deadline.
 #[tokio::test]
 async fn a_loss_at_the_deadline_names_the_last_renewal_error() {
-    let lock = Faulty::new(MemoryLock::new());
-    let guard = lock
-        .lock(&key("failed-then-silent"), &AcquireOptions::new(SHORT_TTL))
-        .await
-        .unwrap();
+    let (lock, guard) = faulty_guard("failed-then-silent", SHORT_TTL).await;
     lock.failing_next.store(1, Ordering::SeqCst);
     lock.extend_mode.store(HANGING, Ordering::SeqCst);
     tokio::time::timeout(SHORT_TTL * 2, guard.lost())
@@ -227,12 +215,8 @@ async fn a_loss_at_the_deadline_names_the_last_renewal_error() {
 /// still stood on the servers. The guard retries, and keeps it.
 #[tokio::test]
 async fn a_renewal_that_fails_once_is_retried_and_the_lease_kept() {
-    let lock = Faulty::new(MemoryLock::new());
+    let (lock, guard) = faulty_guard("blip", SHORT_TTL).await;
     let k = key("blip");
-    let guard = lock
-        .lock(&k, &AcquireOptions::new(SHORT_TTL))
-        .await
-        .unwrap();
     lock.failing_next.store(1, Ordering::SeqCst);
     tokio::time::sleep(SHORT_TTL * 3).await;
     assert_eq!(lock.failures.load(Ordering::SeqCst), 1, "the fault fired");
@@ -421,6 +405,17 @@ async fn guard_works_through_a_trait_object() {
 }
 
 const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// A guard on `name` (lease of `ttl`) over a [`Faulty`] memory lock that behaves until
+/// told otherwise.
+async fn faulty_guard(name: &str, ttl: Duration) -> (Arc<Faulty>, LockGuard<Faulty>) {
+    let lock = Faulty::new(MemoryLock::new());
+    let guard = lock
+        .lock(&key(name), &AcquireOptions::new(ttl))
+        .await
+        .unwrap();
+    (lock, guard)
+}
 
 /// A lease that reached the guard with 5 s of its 30 s left (a slow reply, a pause
 /// between `acquire` and `LockGuard::new`), on a backend whose extend never answers.
