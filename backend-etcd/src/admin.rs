@@ -128,6 +128,7 @@ impl LockAdmin for EtcdLock {
                     token: u64::try_from(head.create_revision()).ok().map(FencingToken),
                     remaining,
                     label,
+                    foreign: false,
                 },
             ));
         }

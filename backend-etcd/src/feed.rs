@@ -186,5 +186,6 @@ fn holder(revision: i64, value: &[u8]) -> Result<Option<HolderInfo>, LockError> 
         token: Some(FencingToken(token)),
         remaining: None,
         label,
+        foreign: false,
     }))
 }

@@ -562,6 +562,7 @@ impl DistributedLock for EtcdLock {
             token: Some(FencingToken(token)),
             remaining: Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0))),
             label,
+            foreign: false,
         }))
     }
 

@@ -126,6 +126,7 @@ impl LockAdmin for PgLock {
                         token: u64::try_from(h.token).ok().map(FencingToken),
                         remaining: h.remaining(),
                         label,
+                        foreign: false,
                     },
                 ))
             })

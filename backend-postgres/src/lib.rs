@@ -552,6 +552,7 @@ impl DistributedLock for PgLock {
         Ok(Some(HolderInfo {
             owner,
             label,
+            foreign: false,
             token: u64::try_from(token).ok().map(FencingToken),
             remaining: remaining
                 .and_then(|ms| u64::try_from(ms).ok())

@@ -60,6 +60,7 @@ impl ScannedLock {
                 owner: value.owner,
                 token: Some(value.token),
                 label: value.label,
+                foreign: false,
                 remaining: u64::try_from(self.pttl)
                     .ok()
                     .map(std::time::Duration::from_millis),

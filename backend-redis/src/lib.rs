@@ -1215,6 +1215,7 @@ impl DistributedLock for RedisLock {
             owner: value.owner,
             token: Some(value.token),
             label: value.label,
+            foreign: false,
             // PTTL -1 would mean a lock without expiry: report it as such (None).
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
         }))

@@ -818,6 +818,7 @@ impl DistributedLock for Redlock {
                     remaining: same.iter().filter_map(|h| h.remaining).min(),
                     // One owner id is one grant, made with one label.
                     label: candidate.label.clone(),
+                    foreign: false,
                 }));
             }
         }

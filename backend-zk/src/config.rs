@@ -8,7 +8,7 @@ use std::time::Duration;
 use tenure_api::urls::{alias_names, percent_encode, HostPort, LockUrl};
 use tenure_api::LockError;
 
-use crate::names::validate_znode_path;
+use crate::names::{validate_znode_path, NodeNames};
 
 /// The ZooKeeper client port used when a host names none.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -27,7 +27,8 @@ pub const DEFAULT_PORT: u16 = 2181;
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed) |
+/// | `prefix` | `tenure` | path under the chroot holding every lock (`a/b` allowed); empty (`prefix=`) for none, so a key's directory is `<chroot>/<key>`, the path another recipe is given (a chroot is then required) |
+/// | `node_names` | `curator` | how tenure names its lock nodes, as the recipe sharing its locks does: `curator` (Curator, go-zookeeper, kazoo with `extra_lock_patterns=["-lock-"]`), `kazoo` (kazoo as it comes), `legacy` (tenure before 2026-12-07); see [`NodeNames`] |
 /// | `session_timeout_ms` | 10000 (`tenure run`: the TTL) | session timeout to negotiate; the server clamps it to 2–20 × its `tickTime` |
 /// | `connect_timeout_ms` | 5000 | bound on establishing a session |
 /// | `request_timeout_ms` | 2000 | bound on one request's reply (also read as `op_timeout_ms`) |
@@ -55,8 +56,11 @@ pub struct ZkConfig {
     pub cert_file: Option<PathBuf>,
     /// The client certificate's PEM private key.
     pub key_file: Option<PathBuf>,
-    /// Path under the chroot holding every lock, without leading or trailing `/`.
+    /// Path under the chroot holding every lock, without leading or trailing `/`; empty
+    /// for none (keys directly under the chroot).
     pub prefix: String,
+    /// How tenure names its lock nodes.
+    pub node_names: NodeNames,
     /// Session timeout asked of the server (it may negotiate another one).
     pub session_timeout: Duration,
     /// Bound on establishing a session.
@@ -78,6 +82,7 @@ impl ZkConfig {
     /// The query options.
     pub const OPTIONS: &[&str] = &[
         "prefix",
+        "node_names",
         "session_timeout_ms",
         "connect_timeout_ms",
         "request_timeout_ms",
@@ -122,6 +127,7 @@ impl ZkConfig {
             cert_file: None,
             key_file: None,
             prefix: "tenure".into(),
+            node_names: NodeNames::default(),
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
@@ -131,6 +137,16 @@ impl ZkConfig {
             let millis = |max: u64| url.millis(name, value, 1..=max);
             match name {
                 "prefix" => config.prefix = value.to_string(),
+                "node_names" => {
+                    config.node_names = NodeNames::VALUES
+                        .iter()
+                        .find(|(text, _)| *text == value)
+                        .map(|(_, names)| *names)
+                        .ok_or_else(|| {
+                            let known = NodeNames::VALUES.map(|(text, _)| text).join(", ");
+                            url.error(format!("node_names={value:?}: expected one of {known}"))
+                        })?;
+                }
                 "session_timeout_ms" => config.session_timeout = millis(3_600_000)?,
                 "connect_timeout_ms" => config.connect_timeout = millis(600_000)?,
                 "request_timeout_ms" => config.request_timeout = millis(600_000)?,
@@ -150,6 +166,11 @@ impl ZkConfig {
             }
         }
         config.prefix = normalise_prefix(&config.prefix).map_err(|why| url.error(why))?;
+        if config.lock_root().is_empty() {
+            return Err(url.error(
+                "an empty prefix needs a chroot: keys would sit at the root, beside /zookeeper",
+            ));
+        }
         if config.lock_root().split('/').nth(1) == Some("zookeeper") {
             return Err(url.error("/zookeeper is reserved for the server"));
         }
@@ -172,9 +193,12 @@ impl ZkConfig {
     }
 
     /// The absolute znode path under which every lock's directory lives:
-    /// `<chroot>/<prefix>`.
+    /// `<chroot>/<prefix>`, or the chroot when the prefix is empty.
     pub fn lock_root(&self) -> String {
-        format!("{}/{}", self.chroot, self.prefix)
+        match self.prefix.as_str() {
+            "" => self.chroot.clone(),
+            prefix => format!("{}/{prefix}", self.chroot),
+        }
     }
 
     /// The connect string handed to the client: `h1:p1,h2:p2` (no chroot: tenure prefixes
@@ -200,8 +224,9 @@ impl fmt::Display for ZkConfig {
         write!(f, "{}{}", self.connect_string(), self.chroot)?;
         write!(
             f,
-            "?prefix={}&session_timeout_ms={}&connect_timeout_ms={}&request_timeout_ms={}&tick_ms={}",
+            "?prefix={}&node_names={}&session_timeout_ms={}&connect_timeout_ms={}&request_timeout_ms={}&tick_ms={}",
             percent_encode(&self.prefix),
+            self.node_names.as_str(),
             self.session_timeout.as_millis(),
             self.connect_timeout.as_millis(),
             self.request_timeout.as_millis(),
@@ -229,6 +254,7 @@ impl fmt::Debug for ZkConfig {
             .field("user", &self.user())
             .field("password", &self.auth.as_ref().map(|_| "***"))
             .field("prefix", &self.prefix)
+            .field("node_names", &self.node_names)
             .field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -243,7 +269,7 @@ impl fmt::Debug for ZkConfig {
 fn normalise_prefix(prefix: &str) -> Result<String, String> {
     let trimmed = prefix.trim_matches('/');
     if trimmed.is_empty() {
-        return Err("prefix must not be empty".into());
+        return Ok(String::new());
     }
     validate_znode_path(&format!("/{trimmed}"))
         .map_err(|why| format!("prefix {prefix:?}: {why}"))?;
@@ -291,6 +317,7 @@ mod tests {
             &[ZkConfig::OPTIONS],
             &[
                 ("prefix", "other"),
+                ("node_names", "kazoo"),
                 ("session_timeout_ms", "4000"),
                 ("connect_timeout_ms", "250"),
                 ("request_timeout_ms", "250"),
@@ -312,12 +339,24 @@ mod tests {
         assert_eq!(parse("ZK://h/").chroot(), "");
         assert_eq!(parse("zk://h/app/").chroot(), "/app");
         assert_eq!(parse("zk://h?prefix=/x/").prefix, "x");
+        assert_eq!(parse("zk://h").node_names, NodeNames::Curator);
+        // No prefix: a key's directory is the path another recipe is given.
+        for url in ["zk://h/lock/order?prefix=", "zk://h/lock/order?prefix=/"] {
+            assert_eq!(parse(url).lock_root(), "/lock/order", "{url}");
+        }
+        for (value, names) in NodeNames::VALUES {
+            assert_eq!(
+                parse(&format!("zk://h?node_names={value}")).node_names,
+                names
+            );
+        }
     }
 
     #[test]
     fn display_round_trips() {
         for url in [
             "zk://u:p@h1,h2:2/r?prefix=a/b&op_timeout_ms=7",
+            "zk://h/r?prefix=&node_names=legacy",
             "zks://h/r?ca_file=/etc/zk%20ca.pem&cert_file=/c.pem&key_file=/k.pem",
         ] {
             let c = parse(url);
@@ -378,6 +417,9 @@ mod tests {
             "zk://h/a\u{1}b",
             "zk://h/zookeeper",
             "zk://h?prefix=",
+            "zk://h/?prefix=/",
+            "zk://h?node_names=",
+            "zk://h?node_names=Curator",
             "zk://h?prefix=a//b",
             "zk://h?session_timeout_ms=abc",
             "zk://h?op_timeout_ms=99999999999999999999",

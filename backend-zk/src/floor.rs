@@ -14,7 +14,7 @@ use tenure_api::{async_trait, LockError, OwnerId};
 use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 use zookeeper_client::{Acls, Client, Connector, CreateMode, Error as ZkError};
 
-use crate::names::{encode_key, node_prefix};
+use crate::names::{encode_key, NodeNames};
 use crate::ZkConfig;
 
 /// Ephemeral sequential create under one parent, then delete.
@@ -98,10 +98,12 @@ pub(crate) fn floor(
 /// default URL options, then `release` — sent by a bare client. Per cycle, in this order,
 /// each request answered before the next is sent (as tenure awaits each):
 ///
-/// 1. `create` (`Create2`) of `<dir>/lock-<owner>-`, ephemeral sequential, no data:
+/// 1. `create` (`Create2`) of `<dir>/<node prefix>` (`_c_<owner as UUID>-lock-` by
+///    default), ephemeral sequential, no data:
 ///    `NoNode`, as the fresh key has no node yet;
-/// 2. `create` (`CreateContainer`) of `<dir>`, the key's node, a container;
-/// 3. the same `create` as in 1, now the contender node `<dir>/lock-<owner>-<sequence>`;
+/// 2. `create` (`CreateContainer`) of `<dir>`, the key's node, a container (persistent
+///    with `node_names=kazoo`, as tenure makes it then);
+/// 3. the same `create` as in 1, now the contender node `<dir>/<node prefix><sequence>`;
 ///    its `czxid`, in the reply's stat, is tenure's fencing token (no separate read);
 /// 4. `getChildren` (`GetChildren2`, no watch) of `<dir>`: the queue, where the contender
 ///    is alone, so first. No `sync` before it: the create just answered went through the
@@ -110,10 +112,10 @@ pub(crate) fn floor(
 ///    and before the reads of `extend` and `inspect`, never in this cycle);
 /// 5. `delete` of the contender node, at version 0: the `release` (after `held`).
 ///
-/// `<dir>` is `<chroot>/<prefix>/<encoded key>` and `<owner>` the 32 hex digits of a
-/// random owner id, built with tenure's own helpers; every node gets tenure's ACLs
-/// (`creator_all` with credentials, else `anyone_all`). The lock root `<chroot>/<prefix>`
-/// is made once, on connecting, with those ACLs (tenure makes it within the first cycle
+/// `<dir>` is `<lock root>/<encoded key>` and the node named in the URL's
+/// `node_names` layout with a random owner id, built with tenure's own helpers; every node gets tenure's ACLs
+/// (`creator_all` with credentials, else `anyone_all`). The lock root (`<chroot>/<prefix>`,
+/// or the chroot with an empty prefix) is made once, on connecting, with those ACLs (tenure makes it within the first cycle
 /// that finds it missing, then never again). The session is asked for the URL's session
 /// timeout, as tenure's is. Not sent: the `sync` tenure's session sends every quarter
 /// session timeout, whatever the cycles (session upkeep, not cycle work); and nothing of
@@ -125,6 +127,8 @@ pub(crate) struct ZkSameWork {
     lock_root: String,
     /// The ACLs tenure gives the nodes it creates.
     acls: Acls<'static>,
+    /// The layout tenure names its nodes in.
+    node_names: NodeNames,
 }
 
 impl ZkSameWork {
@@ -149,6 +153,7 @@ impl ZkSameWork {
             client,
             lock_root,
             acls,
+            node_names: config.node_names,
         })
     }
 }
@@ -157,13 +162,17 @@ impl ZkSameWork {
 impl Locker for ZkSameWork {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
         let dir = format!("{}/{}", self.lock_root, encode_key(key));
-        let prefix = node_prefix(OwnerId::random());
+        let prefix = self.node_names.prefix(OwnerId::random());
         let contender = format!("{dir}/{prefix}");
         let ephemeral = CreateMode::EphemeralSequential.with_acls(self.acls);
         let created = match self.client.create(&contender, &[], &ephemeral).await {
             // The fresh key has no node yet: make it, then create the contender again.
             Err(ZkError::NoNode) => {
-                let container = CreateMode::Container.with_acls(self.acls);
+                let container = match self.node_names.persistent_dirs() {
+                    true => CreateMode::Persistent,
+                    false => CreateMode::Container,
+                }
+                .with_acls(self.acls);
                 match self.client.create(&dir, &[], &container).await {
                     Ok(_) | Err(ZkError::NodeExists) => {}
                     Err(e) => return Err(cycle_failed("create key node", e)),

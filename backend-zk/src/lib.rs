@@ -34,6 +34,7 @@ pub use config::{ZkConfig, DEFAULT_PORT};
 use error::{bounded, from_zk, session_gone};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
+pub use names::NodeNames;
 use names::{encode_key, owner_of_path, LockNode};
 use pending::Pending;
 use queue::{lost_while_queued, Position, Stop};
@@ -69,8 +70,9 @@ impl fmt::Debug for ZkLock {
 /// One node in a key's queue, as [`ZkLock::queue`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedNode {
-    /// The node's name, `lock-<owner>-<sequence>`; another recipe's contender (Curator,
-    /// kazoo) keeps the name its client gave it (see the crate docs).
+    /// The node's name: tenure's in the URL's [`NodeNames`] layout (Curator's
+    /// `_c_<owner as UUID>-lock-<sequence>` by default); another recipe's contender keeps
+    /// the name its client gave it (see the crate docs).
     pub name: String,
     /// The acquire call that created it; for another recipe's node, the UUID its name
     /// carries, or one derived from its name.
@@ -218,20 +220,15 @@ impl ZkLock {
             Err(ZkError::NoNode) => return Ok(None),
             Err(e) => return Err(self.zk_error("read lock node", e)),
         };
-        let label = match data.is_empty() {
-            true => None,
-            // Another recipe's node holds what its client put there (kazoo: the
-            // identifier; Curator: the client's address), shown as text.
-            false if node.foreign => Some(String::from_utf8_lossy(&data).into_owned()),
-            false => Some(String::from_utf8(data).map_err(|_| {
-                LockError::backend(format!("lock node {path} has a non-UTF-8 label"))
-            })?),
-        };
+        // tenure's label, or what another recipe's client put there (kazoo: the
+        // identifier; Curator: the client's address), shown as text.
+        let label = (!data.is_empty()).then(|| String::from_utf8_lossy(&data).into_owned());
         Ok(Some(HolderInfo {
             owner: node.owner,
             token: u64::try_from(stat.czxid).ok().map(FencingToken),
             remaining: None,
             label,
+            foreign: node.foreign,
         }))
     }
 }

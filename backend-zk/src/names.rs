@@ -3,22 +3,89 @@
 //! A key's directory is one path component: the key with `/`, `%` and every character
 //! ZooKeeper refuses in a path percent-encoded (so `jobs/nightly` and `jobs%2Fnightly`
 //! cannot collide, and no key can escape the prefix or clash with another key's
-//! directory). Lock nodes inside it are named `lock-<owner id hex>-<sequence>`.
+//! directory). tenure names its lock nodes as the recipe it shares locks with does
+//! ([`NodeNames`]), with its owner id where that recipe puts its UUID: Curator's
+//! `_c_<owner as UUID>-lock-<sequence>` by default.
 //!
-//! Other recipes' contenders in the same directory are in the queue too, ordered by the
-//! sequence ZooKeeper gave them like tenure's own: Curator's and go-zookeeper's
-//! `[_c_<uuid>-]lock-<sequence>` (Curator's read-write lock: `__READ__`, `__WRIT__`) and
-//! kazoo's `<uuid hex>__lock__<sequence>` (`__rlock__`). tenure waits for each of them as
-//! for one of its own, never sharing the lock with it, and never deletes one. A child
-//! whose name ends in none of these is not a contender (one that merely looks like one,
-//! `block-0000000001`, counts: the safe side).
+//! Every contender in the directory is in the queue, ordered by the sequence ZooKeeper
+//! gave it, whoever made it: tenure's nodes in any of its layouts, Curator's and
+//! go-zookeeper's `[_c_<uuid>-]lock-<sequence>` (Curator's read-write lock: `__READ__`,
+//! `__WRIT__`), kazoo's `<uuid hex>__lock__<sequence>` (`__rlock__`). A node is tenure's
+//! own only when its name carries the owner id of the call looking at it; tenure never
+//! deletes another's. A child whose name ends in none of these is not a contender (one
+//! that merely looks like one, `block-0000000001`, counts: the safe side).
 
 use std::fmt::Write as _;
 
 use tenure_api::OwnerId;
 
-/// Name prefix of every lock node.
-pub(crate) const LOCK_PREFIX: &str = "lock-";
+/// How tenure names its lock nodes (`zk://…?node_names=`): as the other recipe that
+/// shares its locks does, so that recipe sees tenure's nodes as contenders too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NodeNames {
+    /// `_c_<owner as UUID>-lock-<sequence>`: Curator's `InterProcessMutex` and
+    /// go-zookeeper's `Lock`, and kazoo's `Lock` given `extra_lock_patterns=["-lock-"]`.
+    #[default]
+    Curator,
+    /// `<owner hex>__lock__<sequence>`: kazoo's `Lock` as it comes (Curator and
+    /// go-zookeeper do not order these). Key directories are then persistent, as kazoo
+    /// makes them, and stay when empty.
+    Kazoo,
+    /// `lock-<owner hex>-<sequence>`: the names of older tenure clients, for a fleet in
+    /// which some still run (they see no other layout). Not for a path shared with
+    /// Curator (it orders these by the owner's hex) or kazoo (it ignores them).
+    Legacy,
+}
+
+impl NodeNames {
+    /// The values of the `node_names` option, in variant order.
+    pub const VALUES: [(&'static str, Self); 3] = [
+        ("curator", Self::Curator),
+        ("kazoo", Self::Kazoo),
+        ("legacy", Self::Legacy),
+    ];
+
+    /// The option value naming this layout.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Curator => "curator",
+            Self::Kazoo => "kazoo",
+            Self::Legacy => "legacy",
+        }
+    }
+
+    /// Whether a key's directory is persistent, as kazoo makes it (its `Lock` makes its
+    /// path once, and fails once the server has removed an emptied container), rather
+    /// than a container the server removes once empty, as Curator makes it.
+    pub(crate) fn persistent_dirs(self) -> bool {
+        self == Self::Kazoo
+    }
+
+    /// The name prefix of `owner`'s node; the server appends the sequence number.
+    pub fn prefix(self, owner: OwnerId) -> String {
+        match self {
+            Self::Curator => {
+                let hex = owner.to_string();
+                let (a, rest) = hex.split_at(8);
+                let (b, rest) = rest.split_at(4);
+                let (c, rest) = rest.split_at(4);
+                let (d, e) = rest.split_at(4);
+                format!("{CURATOR_PROTECTED}{a}-{b}-{c}-{d}-{e}{CURATOR_LOCK}")
+            }
+            Self::Kazoo => format!("{owner}{KAZOO_LOCK}"),
+            Self::Legacy => format!("{LEGACY_PREFIX}{owner}-"),
+        }
+    }
+}
+
+/// Curator's protected-mode prefix, before the UUID.
+const CURATOR_PROTECTED: &str = "_c_";
+/// Curator's lock name, between the UUID and the sequence.
+const CURATOR_LOCK: &str = "-lock-";
+/// kazoo's lock marker, between the UUID hex and the sequence.
+const KAZOO_LOCK: &str = "__lock__";
+/// Name prefix of tenure's older lock nodes.
+const LEGACY_PREFIX: &str = "lock-";
 
 /// Whether ZooKeeper refuses `c` in a path (`PathUtils.validatePath`, which checks UTF-16
 /// code units: it refuses U+D800–U+F8FF, so every character beyond U+FFFF, sent as a
@@ -73,11 +140,6 @@ pub(crate) fn encode_key(key: &str) -> String {
     out
 }
 
-/// The name prefix of `owner`'s node; the server appends the sequence number.
-pub(crate) fn node_prefix(owner: OwnerId) -> String {
-    format!("{LOCK_PREFIX}{owner}-")
-}
-
 /// Where another recipe's node name puts its sequence: after the last of these.
 const FOREIGN_MARKERS: [&str; 5] = ["__lock__", "__rlock__", "__READ__", "__WRIT__", "lock-"];
 
@@ -86,13 +148,13 @@ const FOREIGN_MARKERS: [&str; 5] = ["__lock__", "__rlock__", "__READ__", "__WRIT
 pub(crate) struct LockNode {
     /// The node's name (last path component).
     pub(crate) name: String,
-    /// Whose node it is: for another recipe's node, the UUID its name carries (Curator's
-    /// `_c_<uuid>-`, kazoo's `<uuid hex>`), else one derived from its name; never a
-    /// tenure owner's.
+    /// Whose node it is: the owner id or UUID its name carries, else one derived from
+    /// its name.
     pub(crate) owner: OwnerId,
     /// Its sequence number: the queue position.
     pub(crate) sequence: i64,
-    /// Another recipe's contender (Curator, kazoo), not tenure's.
+    /// Named in a layout tenure never uses (no owner id in it, or a reader's): never
+    /// one of tenure's own nodes.
     pub(crate) foreign: bool,
 }
 
@@ -107,9 +169,9 @@ fn sequence(text: &str) -> Option<i64> {
 }
 
 impl LockNode {
-    /// Parses tenure's `lock-<32 hex>-<sequence>`, or another recipe's contender (see the
-    /// module docs) whose name ends in the full 10 or more characters of a sequence.
-    /// Anything else is not a lock node.
+    /// Parses a node named in one of tenure's layouts ([`NodeNames`]), or another
+    /// recipe's contender (see the module docs) whose name ends in the full 10 or more
+    /// characters of a sequence. Anything else is not a lock node.
     pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::parse_own(name).or_else(|| Self::parse_foreign(name))
     }
@@ -120,14 +182,24 @@ impl LockNode {
         !self.foreign && self.owner == owner
     }
 
-    /// Parses tenure's `lock-<32 hex>-<sequence>` only.
+    /// Parses a name in one of tenure's layouts only (which a Curator or kazoo node
+    /// also has: it is told from tenure's own by its owner, see [`Self::is_of`]).
     pub(crate) fn parse_own(name: &str) -> Option<Self> {
-        let rest = name.strip_prefix(LOCK_PREFIX)?;
-        let (owner, sequence_text) = rest.split_once('-')?;
+        let (layout, owner) = if let Some(rest) = name.strip_prefix(CURATOR_PROTECTED) {
+            (NodeNames::Curator, rest.get(..36)?.replace('-', ""))
+        } else if let Some(rest) = name.strip_prefix(LEGACY_PREFIX) {
+            (NodeNames::Legacy, rest.get(..32)?.to_string())
+        } else {
+            (NodeNames::Kazoo, name.get(..32)?.to_string())
+        };
+        let owner = OwnerId::parse(&owner).ok()?;
+        // Exactly the name tenure writes (lowercase hex, a UUID's dashes where they go,
+        // the full 10 or more characters of a sequence): no two names are one owner's.
+        let sequence_text = name.strip_prefix(layout.prefix(owner).as_str())?;
         Some(Self {
             name: name.to_string(),
-            owner: OwnerId::parse(owner).ok()?,
-            sequence: sequence(sequence_text)?,
+            owner,
+            sequence: sequence(sequence_text).filter(|_| sequence_text.len() >= 10)?,
             foreign: false,
         })
     }
@@ -154,24 +226,14 @@ impl LockNode {
 
 /// The owner of another recipe's node `name`, which starts with `stem`: the UUID in the
 /// stem (Curator's protected `_c_<uuid>-`, kazoo's `<uuid hex>`), else one derived from
-/// the whole name (FNV-1a, the same in every build).
+/// the whole name.
 fn foreign_owner(stem: &str, name: &str) -> OwnerId {
     let hex: String = stem
         .trim_start_matches("_c_")
         .chars()
         .filter(|c| *c != '-')
         .collect();
-    OwnerId::parse(&hex).unwrap_or_else(|_| {
-        let fnv = |basis: u64| {
-            name.bytes().fold(basis, |hash, byte| {
-                (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-            })
-        };
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
-        bytes[8..].copy_from_slice(&fnv(0x8422_2325_cbf2_9ce4).to_be_bytes());
-        OwnerId(bytes)
-    })
+    OwnerId::parse(&hex).unwrap_or_else(|_| OwnerId::derived(name.as_bytes()))
 }
 
 /// The lock nodes among `children`, in queue order: the order ZooKeeper assigned their
@@ -239,8 +301,8 @@ pub(crate) fn listing(children: &[String], cversion: i32) -> Listing {
     Listing { nodes, ambiguous }
 }
 
-/// The owner encoded in the last component of a path of tenure's own lock node (none for
-/// another recipe's node: no lease is ever on one).
+/// The owner encoded in the last component of a path named in one of tenure's layouts
+/// (none for a name with no owner id: no lease is ever on one).
 pub(crate) fn owner_of_path(path: &str) -> Option<OwnerId> {
     let name = path.rsplit('/').next()?;
     LockNode::parse_own(name).map(|n| n.owner)
@@ -249,6 +311,10 @@ pub(crate) fn owner_of_path(path: &str) -> Option<OwnerId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node_prefix(owner: OwnerId) -> String {
+        NodeNames::default().prefix(owner)
+    }
 
     #[test]
     fn keys_map_to_one_valid_component_injectively() {
@@ -310,7 +376,7 @@ mod tests {
             "not-a-lock".to_string(),
             format!("{}0000000002", node_prefix(b)),
             format!("{}2147483648000", node_prefix(b)),
-            format!("{LOCK_PREFIX}zz-0000000001"),
+            "lock-zz-0000000001".to_string(),
             format!("{}", node_prefix(a)),
         ];
         let q = queue(&children);
@@ -344,7 +410,7 @@ mod tests {
         let sequences: Vec<i64> = q.iter().map(|n| n.sequence).collect();
         assert_eq!(sequences, [4, 7, 9, 10, 11, 12]);
         let foreign: Vec<bool> = q.iter().map(|n| n.foreign).collect();
-        assert_eq!(foreign, [true, true, true, true, true, false]);
+        assert_eq!(foreign, [false, false, true, true, true, false]);
         let kazoo = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
         assert_eq!(q[0].owner, kazoo, "kazoo's UUID prefix");
         assert_eq!(q[1].owner, kazoo, "Curator's protected UUID");
@@ -356,9 +422,13 @@ mod tests {
             "the same for the same name"
         );
         assert_eq!(q[5].owner, ours);
-        assert!(q[5].is_of(ours) && !q[0].is_of(kazoo) && !q[0].is_of(ours));
-        // No lease is on another recipe's node, whatever owner its name yields.
-        assert_eq!(owner_of_path(&format!("/t/k/{}", q[0].name)), None);
+        assert!(q[5].is_of(ours) && q[0].is_of(kazoo) && !q[0].is_of(ours));
+        assert!(
+            !q[2].is_of(q[2].owner),
+            "a name with no owner id is never one's own"
+        );
+        // No lease is on a node whose name has no owner id.
+        assert_eq!(owner_of_path(&format!("/t/k/{}", q[2].name)), None);
         assert_eq!(owner_of_path(&format!("/t/k/{}", q[5].name)), Some(ours));
         // Below a child (a recursive watch's event): not a contender of this queue.
         assert_eq!(LockNode::parse("locks/_c_x-lock-0000000003"), None);
@@ -373,6 +443,56 @@ mod tests {
                 Some(expected),
                 "{name}"
             );
+        }
+    }
+
+    /// Each layout tenure names its nodes in is parsed back to its owner, as a node of
+    /// its own; the others' nodes of the same layout are told from it by their owner.
+    #[test]
+    fn every_layout_names_the_owner_and_parses_back() {
+        let owner = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
+        let expected = [
+            "_c_3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b-lock-",
+            "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b__lock__",
+            "lock-3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b-",
+        ];
+        for ((value, names), prefix) in NodeNames::VALUES.into_iter().zip(expected) {
+            assert_eq!(names.as_str(), value);
+            assert_eq!(names.prefix(owner), prefix, "{value}");
+            let node = LockNode::parse(&format!("{prefix}0000000042")).unwrap();
+            assert_eq!((node.owner, node.sequence), (owner, 42), "{value}");
+            assert!(
+                node.is_of(owner) && !node.is_of(OwnerId([0; 16])),
+                "{value}"
+            );
+            assert_eq!(
+                owner_of_path(&format!("/t/k/{prefix}-000000003")),
+                Some(owner)
+            );
+            let stranger = OwnerId::random();
+            let theirs = LockNode::parse(&format!("{}0000000001", names.prefix(stranger)));
+            assert!(!theirs.unwrap().is_of(owner), "{value}");
+        }
+        // Almost one of the layouts (dashes elsewhere, upper case, a short hex): a
+        // contender, never an owner's node.
+        for near in [
+            "_c_3f2a9c1e-5b7d-4e8f-9a0b1c2d3e4f5a6b0-lock-0000000001",
+            "_c_3f2a9c1e5b7d-4e8f-9a0b-1c2d3e4f5a6b-lock-0000000001",
+            "_c_3F2A9C1E-5B7D-4E8F-9A0B-1C2D3E4F5A6B-lock-0000000001",
+            "3F2A9C1E5B7D4E8F9A0B1C2D3E4F5A6B__lock__0000000001",
+            "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6__lock__0000000001",
+        ] {
+            let node = LockNode::parse(near).unwrap_or_else(|| panic!("{near}: a contender"));
+            assert!(node.foreign && !node.is_of(owner), "{near}");
+        }
+        // `+f` is 0x0f to `from_str_radix`: still not the name of the owner `0f2a…`'s
+        // node (nor of any other recipe's).
+        let padded = OwnerId::parse("0f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
+        let plus = LockNode::parse("lock-+f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b-0000000001");
+        assert!(plus.is_none_or(|node| !node.is_of(padded)));
+        // A sequence shorter than ZooKeeper's: not a lock node in any layout.
+        for names in NodeNames::VALUES.map(|(_, names)| names) {
+            assert_eq!(LockNode::parse(&format!("{}42", names.prefix(owner))), None);
         }
     }
 

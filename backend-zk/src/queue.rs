@@ -10,7 +10,7 @@ use tenure_api::{FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::error::{bounded, reply_lost, session_gone};
-use crate::names::{listing, node_prefix, Listing, LockNode};
+use crate::names::{listing, Listing, LockNode};
 use crate::pending::Pending;
 use crate::session::Session;
 use crate::ZkLock;
@@ -78,9 +78,14 @@ impl ZkLock {
         Ok(self.listing(client, dir).await?.nodes)
     }
 
-    /// Makes `dir` (a container) and, if needed, the persistent lock root above it.
+    /// Makes `dir` (a container, or persistent: see [`crate::NodeNames::persistent_dirs`]) and,
+    /// if needed, the persistent lock root above it.
     async fn make_dir(&self, client: &Client, dir: &str) -> Result<(), LockError> {
-        let container = CreateMode::Container.with_acls(self.inner.acls);
+        let container = match self.inner.config.node_names.persistent_dirs() {
+            true => CreateMode::Persistent,
+            false => CreateMode::Container,
+        }
+        .with_acls(self.inner.acls);
         match bounded(self.request_timeout(), client.create(dir, &[], &container)).await {
             Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
             Err(ZkError::NoNode) => {}
@@ -128,7 +133,8 @@ impl ZkLock {
     ) -> Result<(Created, Option<Instant>), LockError> {
         let dir = pending.dir.clone();
         let owner = pending.owner;
-        let path = format!("{dir}/{}", node_prefix(owner));
+        let prefix = self.inner.config.node_names.prefix(owner);
+        let path = format!("{dir}/{prefix}");
         let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let data = pending.label.as_deref().unwrap_or_default().as_bytes();
         let mut dir_retries = 0;
@@ -146,7 +152,7 @@ impl ZkLock {
             let sent = Instant::now();
             match bounded(self.request_timeout(), client.create(&path, data, &options)).await {
                 Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", node_prefix(owner));
+                    let name = format!("{prefix}{sequence}");
                     if LockNode::parse_own(&name).is_none() {
                         // Never expected (every sequence ZooKeeper produces parses), but
                         // a node the queue cannot see would be re-created forever.

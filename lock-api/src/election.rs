@@ -322,6 +322,7 @@ mod tests {
                 token: Some(FencingToken(term)),
                 remaining: None,
                 label: Some(format!("leader-{term}")),
+                foreign: false,
             })
         }
     }

@@ -95,6 +95,7 @@ mod tests {
                 token: None,
                 remaining: None,
                 label: None,
+                foreign: false,
             };
             self.ready.push_back(Ok(Some(holder)));
             Ok(())

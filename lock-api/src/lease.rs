@@ -58,6 +58,20 @@ impl OwnerId {
         out
     }
 
+    /// An owner id for a record that names none (another recipe's): derived from the
+    /// record's `name` with FNV-1a, the same in every build and on every host.
+    pub fn derived(name: &[u8]) -> Self {
+        let fnv = |basis: u64| {
+            name.iter().fold(basis, |hash, byte| {
+                (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        };
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
+        bytes[8..].copy_from_slice(&fnv(0x8422_2325_cbf2_9ce4).to_be_bytes());
+        Self(bytes)
+    }
+
     /// Parses the 32-character lowercase hex form produced by `Display`.
     pub fn parse(text: &str) -> Result<Self, LockError> {
         let bad = || LockError::backend(format!("malformed owner id {text:?}"));
@@ -368,6 +382,10 @@ pub struct HolderInfo {
     /// Time left before the server frees the lock, where it has a TTL.
     pub remaining: Option<Duration>,
     /// The label the holder acquired with ([`AcquireOptions::label`](crate::AcquireOptions::label)),
-    /// if any.
+    /// if any; for a foreign holder, what its record holds, as text.
     pub label: Option<String>,
+    /// Held by a client of another recipe sharing the lock (`etcdctl lock`, Curator,
+    /// kazoo, …), as far as the backend can tell from its record: `owner` is then the
+    /// UUID the record names, else [`OwnerId::derived`] from the record's name.
+    pub foreign: bool,
 }

@@ -55,6 +55,7 @@ impl Holder {
             token: Some(self.token),
             remaining: Some(self.expires_at.saturating_duration_since(now)),
             label: self.label.clone(),
+            foreign: false,
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct ZkOptions {
     /// Clients get a TLS port requiring client certificates (default off): see
     /// [`ZkOptions::secured`].
     pub secured: bool,
+    /// How often the servers remove emptied container nodes, in milliseconds
+    /// (`znode.container.checkIntervalMs`; ZooKeeper's default, 60000).
+    pub container_check_ms: u32,
 }
 
 impl Default for ZkOptions {
@@ -80,6 +83,7 @@ impl Default for ZkOptions {
             sync_limit_ticks: 5,
             peer_proxies: false,
             secured: false,
+            container_check_ms: 60_000,
         }
     }
 }
@@ -338,6 +342,10 @@ impl ZkEnsemble {
                 .arg("-Djava.net.preferIPv4Stack=true")
                 .arg("-Dzookeeper.admin.enableServer=false")
                 .arg("-Dzookeeper.preAllocSize=1024")
+                .arg(format!(
+                    "-Dznode.container.checkIntervalMs={}",
+                    options.container_check_ms
+                ))
                 .arg("-cp")
                 .arg(&classpath)
                 .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")

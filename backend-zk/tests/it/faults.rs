@@ -15,7 +15,7 @@ use tenure_conformance::proxy::{FaultProxy, ProxyMode};
 use tenure_conformance::servers::pid_alive;
 use tenure_conformance::{retrying, FencedRegister, History};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
-use tenure_zk::{QueuedNode, ZkLock};
+use tenure_zk::{NodeNames, QueuedNode, ZkLock};
 
 const TICK_MS: u32 = 200;
 /// The longest session the servers grant (20 × tickTime): enough to ride out an election.
@@ -751,7 +751,7 @@ async fn acquire_returns_at_its_deadline_when_its_node_keeps_vanishing() {
                     continue;
                 }
                 if event.event_type == zookeeper_client::EventType::NodeCreated
-                    && node_name(&event.path).starts_with("lock-")
+                    && node_name(&event.path).contains("lock-")
                     && janitor.delete(&event.path, None).await.is_ok()
                 {
                     *deleted.lock().unwrap_or_else(PoisonError::into_inner) += 1;
@@ -834,10 +834,14 @@ async fn lost_reply_retry_does_not_adopt_a_node_of_another_session() {
     let options = zookeeper_client::CreateMode::EphemeralSequential
         .with_acls(zookeeper_client::Acls::anyone_all());
     let (stat, sequence) = other
-        .create(&format!("{dir}/lock-{}-", own.owner), &[], &options)
+        .create(
+            &format!("{dir}/{}", NodeNames::default().prefix(own.owner)),
+            &[],
+            &options,
+        )
         .await
         .unwrap();
-    let foreign = format!("lock-{}-{sequence}", own.owner);
+    let foreign = format!("{}{sequence}", NodeNames::default().prefix(own.owner));
     assert_ne!(stat.ephemeral_owner, session, "another session's node");
     drop_held_replies(&proxy).await;
     assert_eq!(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tenure_api::{AcquireOptions, DistributedLock, LockKey, OwnerId};
+use tenure_api::{AcquireOptions, DistributedLock, LockKey, OwnerId, ReleaseOutcome};
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
@@ -13,7 +13,9 @@ const TTL: Duration = Duration::from_secs(10);
 /// A node as kazoo's `Lock` names it (`<uuid hex>__lock__<sequence>`), and as Curator's
 /// `InterProcessMutex` does in protected mode (`_c_<uuid>-lock-<sequence>`), holds the
 /// key: tenure refuses, shows the foreign holder, and grants a waiter once it is gone.
-/// Before, tenure ignored both and granted the lock beside them.
+/// Before, tenure ignored both and granted the lock beside them. So does a node of a
+/// recipe whose names carry no UUID (ZooKeeper's own `lock-<sequence>`), shown as a
+/// foreign holder with an owner derived from its name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     let zk = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
@@ -26,6 +28,7 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     for (recipe, prefix) in [
         ("kazoo", "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b__lock__"),
         ("curator", "_c_3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b-lock-"),
+        ("unnamed", "lock-"),
     ] {
         let k = LockKey::new(format!("job-{recipe}")).unwrap();
         let dir = lock.lock_dir(&k);
@@ -50,10 +53,14 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
             "{recipe} holds {node}: not granted beside it"
         );
         let holder = lock.inspect(&k).await.unwrap().expect("a holder");
-        assert_eq!(
-            holder.owner, uuid,
-            "{recipe}: the UUID its node name carries"
-        );
+        let name = format!("{prefix}{sequence}");
+        let (owner, foreign) = match recipe {
+            // Named in a layout tenure uses too: told from tenure's by its owner only.
+            "kazoo" | "curator" => (uuid, false),
+            _ => (OwnerId::derived(name.as_bytes()), true),
+        };
+        assert_eq!(holder.owner, owner, "{recipe}: the UUID its name carries");
+        assert_eq!(holder.foreign, foreign, "{recipe}");
         assert_eq!(holder.label.as_deref(), Some("worker-7"), "{recipe}");
         let waiter = tokio::spawn({
             let (lock, k) = (lock.clone(), k.clone());
@@ -72,4 +79,267 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
             .unwrap();
         lock.release(lease).await.unwrap();
     }
+}
+
+/// A real client of another recipe (kazoo's `Lock`, Curator's `InterProcessMutex`) in a
+/// child process, driven a line at a time (`foreign/kazoo_lock.py`,
+/// `foreign/CuratorLock.java`); killed when dropped, even on a panic.
+struct Recipe {
+    what: String,
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    replies: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+/// Curator's jars as Debian installs them (`libcurator-recipes-java`).
+const CURATOR_JARS: &[&str] = &[
+    "curator-recipes",
+    "curator-framework",
+    "curator-client",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+];
+
+/// The other recipes' session timeout: how long their lock outlives their process.
+const RECIPE_SESSION: Duration = Duration::from_secs(5);
+
+impl Recipe {
+    /// kazoo (Debian's `python3-kazoo`, under `/usr/bin/python3`) locking `path`, also
+    /// treating nodes named with `extra_patterns` as contenders.
+    async fn kazoo(hosts: &str, path: &str, extra_patterns: &[&str]) -> Self {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/foreign/kazoo_lock.py"
+        );
+        let mut command = tokio::process::Command::new("/usr/bin/python3");
+        command
+            .arg(script)
+            .arg(hosts)
+            .arg(RECIPE_SESSION.as_millis().to_string())
+            .arg(path)
+            .args(extra_patterns);
+        Self::start(format!("kazoo {extra_patterns:?}"), command).await
+    }
+
+    /// Curator's `InterProcessMutex` on `path` (Java's single-file source launcher).
+    async fn curator(hosts: &str, path: &str) -> Self {
+        let source = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/foreign/CuratorLock.java"
+        );
+        let classpath: Vec<String> = CURATOR_JARS
+            .iter()
+            .map(|jar| format!("/usr/share/java/{jar}.jar"))
+            .collect();
+        let mut command = tokio::process::Command::new("java");
+        command
+            .arg("-cp")
+            .arg(classpath.join(":"))
+            .arg(source)
+            .arg(hosts)
+            .arg(RECIPE_SESSION.as_millis().to_string())
+            .arg(path);
+        Self::start("curator".into(), command).await
+    }
+
+    async fn start(what: String, mut command: tokio::process::Command) -> Self {
+        use tokio::io::AsyncBufReadExt as _;
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: cannot start (./x installs it): {e}"));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut recipe = Self {
+            what,
+            child,
+            stdin,
+            replies: tokio::io::BufReader::new(stdout).lines(),
+        };
+        recipe.expect_reply("ready", Duration::from_secs(60)).await;
+        recipe
+    }
+
+    async fn send(&mut self, command: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        let line = format!("{command}\n");
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    async fn reply(&mut self, within: Duration) -> String {
+        let what = &self.what;
+        match tokio::time::timeout(within, self.replies.next_line()).await {
+            Ok(Ok(Some(line))) => line,
+            Ok(Ok(None)) => panic!("{what} exited: {:?}", self.child.try_wait()),
+            Ok(Err(e)) => panic!("{what}: {e}"),
+            Err(_) => panic!("{what}: no reply within {within:?}"),
+        }
+    }
+
+    async fn expect_reply(&mut self, expected: &str, within: Duration) {
+        let reply = self.reply(within).await;
+        assert_eq!(reply, expected, "{}", self.what);
+    }
+
+    /// Whether the recipe is granted the lock within `wait`.
+    async fn acquire(&mut self, wait: Duration) -> bool {
+        self.send(&format!("acquire {}", wait.as_millis())).await;
+        match self.reply(wait + Duration::from_secs(30)).await.as_str() {
+            "acquired" => true,
+            "timeout" => false,
+            other => panic!("{}: {other}", self.what),
+        }
+    }
+
+    /// Kills the client (SIGKILL): its lock lives on until its session expires.
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+        assert!(
+            self.child.try_wait().unwrap().is_some(),
+            "{} killed",
+            self.what
+        );
+    }
+}
+
+/// Waits until `key`'s queue has `len` nodes.
+async fn queued(lock: &ZkLock, k: &LockKey, len: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while lock.queue(k).await.unwrap().len() != len {
+        assert!(tokio::time::Instant::now() < deadline, "{len} queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// tenure and `recipe` share `key` as one lock: each refused while the other holds, one
+/// FIFO queue across both (the recipe queued before a tenure waiter is served first),
+/// each release waking the other side, and the recipe's lock freed for tenure when its
+/// process is killed and its session expires.
+async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
+    let what = recipe.what.clone();
+    let ours = lock.try_acquire(k, TTL).await.unwrap().expect("a free key");
+    let first = ours.token();
+    assert!(
+        !recipe.acquire(Duration::from_secs(1)).await,
+        "{what} granted beside tenure's holder"
+    );
+    recipe.send("acquire 30000").await;
+    queued(lock, k, 2).await;
+    let waiter = tokio::spawn({
+        let (lock, k) = (lock.clone(), k.clone());
+        async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+            lock.acquire(&k, &opts).await
+        }
+    });
+    queued(lock, k, 3).await;
+    assert_eq!(lock.release(ours).await.unwrap(), ReleaseOutcome::Released);
+    recipe
+        .expect_reply("acquired", Duration::from_secs(30))
+        .await;
+    assert!(
+        lock.try_acquire(k, TTL).await.unwrap().is_none(),
+        "tenure granted beside {what}"
+    );
+    assert!(!waiter.is_finished(), "{what}, queued first, holds");
+    recipe.send("release").await;
+    recipe
+        .expect_reply("released", Duration::from_secs(10))
+        .await;
+    let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("tenure granted once {what} let go"))
+        .unwrap()
+        .unwrap();
+    assert!(
+        lease.token() > first,
+        "{what}: a later grant, a larger token"
+    );
+    lock.release(lease).await.unwrap();
+
+    assert!(
+        recipe.acquire(Duration::from_secs(10)).await,
+        "{what}: free"
+    );
+    recipe.kill().await;
+    assert!(
+        lock.try_acquire(k, TTL).await.unwrap().is_none(),
+        "{what}'s session outlives its process"
+    );
+    let opts = AcquireOptions::new(TTL).wait(RECIPE_SESSION * 6);
+    let lease = lock.acquire(k, &opts).await.unwrap();
+    lock.release(lease).await.unwrap();
+}
+
+/// An ensemble that removes emptied containers within a fifth of a second.
+async fn ensemble() -> ZkEnsemble {
+    let options = ZkOptions {
+        container_check_ms: 200,
+        ..ZkOptions::default()
+    };
+    ZkEnsemble::start(options).await.unwrap()
+}
+
+/// Waits until the server has removed the node at `path` (an emptied container).
+async fn removed(hosts: &str, path: &str) {
+    let client = zookeeper_client::Client::connect(hosts).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while client.check_stat(path).await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "{path} removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With its default node names, tenure shares a lock with Curator's `InterProcessMutex`
+/// and with kazoo's `Lock` given `extra_lock_patterns=["-lock-"]`, real clients given the
+/// key's directory. Before, Curator and kazoo were granted beside tenure's holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_kazoo_share_a_lock_with_tenure() {
+    let zk = ensemble().await;
+    let hosts = zk.connect_string();
+    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
+        .await
+        .unwrap();
+    let k = LockKey::new("job-curator").unwrap();
+    let curator = Recipe::curator(&hosts, &lock.lock_dir(&k)).await;
+    share_a_lock(&lock, &k, curator).await;
+    // A container, as Curator makes it: removed once empty.
+    removed(&hosts, &lock.lock_dir(&k)).await;
+    let k = LockKey::new("job-kazoo").unwrap();
+    let kazoo = Recipe::kazoo(&hosts, &lock.lock_dir(&k), &["-lock-"]).await;
+    share_a_lock(&lock, &k, kazoo).await;
+}
+
+/// `node_names=kazoo` shares a lock with kazoo's `Lock` as it comes; `prefix=` makes the
+/// key's directory the path kazoo is given, `<chroot>/<key>`, persistent as kazoo makes
+/// it (a container would be removed once empty, and kazoo's `Lock` then fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_names_share_a_lock_with_kazoo_as_it_comes() {
+    let zk = ensemble().await;
+    let hosts = zk.connect_string();
+    let lock = ZkLock::connect(&format!("zk://{hosts}/interop?prefix=&node_names=kazoo"))
+        .await
+        .unwrap();
+    let k = LockKey::new("job14").unwrap();
+    assert_eq!(lock.lock_dir(&k), "/interop/job14");
+    let kazoo = Recipe::kazoo(&hosts, "/interop/job14", &[]).await;
+    share_a_lock(&lock, &k, kazoo).await;
+    // Emptied before a container the server has since removed, job14's directory stays.
+    let curator_named = ZkLock::connect(&format!("zk://{hosts}/interop?prefix="))
+        .await
+        .unwrap();
+    let control = LockKey::new("control").unwrap();
+    let lease = curator_named.try_acquire(&control, TTL).await.unwrap();
+    curator_named.release(lease.unwrap()).await.unwrap();
+    removed(&hosts, "/interop/control").await;
+    let client = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    let stat = client.check_stat("/interop/job14").await.unwrap();
+    assert!(stat.is_some(), "persistent, as kazoo makes it");
 }

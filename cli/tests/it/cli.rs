@@ -351,6 +351,7 @@ fn scripted_acquire_extend_release(url: &str) {
         inspected.contains("\"label\":\"host-a:cron\""),
         "{inspected}"
     );
+    assert!(inspected.contains("\"foreign\":false"), "{inspected}");
     for (command, expected) in [("extend", 0), ("release", 0), ("release", 76)] {
         let mut child = tenure(&["--url", url, command])
             .stdin(Stdio::piped())

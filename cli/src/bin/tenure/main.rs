@@ -394,6 +394,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                     "token": h.token.map(FencingToken::get),
                     "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
                     "label": h.label,
+                    "foreign": h.foreign,
                 });
                 println!("{shown}");
             }
