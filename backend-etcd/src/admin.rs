@@ -12,11 +12,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use tenure_api::admin::{percent_decode, undecodable};
-use tenure_api::backend::parse_holder_text;
 use tenure_api::{FencingToken, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
 use crate::rpc::is_lease_gone;
-use crate::EtcdLock;
+use crate::{entry, EtcdLock};
 
 /// Keys read per range request.
 const PAGE: i64 = 500;
@@ -111,7 +110,7 @@ impl LockAdmin for EtcdLock {
             let (Some(key), Some(head)) = (queue.key, queue.entries.first()) else {
                 continue;
             };
-            let Ok((owner, label)) = parse_holder_text(head.value_str().unwrap_or_default()) else {
+            let Ok(holder) = entry::recorded(head.key(), head.value()) else {
                 continue;
             };
             let remaining = match head.lease() {
@@ -124,11 +123,11 @@ impl LockAdmin for EtcdLock {
             holders.push((
                 key,
                 HolderInfo {
-                    owner,
+                    owner: holder.owner,
                     token: u64::try_from(head.create_revision()).ok().map(FencingToken),
                     remaining,
-                    label,
-                    foreign: false,
+                    label: holder.label,
+                    foreign: holder.foreign,
                 },
             ));
         }
@@ -166,9 +165,10 @@ impl LockAdmin for EtcdLock {
                             kv.lease()
                         ),
                     ),
-                    Some(_) if parse_holder_text(kv.value_str().unwrap_or_default()).is_err() => (
+                    Some(_) if entry::recorded(kv.key(), kv.value()).is_err() => (
                         Problem::Malformed,
-                        "the value is not an owner id".to_string(),
+                        "named as tenure's, its value is not the owner id its name carries"
+                            .to_string(),
                     ),
                     Some(_) => continue,
                 };

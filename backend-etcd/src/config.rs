@@ -17,7 +17,10 @@ pub const DEFAULT_PORT: u16 = 2379;
 /// or `etcds://…` (TLS, verified against the system's CA store, or `ca_file`). Hosts may
 /// be names, IPv4 addresses or bracketed IPv6 addresses; the port defaults to 2379.
 /// The path is the key prefix (default `tenure`); the `prefix` option, if given,
-/// overrides it. User, password and prefix may be percent-encoded.
+/// overrides it. User, password and prefix may be percent-encoded. A prefix has no
+/// leading `/` unless written with two: `etcd://h//lock/order` (or `?prefix=//lock/order`)
+/// is `/lock/order`, so key `1001` is the lock `etcdctl lock /lock/order/1001` and Go's
+/// `concurrency.NewMutex(session, "/lock/order/1001")` take.
 ///
 /// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
 /// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
@@ -37,7 +40,7 @@ pub struct EtcdConfig {
     /// User name for etcd authentication.
     pub user: Option<String>,
     password: Option<String>,
-    /// Prefix of every lock key (no leading or trailing `/`).
+    /// Prefix of every lock key: no trailing `/`, and a leading one only when absolute.
     pub prefix: String,
     /// Bound on establishing the client (authentication, member list).
     pub connect_timeout: Duration,
@@ -99,16 +102,15 @@ impl EtcdConfig {
         if url.user() == Some("") {
             return Err(url.error("the user name is empty"));
         }
-        let prefix = url.path().trim_matches('/');
-        if prefix.chars().any(char::is_control) {
-            return Err(url.error("the prefix contains a control character"));
-        }
+        // The path after the hosts' `/`: one more `/` makes it absolute.
+        let prefix = normalise_prefix(&format!("/{}", url.path()))
+            .map_err(|why| url.error(format!("bad prefix in the path: {why}")))?;
         let mut config = Self {
             tls,
             hosts: url.hosts().iter().map(ToString::to_string).collect(),
             user: url.user().map(str::to_string),
             password: url.password().map(str::to_string),
-            prefix: if prefix.is_empty() { "tenure" } else { prefix }.to_string(),
+            prefix: prefix.unwrap_or_else(|| "tenure".to_string()),
             connect_timeout: Duration::from_millis(2000),
             request_timeout: Duration::from_millis(2000),
             ca_file: None,
@@ -121,11 +123,9 @@ impl EtcdConfig {
             let millis = || url.millis(name, value, 1..=600_000);
             match name {
                 "prefix" => {
-                    let prefix = value.trim_matches('/');
-                    if prefix.is_empty() || prefix.chars().any(char::is_control) {
-                        return Err(url.error(format!("bad prefix {value:?}")));
-                    }
-                    config.prefix = prefix.to_string();
+                    config.prefix = normalise_prefix(value)
+                        .map_err(|why| url.error(format!("bad prefix {value:?}: {why}")))?
+                        .ok_or_else(|| url.error(format!("bad prefix {value:?}: empty")))?;
                 }
                 "connect_timeout_ms" => config.connect_timeout = millis()?,
                 "request_timeout_ms" => config.request_timeout = millis()?,
@@ -223,6 +223,20 @@ impl fmt::Debug for EtcdConfig {
             .field("lease", &self.lease)
             .finish()
     }
+}
+
+/// A prefix as written: without its trailing `/`s, and without its leading ones unless
+/// it starts with `//` (absolute: one `/` kept). `None` when nothing else is left.
+fn normalise_prefix(written: &str) -> Result<Option<String>, &'static str> {
+    if written.chars().any(char::is_control) {
+        return Err("a control character");
+    }
+    let bare = written.trim_matches('/');
+    Ok(match (bare.is_empty(), written.starts_with("//")) {
+        (true, _) => None,
+        (false, true) => Some(format!("/{bare}")),
+        (false, false) => Some(bare.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -326,6 +340,30 @@ mod tests {
         }
     }
 
+    /// Issue 61: Go's `concurrency.NewMutex(s, "/lock/order/1001")` and `etcdctl lock
+    /// /lock/order/1001` use an absolute prefix, which no URL could give before.
+    #[test]
+    fn a_prefix_written_with_two_slashes_is_absolute() {
+        let prefix = |url: &str| EtcdConfig::from_url(url).unwrap().prefix;
+        for (url, expected) in [
+            ("etcd://h", "tenure"),
+            ("etcd://h/", "tenure"),
+            ("etcd://h/app/locks/", "app/locks"),
+            ("etcd://h//lock/order", "/lock/order"),
+            ("etcd://h///lock/order/", "/lock/order"),
+            ("etcd://h/%2Flock", "/lock"),
+            ("etcd://h?prefix=/app/", "app"),
+            ("etcd://h?prefix=//lock/order", "/lock/order"),
+            ("etcd://h//x?prefix=app", "app"),
+        ] {
+            assert_eq!(prefix(url), expected, "{url}");
+        }
+        let c = EtcdConfig::from_url("etcd://h//lock/order").unwrap();
+        assert_eq!(c.key_prefix(), "/lock/order/");
+        assert_eq!(c.escaped_prefix("1001"), "/lock/order/1001");
+        assert_eq!(EtcdConfig::from_url(&c.to_string()).unwrap(), c);
+    }
+
     #[test]
     fn bad_urls_are_config_errors_never_panics() {
         for bad in [
@@ -351,6 +389,10 @@ mod tests {
             "etcd://h w",
             "etcd://h\u{e9}",
             "etcd://%%@h",
+            "etcd://h?prefix=/",
+            "etcd://h?prefix=//",
+            "etcd://h?prefix=a%01b",
+            "etcd://h//a%01b",
         ] {
             assert!(
                 matches!(EtcdConfig::from_url(bad), Err(LockError::Config(_))),

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
-use tenure_api::backend::{parse_holder_text, FeedSource};
+use tenure_api::backend::FeedSource;
 use tenure_api::{async_trait, FencingToken, HolderFeed, HolderInfo, LockError};
 
 use crate::rpc::{convert, Rpc};
@@ -169,23 +169,21 @@ impl Feed {
         self.shown = Some(revision);
         self.ready.push_back(match head {
             None => Ok(None),
-            Some((&revision, (_, value))) => holder(revision, value),
+            Some((&revision, (key, value))) => holder(revision, key, value),
         });
     }
 }
 
-/// The holder recorded in a queue entry created at `revision` with `value`.
-fn holder(revision: i64, value: &[u8]) -> Result<Option<HolderInfo>, LockError> {
-    let text = std::str::from_utf8(value)
-        .map_err(|_| LockError::backend("a lock queue entry that is not UTF-8"))?;
-    let (owner, label) = parse_holder_text(text)?;
+/// The holder recorded in the queue entry `key` created at `revision` with `value`.
+fn holder(revision: i64, key: &[u8], value: &[u8]) -> Result<Option<HolderInfo>, LockError> {
+    let holder = crate::entry::recorded(key, value)?;
     let token = u64::try_from(revision)
         .map_err(|_| LockError::backend(format!("create revision {revision}")))?;
     Ok(Some(HolderInfo {
-        owner,
+        owner: holder.owner,
         token: Some(FencingToken(token)),
         remaining: None,
-        label,
-        foreign: false,
+        label: holder.label,
+        foreign: holder.foreign,
     }))
 }

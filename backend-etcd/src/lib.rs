@@ -2,6 +2,7 @@
 
 mod admin;
 mod config;
+mod entry;
 mod feed;
 #[cfg(feature = "testbed")]
 mod floor;
@@ -553,16 +554,16 @@ impl DistributedLock for EtcdLock {
         let Some(head) = reply.kvs().first() else {
             return Ok(None);
         };
-        let (owner, label) = parse_holder_text(head.value_str().unwrap_or_default())?;
+        let holder = entry::recorded(head.key(), head.value())?;
         let token = u64::try_from(head.create_revision())
             .map_err(|_| LockError::backend("negative create revision"))?;
         let ttl = self.lease_left(head.lease()).await?;
         Ok(Some(HolderInfo {
-            owner,
+            owner: holder.owner,
             token: Some(FencingToken(token)),
             remaining: Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0))),
-            label,
-            foreign: false,
+            label: holder.label,
+            foreign: holder.foreign,
         }))
     }
 

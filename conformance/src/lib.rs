@@ -15,6 +15,7 @@
 pub mod broken;
 pub mod clock_shim;
 pub mod faults;
+pub mod foreign;
 pub mod harness;
 pub mod history;
 pub mod proxy;

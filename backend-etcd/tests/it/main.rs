@@ -3,6 +3,7 @@
 //! suite are `harness = false` binaries of their own).
 
 mod faults;
+mod foreign;
 mod leases;
 mod observe;
 mod secured;

@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use tenure_api::{AcquireOptions, DistributedLock, LockKey, OwnerId, ReleaseOutcome};
+use tenure_conformance::foreign::ForeignClient;
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
+use tokio::process::Command;
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -81,15 +83,9 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     }
 }
 
-/// A real client of another recipe (kazoo's `Lock`, Curator's `InterProcessMutex`) in a
-/// child process, driven a line at a time (`foreign/kazoo_lock.py`,
-/// `foreign/CuratorLock.java`); killed when dropped, even on a panic.
-struct Recipe {
-    what: String,
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    replies: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-}
+/// A real client of another recipe (kazoo's `Lock`, Curator's `InterProcessMutex`),
+/// driven a line at a time (`foreign/kazoo_lock.py`, `foreign/CuratorLock.java`).
+struct Recipe(ForeignClient);
 
 /// Curator's jars as Debian installs them (`libcurator-recipes-java`).
 const CURATOR_JARS: &[&str] = &[
@@ -114,7 +110,7 @@ impl Recipe {
             env!("CARGO_MANIFEST_DIR"),
             "/tests/it/foreign/kazoo_lock.py"
         );
-        let mut command = tokio::process::Command::new("/usr/bin/python3");
+        let mut command = Command::new("/usr/bin/python3");
         command
             .arg(script)
             .arg(hosts)
@@ -134,7 +130,7 @@ impl Recipe {
             .iter()
             .map(|jar| format!("/usr/share/java/{jar}.jar"))
             .collect();
-        let mut command = tokio::process::Command::new("java");
+        let mut command = Command::new("java");
         command
             .arg("-cp")
             .arg(classpath.join(":"))
@@ -145,67 +141,33 @@ impl Recipe {
         Self::start("curator".into(), command).await
     }
 
-    async fn start(what: String, mut command: tokio::process::Command) -> Self {
-        use tokio::io::AsyncBufReadExt as _;
-        command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("{what}: cannot start (./x installs it): {e}"));
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut recipe = Self {
-            what,
-            child,
-            stdin,
-            replies: tokio::io::BufReader::new(stdout).lines(),
-        };
+    async fn start(what: String, command: Command) -> Self {
+        let mut recipe = Self(ForeignClient::spawn(what, command));
         recipe.expect_reply("ready", Duration::from_secs(60)).await;
         recipe
     }
 
-    async fn send(&mut self, command: &str) {
-        use tokio::io::AsyncWriteExt as _;
-        let line = format!("{command}\n");
-        self.stdin.write_all(line.as_bytes()).await.unwrap();
-        self.stdin.flush().await.unwrap();
+    fn what(&self) -> String {
+        self.0.what().to_string()
     }
 
-    async fn reply(&mut self, within: Duration) -> String {
-        let what = &self.what;
-        match tokio::time::timeout(within, self.replies.next_line()).await {
-            Ok(Ok(Some(line))) => line,
-            Ok(Ok(None)) => panic!("{what} exited: {:?}", self.child.try_wait()),
-            Ok(Err(e)) => panic!("{what}: {e}"),
-            Err(_) => panic!("{what}: no reply within {within:?}"),
-        }
+    async fn send(&mut self, command: &str) {
+        self.0.send(command).await;
     }
 
     async fn expect_reply(&mut self, expected: &str, within: Duration) {
-        let reply = self.reply(within).await;
-        assert_eq!(reply, expected, "{}", self.what);
+        let reply = self.0.line(within).await;
+        assert_eq!(reply, expected, "{}", self.0.what());
     }
 
     /// Whether the recipe is granted the lock within `wait`.
     async fn acquire(&mut self, wait: Duration) -> bool {
         self.send(&format!("acquire {}", wait.as_millis())).await;
-        match self.reply(wait + Duration::from_secs(30)).await.as_str() {
+        match self.0.line(wait + Duration::from_secs(30)).await.as_str() {
             "acquired" => true,
             "timeout" => false,
-            other => panic!("{}: {other}", self.what),
+            other => panic!("{}: {other}", self.0.what()),
         }
-    }
-
-    /// Kills the client (SIGKILL): its lock lives on until its session expires.
-    async fn kill(mut self) {
-        self.child.kill().await.unwrap();
-        assert!(
-            self.child.try_wait().unwrap().is_some(),
-            "{} killed",
-            self.what
-        );
     }
 }
 
@@ -223,7 +185,7 @@ async fn queued(lock: &ZkLock, k: &LockKey, len: usize) {
 /// each release waking the other side, and the recipe's lock freed for tenure when its
 /// process is killed and its session expires.
 async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
-    let what = recipe.what.clone();
+    let what = recipe.what();
     let ours = lock.try_acquire(k, TTL).await.unwrap().expect("a free key");
     let first = ours.token();
     assert!(
@@ -268,7 +230,7 @@ async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
         recipe.acquire(Duration::from_secs(10)).await,
         "{what}: free"
     );
-    recipe.kill().await;
+    recipe.0.kill().await;
     assert!(
         lock.try_acquire(k, TTL).await.unwrap().is_none(),
         "{what}'s session outlives its process"

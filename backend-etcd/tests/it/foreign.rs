@@ -1,0 +1,119 @@
+//! One lock with `etcdctl lock` (Debian's `etcd-client`, the real client; Go's
+//! `concurrency.Mutex` underneath): tenure on `etcd://…//lock/order` key `1001` and
+//! `etcdctl lock /lock/order/1001` queue under one prefix, ordered by create revision.
+
+use std::time::Duration;
+
+use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey, OwnerId, ReleaseOutcome};
+use tenure_conformance::foreign::ForeignClient;
+use tenure_etcd::lab::EtcdCluster;
+use tenure_etcd::EtcdLock;
+use tokio::process::Command;
+
+const TTL: Duration = Duration::from_secs(10);
+/// `etcdctl lock --ttl`: how long its lock outlives its process.
+const ETCDCTL_TTL: Duration = Duration::from_secs(3);
+
+/// `etcdctl lock NAME`: prints its key (then its empty value) once it holds the lock,
+/// holds it until SIGTERM, then unlocks and exits.
+fn etcdctl_lock(endpoint: &str, name: &str) -> ForeignClient {
+    let mut command = Command::new("etcdctl");
+    command
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("lock")
+        .arg(format!("--ttl={}", ETCDCTL_TTL.as_secs()))
+        .arg(name);
+    ForeignClient::spawn(format!("etcdctl lock {name}"), command)
+}
+
+/// Waits until `key`'s queue has `len` entries.
+async fn queued(lock: &EtcdLock, k: &LockKey, len: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while lock.queued(k).await.unwrap() != len {
+        assert!(tokio::time::Instant::now() < deadline, "{len} queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// tenure and `etcdctl lock` share a lock with an absolute prefix: each refused while the
+/// other holds, one FIFO queue across both, each release waking the other side, and a
+/// killed `etcdctl`'s lock freed for tenure when its lease runs out. `inspect`, `holders`
+/// and `doctor` show `etcdctl`'s hold as a foreign holder — before, `inspect` failed with
+/// "malformed owner id" and `doctor` called it malformed; no URL gave the prefix
+/// `/lock/order`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_shares_a_lock_with_tenure() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let addr = endpoint.trim_start_matches("http://");
+    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock/order"))
+        .await
+        .unwrap();
+    let k = LockKey::new("1001").unwrap();
+    assert_eq!(lock.queue_prefix(&k), "/lock/order/1001/");
+
+    let ours = lock
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("a free key");
+    let first = ours.token();
+    let mut etcdctl = etcdctl_lock(&endpoint, "/lock/order/1001");
+    queued(&lock, &k, 2).await;
+    let early = etcdctl.line_within(Duration::from_secs(1)).await;
+    assert_eq!(early, None, "etcdctl granted beside tenure's holder");
+    let waiter = tokio::spawn({
+        let (lock, k) = (lock.clone(), k.clone());
+        async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+            lock.acquire(&k, &opts).await
+        }
+    });
+    queued(&lock, &k, 3).await;
+    assert_eq!(lock.release(ours).await.unwrap(), ReleaseOutcome::Released);
+    let held = etcdctl.line(Duration::from_secs(30)).await;
+    assert!(held.starts_with("/lock/order/1001/"), "its key: {held}");
+
+    assert!(
+        lock.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "tenure granted beside etcdctl"
+    );
+    assert!(!waiter.is_finished(), "etcdctl, queued first, holds");
+    let holder = lock.inspect(&k).await.unwrap().expect("etcdctl holds");
+    assert!(holder.foreign, "{holder:?}");
+    assert_eq!(holder.owner, OwnerId::derived(held.as_bytes()));
+    assert_eq!(holder.label, None, "etcdctl's value is empty");
+    let token = holder.token.expect("its key's create revision");
+    assert!(token > first);
+    let remaining = holder.remaining.expect("its lease's TTL");
+    assert!(remaining <= ETCDCTL_TTL, "{remaining:?}");
+    let holders = lock.holders("").await.unwrap();
+    assert_eq!(holders, [(k.clone(), holder)], "holders shows it too");
+    assert_eq!(
+        lock.doctor().await.unwrap(),
+        [],
+        "a foreign holder is no finding"
+    );
+
+    etcdctl.terminate();
+    assert!(etcdctl.exited(Duration::from_secs(30)).await, "unlocked");
+    let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("tenure granted once etcdctl let go")
+        .unwrap()
+        .unwrap();
+    assert!(lease.token() > token, "a later grant, a larger token");
+    lock.release(lease).await.unwrap();
+
+    let mut etcdctl = etcdctl_lock(&endpoint, "/lock/order/1001");
+    etcdctl.line(Duration::from_secs(30)).await;
+    etcdctl.kill().await;
+    assert!(
+        lock.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "etcdctl's lease outlives its process"
+    );
+    let opts = AcquireOptions::new(TTL).wait(ETCDCTL_TTL * 10);
+    let lease = lock.acquire(&k, &opts).await.unwrap();
+    lock.release(lease).await.unwrap();
+}

@@ -1,0 +1,112 @@
+//! Other recipes' real clients (kazoo, Curator, `etcdctl`, redis-py) in child processes,
+//! for the tests that share a lock with them: a [`ForeignClient`] writes lines to the
+//! child's stdin and reads lines from its stdout, and kills the child when dropped, even
+//! on a panic. Its methods panic with the client's name on anything unexpected (they are
+//! test steps).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// A foreign client in a child process, driven a line at a time.
+#[derive(Debug)]
+pub struct ForeignClient {
+    what: String,
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl ForeignClient {
+    /// Starts `command` (stdin and stdout piped, stderr inherited) as the client `what`.
+    ///
+    /// # Panics
+    /// If it cannot start (`./x test` installs every client the tests run).
+    pub fn spawn(what: impl Into<String>, mut command: Command) -> Self {
+        let what = what.into();
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: cannot start (./x test installs it): {e}"));
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            panic!("{what}: no pipes");
+        };
+        Self {
+            what,
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The client's name, for messages.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// Writes `line` to the client's stdin.
+    pub async fn send(&mut self, line: &str) {
+        let what = &self.what;
+        let written = self.stdin.write_all(format!("{line}\n").as_bytes()).await;
+        written.unwrap_or_else(|e| panic!("{what}: write {line:?}: {e}"));
+        self.stdin
+            .flush()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+
+    /// The next line the client prints, if one comes `within`.
+    ///
+    /// # Panics
+    /// If the client exits first.
+    pub async fn line_within(&mut self, within: Duration) -> Option<String> {
+        let what = &self.what;
+        match tokio::time::timeout(within, self.lines.next_line()).await {
+            Err(_) => None,
+            Ok(Ok(Some(line))) => Some(line),
+            Ok(Ok(None)) => panic!("{what} exited: {:?}", self.child.try_wait()),
+            Ok(Err(e)) => panic!("{what}: {e}"),
+        }
+    }
+
+    /// The next line the client prints, which must come `within`.
+    pub async fn line(&mut self, within: Duration) -> String {
+        match self.line_within(within).await {
+            Some(line) => line,
+            None => panic!("{}: no line within {within:?}", self.what),
+        }
+    }
+
+    /// Asks the client to stop (SIGTERM to its process, by PID), as a service manager
+    /// would: it lets go of what it holds and exits.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("a running client");
+        let pid = Pid::from_raw(i32::try_from(pid).expect("a PID fits an i32"));
+        kill(pid, Signal::SIGTERM).unwrap_or_else(|e| panic!("{}: SIGTERM: {e}", self.what));
+    }
+
+    /// Waits for the client to exit, at most `within`; whether it exited successfully.
+    pub async fn exited(mut self, within: Duration) -> bool {
+        let what = self.what.clone();
+        let status = tokio::time::timeout(within, self.child.wait()).await;
+        let status = status.unwrap_or_else(|_| panic!("{what}: still running after {within:?}"));
+        status.unwrap_or_else(|e| panic!("{what}: {e}")).success()
+    }
+
+    /// Kills the client (SIGKILL) and waits for it: what it held stays until the server
+    /// ends its session or lease.
+    pub async fn kill(mut self) {
+        let what = self.what.clone();
+        self.child
+            .kill()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: kill: {e}"));
+    }
+}
