@@ -121,6 +121,13 @@ pub(crate) fn classify(config: &RedisConfig, what: &str, error: RedisError) -> L
     if let Some(hint) = tls_refusal(&error) {
         message = format!("{message} ({hint})");
     }
+    if error.code() == Some("WRONGTYPE") {
+        message = format!(
+            "{message} (the lock key is not a string, as tenure's and redis-py's locks are: \
+             another recipe's lock in another layout, such as Redisson's RLock hash, which \
+             tenure does not share; see docs/interop.md)"
+        );
+    }
     match error_class(&error) {
         ErrorClass::Unavailable => LockError::Unavailable {
             message,

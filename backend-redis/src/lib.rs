@@ -66,11 +66,12 @@ pub(crate) const UNCONFIRMED: &str = "replicas wait_replicas asks for";
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
     +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots";
 
-/// How often, at least, a waiter subscribed on a Redis Cluster tries again (or at the
-/// caller's backoff ceiling, if longer): a safety net for release messages lost unseen —
-/// the cluster client can replace a node's connection without telling, and its own
-/// resubscription can fail — or never sent (clients of versions that polled there).
-const CLUSTER_RECHECK: Duration = Duration::from_secs(1);
+/// How often, at least, a subscribed waiter tries again (or at the caller's backoff
+/// ceiling, if longer), however long the holder's TTL: a safety net for release messages
+/// never sent — another recipe's holder (redis-py's `Lock`) publishes none, and older
+/// tenure clients on a Cluster polled — or lost unseen (the cluster client can replace a
+/// node's connection without telling, and its own resubscription can fail).
+const RELEASE_RECHECK: Duration = Duration::from_secs(1);
 
 /// The longest a call waits, whatever `limit` it is given (a year: for ever).
 const LIMIT_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -103,7 +104,8 @@ impl fmt::Debug for RedisLock {
 pub enum Grant {
     /// The lock is ours, with this node's fence token.
     Granted(FencingToken),
-    /// Another owner holds it for this much longer.
+    /// Another owner holds it for this much longer (`Duration::MAX`: with no expiry,
+    /// as another recipe's lock may be).
     Held(Duration),
 }
 
@@ -550,7 +552,8 @@ impl RedisLock {
             Err(e) => return Err(e),
         };
         if granted != 1 {
-            let pttl = Duration::from_millis(value.max(0) as u64);
+            // PTTL -1: a key with no expiry (another recipe's lock without a timeout).
+            let pttl = u64::try_from(value).map_or(Duration::MAX, Duration::from_millis);
             return Ok((Grant::Held(pttl), 0));
         }
         let Some(index) = usize::try_from(index).ok().filter(|&i| i < keys.len()) else {
@@ -934,10 +937,8 @@ impl RedisLock {
                     if pubsub.is_none() {
                         polls += 1;
                         pttl.min(opts.backoff.delay(polls))
-                    } else if self.is_cluster() {
-                        pttl.min(opts.backoff.max.max(CLUSTER_RECHECK))
                     } else {
-                        pttl
+                        pttl.min(opts.backoff.max.max(RELEASE_RECHECK))
                     }
                 }
                 Ok(Attempt::Late(error)) => {

@@ -11,6 +11,7 @@ mod errors;
 mod faults;
 mod fence;
 mod floor;
+mod foreign;
 mod replicas;
 mod security;
 mod semaphore;
