@@ -2,9 +2,12 @@
 //! `concurrency.Mutex` underneath): tenure on `etcd://…//lock/order` key `1001` and
 //! `etcdctl lock /lock/order/1001` queue under one prefix, ordered by create revision.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey, OwnerId, ReleaseOutcome};
+use tenure_api::{
+    AcquireOptions, DistributedLock, Election, LockAdmin, LockKey, OwnerId, ReleaseOutcome,
+};
 use tenure_conformance::foreign::ForeignClient;
 use tenure_etcd::lab::EtcdCluster;
 use tenure_etcd::EtcdLock;
@@ -116,4 +119,75 @@ async fn etcdctl_lock_shares_a_lock_with_tenure() {
     let opts = AcquireOptions::new(TTL).wait(ETCDCTL_TTL * 10);
     let lease = lock.acquire(&k, &opts).await.unwrap();
     lock.release(lease).await.unwrap();
+}
+
+/// `etcdctl elect` and tenure's [`Election`] on one name: one leader at a time across
+/// both, each seeing the other's leader (etcdctl's proposal is the leader's value, its
+/// key's create revision the term), and a resigning etcdctl hands over to tenure's
+/// waiting candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_shares_an_election_with_tenure() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let addr = endpoint.trim_start_matches("http://");
+    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock"))
+        .await
+        .unwrap();
+    let election = Election::new(Arc::new(lock)).unwrap();
+    let name = LockKey::new("sched").unwrap();
+
+    let mut command = Command::new("etcdctl");
+    command
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("elect")
+        .arg("/lock/sched")
+        .arg("node-1");
+    let mut etcdctl = ForeignClient::spawn("etcdctl elect /lock/sched node-1", command);
+    let key = etcdctl.line(Duration::from_secs(30)).await;
+    assert!(key.starts_with("/lock/sched/"), "its key: {key}");
+    assert_eq!(etcdctl.line(Duration::from_secs(5)).await, "node-1");
+    let leader = election
+        .leader(&name)
+        .await
+        .unwrap()
+        .expect("etcdctl leads");
+    assert_eq!(leader.value, "node-1");
+
+    let candidate = tokio::spawn({
+        let (election, name) = (election.clone(), name.clone());
+        async move {
+            election
+                .campaign(&name, "host-b", Duration::from_secs(60))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!candidate.is_finished(), "etcdctl still leads");
+    etcdctl.terminate();
+    assert!(etcdctl.exited(Duration::from_secs(30)).await, "resigned");
+    let leadership = tokio::time::timeout(Duration::from_secs(30), candidate)
+        .await
+        .expect("tenure's candidate elected once etcdctl resigned")
+        .unwrap()
+        .unwrap();
+    assert!(leadership.term() > leader.term);
+
+    // etcdctl's observer sees tenure's leader: its key, then its value.
+    let mut command = Command::new("etcdctl");
+    command
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("elect")
+        .arg("--listen")
+        .arg("/lock/sched");
+    let mut observer = ForeignClient::spawn("etcdctl elect --listen /lock/sched", command);
+    let key = observer.line(Duration::from_secs(30)).await;
+    assert!(key.starts_with("/lock/sched/"), "its key: {key}");
+    let value = observer.line(Duration::from_secs(5)).await;
+    assert!(
+        value.ends_with(":host-b"),
+        "tenure's value, after its owner id: {value}"
+    );
+    leadership.resign().await.unwrap();
 }
