@@ -79,8 +79,11 @@ impl EtcdLock {
                 queues
                     .entry(name.to_string())
                     .or_insert_with(|| Queue {
+                        // One component below the namespace, as tenure's queues are
+                        // (another recipe's `<prefix>/a/b/<lease>` is no key's queue).
                         key: name
                             .strip_prefix(&namespace)
+                            .filter(|escaped| !escaped.contains('/'))
                             .and_then(percent_decode)
                             .and_then(|k| LockKey::new(k).ok()),
                         name: name.to_string(),

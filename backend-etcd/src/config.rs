@@ -20,7 +20,8 @@ pub const DEFAULT_PORT: u16 = 2379;
 /// overrides it. User, password and prefix may be percent-encoded. A prefix has no
 /// leading `/` unless written with two: `etcd://h//lock/order` (or `?prefix=//lock/order`)
 /// is `/lock/order`, so key `1001` is the lock `etcdctl lock /lock/order/1001` and Go's
-/// `concurrency.NewMutex(session, "/lock/order/1001")` take.
+/// `concurrency.NewMutex(session, "/lock/order/1001")` take. (Before 2026-12-07 the
+/// slashes were dropped: `etcd://h//x` meant `x`; write `etcd://h/x` for that.)
 ///
 /// Options: `connect_timeout_ms` (default 2000), `request_timeout_ms` (default 2000,
 /// the bound on every request), `ca_file` (a PEM CA bundle, `etcds://` only),
@@ -233,7 +234,8 @@ fn normalise_prefix(written: &str) -> Result<Option<String>, &'static str> {
     }
     let bare = written.trim_matches('/');
     Ok(match (bare.is_empty(), written.starts_with("//")) {
-        (true, _) => None,
+        (true, true) => return Err("an absolute prefix with no name"),
+        (true, false) => None,
         (false, true) => Some(format!("/{bare}")),
         (false, false) => Some(bare.to_string()),
     })
@@ -393,6 +395,8 @@ mod tests {
             "etcd://h?prefix=//",
             "etcd://h?prefix=a%01b",
             "etcd://h//a%01b",
+            "etcd://h//",
+            "etcd://h///",
         ] {
             assert!(
                 matches!(EtcdConfig::from_url(bad), Err(LockError::Config(_))),

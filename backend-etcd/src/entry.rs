@@ -3,7 +3,7 @@
 //! `concurrency.Mutex` put `<queue>/<lease hex>` holding nothing — share the queue (every
 //! one of them orders it by create revision) and are shown as foreign holders.
 
-use tenure_api::backend::parse_holder_text;
+use tenure_api::backend::{foreign_label, parse_holder_text};
 use tenure_api::{LockError, OwnerId};
 
 /// Who a queue entry says holds it.
@@ -12,19 +12,23 @@ pub(crate) struct Recorded {
     /// The owner id its name and value carry; for another recipe's entry, one derived
     /// from its key.
     pub(crate) owner: OwnerId,
-    /// tenure's label, or another recipe's value as text; `None` when empty.
+    /// tenure's label, or another recipe's value as one ([`foreign_label`]).
     pub(crate) label: Option<String>,
     /// Another recipe's entry.
     pub(crate) foreign: bool,
 }
 
-/// The owner id an entry named as tenure names them starts with.
+/// The owner id an entry named exactly as tenure names them starts with (lower-case hex
+/// throughout, as tenure writes it).
 fn named_owner(key: &[u8]) -> Option<OwnerId> {
     let name = key.rsplit(|b| *b == b'/').next()?;
     let mut parts = std::str::from_utf8(name).ok()?.splitn(3, '-');
     let (owner, lease, attempt) = (parts.next()?, parts.next()?, parts.next()?);
-    let hex = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit());
-    (lease.len() == 16 && hex(lease) && hex(attempt)).then_some(())?;
+    let hex = |text: &str| {
+        !text.is_empty() && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    (owner.len() == 32 && hex(owner) && lease.len() == 16 && hex(lease) && hex(attempt))
+        .then_some(())?;
     OwnerId::parse(owner).ok()
 }
 
@@ -35,7 +39,7 @@ pub(crate) fn recorded(key: &[u8], value: &[u8]) -> Result<Recorded, LockError> 
     let Some(named) = named_owner(key) else {
         return Ok(Recorded {
             owner: OwnerId::derived(key),
-            label: (!value.is_empty()).then(|| String::from_utf8_lossy(value).into_owned()),
+            label: foreign_label(value),
             foreign: true,
         });
     };
@@ -63,7 +67,7 @@ mod tests {
 
     #[test]
     fn tenure_entries_and_other_recipes_entries_are_told_apart() {
-        let owner = OwnerId::random();
+        let owner = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
         let key = format!("app/job/{owner}-{:016x}-{:x}", 0x694d_1234_u64, 7);
         let ours = recorded(
             key.as_bytes(),
@@ -89,6 +93,14 @@ mod tests {
         // `etcdctl elect` puts its proposal: shown as the label.
         let elected = recorded(b"/lock/leader/694d7a3c9e2f1b05", b"node-1\xff").unwrap();
         assert_eq!(elected.label.as_deref(), Some("node-1\u{fffd}"));
+        // Named almost as tenure's (upper case): another recipe's.
+        let upper = key.replace(&owner.to_string(), &owner.to_string().to_uppercase());
+        let value = holder_text(owner, None);
+        assert!(
+            recorded(upper.as_bytes(), value.as_bytes())
+                .unwrap()
+                .foreign
+        );
         // Named as tenure's, but its value names no owner, or another: malformed.
         for value in [
             &b""[..],

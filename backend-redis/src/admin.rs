@@ -15,7 +15,7 @@ use redis::Script;
 use tenure_api::admin::undecodable;
 use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
 
-use crate::scripts::{parse_lock_value, Call};
+use crate::scripts::{holder_of, Call};
 use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
@@ -51,20 +51,12 @@ pub(crate) struct ScannedLock {
 }
 
 impl ScannedLock {
-    /// The holder this entry describes, if it is a well-formed live lock.
+    /// The holder this entry describes, if it is a live lock (another recipe's too).
     fn holder(&self) -> Option<(LockKey, HolderInfo)> {
-        let value = parse_lock_value(self.value.as_deref()?).ok()?;
+        let value = self.value.as_deref()?;
         Some((
             self.key.clone()?,
-            HolderInfo {
-                owner: value.owner,
-                token: Some(value.token),
-                label: value.label,
-                foreign: false,
-                remaining: u64::try_from(self.pttl)
-                    .ok()
-                    .map(std::time::Duration::from_millis),
-            },
+            holder_of(&self.redis_key, value, self.pttl),
         ))
     }
 
@@ -74,14 +66,10 @@ impl ScannedLock {
         let Some(key) = &self.key else {
             return Some(undecodable(&self.redis_key, location));
         };
-        let malformed = if self.kind != "string" {
-            Some(format!("a {} where a lock value was expected", self.kind))
-        } else {
-            self.value
-                .as_deref()
-                .and_then(|v| parse_lock_value(v).err())
-                .map(|e| e.to_string())
-        };
+        // A string that is not tenure's value is another recipe's lock (redis-py's
+        // token): a holder, not a finding.
+        let malformed = (self.kind != "string")
+            .then(|| format!("a {} where a lock value was expected", self.kind));
         let (problem, detail) = match (self.pttl, malformed) {
             (-1, why) => (
                 Problem::NoExpiry,
@@ -239,6 +227,8 @@ mod tests {
         }
     }
 
+    /// Lock keys without a TTL and keys of another type are findings; a string that is
+    /// not tenure's value is another recipe's lock (redis-py's token), a foreign holder.
     #[test]
     fn only_ttl_less_or_unreadable_locks_are_findings() {
         let good = "0123456789abcdef0123456789abcdef:7";
@@ -258,12 +248,19 @@ mod tests {
         assert_eq!(leak.key, "jobs/a");
         assert!(leak.location.contains("h:1") && leak.location.contains("{tenure:jobs/a}"));
 
-        let junk = scanned(Some("junk"), "string", 500).finding("h:1").unwrap();
-        assert_eq!(junk.problem, Problem::Malformed);
+        let redis_py = "5f1c0a2e9b7d11ef8c4d0242ac120002";
+        assert_eq!(scanned(Some(redis_py), "string", 500).finding("h:1"), None);
+        let (_, holder) = scanned(Some(redis_py), "string", 500).holder().unwrap();
+        assert!(holder.foreign && holder.token.is_none(), "{holder:?}");
+        assert_eq!(holder.label.as_deref(), Some(redis_py));
+        let derived = tenure_api::OwnerId::derived(b"{tenure:jobs/a}");
+        assert_eq!(holder.owner, derived);
         let hash = scanned(None, "hash", -1).finding("h:1").unwrap();
         assert_eq!(hash.problem, Problem::NoExpiry);
         assert!(hash.detail.contains("a hash"), "{}", hash.detail);
-        assert!(scanned(Some("junk"), "string", -1).holder().is_none());
+        let hash = scanned(None, "hash", 500).finding("h:1").unwrap();
+        assert_eq!(hash.problem, Problem::Malformed);
+        assert!(scanned(None, "hash", 500).holder().is_none());
     }
 
     #[test]

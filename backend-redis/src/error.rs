@@ -123,7 +123,7 @@ pub(crate) fn classify(config: &RedisConfig, what: &str, error: RedisError) -> L
     }
     if error.code() == Some("WRONGTYPE") {
         message = format!(
-            "{message} (the lock key is not a string, as tenure's and redis-py's locks are: \
+            "{message} (a lock or fence key is not a string, as tenure's and redis-py's are: \
              another recipe's lock in another layout, such as Redisson's RLock hash, which \
              tenure does not share; see docs/interop.md)"
         );

@@ -38,7 +38,7 @@ pub use lab::TESTBED;
 use primary::{Conn, Primary};
 pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};
-use scripts::{count_of, parse_lock_value, token_for, Call, MAX_COUNT, SCRIPTS};
+use scripts::{count_of, holder_of, token_for, Call, MAX_COUNT, SCRIPTS};
 use unanswered::Unanswered;
 
 /// Words of the refusal of a grant too few replicas confirmed (`wait_replicas`).
@@ -1210,16 +1210,8 @@ impl DistributedLock for RedisLock {
         let mut call = Call::script(&SCRIPTS.inspect, 1);
         call.key(self.key_name(key, ""));
         let (value, pttl): (Option<String>, i64) = self.call("inspect", call).await?;
-        let Some(value) = value else { return Ok(None) };
-        let value = parse_lock_value(&value)?;
-        Ok(Some(HolderInfo {
-            owner: value.owner,
-            token: Some(value.token),
-            label: value.label,
-            foreign: false,
-            // PTTL -1 would mean a lock without expiry: report it as such (None).
-            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-        }))
+        // PTTL -1 (no expiry) is reported as no remaining time.
+        Ok(value.map(|value| holder_of(&self.lock_key(key), &value, pttl)))
     }
 
     /// As [`acquire`](DistributedLock::acquire), over several keys: each attempt is one

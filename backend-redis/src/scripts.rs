@@ -383,6 +383,32 @@ pub struct LockValue {
     pub label: Option<String>,
 }
 
+/// The holder the string `value` at lock key `redis_key` records, with the key's `pttl`
+/// (`-1`: no expiry): tenure's (`<owner>:<count>[:<label>]`), or, when it does not parse,
+/// another recipe's (redis-py's token): owner derived from the key, no token, the value
+/// as its label.
+pub(crate) fn holder_of(redis_key: &str, value: &str, pttl: i64) -> tenure_api::HolderInfo {
+    let remaining = u64::try_from(pttl)
+        .ok()
+        .map(std::time::Duration::from_millis);
+    match parse_lock_value(value) {
+        Ok(value) => tenure_api::HolderInfo {
+            owner: value.owner,
+            token: Some(value.token),
+            remaining,
+            label: value.label,
+            foreign: false,
+        },
+        Err(_) => tenure_api::HolderInfo {
+            owner: tenure_api::OwnerId::derived(redis_key.as_bytes()),
+            token: None,
+            remaining,
+            label: tenure_api::backend::foreign_label(value.as_bytes()),
+            foreign: true,
+        },
+    }
+}
+
 /// Parses a stored lock value (`"<owner>:<count>"` or `"<owner>:<count>:<label>"`).
 pub fn parse_lock_value(value: &str) -> Result<LockValue, tenure_api::LockError> {
     let malformed = |what| tenure_api::LockError::backend(format!("malformed {what} in {value:?}"));

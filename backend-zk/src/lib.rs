@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tenure_api::backend::{default_drift, Backend, Driver};
+use tenure_api::backend::{default_drift, foreign_label, Backend, Driver};
 use tenure_api::{
     validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
     FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication,
@@ -221,8 +221,8 @@ impl ZkLock {
             Err(e) => return Err(self.zk_error("read lock node", e)),
         };
         // tenure's label, or what another recipe's client put there (kazoo: the
-        // identifier; Curator: the client's address), shown as text.
-        let label = (!data.is_empty()).then(|| String::from_utf8_lossy(&data).into_owned());
+        // identifier; Curator: the client's address), as a label.
+        let label = foreign_label(&data);
         Ok(Some(HolderInfo {
             owner: node.owner,
             token: u64::try_from(stat.czxid).ok().map(FencingToken),

@@ -3,6 +3,11 @@
 //! child's stdin and reads lines from its stdout, and kills the child when dropped, even
 //! on a panic. Its methods panic with the client's name on anything unexpected (they are
 //! test steps).
+//!
+//! A *lock driver* holds one lock of its recipe and speaks a line protocol: it prints
+//! `ready` once connected, answers `acquire MILLIS` with `acquired` or `timeout` and
+//! `release` with `released` ([`ForeignClient::acquire`], [`ForeignClient::release`]).
+//! [`PYTHON_LOCK`] is the driver of kazoo's and redis-py's locks.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,6 +17,10 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
+/// The lock driver of Python recipes (`foreign/python_lock.py` in this crate): run as
+/// `python_lock.py kazoo HOSTS SESSION_TIMEOUT_MS PATH [EXTRA_LOCK_PATTERN…]` or
+/// `python_lock.py redis-py REDIS_URL NAME TIMEOUT_MS` (0: no expiry).
+pub const PYTHON_LOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/foreign/python_lock.py");
 /// A foreign client in a child process, driven a line at a time.
 #[derive(Debug)]
 pub struct ForeignClient {
@@ -44,6 +53,40 @@ impl ForeignClient {
             stdin,
             lines: BufReader::new(stdout).lines(),
         }
+    }
+
+    /// A lock driver (see the module docs) started by `command`, once it is `ready`.
+    pub async fn lock_driver(what: impl Into<String>, command: Command) -> Self {
+        let mut client = Self::spawn(what, command);
+        let ready = client.line(Duration::from_secs(60)).await;
+        assert_eq!(ready, "ready", "{}", client.what);
+        client
+    }
+
+    /// [`PYTHON_LOCK`] for `recipe` (`kazoo`, `redis-py`) with `args`, under Debian's
+    /// `/usr/bin/python3` (where `python3-kazoo` and `python3-redis` install; it may not
+    /// be the first `python3` on the PATH), once it is `ready`.
+    pub async fn python_lock(recipe: &str, args: &[&str]) -> Self {
+        let mut command = Command::new("/usr/bin/python3");
+        command.arg(PYTHON_LOCK).arg(recipe).args(args);
+        Self::lock_driver(format!("{recipe} {args:?}"), command).await
+    }
+
+    /// A lock driver's `acquire`: whether it is granted the lock within `wait`.
+    pub async fn acquire(&mut self, wait: Duration) -> bool {
+        self.send(&format!("acquire {}", wait.as_millis())).await;
+        match self.line(wait + Duration::from_secs(30)).await.as_str() {
+            "acquired" => true,
+            "timeout" => false,
+            other => panic!("{}: {other}", self.what),
+        }
+    }
+
+    /// A lock driver's `release`.
+    pub async fn release(&mut self) {
+        self.send("release").await;
+        let released = self.line(Duration::from_secs(10)).await;
+        assert_eq!(released, "released", "{}", self.what);
     }
 
     /// The client's name, for messages.

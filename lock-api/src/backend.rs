@@ -13,3 +13,4 @@ pub use crate::lease::{
 pub use crate::lock::{
     acquire_each, poll_acquire, poll_acquire_woken, validate_keys, wait_for_any,
 };
+pub use crate::options::foreign_label;

@@ -41,6 +41,21 @@ pub fn validate_label(label: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// A label made of what another recipe's client stored in its record (its data, value
+/// or token), within a label's bounds: UTF-8 (lossy), control characters replaced with
+/// U+FFFD, cut to [`MAX_LABEL`] bytes; `None` when empty.
+pub fn foreign_label(data: &[u8]) -> Option<String> {
+    let text: String = String::from_utf8_lossy(data)
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    let mut end = text.len().min(MAX_LABEL);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (end > 0).then(|| text[..end].to_string())
+}
+
 /// Options for [`crate::DistributedLock::acquire`].
 ///
 /// ```
@@ -192,6 +207,20 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another recipe's record is shown as a label within a label's bounds.
+    #[test]
+    fn foreign_records_become_valid_labels() {
+        assert_eq!(foreign_label(b""), None);
+        assert_eq!(foreign_label(b"127.0.1.1").as_deref(), Some("127.0.1.1"));
+        let shown = foreign_label(b"a\nb\xff").unwrap();
+        assert_eq!(shown, "a\u{fffd}b\u{fffd}");
+        let long = foreign_label("é".repeat(200).as_bytes()).unwrap();
+        assert!(long.len() <= MAX_LABEL && long.chars().all(|c| c == 'é'));
+        for label in [shown, long] {
+            validate_label(&label).unwrap();
+        }
+    }
 
     #[test]
     fn labels_are_checked_with_the_options() {

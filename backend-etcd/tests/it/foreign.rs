@@ -15,7 +15,7 @@ use tokio::process::Command;
 
 const TTL: Duration = Duration::from_secs(10);
 /// `etcdctl lock --ttl`: how long its lock outlives its process.
-const ETCDCTL_TTL: Duration = Duration::from_secs(3);
+const ETCDCTL_TTL: Duration = Duration::from_secs(6);
 
 /// `etcdctl lock NAME`: prints its key (then its empty value) once it holds the lock,
 /// holds it until SIGTERM, then unlocks and exits.
@@ -92,7 +92,10 @@ async fn etcdctl_lock_shares_a_lock_with_tenure() {
     let remaining = holder.remaining.expect("its lease's TTL");
     assert!(remaining <= ETCDCTL_TTL, "{remaining:?}");
     let holders = lock.holders("").await.unwrap();
-    assert_eq!(holders, [(k.clone(), holder)], "holders shows it too");
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let (key, listed) = &holders[0];
+    assert_eq!(key, &k);
+    assert!(listed.foreign && listed.owner == holder.owner && listed.token == holder.token);
     assert_eq!(
         lock.doctor().await.unwrap(),
         [],
@@ -119,6 +122,18 @@ async fn etcdctl_lock_shares_a_lock_with_tenure() {
     let opts = AcquireOptions::new(TTL).wait(ETCDCTL_TTL * 10);
     let lease = lock.acquire(&k, &opts).await.unwrap();
     lock.release(lease).await.unwrap();
+
+    // etcdctl's lock on a name two levels below the prefix is no key's queue (tenure's
+    // key `a/b` is `/lock/order/a%2Fb`): not listed as the holder of `a/b`.
+    let mut nested = etcdctl_lock(&endpoint, "/lock/order/a/b");
+    nested.line(Duration::from_secs(30)).await;
+    let holders = lock.holders("").await.unwrap();
+    assert!(
+        holders.iter().all(|(key, _)| key.as_str() != "a/b"),
+        "{holders:?}"
+    );
+    let nested_key = LockKey::new("a/b").unwrap();
+    assert_eq!(lock.inspect(&nested_key).await.unwrap(), None);
 }
 
 /// `etcdctl elect` and tenure's [`Election`] on one name: one leader at a time across

@@ -9,48 +9,15 @@ use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockError, LockKey,
 use tenure_conformance::foreign::ForeignClient;
 use tenure_redis::lab::{RedisCluster, RedisNode, RedisOptions};
 use tenure_redis::RedisLock;
-use tokio::process::Command;
 use tokio::task::JoinHandle;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// redis-py's `Lock(name, timeout=…)` (none for `None`) on `node`, driven a line at a
-/// time (`foreign/redis_py_lock.py`).
-struct RedisPy(ForeignClient);
-
-impl RedisPy {
-    async fn start(node: &RedisNode, name: &str, timeout: Option<Duration>) -> Self {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/foreign/redis_py_lock.py"
-        );
-        let timeout_ms = timeout.map_or(0, |t| t.as_millis());
-        let mut command = Command::new("/usr/bin/python3");
-        command
-            .arg(script)
-            .arg(node.url())
-            .arg(name)
-            .arg(timeout_ms.to_string());
-        let what = format!("redis-py Lock({name}, timeout={timeout:?})");
-        let mut client = ForeignClient::spawn(what, command);
-        assert_eq!(client.line(Duration::from_secs(30)).await, "ready");
-        Self(client)
-    }
-
-    /// Whether redis-py is granted the lock within `wait`.
-    async fn acquire(&mut self, wait: Duration) -> bool {
-        self.0.send(&format!("acquire {}", wait.as_millis())).await;
-        match self.0.line(wait + Duration::from_secs(30)).await.as_str() {
-            "acquired" => true,
-            "timeout" => false,
-            other => panic!("{}: {other}", self.0.what()),
-        }
-    }
-
-    async fn release(&mut self) {
-        self.0.send("release").await;
-        assert_eq!(self.0.line(Duration::from_secs(10)).await, "released");
-    }
+/// redis-py's `Lock(name, timeout=…)` (none for `None`) on `node`: a lock driver (see
+/// `tenure_conformance::foreign`).
+async fn redis_py(node: &RedisNode, name: &str, timeout: Option<Duration>) -> ForeignClient {
+    let timeout_ms = timeout.map_or(0, |t| t.as_millis()).to_string();
+    ForeignClient::python_lock("redis-py", &[&node.url(), name, &timeout_ms]).await
 }
 
 fn waiter(lock: &RedisLock, k: &LockKey) -> JoinHandle<Instant> {
@@ -79,7 +46,7 @@ async fn a_redis_py_release_is_seen_by_tenures_waiters() {
         ("job-forever", None),
     ] {
         let k = LockKey::new(job).unwrap();
-        let mut redis_py = RedisPy::start(node, &lock.lock_key(&k), timeout).await;
+        let mut redis_py = redis_py(node, &lock.lock_key(&k), timeout).await;
         assert!(
             redis_py.acquire(Duration::from_secs(1)).await,
             "{job}: free"
@@ -113,6 +80,8 @@ async fn a_redis_py_release_is_seen_by_tenures_waiters() {
 
 /// redis-py and tenure exclude each other both ways, each release wakes the other side
 /// (redis-py polls), and a killed redis-py's lock is freed for tenure at its TTL.
+/// `inspect`, `holders` and `doctor` show redis-py's hold as a foreign holder — before,
+/// `inspect` failed with "malformed lock value" and `doctor` called it malformed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_and_tenure_share_a_lock() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
@@ -121,7 +90,7 @@ async fn redis_py_and_tenure_share_a_lock() {
     let k = LockKey::new("job").unwrap();
     assert_eq!(lock.lock_key(&k), "{tenure:job}");
     let timeout = Duration::from_secs(3);
-    let mut redis_py = RedisPy::start(node, "{tenure:job}", Some(timeout)).await;
+    let mut redis_py = redis_py(node, "{tenure:job}", Some(timeout)).await;
 
     let ours = lock
         .try_acquire(&k, TTL)
@@ -132,12 +101,28 @@ async fn redis_py_and_tenure_share_a_lock() {
         !redis_py.acquire(Duration::from_secs(1)).await,
         "redis-py granted beside tenure's holder"
     );
-    redis_py.0.send("acquire 30000").await;
+    redis_py.send("acquire 30000").await;
     assert_eq!(lock.release(ours).await.unwrap(), ReleaseOutcome::Released);
-    assert_eq!(redis_py.0.line(Duration::from_secs(30)).await, "acquired");
+    assert_eq!(redis_py.line(Duration::from_secs(30)).await, "acquired");
+    let holder = lock.inspect(&k).await.unwrap().expect("redis-py holds");
+    assert!(holder.foreign && holder.token.is_none(), "{holder:?}");
+    let token = holder.label.clone().expect("its token");
+    assert!(
+        token.len() == 32,
+        "redis-py's token, 32 hex digits: {token}"
+    );
+    assert!(holder.remaining.is_some_and(|left| left <= timeout));
+    let holders = lock.holders("").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert!(holders[0].1.foreign && holders[0].1.owner == holder.owner);
+    assert_eq!(
+        lock.doctor().await.unwrap(),
+        [],
+        "a foreign holder is no finding"
+    );
 
     let started = Instant::now();
-    redis_py.0.kill().await;
+    redis_py.kill().await;
     let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
     let lease = lock.acquire(&k, &opts).await.unwrap();
     assert!(

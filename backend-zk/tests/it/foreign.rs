@@ -83,10 +83,6 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     }
 }
 
-/// A real client of another recipe (kazoo's `Lock`, Curator's `InterProcessMutex`),
-/// driven a line at a time (`foreign/kazoo_lock.py`, `foreign/CuratorLock.java`).
-struct Recipe(ForeignClient);
-
 /// Curator's jars as Debian installs them (`libcurator-recipes-java`).
 const CURATOR_JARS: &[&str] = &[
     "curator-recipes",
@@ -102,73 +98,34 @@ const CURATOR_JARS: &[&str] = &[
 /// The other recipes' session timeout: how long their lock outlives their process.
 const RECIPE_SESSION: Duration = Duration::from_secs(5);
 
-impl Recipe {
-    /// kazoo (Debian's `python3-kazoo`, under `/usr/bin/python3`) locking `path`, also
-    /// treating nodes named with `extra_patterns` as contenders.
-    async fn kazoo(hosts: &str, path: &str, extra_patterns: &[&str]) -> Self {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/foreign/kazoo_lock.py"
-        );
-        let mut command = Command::new("/usr/bin/python3");
-        command
-            .arg(script)
-            .arg(hosts)
-            .arg(RECIPE_SESSION.as_millis().to_string())
-            .arg(path)
-            .args(extra_patterns);
-        Self::start(format!("kazoo {extra_patterns:?}"), command).await
-    }
+/// kazoo's `Lock` on `path` (a lock driver, see `tenure_conformance::foreign`), also
+/// treating nodes named with `extra_patterns` as contenders.
+async fn kazoo(hosts: &str, path: &str, extra_patterns: &[&str]) -> ForeignClient {
+    let session = RECIPE_SESSION.as_millis().to_string();
+    let args = [&[hosts, session.as_str(), path], extra_patterns].concat();
+    ForeignClient::python_lock("kazoo", &args).await
+}
 
-    /// Curator's `InterProcessMutex` on `path` (Java's single-file source launcher).
-    async fn curator(hosts: &str, path: &str) -> Self {
-        let source = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/foreign/CuratorLock.java"
-        );
-        let classpath: Vec<String> = CURATOR_JARS
-            .iter()
-            .map(|jar| format!("/usr/share/java/{jar}.jar"))
-            .collect();
-        let mut command = Command::new("java");
-        command
-            .arg("-cp")
-            .arg(classpath.join(":"))
-            .arg(source)
-            .arg(hosts)
-            .arg(RECIPE_SESSION.as_millis().to_string())
-            .arg(path);
-        Self::start("curator".into(), command).await
-    }
-
-    async fn start(what: String, command: Command) -> Self {
-        let mut recipe = Self(ForeignClient::spawn(what, command));
-        recipe.expect_reply("ready", Duration::from_secs(60)).await;
-        recipe
-    }
-
-    fn what(&self) -> String {
-        self.0.what().to_string()
-    }
-
-    async fn send(&mut self, command: &str) {
-        self.0.send(command).await;
-    }
-
-    async fn expect_reply(&mut self, expected: &str, within: Duration) {
-        let reply = self.0.line(within).await;
-        assert_eq!(reply, expected, "{}", self.0.what());
-    }
-
-    /// Whether the recipe is granted the lock within `wait`.
-    async fn acquire(&mut self, wait: Duration) -> bool {
-        self.send(&format!("acquire {}", wait.as_millis())).await;
-        match self.0.line(wait + Duration::from_secs(30)).await.as_str() {
-            "acquired" => true,
-            "timeout" => false,
-            other => panic!("{}: {other}", self.0.what()),
-        }
-    }
+/// Curator's `InterProcessMutex` on `path`: the lock driver `foreign/CuratorLock.java`,
+/// run by Java's single-file source launcher.
+async fn curator(hosts: &str, path: &str) -> ForeignClient {
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/foreign/CuratorLock.java"
+    );
+    let classpath: Vec<String> = CURATOR_JARS
+        .iter()
+        .map(|jar| format!("/usr/share/java/{jar}.jar"))
+        .collect();
+    let mut command = Command::new("java");
+    command
+        .arg("-cp")
+        .arg(classpath.join(":"))
+        .arg(source)
+        .arg(hosts)
+        .arg(RECIPE_SESSION.as_millis().to_string())
+        .arg(path);
+    ForeignClient::lock_driver("curator", command).await
 }
 
 /// Waits until `key`'s queue has `len` nodes.
@@ -184,8 +141,8 @@ async fn queued(lock: &ZkLock, k: &LockKey, len: usize) {
 /// FIFO queue across both (the recipe queued before a tenure waiter is served first),
 /// each release waking the other side, and the recipe's lock freed for tenure when its
 /// process is killed and its session expires.
-async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
-    let what = recipe.what();
+async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: ForeignClient) {
+    let what = recipe.what().to_string();
     let ours = lock.try_acquire(k, TTL).await.unwrap().expect("a free key");
     let first = ours.token();
     assert!(
@@ -203,18 +160,13 @@ async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
     });
     queued(lock, k, 3).await;
     assert_eq!(lock.release(ours).await.unwrap(), ReleaseOutcome::Released);
-    recipe
-        .expect_reply("acquired", Duration::from_secs(30))
-        .await;
+    assert_eq!(recipe.line(Duration::from_secs(30)).await, "acquired");
     assert!(
         lock.try_acquire(k, TTL).await.unwrap().is_none(),
         "tenure granted beside {what}"
     );
     assert!(!waiter.is_finished(), "{what}, queued first, holds");
-    recipe.send("release").await;
-    recipe
-        .expect_reply("released", Duration::from_secs(10))
-        .await;
+    recipe.release().await;
     let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
         .await
         .unwrap_or_else(|_| panic!("tenure granted once {what} let go"))
@@ -230,7 +182,7 @@ async fn share_a_lock(lock: &ZkLock, k: &LockKey, mut recipe: Recipe) {
         recipe.acquire(Duration::from_secs(10)).await,
         "{what}: free"
     );
-    recipe.0.kill().await;
+    recipe.kill().await;
     assert!(
         lock.try_acquire(k, TTL).await.unwrap().is_none(),
         "{what}'s session outlives its process"
@@ -270,12 +222,12 @@ async fn curator_and_kazoo_share_a_lock_with_tenure() {
         .await
         .unwrap();
     let k = LockKey::new("job-curator").unwrap();
-    let curator = Recipe::curator(&hosts, &lock.lock_dir(&k)).await;
+    let curator = curator(&hosts, &lock.lock_dir(&k)).await;
     share_a_lock(&lock, &k, curator).await;
     // A container, as Curator makes it: removed once empty.
     removed(&hosts, &lock.lock_dir(&k)).await;
     let k = LockKey::new("job-kazoo").unwrap();
-    let kazoo = Recipe::kazoo(&hosts, &lock.lock_dir(&k), &["-lock-"]).await;
+    let kazoo = kazoo(&hosts, &lock.lock_dir(&k), &["-lock-"]).await;
     share_a_lock(&lock, &k, kazoo).await;
 }
 
@@ -291,7 +243,7 @@ async fn kazoo_names_share_a_lock_with_kazoo_as_it_comes() {
         .unwrap();
     let k = LockKey::new("job14").unwrap();
     assert_eq!(lock.lock_dir(&k), "/interop/job14");
-    let kazoo = Recipe::kazoo(&hosts, "/interop/job14", &[]).await;
+    let kazoo = kazoo(&hosts, "/interop/job14", &[]).await;
     share_a_lock(&lock, &k, kazoo).await;
     // Emptied before a container the server has since removed, job14's directory stays.
     let curator_named = ZkLock::connect(&format!("zk://{hosts}/interop?prefix="))
