@@ -27,6 +27,10 @@ impl Protocol for EtcdProtocol {
                  larger, so the woken holder's write is rejected",
             ),
             Fault::ClientSuspend => CLIENT_SUSPEND,
+            Fault::MixedFleet => cell(
+                SAFE,
+                "etcdctl lock (Go's concurrency.Mutex) and tenure queue keys under one                  prefix, each waiting for every key of a smaller create revision",
+            ),
             Fault::VanishedQueueRecord => cell(
                 SAFE,
                 "a grant carries proof that the waiter's own key still exists (a txn \

@@ -4,7 +4,7 @@
 use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
     cell, minority_lost, server_frozen, Expect, Premise, Protocol, CLIENT_SUSPEND, F_SAFE,
-    LATE_REQUEST_NAMES_ITS_RECORD, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT,
+    LATE_REQUEST_NAMES_ITS_RECORD, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_OTHER_RECIPE,
     ONE_SERVER_NO_MINORITY_SIDE, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
@@ -31,6 +31,7 @@ impl Protocol for PostgresProtocol {
                  is rejected",
             ),
             Fault::ClientSuspend => CLIENT_SUSPEND,
+            Fault::MixedFleet => NO_OTHER_RECIPE,
             Fault::VanishedQueueRecord => cell(
                 NOT_APPLICABLE,
                 "a waiter's place is its lock wait inside the server, which only ending its \

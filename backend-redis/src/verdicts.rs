@@ -146,6 +146,10 @@ impl Protocol for RedisProtocol {
             ),
             Fault::ClientSuspend => CLIENT_SUSPEND,
             Fault::VanishedQueueRecord => NO_WAITER_RECORDS,
+            Fault::MixedFleet => cell(
+                SAFE,
+                "redis-py and tenure set one string key only where none is: whoever set                  it holds until it is deleted or expires",
+            ),
             Fault::DelayedReply => cell(
                 SAFE,
                 "the lease's deadline counts from the send: a grant delayed past its TTL \

@@ -8,7 +8,8 @@ use tenure_api::{ExpiryKind, FencingKind, Replication};
 use tenure_conformance::faults::expect::{
     cell, url_option, Expect, Premise, Protocol, ANY_CONTAINMENT, CLIENT_SUSPEND, F_SAFE,
     GRANT_OUTLIVES_CONNECTION, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_MINORITY,
-    NO_MINORITY_SIDE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_F_SAFE, STALE_RELEASE, UNFENCED_VIOLATION,
+    NO_MINORITY_SIDE, NO_OTHER_RECIPE, ONLY_SERVER_FROZEN, SAFE, SAFE_OR_F_SAFE, STALE_RELEASE,
+    UNFENCED_VIOLATION,
 };
 use tenure_conformance::faults::Fault;
 use tenure_redis::verdicts::{Fence, BLACKHOLE, NO_WAITER_RECORDS, STALE_ACQUIRE, STALE_EXTEND};
@@ -66,6 +67,7 @@ impl Protocol for RedlockProtocol {
             ),
             (Fault::ClientSuspend, _) => CLIENT_SUSPEND,
             (Fault::VanishedQueueRecord, _) => NO_WAITER_RECORDS,
+            (Fault::MixedFleet, _) => NO_OTHER_RECIPE,
             (Fault::DelayedReply, _) => cell(
                 SAFE,
                 "validity is ttl − elapsed − drift from before the first send: a grant \

@@ -61,6 +61,11 @@ pub struct ZkConfig {
     pub prefix: String,
     /// How tenure names its lock nodes.
     pub node_names: NodeNames,
+    /// The lab's broken variant `zk-foreign-nodes-ignored` (feature `testbed`): the
+    /// queue holds only nodes named `lock-<owner>-<sequence>`, as tenure's before
+    /// 2026-12-07 did, blind to every other recipe's.
+    #[cfg(feature = "testbed")]
+    pub(crate) blind_to_other_recipes: bool,
     /// Session timeout asked of the server (it may negotiate another one).
     pub session_timeout: Duration,
     /// Bound on establishing a session.
@@ -128,6 +133,8 @@ impl ZkConfig {
             key_file: None,
             prefix: "tenure".into(),
             node_names: NodeNames::default(),
+            #[cfg(feature = "testbed")]
+            blind_to_other_recipes: false,
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),

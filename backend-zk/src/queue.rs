@@ -60,6 +60,14 @@ impl ZkLock {
     /// `cversion`); empty if `dir` does not exist.
     pub(crate) async fn listing(&self, client: &Client, dir: &str) -> Result<Listing, LockError> {
         match bounded(self.request_timeout(), client.get_children(dir)).await {
+            #[cfg(feature = "testbed")]
+            Ok((children, stat)) if self.inner.config.blind_to_other_recipes => {
+                let mut listed = listing(&children, stat.cversion);
+                listed
+                    .nodes
+                    .retain(|n| n.name.starts_with("lock-") && !n.foreign);
+                Ok(listed)
+            }
             Ok((children, stat)) => Ok(listing(&children, stat.cversion)),
             Err(ZkError::NoNode) => Ok(Listing {
                 nodes: Vec::new(),

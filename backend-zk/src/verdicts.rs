@@ -27,6 +27,10 @@ impl Protocol for ZkProtocol {
                  czxid, so the woken holder's write is rejected",
             ),
             Fault::ClientSuspend => CLIENT_SUSPEND,
+            Fault::MixedFleet => cell(
+                SAFE,
+                "tenure names its nodes as Curator does and both order every contender by                  the sequence ZooKeeper appended: one queue, one holder",
+            ),
             Fault::VanishedQueueRecord => cell(
                 SAFE,
                 "the waiter lists the queue when its predecessor goes: its own node is not \

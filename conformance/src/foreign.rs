@@ -12,8 +12,10 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tenure_api::{async_trait, LockError, LockKey};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -35,7 +37,12 @@ impl ForeignClient {
     ///
     /// # Panics
     /// If it cannot start (`./x test` installs every client the tests run).
-    pub fn spawn(what: impl Into<String>, mut command: Command) -> Self {
+    pub fn spawn(what: impl Into<String>, command: Command) -> Self {
+        Self::try_spawn(what, command).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`spawn`](Self::spawn), or why it cannot start.
+    pub fn try_spawn(what: impl Into<String>, mut command: Command) -> Result<Self, String> {
         let what = what.into();
         command
             .stdin(Stdio::piped())
@@ -43,30 +50,40 @@ impl ForeignClient {
             .kill_on_drop(true);
         let mut child = command
             .spawn()
-            .unwrap_or_else(|e| panic!("{what}: cannot start (./x test installs it): {e}"));
+            .map_err(|e| format!("{what}: cannot start (./x installs it): {e}"))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            panic!("{what}: no pipes");
+            return Err(format!("{what}: no pipes"));
         };
-        Self {
+        Ok(Self {
             what,
             child,
             stdin,
             lines: BufReader::new(stdout).lines(),
-        }
+        })
     }
 
-    /// A lock driver (see the module docs) started by `command`, once it is `ready`.
-    pub async fn lock_driver(what: impl Into<String>, command: Command) -> Self {
-        let mut client = Self::spawn(what, command);
-        let ready = client.line(Duration::from_secs(60)).await;
-        assert_eq!(ready, "ready", "{}", client.what);
-        client
+    /// A lock driver (see the module docs) started by `command`, once it is `ready`; or
+    /// why it did not start, or did not get ready within a minute.
+    pub async fn lock_driver(what: impl Into<String>, command: Command) -> Result<Self, String> {
+        let mut client = Self::try_spawn(what, command)?;
+        let ready = tokio::time::timeout(Duration::from_secs(60), client.lines.next_line());
+        match ready.await {
+            Ok(Ok(Some(line))) if line == "ready" => Ok(client),
+            Ok(Ok(Some(line))) => Err(format!("{}: {line}", client.what)),
+            Ok(Ok(None)) => Err(format!(
+                "{} exited: {:?}",
+                client.what,
+                client.child.wait().await
+            )),
+            Ok(Err(e)) => Err(format!("{}: {e}", client.what)),
+            Err(_) => Err(format!("{}: not ready within a minute", client.what)),
+        }
     }
 
     /// [`PYTHON_LOCK`] for `recipe` (`kazoo`, `redis-py`) with `args`, under Debian's
     /// `/usr/bin/python3` (where `python3-kazoo` and `python3-redis` install; it may not
     /// be the first `python3` on the PATH), once it is `ready`.
-    pub async fn python_lock(recipe: &str, args: &[&str]) -> Self {
+    pub async fn python_lock(recipe: &str, args: &[&str]) -> Result<Self, String> {
         let mut command = Command::new("/usr/bin/python3");
         command.arg(PYTHON_LOCK).arg(recipe).args(args);
         Self::lock_driver(format!("{recipe} {args:?}"), command).await
@@ -153,3 +170,44 @@ impl ForeignClient {
             .unwrap_or_else(|e| panic!("{what}: kill: {e}"));
     }
 }
+
+/// Another recipe's lock, held by a real client of it: what the mixed-fleet fault
+/// contends with.
+#[async_trait]
+pub trait ForeignLock: Send {
+    /// The client, for messages.
+    fn what(&self) -> String;
+
+    /// Whether the client is granted the lock within `wait` (it gives up after).
+    async fn acquire(&mut self, wait: Duration) -> bool;
+
+    /// Lets go of the lock the client holds.
+    async fn release(&mut self);
+}
+
+#[async_trait]
+impl ForeignLock for ForeignClient {
+    fn what(&self) -> String {
+        self.what.clone()
+    }
+
+    async fn acquire(&mut self, wait: Duration) -> bool {
+        ForeignClient::acquire(self, wait).await
+    }
+
+    async fn release(&mut self) {
+        ForeignClient::release(self).await;
+    }
+}
+
+/// Another recipe whose real client shares the backend's locks, as a testbed declares
+/// it: for tenure's lock `key`, a client of the recipe contending for the same lock.
+/// `Err` says why none can start (its client not installed, say).
+pub type ForeignRecipe = std::sync::Arc<
+    dyn Fn(LockKey) -> BoxFuture<'static, Result<Box<dyn ForeignLock>, String>> + Send + Sync,
+>;
+
+/// How a testbed makes its [`ForeignRecipe`] for the servers at `url` (plain ones: the
+/// harness starts no foreign client with TLS), with the recipe's name.
+pub type ForeignRecipeFn =
+    fn(url: String) -> BoxFuture<'static, Result<(&'static str, ForeignRecipe), LockError>>;

@@ -16,6 +16,7 @@ use tenure_api::{async_trait, DistributedLock, LockError};
 use crate::broken::BrokenVariant;
 use crate::faults::expect::{Config, ProtocolFn};
 use crate::faults::{Deployments, FaultTarget, LeaderFn, PeerLinks, WaiterRecords, WhyNot};
+use crate::foreign::ForeignRecipeFn;
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
@@ -216,6 +217,9 @@ pub struct Testbed {
     /// Its deliberately broken variants (`tenure matrix --backends broken:NAME`), judged
     /// by its row.
     pub broken: &'static [BrokenVariant],
+    /// Another recipe whose real client shares the backend's locks (Curator, `etcdctl
+    /// lock`, redis-py), for the mixed-fleet fault on plain servers.
+    pub foreign: Option<ForeignRecipeFn>,
 }
 
 impl Testbed {
@@ -382,6 +386,10 @@ impl Lab {
         }
         if let Some(deployments) = testbed.deployments {
             target = target.with_deployments(deployments(&url)?);
+        }
+        if let Some(foreign) = testbed.foreign.filter(|_| !self.secured) {
+            let (name, recipe) = foreign(url.clone()).await?;
+            target = target.with_foreign(name, recipe);
         }
         Ok(target)
     }

@@ -17,7 +17,9 @@ use tenure_conformance::UrlHarness;
 use crate::{EtcdConfig, EtcdLock};
 
 mod broken;
+mod foreign;
 mod servers;
+pub use foreign::etcdctl_lock;
 pub use servers::{EtcdCluster, EtcdMember, EtcdSecrets, EtcdUser};
 
 /// etcd's testbed: a 3-member cluster, its server faults aimed at the leader.
@@ -35,6 +37,7 @@ pub const TESTBED: Testbed = Testbed {
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::EtcdProtocol>,
     broken: broken::BROKEN,
+    foreign: Some(foreign::recipe),
 };
 
 /// What the fault suite cannot do to etcd here.

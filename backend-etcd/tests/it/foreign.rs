@@ -17,17 +17,9 @@ const TTL: Duration = Duration::from_secs(10);
 /// `etcdctl lock --ttl`: how long its lock outlives its process.
 const ETCDCTL_TTL: Duration = Duration::from_secs(6);
 
-/// `etcdctl lock NAME`: prints its key (then its empty value) once it holds the lock,
-/// holds it until SIGTERM, then unlocks and exits.
+/// `etcdctl lock NAME`, in a session of [`ETCDCTL_TTL`].
 fn etcdctl_lock(endpoint: &str, name: &str) -> ForeignClient {
-    let mut command = Command::new("etcdctl");
-    command
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("lock")
-        .arg(format!("--ttl={}", ETCDCTL_TTL.as_secs()))
-        .arg(name);
-    ForeignClient::spawn(format!("etcdctl lock {name}"), command)
+    tenure_etcd::lab::etcdctl_lock(endpoint, name, ETCDCTL_TTL).unwrap()
 }
 
 /// Waits until `key`'s queue has `len` entries.

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use tenure_conformance::faults::expect::NO_OTHER_RECIPE;
 use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::Node;
 use tenure_conformance::testbed::{
@@ -38,6 +39,7 @@ pub const TESTBED: Testbed = Testbed {
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
     broken: broken::BROKEN,
+    foreign: None,
 };
 
 /// What the fault suite cannot do to Postgres here, or what does not apply to it.
@@ -51,6 +53,7 @@ const WHY_NOT: &[WhyNot] = &[
         "a Postgres lock is its session's transaction: the client cannot move a held lock \
          to a fresh connection, and gives up a stalled connection with what it was doing",
     ),
+    WhyNot::NotApplicable(&[Fault::MixedFleet], NO_OTHER_RECIPE.reason),
     WhyNot::NotApplicable(
         &[Fault::VanishedQueueRecord],
         "a waiter's place is its lock wait inside the server, which only ending its \

@@ -14,7 +14,9 @@ use tenure_conformance::testbed::{
 use crate::{RedisLock, ACL_COMMANDS};
 
 mod broken;
+mod foreign;
 pub use broken::warm_up;
+pub use foreign::redis_py;
 mod deployments;
 mod servers;
 pub use servers::{
@@ -41,6 +43,7 @@ pub const TESTBED: Testbed = Testbed {
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,
+    foreign: Some(foreign::recipe),
 };
 
 /// What does not apply to Redis, or cannot be injected without its deployments.

@@ -13,11 +13,11 @@ use tokio::task::JoinHandle;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// redis-py's `Lock(name, timeout=…)` (none for `None`) on `node`: a lock driver (see
-/// `tenure_conformance::foreign`).
+/// redis-py's `Lock(name, timeout=…)` (none for `None`) on `node`.
 async fn redis_py(node: &RedisNode, name: &str, timeout: Option<Duration>) -> ForeignClient {
-    let timeout_ms = timeout.map_or(0, |t| t.as_millis()).to_string();
-    ForeignClient::python_lock("redis-py", &[&node.url(), name, &timeout_ms]).await
+    tenure_redis::lab::redis_py(&node.url(), name, timeout)
+        .await
+        .unwrap()
 }
 
 fn waiter(lock: &RedisLock, k: &LockKey) -> JoinHandle<Instant> {

@@ -1,6 +1,7 @@
 //! How the lab starts Redlock (feature `testbed`): five independent Redis masters on
 //! loopback (see `tenure_redis::lab`), under the clock shim if asked, plain or secured.
 
+use tenure_conformance::faults::expect::NO_OTHER_RECIPE;
 use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::testbed::{
     BenchVariant, BoxError, BoxFuture, Lab, Testbed, TestbedOptions,
@@ -30,13 +31,17 @@ pub const TESTBED: Testbed = Testbed {
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,
+    foreign: None,
 };
 
 /// What does not apply to Redlock.
-const WHY_NOT: &[WhyNot] = &[WhyNot::NotApplicable(
-    &[Fault::VanishedQueueRecord],
-    tenure_redis::verdicts::NO_WAITER_RECORDS.reason,
-)];
+const WHY_NOT: &[WhyNot] = &[
+    WhyNot::NotApplicable(
+        &[Fault::VanishedQueueRecord],
+        tenure_redis::verdicts::NO_WAITER_RECORDS.reason,
+    ),
+    WhyNot::NotApplicable(&[Fault::MixedFleet], NO_OTHER_RECIPE.reason),
+];
 
 fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxError>> {
     Box::pin(tenure_redis::lab::start_servers(

@@ -17,8 +17,10 @@ use tenure_conformance::UrlHarness;
 use crate::ZkLock;
 
 mod broken;
+mod foreign;
 mod peer;
 mod servers;
+pub use foreign::curator;
 pub use servers::{ZkEnsemble, ZkNode, ZkOptions, ZkSecrets, CLASSPATH_ENV};
 
 /// ZooKeeper's quorum and election links, through the ensemble's peer proxies.
@@ -55,6 +57,7 @@ pub const TESTBED: Testbed = Testbed {
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::ZkProtocol>,
     broken: broken::BROKEN,
+    foreign: Some(foreign::recipe),
 };
 
 /// What the fault suite cannot do to ZooKeeper here.

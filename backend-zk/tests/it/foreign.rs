@@ -7,7 +7,6 @@ use tenure_api::{AcquireOptions, DistributedLock, LockKey, OwnerId, ReleaseOutco
 use tenure_conformance::foreign::ForeignClient;
 use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 use tenure_zk::ZkLock;
-use tokio::process::Command;
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -83,18 +82,6 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     }
 }
 
-/// Curator's jars as Debian installs them (`libcurator-recipes-java`).
-const CURATOR_JARS: &[&str] = &[
-    "curator-recipes",
-    "curator-framework",
-    "curator-client",
-    "zookeeper",
-    "zookeeper-jute",
-    "guava",
-    "slf4j-api",
-    "slf4j-nop",
-];
-
 /// The other recipes' session timeout: how long their lock outlives their process.
 const RECIPE_SESSION: Duration = Duration::from_secs(5);
 
@@ -103,29 +90,14 @@ const RECIPE_SESSION: Duration = Duration::from_secs(5);
 async fn kazoo(hosts: &str, path: &str, extra_patterns: &[&str]) -> ForeignClient {
     let session = RECIPE_SESSION.as_millis().to_string();
     let args = [&[hosts, session.as_str(), path], extra_patterns].concat();
-    ForeignClient::python_lock("kazoo", &args).await
+    ForeignClient::python_lock("kazoo", &args).await.unwrap()
 }
 
-/// Curator's `InterProcessMutex` on `path`: the lock driver `foreign/CuratorLock.java`,
-/// run by Java's single-file source launcher.
+/// Curator's `InterProcessMutex` on `path`.
 async fn curator(hosts: &str, path: &str) -> ForeignClient {
-    let source = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/it/foreign/CuratorLock.java"
-    );
-    let classpath: Vec<String> = CURATOR_JARS
-        .iter()
-        .map(|jar| format!("/usr/share/java/{jar}.jar"))
-        .collect();
-    let mut command = Command::new("java");
-    command
-        .arg("-cp")
-        .arg(classpath.join(":"))
-        .arg(source)
-        .arg(hosts)
-        .arg(RECIPE_SESSION.as_millis().to_string())
-        .arg(path);
-    ForeignClient::lock_driver("curator", command).await
+    tenure_zk::lab::curator(hosts, RECIPE_SESSION, path)
+        .await
+        .unwrap()
 }
 
 /// Waits until `key`'s queue has `len` nodes.

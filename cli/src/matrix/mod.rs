@@ -537,6 +537,16 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
             faults = faults.with_deployments(deployments);
         }
     }
+    // Another recipe's real client, on local plain servers (the harness starts none with
+    // TLS; a user's clusters may have none installed next to them).
+    if let Some(foreign) = testbed.foreign {
+        if !faults.nodes().is_empty() && !secured {
+            let (recipe, start) = foreign(faults.harness().url())
+                .await
+                .map_err(|e| format!("{name}: {e}"))?;
+            faults = faults.with_foreign(recipe, start);
+        }
+    }
     Ok(Target {
         faults,
         config,

@@ -67,7 +67,7 @@ fn lists_the_variants_and_rejects_unknown_names() {
     let listed = run(&["matrix", "--list-broken"]);
     assert!(listed.status.success());
     let names = String::from_utf8(listed.stdout).unwrap();
-    assert_eq!(names.lines().count(), 14, "{names}");
+    assert_eq!(names.lines().count(), 15, "{names}");
     assert!(names.lines().any(|n| n == "setnx-then-expire"), "{names}");
     let help = String::from_utf8(run(&["matrix", "--help"]).stdout).unwrap();
     assert!(
@@ -218,4 +218,12 @@ fn a_deadline_on_a_stopping_clock_is_caught_by_a_client_suspend() {
         "client-suspend",
         "the woken holder's write after the takeover",
     );
+}
+
+/// tenure's ZooKeeper client before it named its nodes as Curator's and queued behind
+/// every other recipe's: Curator's real client is granted beside it, and it beside
+/// Curator's.
+#[test]
+fn zk_blind_to_other_recipes_is_caught_by_a_mixed_fleet() {
+    caught("zk-foreign-nodes-ignored", "mixed-fleet", "granted while");
 }

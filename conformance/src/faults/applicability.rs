@@ -19,6 +19,10 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
     // Client faults run on a client whose every server link passes through a proxy.
     let no_links = !fault.is_server_fault() && !target.harness.can_cut_links();
     match fault {
+        Fault::MixedFleet if target.foreign.is_some() => None,
+        Fault::MixedFleet => declared().or_else(|| {
+            not_injectable("the harness declares no other recipe's client for these servers")
+        }),
         _ if no_process => not_injectable("no process control over these servers"),
         _ if no_links => not_injectable("the harness cannot put a client's links behind proxies"),
         Fault::ClockJump if !target.clock_shim => {

@@ -30,6 +30,10 @@ pub enum Fault {
     ClockJump,
     /// The server holding the lock crashes and restarts (Redis: without persistence).
     Restart,
+    /// No fault: a mixed fleet. The contender is another recipe's real client sharing the
+    /// lock (Curator, `etcdctl lock`, redis-py), the holder tenure's, then the other way
+    /// round: each must be refused while the other holds.
+    MixedFleet,
     /// A waiter's own queue record (an etcd key, a ZooKeeper node) is removed on the
     /// servers while it waits, its session left alive (an operator's delete, or what a
     /// suspended waiter finds on waking); a next waiter queues behind the holder, which
@@ -87,7 +91,7 @@ pub const STALL: Duration = Duration::from_millis(1500);
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 24] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
@@ -111,6 +115,7 @@ impl Fault {
         Fault::StaleExtend,
         Fault::StaleRelease,
         Fault::VanishedQueueRecord,
+        Fault::MixedFleet,
     ];
 
     /// The fault's name in matrix.json and on the command line (`paused-holder`).
@@ -139,6 +144,7 @@ impl Fault {
             Fault::StaleExtend => "stale-extend",
             Fault::StaleRelease => "stale-release",
             Fault::VanishedQueueRecord => "vanished-queue-record",
+            Fault::MixedFleet => "mixed-fleet",
         }
     }
 
@@ -172,6 +178,7 @@ impl Fault {
             Fault::StaleExtend => "stale request: a short extend lands after a long one",
             Fault::StaleRelease => "stale request: release lands after the next grant",
             Fault::VanishedQueueRecord => "a waiter's queue record removed on the server",
+            Fault::MixedFleet => "mixed fleet: another recipe's client contends",
         }
     }
 

@@ -297,6 +297,12 @@ pub const LATE_REQUEST_NAMES_ITS_RECORD: Expect = cell(
      Postgres session), never on the retry's",
 );
 
+/// A mixed fleet on a backend whose lock layout no other recipe's client shares.
+pub const NO_OTHER_RECIPE: Expect = cell(
+    NOT_APPLICABLE,
+    "no other recipe's client shares this backend's lock layout",
+);
+
 /// A minority partition where there are fewer than three servers.
 pub const NO_MINORITY_SIDE: Expect =
     cell(NOT_APPLICABLE, "fewer than three servers: no minority side");

@@ -22,6 +22,7 @@ pub mod expect;
 mod failover;
 mod health;
 mod inject;
+mod mixed;
 mod paused;
 mod replicated;
 mod rounds;
@@ -49,6 +50,14 @@ type Target = FaultTarget;
 pub async fn run(fault: Fault, target: &Target, trials: usize, rounds: usize) -> Cell {
     if let Some(cell) = applicability(fault, target) {
         return cell;
+    }
+    if fault == Fault::MixedFleet {
+        // One foreign client at a time: each is a process (a JVM for Curator).
+        let mut results = Vec::with_capacity(trials);
+        for i in 0..trials {
+            results.push(mixed::mixed_fleet(target, i).await);
+        }
+        return Cell::from_trials(results, trials);
     }
     if !fault.is_server_fault() {
         let all = futures::future::join_all((0..trials).map(|i| client_trial(fault, target, i)));

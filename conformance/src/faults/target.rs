@@ -11,6 +11,7 @@ use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockErro
 
 use super::replicated::Deployments;
 use super::{Cell, Fault};
+use crate::foreign::ForeignRecipe;
 use crate::servers::Node;
 use crate::{Harness as _, UrlHarness};
 
@@ -115,6 +116,7 @@ pub struct FaultTarget {
     pub(super) deployments: Option<Deployments>,
     pub(super) patient_query: String,
     pub(super) why_not: &'static [WhyNot],
+    pub(super) foreign: Option<(&'static str, ForeignRecipe)>,
     pub(super) run_id: u32,
     pub(super) draw: usize,
 }
@@ -165,6 +167,7 @@ impl FaultTarget {
             deployments: None,
             patient_query: String::new(),
             why_not: &[],
+            foreign: None,
             run_id: rand::random(),
             draw: 0,
         }
@@ -244,6 +247,14 @@ impl FaultTarget {
     /// cannot be injected.
     pub fn with_why_not(mut self, why_not: &'static [WhyNot]) -> Self {
         self.why_not = why_not;
+        self
+    }
+
+    /// Declares another recipe (its name, and how to start a client of it on a lock) whose
+    /// real client shares the backend's locks, for the
+    /// [`MixedFleet`](super::Fault::MixedFleet) fault.
+    pub fn with_foreign(mut self, name: &'static str, recipe: ForeignRecipe) -> Self {
+        self.foreign = Some((name, recipe));
         self
     }
 
