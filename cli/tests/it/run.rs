@@ -16,7 +16,7 @@ use tenure_zk::lab::{ZkEnsemble, ZkOptions};
 /// `tenure --url URL ARGS…`, started with the stop signals' default dispositions (as
 /// from a terminal or a service manager, whatever this test process inherited: a
 /// background job of a script ignores SIGINT, and tenure keeps ignored signals ignored).
-fn tenure(url: &str, args: &[&str]) -> Command {
+pub(crate) fn tenure(url: &str, args: &[&str]) -> Command {
     let mut command = Command::new("env");
     command
         .arg("--default-signal=INT,HUP,TERM")
@@ -30,16 +30,16 @@ fn tenure(url: &str, args: &[&str]) -> Command {
     command
 }
 
-fn output(url: &str, args: &[&str]) -> Output {
+pub(crate) fn output(url: &str, args: &[&str]) -> Output {
     tenure(url, args).output().expect("tenure runs")
 }
 
 /// A `tenure` process, SIGKILLed on drop if still running (a failed test leaks nothing:
 /// the keeper then kills the command's group).
-struct Tenure(Option<Child>);
+pub(crate) struct Tenure(Option<Child>);
 
 impl Tenure {
-    fn spawn(command: &mut Command) -> Tenure {
+    pub(crate) fn spawn(command: &mut Command) -> Tenure {
         Tenure(Some(command.spawn().expect("tenure starts")))
     }
 
