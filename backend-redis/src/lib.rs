@@ -1214,6 +1214,33 @@ impl DistributedLock for RedisLock {
         Ok(value.map(|value| holder_of(&self.lock_key(key), &value, pttl)))
     }
 
+    /// Every key's holder in one script call; on a Redis Cluster, where the keys sit in
+    /// different slots, one call per key, concurrently.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        if self.is_cluster() || keys.len() < 2 {
+            return tenure_api::backend::inspect_concurrently(self, keys).await;
+        }
+        let mut call = Call::script(&SCRIPTS.inspect, keys.len());
+        for key in keys {
+            call.key(self.key_name(key, ""));
+        }
+        let read: Vec<(Option<String>, i64)> = self.call("inspect", call).await?;
+        if read.len() != keys.len() {
+            return Err(LockError::Backend {
+                message: format!("inspect read {} of {} keys", read.len(), keys.len()),
+                source: None,
+            });
+        }
+        Ok(keys
+            .iter()
+            .zip(read)
+            .map(|(key, (value, pttl))| value.map(|v| holder_of(&self.lock_key(key), &v, pttl)))
+            .collect())
+    }
+
     /// As [`acquire`](DistributedLock::acquire), over several keys: each attempt is one
     /// script call that takes the first free key (or the one the attempt's owner id
     /// already holds, when a reconnection retried it), and a wait subscribes to every key's release channel

@@ -217,11 +217,15 @@ end
 return 0
 "#;
 
-/// Reads the holder's value and remaining time. KEYS: lock. Returns `{value, pttl}` or
-/// `{false, -2}` when free.
+/// Reads each holder's value and remaining time. KEYS: locks (one or more). Returns
+/// `{value, pttl}` per key, in order: `{false, -2}` for a free one.
 pub const INSPECT: &str = r#"
-local current = redis.call('GET', KEYS[1])
-return {current, redis.call('PTTL', KEYS[1])}
+local read = {}
+for _, key in ipairs(KEYS) do
+  read[#read + 1] = redis.call('GET', key)
+  read[#read + 1] = redis.call('PTTL', key)
+end
+return read
 "#;
 
 /// The widest window behind a server's clock in which it takes a proposed count (see

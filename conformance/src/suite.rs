@@ -205,6 +205,7 @@ scenarios![
     semaphore_admits_its_permits_and_no_more,
     semaphore_permit_of_a_crashed_holder_comes_back,
     semaphore_waiter_gets_a_released_permit,
+    semaphore_runs_that_disagree_on_the_count_are_refused[Labels],
     labels_are_reported_while_held[Labels],
     bad_labels_are_refused_and_grant_nothing[Labels],
     election_has_one_leader_at_a_time[Elections],
@@ -1272,6 +1273,59 @@ pub async fn semaphore_waiter_gets_a_released_permit(ctx: &Ctx<'_>) -> Outcome {
     );
     b.release(lease).await?;
     a.release(first).await?;
+    Ok(())
+}
+
+/// Two holders of a semaphore of 2: a run giving 3 is refused (the count's error, naming
+/// both counts) and holds nothing, also when it would wait; a run giving 2 waits, and gets
+/// the permit a holder releases.
+pub async fn semaphore_runs_that_disagree_on_the_count_are_refused(ctx: &Ctx<'_>) -> Outcome {
+    let name = ctx.key("pm");
+    let (two, three) = (semaphore(ctx, 2).await?, semaphore(ctx, 3).await?);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let lease = two.try_acquire(&name, LONG_TTL).await?;
+        held.push(lease.ok_or_else(|| Failure("a free permit was refused".into()))?);
+    }
+    for wait in [Duration::ZERO, Duration::from_secs(5)] {
+        let opts = AcquireOptions::new(LONG_TTL).wait(wait);
+        let started = Instant::now();
+        match three.acquire(&name, &opts).await {
+            Err(LockError::Config(message)) => ensure!(
+                message.contains("2 permits") && message.contains("gives 3"),
+                "the refusal does not name both counts: {message}"
+            ),
+            other => return Err(Failure(format!("a run of 3 beside 2 of 2: {other:?}"))),
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(4),
+            "the refusal came after {:?}: it waited",
+            started.elapsed()
+        );
+    }
+    let third = three.permit_key(&name, 2)?;
+    ensure!(
+        holder(&ctx.client().await?, &third).await?.is_none(),
+        "the refused run left {third} held"
+    );
+    let waiter = tokio::spawn({
+        let (other, name) = (semaphore(ctx, 2).await?, name.clone());
+        async move {
+            let opts = AcquireOptions::new(LONG_TTL).wait(Duration::from_secs(20));
+            let lease = other.acquire(&name, &opts).await;
+            (other, lease)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        !waiter.is_finished(),
+        "a run of 2 beside 2 of 2 did not wait"
+    );
+    two.release(held.pop().expect("two held")).await?;
+    let (other, lease) = waiter.await.map_err(|e| Failure(format!("waiter: {e}")))?;
+    let lease = lease.map_err(|e| Failure(format!("the run of 2 never got the permit: {e}")))?;
+    other.release(lease).await?;
+    two.release(held.pop().expect("one held")).await?;
     Ok(())
 }
 

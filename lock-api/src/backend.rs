@@ -11,6 +11,7 @@ pub use crate::lease::{
     deadline, default_drift, holder_text, parse_holder_text, LeaseTie, LossNotice,
 };
 pub use crate::lock::{
-    acquire_each, poll_acquire, poll_acquire_woken, validate_keys, wait_for_any,
+    acquire_each, inspect_concurrently, poll_acquire, poll_acquire_woken, validate_keys,
+    wait_for_any,
 };
 pub use crate::options::foreign_label;

@@ -101,6 +101,18 @@ pub trait DistributedLock: Send + Sync + Debug {
         acquire_each(self, keys, opts).await
     }
 
+    /// Who holds each of `keys`, in order — what [`inspect`](Self::inspect) answers for
+    /// each —, read at once. The provided method inspects the keys concurrently
+    /// ([`inspect_concurrently`]); Redis reads them in one script call. What a
+    /// [`Semaphore`](crate::Semaphore) reads its other permits with; a wrapper forwards it
+    /// to keep a backend's one call.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        inspect_concurrently(self, keys).await
+    }
+
     /// The holders of `key` as the backend pushes them: the current holder (`None`: free)
     /// first, then each later holder and vacancy in order, each once — every holder as
     /// the server saw it, including a grant its requester gave up on as it came (a wait
@@ -125,6 +137,18 @@ pub trait DistributedLock: Send + Sync + Debug {
 
 /// A stream of holders, from [`DistributedLock::holder_changes`].
 pub type HolderFeed = futures::stream::BoxStream<'static, Result<Option<HolderInfo>, LockError>>;
+
+/// What the provided [`DistributedLock::inspect_each`] does: every key's
+/// [`inspect`](DistributedLock::inspect), concurrently, in order; the first error ends it.
+///
+/// # Cancel safety
+/// Read-only: cancel-safe.
+pub async fn inspect_concurrently<L: DistributedLock + ?Sized>(
+    lock: &L,
+    keys: &[LockKey],
+) -> Result<Vec<Option<HolderInfo>>, LockError> {
+    futures::future::try_join_all(keys.iter().map(|key| lock.inspect(key))).await
+}
 
 /// What the provided [`DistributedLock::acquire_any`] does, for a backend that overrides
 /// it only in some configurations (Redis in a Cluster, where the keys sit in different
@@ -239,6 +263,9 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
         (**self).acquire_any(keys, opts).await
+    }
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        (**self).inspect_each(keys).await
     }
     fn holder_changes(&self, key: &LockKey) -> Option<HolderFeed> {
         (**self).holder_changes(key)

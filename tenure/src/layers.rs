@@ -78,6 +78,10 @@ impl DistributedLock for DriftMargin {
         Ok(self.tightened(self.inner.acquire_any(keys, opts).await?))
     }
 
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        self.inner.inspect_each(keys).await
+    }
+
     fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
         self.inner.holder_changes(key)
     }

@@ -602,7 +602,8 @@ fn pool_run<'a>(wait: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// `--permits 2`: two runs of one key at once, each on its own permit (named by
-/// TENURE_KEY), a third is busy; a finished run's permit goes to the next.
+/// TENURE_KEY), a third is busy, one giving `--permits 3` is refused (78); a finished
+/// run's permit goes to the next.
 fn permits_admit_that_many_runs(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let holder = |name: &str| {
@@ -624,6 +625,30 @@ fn permits_admit_that_many_runs(url: &str) {
         Some(75),
         "a third run: {}",
         stderr(&busy)
+    );
+    // A run sized for three beside them is refused, not admitted on a third permit.
+    let wider = [
+        "run",
+        "--key",
+        "pool",
+        "--permits",
+        "3",
+        "--wait",
+        "1s",
+        "--",
+        "true",
+    ];
+    let wider = output(url, &wider);
+    assert_eq!(
+        wider.status.code(),
+        Some(78),
+        "a run of 3: {}",
+        stderr(&wider)
+    );
+    let err = stderr(&wider);
+    assert!(
+        err.contains("held with 2 permits") && err.contains("gives 3"),
+        "{err}"
     );
 
     kill(first.pid(), Signal::SIGTERM).unwrap();

@@ -83,7 +83,9 @@ enum Command {
         hold_at_least: Duration,
         /// Admit up to N runs of KEY at once, fleet-wide (1 to 64): each run holds one
         /// permit, KEY#permit-I, which TENURE_KEY names; TENURE_FENCE orders that
-        /// permit's runs. Every run of KEY must give the same N.
+        /// permit's runs. Every run of KEY must give the same N: a run whose N differs
+        /// from a live permit's is refused (exit 78, naming both); to change N, let the
+        /// runs drain or use a new KEY.
         #[arg(long, value_name = "N")]
         permits: Option<u32>,
         /// The command and its arguments.

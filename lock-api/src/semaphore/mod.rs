@@ -1,7 +1,9 @@
 //! Counting semaphores on any lock: up to N holders of one name at once.
 
+mod count;
+
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -23,11 +25,25 @@ use crate::{
 /// holder by keeping one fenced record per permit key. (One token sequence for N
 /// concurrent holders could not fence anything: their writes legitimately interleave.)
 ///
-/// Every client of a name must use the same `permits`: one configured with more admits
-/// up to its own count. Names ending in `#permit-<i>` are the permits' own: a plain lock
-/// on `K#permit-0` competes with permit 0 of `K` (and a plain lock on `K` with none).
+/// **Every client of a name must use the same `permits`, and a try that disagrees is
+/// refused.** Each permit's grant records the count (in its label: `permits=<N>`, then the
+/// holder's own label, which [`holders`](Semaphore::holders) and
+/// [`inspect`](DistributedLock::inspect) give back without it). A try whose count differs
+/// from that of a live permit among its own permits (`0..permits`) is
+/// [`LockError::Config`], naming both counts: after a grant, by reading the other
+/// permits (and giving the grant back if one disagrees); before a wait, by reading the
+/// permits that kept the first attempt out. So a second count is refused while the first
+/// one's holders live: to change a name's count, let its holders drain or use a new name.
+/// What this cannot see: a run with fewer permits than a live holder's, when that holder
+/// sits on a permit beyond the smaller count's range and nothing else is held in it; the
+/// next run with the larger count is refused. Records with no count (another recipe's
+/// client on a permit's key, a tenure before counts were recorded) are not compared, and
+/// a lock without [`labels`](Capabilities::labels) records none. Names ending in
+/// `#permit-<i>` are the permits' own: a plain lock on `K#permit-0` competes with permit
+/// 0 of `K` (and a plain lock on `K` with none).
 ///
-/// Costs: the permits are taken with the lock's
+/// Costs: the count's check reads the try's other permits (at once) after a grant, and
+/// every permit once before a wait. The permits are taken with the lock's
 /// [`acquire_any`](DistributedLock::acquire_any) over the permit keys, from a random one
 /// on, so that clients spread over the permits. On Redis that is one script call per
 /// attempt whatever the count, and a waiter subscribes to every permit's release channel
@@ -114,10 +130,68 @@ impl Semaphore {
         for permit in 0..self.permits {
             let key = self.permit_key(name, permit)?;
             if let Some(holder) = self.lock.inspect(&key).await? {
-                holders.push((key, holder));
+                holders.push((key, count::untagged(holder)));
             }
         }
         Ok(holders)
+    }
+
+    /// `opts` with the count recorded in the label, where the lock records labels.
+    fn counted(&self, opts: &AcquireOptions) -> Result<AcquireOptions, LockError> {
+        if !self.lock.capabilities().labels {
+            return Ok(opts.clone());
+        }
+        let label = count::tagged(self.permits, opts.label.as_deref())?;
+        Ok(opts.clone().label(label))
+    }
+
+    /// [`LockError::Config`] when a live permit among `permits` (all but `ours`) was
+    /// granted by a semaphore of another count; the permits are read at once.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn refuse_another_count(
+        &self,
+        name: &LockKey,
+        permits: &[LockKey],
+        ours: Option<&LockKey>,
+    ) -> Result<(), LockError> {
+        let others: Vec<&LockKey> = permits.iter().filter(|k| Some(*k) != ours).collect();
+        let others: Vec<LockKey> = others.into_iter().cloned().collect();
+        let holders = self.lock.inspect_each(&others).await?;
+        for (permit, holder) in others.iter().zip(holders) {
+            if let Some(holder) = holder {
+                count::refuse_another(name, self.permits, permit, &holder)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The lock's `acquire_any` over `permits`, then the count's check: a grant among
+    /// permits held with another count is given back and refused.
+    ///
+    /// # Cancel safety
+    /// As the lock's [`acquire_any`](DistributedLock::acquire_any); dropped during the
+    /// check, a grant is left to its TTL.
+    async fn grant_checked(
+        &self,
+        name: &LockKey,
+        permits: &[LockKey],
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let lease = self.lock.acquire_any(permits, opts).await?;
+        match self
+            .refuse_another_count(name, permits, Some(lease.key()))
+            .await
+        {
+            Ok(()) => Ok(lease),
+            Err(refused) => {
+                // The refusal (or the failed read) is the answer; an unreleased grant
+                // ends with its TTL.
+                let _ = self.lock.release(lease).await;
+                Err(refused)
+            }
+        }
     }
 }
 
@@ -132,7 +206,7 @@ impl DistributedLock for Semaphore {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let once = AcquireOptions::new(ttl).wait(Duration::ZERO);
-        match self.lock.acquire_any(&self.permit_keys(key)?, &once).await {
+        match self.acquire(key, &once).await {
             Ok(lease) => Ok(Some(lease)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -142,12 +216,33 @@ impl DistributedLock for Semaphore {
     /// Takes a free permit, or waits up to `opts.wait` for any permit of `key` and takes
     /// the first granted: the lock's [`acquire_any`](DistributedLock::acquire_any) over
     /// the permits. As with a lock, a retryable error is waited out within the wait, and
-    /// returned instead of [`LockError::Timeout`] if it was the last word.
+    /// returned instead of [`LockError::Timeout`] if it was the last word. A try whose
+    /// count differs from a live permit's is [`LockError::Config`] (see [`Semaphore`]),
+    /// before it waits.
     ///
     /// # Cancel safety
-    /// As the lock's [`acquire_any`](DistributedLock::acquire_any).
+    /// As the lock's [`acquire_any`](DistributedLock::acquire_any); a grant dropped during
+    /// the count's check is left to its TTL.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        self.lock.acquire_any(&self.permit_keys(key)?, opts).await
+        let started = Instant::now();
+        let permits = self.permit_keys(key)?;
+        let opts = self.counted(opts)?;
+        let once = opts.clone().wait(Duration::ZERO);
+        let first = self.grant_checked(key, &permits, &once).await;
+        let wait = opts.wait.saturating_sub(started.elapsed());
+        match first {
+            Err(e) if e.is_retryable() && !wait.is_zero() => {
+                // Held (or unreachable): if by another count, say so instead of waiting. A
+                // failed read is left to the wait; the check after the grant is binding.
+                if let Err(refused @ LockError::Config(_)) =
+                    self.refuse_another_count(key, &permits, None).await
+                {
+                    return Err(refused);
+                }
+                self.grant_checked(key, &permits, &opts.wait(wait)).await
+            }
+            first => first,
+        }
     }
 
     /// Extends the permit the lease holds.
@@ -175,7 +270,7 @@ impl DistributedLock for Semaphore {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         for permit in 0..self.permits {
             if let Some(holder) = self.lock.inspect(&self.permit_key(key, permit)?).await? {
-                return Ok(Some(holder));
+                return Ok(Some(count::untagged(holder)));
             }
         }
         Ok(None)
@@ -221,6 +316,50 @@ mod tests {
         assert!(matches!(busy, Some(LockError::Timeout { .. })), "{busy:?}");
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
         assert!(uploads.inspect(&name).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn runs_that_disagree_on_the_count_are_refused() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let (two, three) = (
+            Semaphore::new(lock.clone(), 2).unwrap(),
+            Semaphore::new(lock.clone(), 3).unwrap(),
+        );
+        let name = LockKey::new("pm").unwrap();
+        let ttl = Duration::from_secs(30);
+        let opts = AcquireOptions::new(ttl).wait(Duration::ZERO).label("cron");
+        let first = two.acquire(&name, &opts).await.unwrap();
+        let second = two
+            .try_acquire(&name, ttl)
+            .await
+            .unwrap()
+            .expect("a free permit");
+        // The permit a wider run would take is free: the grant is given back.
+        let refused = three.try_acquire(&name, ttl).await.unwrap_err();
+        assert!(matches!(refused, LockError::Config(_)), "{refused:?}");
+        assert!(lock
+            .inspect(&three.permit_key(&name, 2).unwrap())
+            .await
+            .unwrap()
+            .is_none());
+        // A narrower run finds every permit held, and is refused before it waits.
+        let one = Semaphore::new(lock.clone(), 1).unwrap();
+        let waiting = AcquireOptions::new(ttl).wait(Duration::from_secs(30));
+        let refused = one.acquire(&name, &waiting).await.unwrap_err();
+        assert!(matches!(refused, LockError::Config(_)), "{refused:?}");
+        // Holders read as their own clients labelled them; the record keeps the count.
+        let holders = two.holders(&name).await.unwrap();
+        let labels: Vec<_> = holders.iter().map(|(_, h)| h.label.clone()).collect();
+        assert!(
+            labels.contains(&Some("cron".into())) && labels.contains(&None),
+            "{labels:?}"
+        );
+        let raw = lock.inspect(first.key()).await.unwrap().unwrap();
+        assert_eq!(raw.label.as_deref(), Some("permits=2 cron"));
+        // Drained, the name takes the new count.
+        lock.release(first).await.unwrap();
+        lock.release(second).await.unwrap();
+        assert!(three.try_acquire(&name, ttl).await.unwrap().is_some());
     }
 
     #[test]
