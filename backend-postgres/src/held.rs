@@ -38,7 +38,13 @@ pub(crate) enum Request {
     Extend(Duration, oneshot::Sender<Result<(), LockError>>),
     /// `COMMIT` and give the connection back.
     Release(oneshot::Sender<Result<ReleaseOutcome, LockError>>),
+    /// Stop watching and hand the connection, in its open lock transaction, and the
+    /// held-lock slot to the caller (a [`LockedTransaction`](crate::LockedTransaction)).
+    HandOver(oneshot::Sender<HandedOver>),
 }
+
+/// A held lease's connection, its lock transaction still open, and its held-lock slot.
+pub(crate) type HandedOver = (Dedicated, Option<OwnedSemaphorePermit>);
 
 impl PgLock {
     /// The held entry for `lease`, if this client holds exactly that grant.
@@ -125,6 +131,16 @@ impl HeldTask {
                         };
                         let _ = reply.send(outcome);
                         break;
+                    }
+                    Some(Request::HandOver(reply)) => {
+                        let slot = self.slot.take();
+                        self.forget();
+                        // A caller that gave up closes the connection: the server rolls
+                        // the transaction back and frees the lock.
+                        if let Err((conn, _)) = reply.send((conn, slot)) {
+                            discard(conn);
+                        }
+                        return;
                     }
                     // The entry is gone: the client was closed or dropped.
                     None => {

@@ -14,6 +14,7 @@ pub mod lab;
 mod records;
 mod socket;
 mod sql;
+mod transaction;
 #[cfg(feature = "testbed")]
 mod verdicts;
 
@@ -45,6 +46,7 @@ pub use config::{redact, validate_ident, Locking, PgConfig};
 pub use fenced::{FencedTable, FencedWrite};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
+pub use transaction::LockedTransaction;
 
 /// A lock service on one Postgres server. Cheap to clone (`Arc` inside); clones share the
 /// held connections. Dropping the last clone closes every dedicated connection, which

@@ -12,3 +12,4 @@ mod queue;
 mod security;
 mod semaphore;
 mod servers;
+mod transaction;
