@@ -237,6 +237,24 @@ impl PgLock {
         self.bounded("migrate", tx.commit()).await
     }
 
+    /// A live holder from an inspect row: owner text, token, milliseconds left.
+    fn holder_of(&self, row: &sqlx::postgres::PgRow) -> Result<HolderInfo, LockError> {
+        let config = &self.inner.config;
+        let owner: String = row.try_get(0).map_err(|e| map_err(config, "inspect", e))?;
+        let token: i64 = row.try_get(1).map_err(|e| map_err(config, "inspect", e))?;
+        let remaining: Option<i64> = row.try_get(2).map_err(|e| map_err(config, "inspect", e))?;
+        let (owner, label) = parse_holder_text(&owner)?;
+        Ok(HolderInfo {
+            owner,
+            label,
+            foreign: false,
+            token: u64::try_from(token).ok().map(FencingToken),
+            remaining: remaining
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+        })
+    }
+
     /// The configuration (its `Display` hides the password).
     pub fn config(&self) -> &PgConfig {
         &self.inner.config
@@ -545,21 +563,32 @@ impl DistributedLock for PgLock {
                     .fetch_optional(&mut *conn),
             )
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        let config = &self.inner.config;
-        let owner: String = row.try_get(0).map_err(|e| map_err(config, "inspect", e))?;
-        let token: i64 = row.try_get(1).map_err(|e| map_err(config, "inspect", e))?;
-        let remaining: Option<i64> = row.try_get(2).map_err(|e| map_err(config, "inspect", e))?;
-        let (owner, label) = parse_holder_text(&owner)?;
-        Ok(Some(HolderInfo {
-            owner,
-            label,
-            foreign: false,
-            token: u64::try_from(token).ok().map(FencingToken),
-            remaining: remaining
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(Duration::from_millis),
-        }))
+        row.map(|row| self.holder_of(&row)).transpose()
+    }
+
+    /// Every key's live holder in one statement.
+    ///
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        let row_keys: Vec<String> = keys.iter().map(|key| self.row_key(key)).collect();
+        let mut conn = self.pooled().await?;
+        let rows = self
+            .bounded(
+                "inspect",
+                sqlx::query(AssertSqlSafe(self.inner.sql.inspect_each.as_str()))
+                    .bind(&row_keys)
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        let mut holders: HashMap<String, HolderInfo> = HashMap::new();
+        for row in rows {
+            let key: String = row
+                .try_get(3)
+                .map_err(|e| map_err(&self.inner.config, "inspect", e))?;
+            holders.insert(key, self.holder_of(&row)?);
+        }
+        Ok(row_keys.iter().map(|key| holders.remove(key)).collect())
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -28,6 +28,9 @@ pub(crate) struct Statements {
     /// The same, replacing a record of the grant's own transaction.
     pub(crate) record_again: String,
     pub(crate) inspect: String,
+    /// [`inspect`](Self::inspect) over the row keys `$1` (an array), each row led by its
+    /// key.
+    pub(crate) inspect_each: String,
     /// Counts the holder and the waiters of the row key `$1` in `pg_locks`.
     pub(crate) queued: String,
     pub(crate) update_ttl: String,
@@ -59,6 +62,13 @@ impl Statements {
             ),
         };
         let queued = queued(config.locking, &table, &advisory_id);
+        // A live holder's record: owner, token and (where its session shows) time left.
+        let holder_columns = "SELECT h.owner, h.token, CASE a.state \
+             WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
+             (EXTRACT(EPOCH FROM clock_timestamp() - a.state_change) * 1000)::bigint, 0) \
+             WHEN 'active' THEN h.ttl_ms END";
+        let from = format!("FROM {holders} h LEFT JOIN pg_stat_activity a ON a.pid = h.pid");
+        let live = "pg_xact_status(h.xid) = 'in progress'";
         Self {
             locking: config.locking,
             lock_nowait,
@@ -75,13 +85,9 @@ impl Statements {
             // replaces one, so arriving late it cannot undo this.
             record_again: record(&holders, &fence, " OR h.xid = EXCLUDED.xid"),
             queued,
-            inspect: format!(
-                "SELECT h.owner, h.token, CASE a.state \
-                 WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
-                 (EXTRACT(EPOCH FROM clock_timestamp() - a.state_change) * 1000)::bigint, 0) \
-                 WHEN 'active' THEN h.ttl_ms END \
-                 FROM {holders} h LEFT JOIN pg_stat_activity a ON a.pid = h.pid \
-                 WHERE h.key = $1 AND pg_xact_status(h.xid) = 'in progress'"
+            inspect: format!("{holder_columns} {from} WHERE h.key = $1 AND {live}"),
+            inspect_each: format!(
+                "{holder_columns}, h.key {from} WHERE h.key = ANY($1::text[]) AND {live}"
             ),
             update_ttl: format!(
                 "UPDATE {holders} SET ttl_ms = $2 WHERE key = $1 AND xid = $3::text::xid8"

@@ -81,10 +81,14 @@ pub enum Op {
     Release,
     /// [`DistributedLock::inspect`].
     Inspect,
+    /// [`DistributedLock::inspect_each`] (a semaphore's check of its permits' count); its
+    /// `key` is the first key read, its outcome `held` when any of them is.
+    InspectEach,
 }
 
 impl Op {
-    /// `try_acquire`, `acquire`, `acquire_any`, `extend`, `release` or `inspect`.
+    /// `try_acquire`, `acquire`, `acquire_any`, `extend`, `release`, `inspect` or
+    /// `inspect_each`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TryAcquire => "try_acquire",
@@ -93,6 +97,7 @@ impl Op {
             Self::Extend => "extend",
             Self::Release => "release",
             Self::Inspect => "inspect",
+            Self::InspectEach => "inspect_each",
         }
     }
 }
@@ -428,6 +433,21 @@ impl<O: Observer> DistributedLock for Observed<O> {
         result
     }
 
+    async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        let Some(first) = keys.first() else {
+            return self.inner.inspect_each(keys).await; // nothing to observe
+        };
+        let watch = self.begin(Op::InspectEach, first);
+        let result = watch.run(self.inner.inspect_each(keys)).await;
+        watch.end(&result, None, |holders| {
+            match holders.iter().any(Option::is_some) {
+                true => Outcome::Held,
+                false => Outcome::Free,
+            }
+        });
+        result
+    }
+
     fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
         self.inner.holder_changes(key)
     }
@@ -670,7 +690,7 @@ impl Observer for Metrics {
             (Op::Release, outcome, Some(grant)) => {
                 Tracked::lock().end(grant.owner, outcome == Outcome::NotHeld, true);
             }
-            (Op::Release, _, None) | (Op::Inspect, ..) => {}
+            (Op::Release, _, None) | (Op::Inspect | Op::InspectEach, ..) => {}
         }
     }
 }

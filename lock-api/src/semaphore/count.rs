@@ -11,7 +11,7 @@ use crate::{validate_label, HolderInfo, LockError, LockKey, MAX_LABEL};
 const TAG: &str = "permits=";
 
 /// The longest own label a permit's holder may give: the count's tag takes the rest.
-pub(super) const MAX_PERMIT_LABEL: usize = MAX_LABEL - TAG.len() - "64 ".len();
+pub(crate) const MAX_PERMIT_LABEL: usize = MAX_LABEL - TAG.len() - "64 ".len();
 
 /// The label a permit of a semaphore of `permits` is granted with: the count, then the
 /// holder's own `label` (checked as any label, and to leave room for the count).

@@ -34,9 +34,12 @@ use crate::{
 /// permits (and giving the grant back if one disagrees); before a wait, by reading the
 /// permits that kept the first attempt out. So a second count is refused while the first
 /// one's holders live: to change a name's count, let its holders drain or use a new name.
-/// What this cannot see: a run with fewer permits than a live holder's, when that holder
-/// sits on a permit beyond the smaller count's range and nothing else is held in it; the
-/// next run with the larger count is refused. Records with no count (another recipe's
+/// What this cannot see: a run reads only its own permits (`0..permits`), so beside a
+/// larger count's holder on a permit at or beyond a smaller count, runs of the smaller
+/// count are admitted up to their own count (more hold at once than they were sized
+/// for); the next run of the larger count is refused. And two runs of different counts
+/// granted at the same moment may both be refused (each sees the other's grant before it
+/// is given back): neither is ever admitted beside the other. Records with no count (another recipe's
 /// client on a permit's key, a tenure before counts were recorded) are not compared, and
 /// a lock without [`labels`](Capabilities::labels) records none. Names ending in
 /// `#permit-<i>` are the permits' own: a plain lock on `K#permit-0` competes with permit
@@ -88,6 +91,10 @@ pub struct Semaphore {
 impl Semaphore {
     /// The most permits a name may have: a blocking acquire waits on each of them at once.
     pub const MAX_PERMITS: u32 = 64;
+
+    /// The longest label ([`AcquireOptions::label`]) a permit's holder may give, in bytes:
+    /// the permit count is recorded with it.
+    pub const MAX_LABEL: usize = count::MAX_PERMIT_LABEL;
 
     /// A semaphore of `permits` (1..=[`MAX_PERMITS`](Self::MAX_PERMITS)) per name on
     /// `lock`; another count is [`LockError::InvalidInput`].
@@ -168,11 +175,12 @@ impl Semaphore {
     }
 
     /// The lock's `acquire_any` over `permits`, then the count's check: a grant among
-    /// permits held with another count is given back and refused.
+    /// permits held with another count is given back and refused; so is one whose check
+    /// could not read the permits (with that error).
     ///
     /// # Cancel safety
-    /// As the lock's [`acquire_any`](DistributedLock::acquire_any); dropped during the
-    /// check, a grant is left to its TTL.
+    /// As the lock's [`acquire_any`](DistributedLock::acquire_any); a grant dropped
+    /// during the check is given back by a task of its own.
     async fn grant_checked(
         &self,
         name: &LockKey,
@@ -180,17 +188,50 @@ impl Semaphore {
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
         let lease = self.lock.acquire_any(permits, opts).await?;
-        match self
-            .refuse_another_count(name, permits, Some(lease.key()))
-            .await
-        {
+        let unchecked = Unchecked {
+            lock: self.lock.clone(),
+            lease: Some(lease),
+        };
+        let ours = unchecked.lease.as_ref().map(Lease::key);
+        let checked = self.refuse_another_count(name, permits, ours).await;
+        unchecked.settle(checked).await
+    }
+}
+
+/// A grant whose count is being checked: given back if the check fails or is dropped.
+struct Unchecked {
+    lock: Arc<dyn DistributedLock>,
+    /// `None` once settled.
+    lease: Option<Lease>,
+}
+
+impl Unchecked {
+    /// The lease if `checked` passed; else it is given back and the refusal (or the
+    /// failed read) is the answer.
+    async fn settle(mut self, checked: Result<(), LockError>) -> Result<Lease, LockError> {
+        let Some(lease) = self.lease.take() else {
+            return Err(LockError::backend("a permit's grant was settled twice"));
+        };
+        match checked {
             Ok(()) => Ok(lease),
             Err(refused) => {
-                // The refusal (or the failed read) is the answer; an unreleased grant
-                // ends with its TTL.
+                // An unreleased grant ends with its TTL.
                 let _ = self.lock.release(lease).await;
                 Err(refused)
             }
+        }
+    }
+}
+
+impl Drop for Unchecked {
+    fn drop(&mut self) {
+        if let (Some(lease), Ok(runtime)) =
+            (self.lease.take(), tokio::runtime::Handle::try_current())
+        {
+            let lock = self.lock.clone();
+            runtime.spawn(async move {
+                let _ = lock.release(lease).await;
+            });
         }
     }
 }
@@ -222,26 +263,41 @@ impl DistributedLock for Semaphore {
     ///
     /// # Cancel safety
     /// As the lock's [`acquire_any`](DistributedLock::acquire_any); a grant dropped during
-    /// the count's check is left to its TTL.
+    /// the count's check is given back by a task of its own.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        let started = Instant::now();
+        let deadline = opts.wait_deadline(Instant::now());
         let permits = self.permit_keys(key)?;
+        if !self.lock.capabilities().labels {
+            // No count is recorded, so none can be compared.
+            return self.lock.acquire_any(&permits, opts).await;
+        }
         let opts = self.counted(opts)?;
-        let once = opts.clone().wait(Duration::ZERO);
-        let first = self.grant_checked(key, &permits, &once).await;
-        let wait = opts.wait.saturating_sub(started.elapsed());
-        match first {
-            Err(e) if e.is_retryable() && !wait.is_zero() => {
-                // Held (or unreachable): if by another count, say so instead of waiting. A
-                // failed read is left to the wait; the check after the grant is binding.
+        let mut attempt = opts.clone().wait(Duration::ZERO);
+        let (mut read_before_waiting, mut failures) = (false, 0u32);
+        loop {
+            let result = self.grant_checked(key, &permits, &attempt).await;
+            let left = || deadline.saturating_duration_since(Instant::now());
+            let failed = match result {
+                Err(e) if e.is_retryable() && !left().is_zero() => e,
+                result => return result,
+            };
+            if !std::mem::replace(&mut read_before_waiting, true) {
+                // Held (or unreachable): if by another count, say so instead of waiting.
+                // A failed read is left to the wait; the check after a grant is binding.
                 if let Err(refused @ LockError::Config(_)) =
                     self.refuse_another_count(key, &permits, None).await
                 {
                     return Err(refused);
                 }
-                self.grant_checked(key, &permits, &opts.wait(wait)).await
+            } else if !matches!(failed, LockError::Timeout { .. }) {
+                // A check that failed after a grant: pause before the next grant.
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(opts.backoff.delay(failures).min(left())).await;
             }
-            first => first,
+            match left() {
+                wait if wait.is_zero() => return Err(failed),
+                wait => attempt = opts.clone().wait(wait),
+            }
         }
     }
 

@@ -182,7 +182,8 @@ struct LockArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     wait: Option<Duration>,
     /// A text recorded with the grant that `tenure inspect` shows while it is held (who
-    /// holds it: a host name, a job id), 1 to 256 bytes without control characters.
+    /// holds it: a host name, a job id), 1 to 256 bytes without control characters (245
+    /// with --permits, whose count is recorded with it as `permits=N LABEL`).
     #[arg(long)]
     label: Option<String>,
 }
