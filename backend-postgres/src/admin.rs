@@ -2,6 +2,9 @@
 //! `pg_stat_activity`, for the holders whose transaction is still running; a key's queue
 //! is counted in `pg_locks` ([`PgLock::queued`]).
 //!
+//! With `locking=lease` the holders are the live rows of the lease table, and the doctor
+//! has nothing to find: the server's clock ends every lease.
+//!
 //! A lock is held by an open transaction; the server ends it when the holder stays idle
 //! in it for its TTL (`idle_in_transaction_session_timeout`). A holder whose session has
 //! been **idle in transaction longer than its recorded TTL** (plus [`STALE_GRACE`]) is
@@ -113,6 +116,15 @@ impl PgLock {
 #[async_trait]
 impl LockAdmin for PgLock {
     async fn holders(&self, prefix: &str) -> Result<Vec<(LockKey, HolderInfo)>, LockError> {
+        if self.leases() {
+            let row_prefix = format!("{}{prefix}", self.inner.config.prefix);
+            return Ok(self
+                .lease_holders(&row_prefix)
+                .await?
+                .into_iter()
+                .filter_map(|(row_key, holder)| Some((self.lock_key_of(&row_key)?, holder)))
+                .collect());
+        }
         Ok(self
             .holdings(prefix)
             .await?
@@ -134,6 +146,10 @@ impl LockAdmin for PgLock {
     }
 
     async fn doctor(&self) -> Result<Vec<Finding>, LockError> {
+        if self.leases() {
+            // Every lease ends at its expiry by the server's clock: none can outlive it.
+            return Ok(Vec::new());
+        }
         let holders = self.inner.config.holder_table();
         Ok(self
             .holdings("")

@@ -41,6 +41,8 @@ const MAX_IDENT: usize = 63;
 /// Suffixes appended to the table name for the holder table and the fence sequence.
 const HOLDERS_SUFFIX: &str = "_holders";
 const FENCE_SUFFIX: &str = "_fence";
+/// Suffix of the lease table (`locking=lease`).
+const LEASES_SUFFIX: &str = "_leases";
 
 /// What a lock transaction locks. Both modes keep the holder table and the fence
 /// sequence; every grant is recorded there, so clients of one table that disagree on the
@@ -58,6 +60,14 @@ pub enum Locking {
     /// Two keys whose 64-bit hashes collide exclude each other (never the reverse).
     /// Advisory lock ids are shared with any other advisory locks in the database.
     Advisory,
+    /// A row per key in the lease table (`<table>_leases`) with its holder, token and an
+    /// expiry the server computes (`clock_timestamp() + ttl`), taken, extended and released
+    /// by single autocommit statements: no connection or transaction is held between
+    /// calls, so one client can hold many thousands of leases (`max_held` and
+    /// `max_waiting` do not apply). Expiry is the server's clock: a step of it moves every
+    /// deadline. A loss is not pushed (an extension finds it). These locks are not the
+    /// `row` and `advisory` modes' locks: clients of one table must not mix the two.
+    Lease,
 }
 
 /// How to reach one Postgres server and where the lock table lives.
@@ -71,7 +81,7 @@ pub enum Locking {
 /// | `schema` | `public` | schema of the lock table, holder table and fence sequence |
 /// | `table` | `tenure_locks` | lock table; the holder table is `<table>_holders`, the fence sequence `<table>_fence` |
 /// | `prefix` | (empty) | prepended to every lock key |
-/// | `locking` | `row` | `row`: a row lock in the lock table; `advisory`: a transaction-level advisory lock on a 64-bit hash of table and key, with no lock table row (see [`Locking`]) |
+/// | `locking` | `row` | `row`: a row lock in the lock table; `advisory`: a transaction-level advisory lock on a 64-bit hash of table and key, with no lock table row; `lease`: a row per key with a server-computed expiry, no connection held (see [`Locking`]) |
 /// | `max_held` | `64` | locks this client may hold at once (one dedicated connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
 /// | `max_waiting` | `64` | blocking acquires this client may have queued in the server at once (one dedicated connection each); past it a blocking acquire fails at once |
 /// | `pool_size` | `2` | autocommit connections (fence records, inspect, migration); grants that come while they are busy share one record statement and flushed commit, so more connections mean smaller batches |
@@ -217,9 +227,10 @@ impl PgConfig {
                     config.locking = match value {
                         "row" => Locking::Row,
                         "advisory" => Locking::Advisory,
+                        "lease" => Locking::Lease,
                         _ => {
                             return Err(LockError::Config(format!(
-                                "option locking={value} must be row or advisory"
+                                "option locking={value} must be row, advisory or lease"
                             )))
                         }
                     }
@@ -266,7 +277,7 @@ impl PgConfig {
         validate_ident(
             "table",
             &config.table,
-            MAX_IDENT - HOLDERS_SUFFIX.len().max(FENCE_SUFFIX.len()),
+            MAX_IDENT - HOLDERS_SUFFIX.len().max(LEASES_SUFFIX.len()),
         )?;
         if kept.is_empty() {
             url.set_query(None);
@@ -292,7 +303,7 @@ impl PgConfig {
         validate_ident(
             "table",
             table,
-            MAX_IDENT - HOLDERS_SUFFIX.len().max(FENCE_SUFFIX.len()),
+            MAX_IDENT - HOLDERS_SUFFIX.len().max(LEASES_SUFFIX.len()),
         )?;
         self.table = table.into();
         Ok(self)
@@ -316,6 +327,11 @@ impl PgConfig {
     /// The quoted, schema-qualified holder table.
     pub(crate) fn holder_table(&self) -> String {
         qualified(&self.schema, &format!("{}{HOLDERS_SUFFIX}", self.table))
+    }
+
+    /// The quoted, schema-qualified lease table (`locking=lease`).
+    pub(crate) fn lease_table(&self) -> String {
+        qualified(&self.schema, &format!("{}{LEASES_SUFFIX}", self.table))
     }
 
     /// The quoted, schema-qualified fence sequence.
@@ -344,10 +360,11 @@ impl PgConfig {
     pub fn grant_sql(&self, role: &str) -> Result<String, LockError> {
         validate_ident("role", role, MAX_IDENT)?;
         let role = format!("\"{role}\"");
-        let mut tables = vec![self.holder_table()];
-        if self.locking == Locking::Row {
-            tables.insert(0, self.lock_table());
-        }
+        let tables = match self.locking {
+            Locking::Row => vec![self.lock_table(), self.holder_table()],
+            Locking::Advisory => vec![self.holder_table()],
+            Locking::Lease => vec![self.lease_table()],
+        };
         Ok(format!(
             "GRANT USAGE ON SCHEMA \"{}\" TO {role}; \
              GRANT SELECT, INSERT, UPDATE ON {} TO {role}; \

@@ -107,9 +107,17 @@ impl Locker for PgFloor {
 pub(crate) fn floor(
     url: &str,
     tasks: usize,
-    _ttl: Duration,
+    ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
+    if is_lease(url) {
+        return crate::lease_floor::floor(url, ttl);
+    }
     boxed_locker(PgFloor::connect(url, tasks))
+}
+
+/// Whether `url` asks for `locking=lease` (whose floors are `lease_floor`'s).
+fn is_lease(url: &str) -> bool {
+    PgConfig::from_url(url).is_ok_and(|c| c.locking == Locking::Lease)
 }
 
 /// Connections for `tasks` concurrent cycles.
@@ -256,5 +264,8 @@ pub(crate) fn same_work(
     _tasks: usize,
     ttl: Duration,
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
+    if is_lease(url) {
+        return crate::lease_floor::same_work(url, ttl);
+    }
     boxed_locker(PgSameWork::connect(url, ttl))
 }

@@ -11,6 +11,9 @@ mod floor;
 mod held;
 #[cfg(feature = "testbed")]
 pub mod lab;
+mod lease;
+#[cfg(feature = "testbed")]
+mod lease_floor;
 mod records;
 mod socket;
 mod sql;
@@ -80,6 +83,8 @@ struct Inner {
     idle: Mutex<VecDeque<(Dedicated, Instant)>>,
     /// Grant records waiting for a pool connection (sent together).
     records: records::Records,
+    /// `locking=lease`: the releases this client hears of.
+    releases: lease::Releases,
 }
 
 impl fmt::Debug for PgLock {
@@ -169,6 +174,7 @@ impl PgLock {
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(VecDeque::new()),
                 records: Default::default(),
+                releases: Default::default(),
             }),
         };
         tokio::spawn(close_unused(Arc::downgrade(&lock.inner)));
@@ -200,8 +206,14 @@ impl PgLock {
                     "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
                      AND to_regclass($3) IS NOT NULL",
                 )
-                .bind(config.lock_table())
-                .bind(config.holder_table())
+                .bind(match config.locking {
+                    Locking::Lease => config.lease_table(),
+                    _ => config.lock_table(),
+                })
+                .bind(match config.locking {
+                    Locking::Lease => config.lease_table(),
+                    _ => config.holder_table(),
+                })
                 .bind(config.fence_sequence())
                 .fetch_one(&mut *conn),
             )
@@ -253,6 +265,11 @@ impl PgLock {
                 .and_then(|ms| u64::try_from(ms).ok())
                 .map(Duration::from_millis),
         })
+    }
+
+    /// Whether this client keeps leases in the lease table (`locking=lease`).
+    pub(crate) fn leases(&self) -> bool {
+        self.inner.sql.locking == Locking::Lease
     }
 
     /// The configuration (its `Display` hides the password).
@@ -372,6 +389,9 @@ impl DistributedLock for PgLock {
     /// may skip numbers; they never repeat).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
+        if self.leases() {
+            return self.lease_try_acquire(key, ttl, None).await;
+        }
         self.attempt(
             std::slice::from_ref(key),
             OwnerId::random(),
@@ -395,6 +415,9 @@ impl DistributedLock for PgLock {
     /// waiter beyond that.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         opts.validate()?;
+        if self.leases() {
+            return self.lease_acquire(key, opts).await;
+        }
         let owner = OwnerId::random();
         let started = Instant::now();
         let deadline = opts.wait_deadline(started);
@@ -452,6 +475,9 @@ impl DistributedLock for PgLock {
         opts: &AcquireOptions,
     ) -> Result<Lease, LockError> {
         opts.validate()?;
+        if self.leases() {
+            return tenure_api::backend::acquire_each(self, keys, opts).await;
+        }
         let keys = tenure_api::backend::validate_keys(keys)?;
         let started = Instant::now();
         let label = opts.label.as_deref();
@@ -473,6 +499,9 @@ impl DistributedLock for PgLock {
     /// stays held.
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         validate_ttl(ttl)?;
+        if self.leases() {
+            return self.lease_extend(lease, ttl).await;
+        }
         let Some(entry) = self.entry(lease, false) else {
             return Err(LockError::lost(format!(
                 "`{}` is not held by {} through this client{}",
@@ -534,6 +563,9 @@ impl DistributedLock for PgLock {
     /// The lease is forgotten at the first poll; if the future is dropped before `COMMIT`
     /// completes, the connection is closed and the server rolls back, freeing the lock.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        if self.leases() {
+            return self.lease_release(lease).await;
+        }
         let Some(entry) = self.entry(&lease, true) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
@@ -554,6 +586,10 @@ impl DistributedLock for PgLock {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        if self.leases() {
+            let mut holders = self.lease_inspect_each(std::slice::from_ref(key)).await?;
+            return Ok(holders.pop().flatten());
+        }
         let mut conn = self.pooled().await?;
         let row = self
             .bounded(
@@ -571,6 +607,9 @@ impl DistributedLock for PgLock {
     /// # Cancel safety
     /// Read-only: cancel-safe.
     async fn inspect_each(&self, keys: &[LockKey]) -> Result<Vec<Option<HolderInfo>>, LockError> {
+        if self.leases() {
+            return self.lease_inspect_each(keys).await;
+        }
         let row_keys: Vec<String> = keys.iter().map(|key| self.row_key(key)).collect();
         let mut conn = self.pooled().await?;
         let rows = self
@@ -591,16 +630,26 @@ impl DistributedLock for PgLock {
         Ok(row_keys.iter().map(|key| holders.remove(key)).collect())
     }
 
+    /// The transaction modes: expiry by the server ending the transaction, FIFO waiters
+    /// in the server's lock queue, no clock. `locking=lease`: expiry by the server's
+    /// clock, waiters woken by `NOTIFY` (or the holder's expiry), no order.
     fn capabilities(&self) -> Capabilities {
+        let leases = self.leases();
         Capabilities {
             backend: "postgres",
             fencing: FencingKind::Sequence,
-            expiry: ExpiryKind::ConnectionTransaction,
+            expiry: match leases {
+                true => ExpiryKind::ServerTtl,
+                false => ExpiryKind::ConnectionTransaction,
+            },
             replication: Replication::SingleNode,
             wait: WaitKind::Push,
-            fairness: Fairness::Fifo,
+            fairness: match leases {
+                true => Fairness::None,
+                false => Fairness::Fifo,
+            },
             failures_tolerated: 0,
-            clock_dependent: false,
+            clock_dependent: leases,
             labels: true,
         }
     }

@@ -35,6 +35,94 @@ pub(crate) struct Statements {
     pub(crate) queued: String,
     pub(crate) update_ttl: String,
     pub(crate) migrate: String,
+    /// `locking=lease`'s statements.
+    pub(crate) lease: LeaseStatements,
+}
+
+/// The statements of `locking=lease`, each one autocommit statement on the pool.
+#[derive(Debug)]
+pub(crate) struct LeaseStatements {
+    /// Takes the key `$1` for owner `$2` (label `$3`, TTL `$4` ms) if it is free or its
+    /// lease ran out, with a new token, durably. Returns the token (`NULL`: busy) and the
+    /// milliseconds left of the lease found (`NULL`: none).
+    pub(crate) acquire: String,
+    /// Pushes the expiry of `$1` held by owner `$2` with token `$3` to now + `$4` ms,
+    /// durably; a row if it was still theirs.
+    pub(crate) extend: String,
+    /// Ends the lease of `$1` held by `$2` with token `$3` and announces it on
+    /// [`RELEASED_CHANNEL`]; a row if it was still theirs.
+    pub(crate) release: String,
+    /// Owner, label, token, milliseconds left and key of each live lease of the keys `$1`.
+    pub(crate) inspect_each: String,
+    /// The same columns for every live lease whose key starts with `$1`, by key.
+    pub(crate) holders: String,
+    /// The channel releases are announced on (payload: the row key).
+    pub(crate) channel: String,
+}
+
+/// The channel lease releases are announced on. One for every table: a waiter woken by
+/// another table's release of a key of the same name tries once more.
+pub(crate) const RELEASED_CHANNEL: &str = "tenure_lease_released";
+
+impl LeaseStatements {
+    fn new(config: &PgConfig) -> Self {
+        let (leases, fence) = (config.lease_table(), config.fence_sequence());
+        let left =
+            "GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)";
+        let expiry = |ttl: &str| format!("clock_timestamp() + {ttl} * interval '1 millisecond'");
+        let durable = "(SELECT set_config('synchronous_commit', 'on', true)) AS durable";
+        Self {
+            acquire: format!(
+                "WITH found AS (SELECT {left} AS left_ms FROM {leases} \
+                 WHERE key = $1 AND expires_at > clock_timestamp()), \
+                 granted AS (INSERT INTO {leases} AS l \
+                 (key, owner, label, token, expires_at, ttl_ms) \
+                 VALUES ($1, $2, $3, nextval('{fence}'), {}, $4) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 label = EXCLUDED.label, token = nextval('{fence}'), expires_at = {}, \
+                 ttl_ms = EXCLUDED.ttl_ms WHERE l.expires_at <= clock_timestamp() \
+                 RETURNING token) \
+                 SELECT (SELECT token FROM granted), (SELECT left_ms FROM found) FROM {durable}",
+                expiry("$4::bigint"),
+                expiry("EXCLUDED.ttl_ms"),
+            ),
+            extend: format!(
+                "UPDATE {leases} SET expires_at = {}, ttl_ms = $4 \
+                 FROM {durable} \
+                 WHERE key = $1 AND owner = $2 AND token = $3 \
+                 AND expires_at > clock_timestamp() RETURNING 1",
+                expiry("$4::bigint"),
+            ),
+            release: format!(
+                "WITH ended AS (UPDATE {leases} SET expires_at = '-infinity' \
+                 WHERE key = $1 AND owner = $2 AND token = $3 \
+                 AND expires_at > clock_timestamp() RETURNING key) \
+                 SELECT pg_notify('{RELEASED_CHANNEL}', key) FROM ended"
+            ),
+            inspect_each: format!(
+                "SELECT owner, label, token, {left}, key FROM {leases} \
+                 WHERE key = ANY($1::text[]) AND expires_at > clock_timestamp()"
+            ),
+            holders: format!(
+                "SELECT owner, label, token, {left}, key FROM {leases} \
+                 WHERE starts_with(key, $1) AND expires_at > clock_timestamp() ORDER BY key"
+            ),
+            channel: RELEASED_CHANNEL.to_owned(),
+        }
+    }
+}
+
+/// The lease table and the fence sequence, each created only if missing. Rows are never
+/// deleted (a release sets the expiry to `-infinity`), so a key's tokens keep increasing.
+fn lease_ddl(config: &PgConfig) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, owner text NOT NULL, \
+         label text, token bigint NOT NULL, expires_at timestamptz NOT NULL, \
+         ttl_ms bigint NOT NULL); \
+         CREATE SEQUENCE IF NOT EXISTS {} AS bigint MINVALUE 1 NO CYCLE",
+        config.lease_table(),
+        config.fence_sequence()
+    )
 }
 
 impl Statements {
@@ -51,8 +139,9 @@ impl Statements {
             "hashtextextended({} || $1, 0)",
             literal(&format!("{table}:"))
         );
+        // `locking=lease` runs none of the transaction modes' statements (see `lease`).
         let (lock_nowait, lock_wait) = match config.locking {
-            Locking::Row => {
+            Locking::Row | Locking::Lease => {
                 let lock = format!("{granted} FROM {table} WHERE key = $1 FOR UPDATE");
                 (format!("{lock} NOWAIT"), lock)
             }
@@ -61,7 +150,7 @@ impl Statements {
                 format!("{granted} FROM pg_advisory_xact_lock({advisory_id})"),
             ),
         };
-        let queued = queued(config.locking, &table, &advisory_id);
+        let queued = queued(config, &table, &advisory_id);
         // A live holder's record: owner, token and (where its session shows) time left.
         let holder_columns = "SELECT h.owner, h.token, CASE a.state \
              WHEN 'idle in transaction' THEN GREATEST(h.ttl_ms - \
@@ -92,7 +181,11 @@ impl Statements {
             update_ttl: format!(
                 "UPDATE {holders} SET ttl_ms = $2 WHERE key = $1 AND xid = $3::text::xid8"
             ),
-            migrate: tables_ddl(config),
+            migrate: match config.locking {
+                Locking::Lease => lease_ddl(config),
+                _ => tables_ddl(config),
+            },
+            lease: LeaseStatements::new(config),
             table,
         }
     }
@@ -128,7 +221,7 @@ impl Statements {
         let keys: Vec<String> = row_keys.iter().map(|k| literal(k)).collect();
         let granted = &self.granted;
         match self.locking {
-            Locking::Row => format!(
+            Locking::Row | Locking::Lease => format!(
                 "{granted}, array_position(ARRAY[{list}]::text[], key) - 1 AS {LOCKED_INDEX} \
                  FROM {table} WHERE key IN ({list}) ORDER BY 3 LIMIT 1 FOR UPDATE SKIP LOCKED",
                 list = keys.join(", "),
@@ -228,7 +321,9 @@ pub(crate) fn begin_batch(
 ) -> String {
     let idle = keepalive_idle(ttl);
     let mut batch = match sql.locking {
-        Locking::Row => format!("BEGIN; {}; COMMIT; ", sql.insert_rows(row_keys)),
+        Locking::Row | Locking::Lease => {
+            format!("BEGIN; {}; COMMIT; ", sql.insert_rows(row_keys))
+        }
         Locking::Advisory => String::new(),
     };
     batch.push_str(&format!(
@@ -263,9 +358,14 @@ pub(crate) const LOCKED_INDEX: &str = "tenure_locked_index";
 ///   lock, which the server takes while a `FOR UPDATE` waits and gives up once granted.
 /// - Advisory locking: the holder and its waiters hold or await the key's advisory lock,
 ///   whose 64-bit id `pg_locks` shows in halves (`classid`, `objid`; `objsubid` 1).
-fn queued(locking: Locking, table: &str, advisory_id: &str) -> String {
+fn queued(config: &PgConfig, table: &str, advisory_id: &str) -> String {
     let database = "(SELECT oid FROM pg_database WHERE datname = current_database())";
-    match locking {
+    match config.locking {
+        // No queue: waiters try again; only the holder is seen.
+        Locking::Lease => format!(
+            "SELECT count(*) FROM {} WHERE key = $1 AND expires_at > clock_timestamp()",
+            config.lease_table()
+        ),
         Locking::Row => format!(
             "SELECT count(*) FROM {table} t JOIN pg_locks l ON \
              (l.locktype = 'transactionid' AND l.transactionid = t.xmax \

@@ -56,7 +56,8 @@ impl PgLock {
     /// Waits up to `opts.wait` for `key` as [`acquire`](tenure_api::DistributedLock::acquire)
     /// does, and hands over the grant's open transaction, for the caller's work to commit
     /// or roll back with the lock (see [`LockedTransaction`]). Counts against `max_held`
-    /// until it ends.
+    /// until it ends. With `locking=lease`, which holds no transaction,
+    /// [`LockError::Config`].
     ///
     /// ```no_run
     /// # async fn order(lock: tenure_postgres::PgLock) -> Result<(), Box<dyn std::error::Error>> {
@@ -80,6 +81,13 @@ impl PgLock {
         key: &LockKey,
         opts: &AcquireOptions,
     ) -> Result<LockedTransaction, LockError> {
+        if self.leases() {
+            return Err(LockError::Config(
+                "PgLock::transaction needs locking=row or locking=advisory: a locking=lease \
+                 lease holds no transaction"
+                    .into(),
+            ));
+        }
         let lease = tenure_api::DistributedLock::acquire(self, key, opts).await?;
         let gone = || {
             LockError::lost(format!(

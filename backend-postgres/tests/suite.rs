@@ -6,6 +6,8 @@
 //!   (row locks).
 //! - `advisory::`: The shared suite against a live PostgreSQL server, with
 //!   `locking=advisory`.
+//! - `lease::`: The shared suite against a live PostgreSQL server, with `locking=lease`
+//!   (a row per key with a server-computed expiry; no connection held).
 //! - `secured::`: The shared suite against a Postgres server that requires TLS with a
 //!   client certificate and a SCRAM password, as a role with only the privileges of
 //!   `PgConfig::grant_sql` (`migrate` left on for every client but the link-cut ones: it
@@ -24,6 +26,9 @@ fn main() {
         .suite("rows", || harness::suite_harness("", TestbedOptions::PLAIN))
         .suite("advisory", || {
             harness::suite_harness("&locking=advisory", TestbedOptions::PLAIN)
+        })
+        .suite("lease", || {
+            harness::suite_harness("&locking=lease", TestbedOptions::PLAIN)
         })
         .suite("secured", || {
             harness::suite_harness("", TestbedOptions::SECURED)

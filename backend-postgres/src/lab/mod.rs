@@ -30,12 +30,18 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     same_work_floor: Some(crate::floor::same_work),
     peer: None,
-    // Advisory locking, against a floor of its own (its rows stay apart from the row
-    // lock's).
-    bench_variants: &[BenchVariant {
-        name: "advisory",
-        query: "locking=advisory",
-    }],
+    // Advisory locking and leases, each against floors of its own (their rows stay apart
+    // from the row lock's).
+    bench_variants: &[
+        BenchVariant {
+            name: "advisory",
+            query: "locking=advisory",
+        },
+        BenchVariant {
+            name: "lease",
+            query: "locking=lease",
+        },
+    ],
     why_not: WHY_NOT,
     protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
     broken: broken::BROKEN,

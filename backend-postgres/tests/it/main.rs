@@ -8,6 +8,7 @@ mod harness;
 mod secured;
 
 mod faults;
+mod lease;
 mod queue;
 mod security;
 mod semaphore;

@@ -93,6 +93,23 @@ async fn the_work_commits_with_the_lock() {
 }
 
 #[tokio::test]
+async fn a_lease_mode_client_has_no_transaction_to_hand_over() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?locking=lease", server.url());
+    let lock = PgLock::connect(&url).await.unwrap();
+    let key = LockKey::new("orders/1001").unwrap();
+    let refused = lock.transaction(&key, &opts()).await.unwrap_err();
+    assert!(
+        matches!(&refused, LockError::Config(m) if m.contains("locking=lease")),
+        "{refused:?}"
+    );
+    assert!(
+        lock.inspect(&key).await.unwrap().is_none(),
+        "nothing granted"
+    );
+}
+
+#[tokio::test]
 async fn the_work_rolls_back_with_the_lock() {
     let server = orders().await;
     let lock = PgLock::connect(&server.url()).await.unwrap();

@@ -25,9 +25,9 @@ fn every_backend_has_working_floors() {
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
         .collect();
     let floors: Vec<&Value> = lines.iter().filter(|l| l["impl"] == "floor").collect();
-    // Every backend, Postgres's advisory locking against its own floor, Redis with
-    // fence=none and Redlock with fencing=false.
-    assert_eq!(floors.len(), 8, "{lines:?}");
+    // Every backend, Postgres's advisory locking and leases against floors of their own,
+    // Redis with fence=none and Redlock with fencing=false.
+    assert_eq!(floors.len(), 9, "{lines:?}");
     for backend in [
         "redis",
         "redis fence=none",
@@ -37,6 +37,7 @@ fn every_backend_has_working_floors() {
         "zk",
         "postgres",
         "postgres advisory",
+        "postgres lease",
     ] {
         let floor = floors
             .iter()
@@ -66,5 +67,5 @@ fn every_backend_has_working_floors() {
         }
     }
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
-    assert_eq!(same_work, 8, "{lines:?}");
+    assert_eq!(same_work, 9, "{lines:?}");
 }
