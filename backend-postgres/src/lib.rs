@@ -267,6 +267,25 @@ impl PgLock {
         })
     }
 
+    /// Records a held transaction's new TTL in its holder record (for `inspect` and the
+    /// doctor); best effort: the lease is extended either way.
+    pub(crate) async fn record_ttl(&self, row_key: &str, ttl: Duration, xid: &str) {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let record = async {
+            let mut conn = self.pooled().await?;
+            self.bounded(
+                "record ttl",
+                sqlx::query(AssertSqlSafe(self.inner.sql.update_ttl.as_str()))
+                    .bind(row_key)
+                    .bind(ttl_ms)
+                    .bind(xid)
+                    .execute(&mut *conn),
+            )
+            .await
+        };
+        let _ = record.await;
+    }
+
     /// Whether this client keeps leases in the lease table (`locking=lease`).
     pub(crate) fn leases(&self) -> bool {
         self.inner.sql.locking == Locking::Lease
@@ -534,20 +553,7 @@ impl DistributedLock for PgLock {
         };
         if changed {
             // Keep inspect's remaining time right; the lease is extended either way.
-            let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-            let record = async {
-                let mut conn = self.pooled().await?;
-                self.bounded(
-                    "record ttl",
-                    sqlx::query(AssertSqlSafe(self.inner.sql.update_ttl.as_str()))
-                        .bind(lease.handle().path.as_str())
-                        .bind(ttl_ms)
-                        .bind(entry.xid.as_str())
-                        .execute(&mut *conn),
-                )
-                .await
-            };
-            let _ = record.await;
+            self.record_ttl(&lease.handle().path, ttl, &entry.xid).await;
         }
         lease.renewed(sent, ttl, default_drift(ttl));
         Ok(())

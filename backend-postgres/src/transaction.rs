@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use sqlx::postgres::PgConnection;
-use sqlx::{Acquire, AssertSqlSafe, Executor};
+use sqlx::{Acquire, AssertSqlSafe, Connection, Executor};
 use tenure_api::{AcquireOptions, FencingToken, LockError, LockKey, OwnerId};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use crate::client::{discard, rollback_and_recycle, Dedicated};
+use crate::client::{discard, Dedicated};
 use crate::held::{refresh, Request};
 use crate::{Inner, PgLock};
 
@@ -25,9 +25,12 @@ use crate::{Inner, PgLock};
 /// backend or a closed connection ends it, and then the next statement or `commit` fails
 /// with nothing committed. No loss is pushed while the caller holds the connection.
 ///
-/// Do not run `COMMIT` or `ROLLBACK` on the connection yourself (savepoints are fine):
-/// that would end the lock early, and `commit` refuses to commit a transaction that is no
-/// longer the lock's.
+/// sqlx sees the connection inside a transaction: `connection().begin()` opens a
+/// savepoint, whose `commit` releases it and whose drop rolls back to it — the lock's
+/// transaction goes on. Do not run `COMMIT` or `ROLLBACK` yourself: that would end the
+/// lock early, and `commit` refuses to commit a transaction that is no longer the lock's.
+/// The connection is closed when the transaction ends, never reused, so nothing of its
+/// session (settings, temporary tables, `LISTEN`s) outlives it.
 pub struct LockedTransaction {
     inner: Arc<Inner>,
     /// `None` only once committed or rolled back.
@@ -35,10 +38,14 @@ pub struct LockedTransaction {
     /// The held-lock slot (`max_held`), given back with the connection.
     _slot: Option<OwnedSemaphorePermit>,
     key: LockKey,
+    /// The key's row key (its holder record's key).
+    row_key: String,
     owner: OwnerId,
     token: FencingToken,
     /// The lock transaction's id (digits only: it is written into the commit's check).
     xid: String,
+    /// The lock connection's backend pid.
+    pid: i64,
 }
 
 impl std::fmt::Debug for LockedTransaction {
@@ -106,22 +113,50 @@ impl PgLock {
         let (conn, slot) = answer.await.map_err(|_| gone())?;
         // The lease's task has ended: dropping the lease now touches nothing.
         let (owner, token) = (lease.owner(), lease.token());
+        let (row_key, pid) = (lease.handle().path.clone(), lease.handle().id);
         drop(lease);
-        if xid.is_empty() || !xid.bytes().all(|b| b.is_ascii_digit()) {
-            discard(conn);
-            return Err(LockError::backend(format!(
-                "the server named the lock transaction {xid:?}"
-            )));
-        }
-        Ok(LockedTransaction {
+        let mut locked = LockedTransaction {
             inner: self.inner.clone(),
             conn: Some(conn),
             _slot: slot,
             key: key.clone(),
+            row_key,
             owner,
             token,
             xid,
-        })
+            pid,
+        };
+        if locked.xid.is_empty() || !locked.xid.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(LockError::backend(format!(
+                "the server named the lock transaction {:?}",
+                locked.xid
+            )));
+        }
+        // sqlx sent none of the lock transaction's `BEGIN`: tell it the connection is in a
+        // transaction (a savepoint it never ends), so that the caller's `begin()` nests as
+        // a savepoint instead of ending the lock's transaction with its `COMMIT`.
+        let config = &self.inner.config;
+        let nested: Result<(), LockError> = {
+            let conn = locked.connection()?;
+            let begun = tokio::time::timeout(
+                config.request_timeout,
+                conn.begin_with("SAVEPOINT tenure_lock"),
+            )
+            .await;
+            match begun {
+                Ok(Ok(savepoint)) => {
+                    std::mem::forget(savepoint);
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(LockError::lost(format!("the lock transaction ended: {e}"))),
+                Err(_) => Err(LockError::no_reply(
+                    "savepoint",
+                    &config.endpoint(),
+                    config.request_timeout,
+                )),
+            }
+        };
+        nested.map(|()| locked)
     }
 }
 
@@ -163,7 +198,13 @@ impl LockedTransaction {
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), LockError> {
         tenure_api::validate_ttl(ttl)?;
         let conn = self.conn.as_mut().ok_or_else(ended)?;
-        refresh(conn, ttl, &self.xid, &self.inner.config).await
+        refresh(conn, ttl, &self.xid, &self.inner.config).await?;
+        // Keep inspect's time left (and the doctor's idea of stale) right.
+        let lock = PgLock {
+            inner: self.inner.clone(),
+        };
+        lock.record_ttl(&self.row_key, ttl, &self.xid).await;
+        Ok(())
     }
 
     /// Commits the work and ends the lease, in one `COMMIT` after a check that the
@@ -189,42 +230,42 @@ impl LockedTransaction {
             conn.listener().execute(sqlx::raw_sql(AssertSqlSafe(sql))),
         )
         .await;
+        // Never reused: the caller may have changed its session.
+        discard(conn);
         match committed {
-            Ok(Ok(_)) => {
-                PgLock::recycle(&self.inner, conn);
-                Ok(())
-            }
-            Ok(Err(sqlx::Error::Database(refused))) => {
-                discard(conn);
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(sqlx::Error::Database(refused))) if lock_ended(refused.code().as_deref()) => {
                 Err(LockError::lost(format!(
                     "the lock transaction of `{}` was not committed (nothing of it was): {}",
                     self.key,
                     refused.message()
                 )))
             }
-            Ok(Err(e)) => {
-                discard(conn);
-                Err(LockError::Unavailable {
-                    message: format!(
-                        "commit on {}: the connection failed ({e}); the work may or may not \
+            Ok(Err(e @ sqlx::Error::Database(_))) => Err(LockError::Backend {
+                message: format!(
+                    "the work under `{}` was not committed (nor was anything of it), and \
+                     the lock is free",
+                    self.key
+                ),
+                source: Some(Box::new(e)),
+            }),
+            Ok(Err(e)) => Err(LockError::Unavailable {
+                message: format!(
+                    "commit on {}: the connection failed ({e}); the work may or may not \
                          be committed",
-                        config.endpoint()
-                    ),
-                    source: None,
-                })
-            }
-            Err(_) => {
-                discard(conn);
-                Err(LockError::Unavailable {
-                    message: format!(
-                        "commit on {}: no reply within {:?}; the work may or may not be \
+                    config.endpoint()
+                ),
+                source: None,
+            }),
+            Err(_) => Err(LockError::Unavailable {
+                message: format!(
+                    "commit on {}: no reply within {:?}; the work may or may not be \
                          committed",
-                        config.endpoint(),
-                        config.request_timeout
-                    ),
-                    source: None,
-                })
-            }
+                    config.endpoint(),
+                    config.request_timeout
+                ),
+                source: None,
+            }),
         }
     }
 
@@ -233,20 +274,54 @@ impl LockedTransaction {
     /// # Cancel safety
     /// Dropped, the connection closes, which rolls back too.
     pub async fn rollback(mut self) -> Result<(), LockError> {
-        let conn = self.conn.take().ok_or_else(ended)?;
-        rollback_and_recycle(&self.inner, conn).await;
+        let mut conn = self.conn.take().ok_or_else(ended)?;
+        let limit = self.inner.config.request_timeout;
+        let _ = tokio::time::timeout(limit, conn.listener().execute("ROLLBACK")).await;
+        // Closed, never reused (see `LockedTransaction`): a failed `ROLLBACK` ends it too.
+        discard(conn);
         Ok(())
     }
 }
 
 impl Drop for LockedTransaction {
     /// Neither committed nor rolled back: the connection closes, and the server rolls the
-    /// transaction back and frees the lock.
+    /// transaction back and frees the lock — at once, also while a statement of the
+    /// caller's still runs on it (cancelled through the pool). Without a Tokio runtime
+    /// the socket cannot be closed, and the server frees the lock at the idle timeout.
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            discard(conn);
-        }
+        let Some(conn) = self.conn.take() else { return };
+        discard(conn);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (lock, pid, xid) = (
+            PgLock {
+                inner: self.inner.clone(),
+            },
+            self.pid,
+            self.xid.clone(),
+        );
+        runtime.spawn(async move {
+            // Only while the transaction is still ours: its backend is then ours too.
+            let cancel = "SELECT pg_cancel_backend($1::int) \
+                          WHERE pg_xact_status($2::text::xid8) = 'in progress'";
+            if let Ok(mut conn) = lock.pooled().await {
+                let sent = sqlx::query(cancel).bind(pid).bind(xid).execute(&mut *conn);
+                let _ = tokio::time::timeout(lock.inner.config.request_timeout, sent).await;
+            }
+        });
     }
+}
+
+/// Whether a refused commit means the lock's transaction had ended or failed: the
+/// commit's own check (`P0001`), a transaction aborted by an earlier error (`25P02`), the
+/// idle timeout (`25P03`), a terminated session (class `57`) or a broken connection
+/// (class `08`). Anything else is the work's own failure at commit (a deferred
+/// constraint, a serialization failure).
+fn lock_ended(code: Option<&str>) -> bool {
+    code.is_some_and(|c| {
+        matches!(c, "P0001" | "25P02" | "25P03") || c.starts_with("57") || c.starts_with("08")
+    })
 }
 
 fn ended() -> LockError {

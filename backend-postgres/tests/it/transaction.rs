@@ -187,3 +187,100 @@ async fn a_lost_lock_commits_nothing() {
     let free = lock.try_acquire(&key, TTL).await.unwrap().expect("free");
     lock.release(free).await.unwrap();
 }
+
+/// sqlx's own transactions on the connection nest as savepoints: their commit keeps the
+/// lock's transaction (and the lock) open, their drop rolls back to the savepoint.
+#[tokio::test]
+async fn a_nested_sqlx_transaction_is_a_savepoint() {
+    use sqlx::Connection;
+    let server = orders().await;
+    let (lock, other) = (
+        PgLock::connect(&server.url()).await.unwrap(),
+        PgLock::connect(&server.url()).await.unwrap(),
+    );
+    let key = LockKey::new("orders/1001").unwrap();
+    let mut tx = lock.transaction(&key, &opts()).await.unwrap();
+    let mut nested = tx.connection().unwrap().begin().await.unwrap();
+    pay(&mut nested).await;
+    nested.commit().await.unwrap();
+    assert_eq!(
+        committed(&server).await,
+        "new:0",
+        "the nested commit ended nothing"
+    );
+    assert!(
+        other.try_acquire(&key, TTL).await.unwrap().is_none(),
+        "still held"
+    );
+    let mut undone = tx.connection().unwrap().begin().await.unwrap();
+    sqlx::query("DELETE FROM order_events")
+        .execute(&mut *undone)
+        .await
+        .unwrap();
+    drop(undone); // rolls back to its savepoint
+    tx.commit().await.unwrap();
+    assert_eq!(
+        committed(&server).await,
+        "paid:1",
+        "the work, less the rolled-back part"
+    );
+}
+
+/// A longer extension is what `inspect` reports; a failure of the work itself at commit
+/// (a deferred constraint) is the work's error, not a lost lock; a transaction dropped while
+/// a statement of its runs frees the lock at once.
+#[tokio::test]
+async fn extend_commit_failure_and_drop_mid_statement() {
+    let server = orders().await;
+    server
+        .psql(
+            "CREATE TABLE invoices (n int, CONSTRAINT one UNIQUE (n) DEFERRABLE INITIALLY \
+             DEFERRED)",
+        )
+        .await
+        .unwrap();
+    let (lock, other) = (
+        PgLock::connect(&server.url()).await.unwrap(),
+        PgLock::connect(&server.url()).await.unwrap(),
+    );
+    let key = LockKey::new("invoices").unwrap();
+    let mut tx = lock.transaction(&key, &opts()).await.unwrap();
+    tx.extend(Duration::from_secs(600)).await.unwrap();
+    let left = other.inspect(&key).await.unwrap().and_then(|h| h.remaining);
+    assert!(
+        left.is_some_and(|l| l > TTL),
+        "inspect after a 600 s extend: {left:?}"
+    );
+    let conn = tx.connection().unwrap();
+    sqlx::query("INSERT INTO invoices VALUES (1), (1)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    match tx.commit().await {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(message.contains("not committed"), "{message}")
+        }
+        other => panic!("a deferred constraint at commit: {other:?}"),
+    }
+    assert_eq!(
+        server
+            .psql("SELECT count(*) FROM invoices")
+            .await
+            .unwrap()
+            .trim(),
+        "0"
+    );
+
+    let mut tx = lock.transaction(&key, &opts()).await.unwrap();
+    let sleep = sqlx::query("SELECT pg_sleep(60)").execute(tx.connection().unwrap());
+    assert!(tokio::time::timeout(Duration::from_millis(300), sleep)
+        .await
+        .is_err());
+    drop(tx);
+    let wait = AcquireOptions::new(TTL).wait(Duration::from_secs(10));
+    let next = other
+        .acquire(&key, &wait)
+        .await
+        .expect("freed once its statement is cancelled");
+    other.release(next).await.unwrap();
+}
