@@ -14,6 +14,7 @@
 //!   finds the objects and creates nothing).
 //! - `faults::`: The fault suite (`tenure_conformance::faults`, the matrix's) against a
 //!   live Postgres server: every fault, checked against the table's row for Postgres.
+//! - `lease-faults::`: The same with `locking=lease`, against the lease mode's row.
 
 mod harness;
 
@@ -38,6 +39,19 @@ fn main() {
                 .start(TestbedOptions::FAULTS)
                 .await?;
             let (target, config) = lab.fault_suite().await?;
+            Ok((target, move |fault| expect::expect(&config, fault)))
+        })
+        .faults("lease-faults", || async {
+            let mut lab = tenure_postgres::TESTBED
+                .start(TestbedOptions::FAULTS)
+                .await?;
+            // Every client of the trials in lease mode, the patient one too.
+            lab.harness = lab
+                .harness
+                .query("locking=lease")
+                .cut_query("request_timeout_ms=300&locking=lease");
+            let (target, config) = lab.fault_suite().await?;
+            let target = target.with_patient_query("request_timeout_ms=5000&locking=lease");
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

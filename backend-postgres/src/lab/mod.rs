@@ -43,7 +43,7 @@ pub const TESTBED: Testbed = Testbed {
         },
     ],
     why_not: WHY_NOT,
-    protocol: tenure_conformance::faults::expect::fixed::<crate::verdicts::PostgresProtocol>,
+    protocol: crate::verdicts::protocol,
     broken: broken::BROKEN,
     foreign: None,
 };
