@@ -174,7 +174,11 @@ impl LockAdmin for PgLock {
             .collect())
     }
 
+    /// The key's queue in `pg_locks`; `None` with `locking=lease`, which has none.
     async fn queued(&self, key: &LockKey) -> Result<Option<usize>, LockError> {
+        if self.leases() {
+            return Ok(None);
+        }
         PgLock::queued(self, key).await.map(Some)
     }
 }

@@ -44,10 +44,12 @@ const FENCE_SUFFIX: &str = "_fence";
 /// Suffix of the lease table (`locking=lease`).
 const LEASES_SUFFIX: &str = "_leases";
 
-/// What a lock transaction locks. Both modes keep the holder table and the fence
-/// sequence; every grant is recorded there, so clients of one table that disagree on the
-/// mode still never both hold a key (the second to record fails its attempt) — but they
-/// contend without FIFO order, so give every client of a table the same mode.
+/// How a lease is held. `Row` and `Advisory` hold a transaction and keep the holder table
+/// and the fence sequence; every grant is recorded there, so clients of one table that
+/// disagree between those two still never both hold a key (the second to record fails its
+/// attempt) — but they contend without FIFO order, so give every client of a table the same
+/// mode. `Lease` keeps its leases in a table of its own: a `Lease` client and a `Row` or
+/// `Advisory` client of one table do **not** exclude each other.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Locking {
@@ -341,12 +343,13 @@ impl PgConfig {
 
     /// The DDL [`PgLock::migrate`](crate::PgLock::migrate) runs, for an administrator who
     /// creates the lock objects ahead of the clients: the schema, the lock table, the
-    /// holder table and the fence sequence, each only if missing.
+    /// holder table and the fence sequence (`locking=lease`: the lease table and the fence
+    /// sequence), each only if missing.
     pub fn schema_sql(&self) -> String {
         format!(
             "CREATE SCHEMA IF NOT EXISTS \"{}\"; {}",
             self.schema,
-            crate::sql::tables_ddl(self)
+            crate::sql::ddl(self)
         )
     }
 

@@ -23,10 +23,62 @@ use crate::{Inner, PgLock};
 const RECHECK: Duration = Duration::from_secs(5);
 
 /// The released keys this client hears of, from its one listening connection (started
-/// by the first wait).
+/// by the first wait, stopped with the client).
 #[derive(Default)]
 pub(crate) struct Releases {
     sender: Mutex<Option<broadcast::Sender<String>>>,
+    /// The listening task, aborted when the client goes.
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// When starting to listen last failed: waiters do without it for [`RECHECK`].
+    failed: Mutex<Option<Instant>>,
+}
+
+impl Drop for Releases {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .task
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// A try under way: if it is dropped before its reply is read, the grant it may have
+/// taken is given back (by its owner id, the attempt's own) from a task of its own.
+struct Attempt {
+    lock: Option<PgLock>,
+    row_key: String,
+    owner: OwnerId,
+}
+
+impl Attempt {
+    /// The reply was read: nothing to give back.
+    fn settled(mut self) {
+        self.lock = None;
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let (Some(lock), Ok(runtime)) = (self.lock.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let (row_key, owner) = (std::mem::take(&mut self.row_key), self.owner.to_string());
+        runtime.spawn(async move {
+            let Ok(mut conn) = lock.pooled().await else {
+                return;
+            };
+            let abandon = sqlx::query(AssertSqlSafe(lock.inner.sql.lease.abandon.as_str()))
+                .bind(row_key)
+                .bind(owner)
+                .fetch_optional(&mut *conn);
+            let _ = tokio::time::timeout(lock.inner.config.request_timeout, abandon).await;
+        });
+    }
 }
 
 /// What one try found.
@@ -52,17 +104,26 @@ impl PgLock {
         let owner = OwnerId::random();
         let sent = Instant::now();
         let mut conn = self.pooled().await?;
+        let attempt = Attempt {
+            lock: Some(self.clone()),
+            row_key: self.row_key(key),
+            owner,
+        };
         let row = self
             .bounded(
                 "acquire",
                 sqlx::query(AssertSqlSafe(self.inner.sql.lease.acquire.as_str()))
-                    .bind(self.row_key(key))
+                    .bind(&attempt.row_key)
                     .bind(owner.to_string())
                     .bind(label)
                     .bind(ttl_ms(ttl))
                     .fetch_one(&mut *conn),
             )
-            .await?;
+            .await;
+        // An error (no reply within the bound, a broken connection) may hide a grant:
+        // `attempt` gives it back as it goes.
+        let row = row?;
+        attempt.settled();
         let token: Option<i64> = row.try_get(0).map_err(|e| self.lease_error("acquire", e))?;
         let Some(token) = token else {
             let left: Option<i64> = row.try_get(1).map_err(|e| self.lease_error("acquire", e))?;
@@ -110,9 +171,10 @@ impl PgLock {
         let mut failures = 0u32;
         loop {
             // Subscribed before the try, so a release right after it is heard.
-            let mut released = match opts.wait.is_zero() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut released = match left.is_zero() {
                 true => None,
-                false => Some(self.releases().await),
+                false => Some(self.releases(left).await),
             };
             let tried = self.lease_try(key, opts.ttl, opts.label.as_deref()).await;
             let left = deadline.saturating_duration_since(Instant::now());
@@ -140,7 +202,9 @@ impl PgLock {
                         loop {
                             match heard.recv().await {
                                 Ok(k) if k == row_key => return,
-                                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                                Ok(_) => {}
+                                // Releases were missed, maybe ours: try now.
+                                Err(broadcast::error::RecvError::Lagged(_)) => return,
                                 Err(broadcast::error::RecvError::Closed) => {
                                     std::future::pending::<()>().await
                                 }
@@ -155,9 +219,10 @@ impl PgLock {
     }
 
     /// A receiver of the keys released on the server, from this client's listening
-    /// connection (started now if it is not running); `None` if it cannot listen (the
-    /// waiter then tries again when the holder's lease runs out).
-    async fn releases(&self) -> Option<broadcast::Receiver<String>> {
+    /// connection (started now, within `within`, if it is not running); `None` if it
+    /// cannot listen (the waiter then tries again when the holder's lease runs out; no
+    /// new start is tried for [`RECHECK`] after a failed one).
+    async fn releases(&self, within: Duration) -> Option<broadcast::Receiver<String>> {
         let releases = &self.inner.releases;
         if let Some(sender) = releases
             .sender
@@ -167,6 +232,29 @@ impl PgLock {
         {
             return Some(sender.subscribe());
         }
+        let failed = *releases
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if failed.is_some_and(|at| at.elapsed() < RECHECK) {
+            return None;
+        }
+        let started = tokio::time::timeout(within, self.listen())
+            .await
+            .ok()
+            .flatten();
+        if started.is_none() {
+            *releases
+                .failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+        started
+    }
+
+    /// Starts this client's listening connection and task; a receiver of what it hears.
+    async fn listen(&self) -> Option<broadcast::Receiver<String>> {
+        let releases = &self.inner.releases;
         // A pool of its own (one connection, kept open), so that listening takes nothing
         // from the statements' pool and reconnects after a failure.
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -193,7 +281,8 @@ impl PgLock {
         let (sender, receiver) = broadcast::channel(1024);
         *slot = Some(sender.clone());
         drop(slot);
-        tokio::spawn(listen(Arc::downgrade(&self.inner), listener, sender));
+        let task = tokio::spawn(listen(Arc::downgrade(&self.inner), listener, sender));
+        *releases.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
         Some(receiver)
     }
 

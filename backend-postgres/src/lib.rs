@@ -405,7 +405,9 @@ impl DistributedLock for PgLock {
     /// Cancel-safe: until the lease is returned, its dedicated connection is owned by the
     /// future; dropping the future closes the connection, and the server rolls the
     /// transaction back and frees the row at once. A fence value may be consumed (tokens
-    /// may skip numbers; they never repeat).
+    /// may skip numbers; they never repeat). With `locking=lease` a dropped attempt gives
+    /// back, from a task of its own, the grant it may have taken (by its owner id, the
+    /// attempt's own).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         if self.leases() {

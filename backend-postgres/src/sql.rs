@@ -52,6 +52,9 @@ pub(crate) struct LeaseStatements {
     /// Ends the lease of `$1` held by `$2` with token `$3` and announces it on
     /// [`RELEASED_CHANNEL`]; a row if it was still theirs.
     pub(crate) release: String,
+    /// Ends the lease of `$1` held by owner `$2` whatever its token (an attempt's owner
+    /// is its own) and announces it: what a dropped attempt gives back.
+    pub(crate) abandon: String,
     /// Owner, label, token, milliseconds left and key of each live lease of the keys `$1`.
     pub(crate) inspect_each: String,
     /// The same columns for every live lease whose key starts with `$1`, by key.
@@ -99,6 +102,12 @@ impl LeaseStatements {
                  AND expires_at > clock_timestamp() RETURNING key) \
                  SELECT pg_notify('{RELEASED_CHANNEL}', key) FROM ended"
             ),
+            abandon: format!(
+                "WITH ended AS (UPDATE {leases} SET expires_at = '-infinity' \
+                 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp() \
+                 RETURNING key) \
+                 SELECT pg_notify('{RELEASED_CHANNEL}', key) FROM ended"
+            ),
             inspect_each: format!(
                 "SELECT owner, label, token, {left}, key FROM {leases} \
                  WHERE key = ANY($1::text[]) AND expires_at > clock_timestamp()"
@@ -109,6 +118,14 @@ impl LeaseStatements {
             ),
             channel: RELEASED_CHANNEL.to_owned(),
         }
+    }
+}
+
+/// The lock objects of `config`'s mode, each created only if missing.
+pub(crate) fn ddl(config: &PgConfig) -> String {
+    match config.locking {
+        Locking::Lease => lease_ddl(config),
+        Locking::Row | Locking::Advisory => tables_ddl(config),
     }
 }
 
@@ -181,10 +198,7 @@ impl Statements {
             update_ttl: format!(
                 "UPDATE {holders} SET ttl_ms = $2 WHERE key = $1 AND xid = $3::text::xid8"
             ),
-            migrate: match config.locking {
-                Locking::Lease => lease_ddl(config),
-                _ => tables_ddl(config),
-            },
+            migrate: ddl(config),
             lease: LeaseStatements::new(config),
             table,
         }
@@ -275,7 +289,7 @@ fn record(holders: &str, fence: &str, replace: &str) -> String {
 }
 
 /// The lock table, holder table and fence sequence, each created only if missing.
-pub(crate) fn tables_ddl(config: &PgConfig) -> String {
+fn tables_ddl(config: &PgConfig) -> String {
     let (table, holders, fence) = (
         config.lock_table(),
         config.holder_table(),
