@@ -189,6 +189,76 @@ impl LockedTransaction {
         }
     }
 
+    /// Locks, in this transaction, the row of the caller's own `table` (`name` or
+    /// `schema.name`, plain identifiers) whose `column` equals `value`: `SELECT 1 FROM
+    /// table WHERE column = $1 FOR UPDATE NOWAIT` — the seed's "row lock as the ground
+    /// truth" — held until the transaction ends. `Ok(false)` when no row matches;
+    /// [`LockError::Timeout`] when another transaction holds the row; the statement runs
+    /// in a savepoint, so neither ends this transaction. A name that is not a plain
+    /// identifier is [`LockError::InvalidInput`].
+    ///
+    /// # Cancel safety
+    /// Dropped, the savepoint is left open; the row lock, if taken, is held until the
+    /// transaction ends, as it would be anyway.
+    pub async fn lock_row<V>(
+        &mut self,
+        table: &str,
+        column: &str,
+        value: V,
+    ) -> Result<bool, LockError>
+    where
+        V: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        let mut parts = table.splitn(2, '.').collect::<Vec<_>>();
+        let name = parts.pop().unwrap_or_default();
+        let mut quoted = Vec::new();
+        for (what, ident) in parts
+            .iter()
+            .map(|s| ("schema", *s))
+            .chain([("table", name), ("column", column)])
+        {
+            crate::validate_ident(what, ident, 63).map_err(|e| match e {
+                LockError::Config(m) => LockError::InvalidInput(m),
+                e => e,
+            })?;
+            quoted.push(format!("\"{ident}\""));
+        }
+        let column = quoted.pop().unwrap_or_default();
+        let table = quoted.join(".");
+        let sql = format!("SELECT 1 FROM {table} WHERE {column} = $1 FOR UPDATE NOWAIT");
+        let config = self.inner.config.clone();
+        let conn = self.connection()?;
+        let limit = config.request_timeout;
+        let mut savepoint = tokio::time::timeout(limit, Connection::begin(conn))
+            .await
+            .map_err(|_| LockError::no_reply("savepoint", &config.endpoint(), limit))?
+            .map_err(|e| LockError::lost(format!("the lock transaction ended: {e}")))?;
+        let locked = sqlx::query(AssertSqlSafe(sql))
+            .bind(value)
+            .fetch_optional(&mut *savepoint);
+        match tokio::time::timeout(limit, locked).await {
+            Ok(Ok(row)) => {
+                tokio::time::timeout(limit, savepoint.commit())
+                    .await
+                    .map_err(|_| {
+                        LockError::no_reply("release savepoint", &config.endpoint(), limit)
+                    })?
+                    .map_err(|e| LockError::lost(format!("the lock transaction ended: {e}")))?;
+                Ok(row.is_some())
+            }
+            Ok(Err(e)) => {
+                let _ = tokio::time::timeout(limit, savepoint.rollback()).await;
+                match crate::error::sqlstate(&e).as_deref() {
+                    Some(crate::error::LOCK_NOT_AVAILABLE) => Err(LockError::Timeout {
+                        waited: Duration::ZERO,
+                    }),
+                    _ => Err(crate::error::map_err(&config, "lock row", e)),
+                }
+            }
+            Err(_) => Err(LockError::no_reply("lock row", &config.endpoint(), limit)),
+        }
+    }
+
     /// Re-arms the server's idle timer with `ttl` (the longest pause between statements
     /// before the server ends the transaction and the lock), checking the transaction is
     /// still the lock's. [`LockError::LeaseLost`] when it is not.

@@ -284,3 +284,42 @@ async fn extend_commit_failure_and_drop_mid_statement() {
         .expect("freed once its statement is cancelled");
     other.release(next).await.unwrap();
 }
+
+/// The caller's own row, locked in the transaction (the seed's `SELECT … FROM orders WHERE
+/// id = 1001 FOR UPDATE NOWAIT`): held until the commit; a second try on it is "held" and
+/// leaves that transaction usable; a missing row is `false`; names are checked.
+#[tokio::test]
+async fn the_callers_own_row_is_locked_in_the_transaction() {
+    let server = orders().await;
+    let lock = PgLock::connect(&server.url()).await.unwrap();
+    let (first, second) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
+    let mut tx = lock.transaction(&first, &opts()).await.unwrap();
+    assert!(tx.lock_row("public.orders", "id", 1001_i32).await.unwrap());
+    assert!(
+        !tx.lock_row("orders", "id", 4242_i32).await.unwrap(),
+        "no such row"
+    );
+    let mut other = lock.transaction(&second, &opts()).await.unwrap();
+    match other.lock_row("orders", "id", 1001_i32).await {
+        Err(LockError::Timeout { .. }) => {}
+        held => panic!("a row locked by the first transaction: {held:?}"),
+    }
+    sqlx::query("INSERT INTO order_events VALUES (1001, 'noted')")
+        .execute(other.connection().unwrap())
+        .await
+        .unwrap();
+    other
+        .commit()
+        .await
+        .expect("the refused row lock left the transaction usable");
+    for (table, column) in [
+        ("orders; DROP TABLE orders", "id"),
+        ("orders", "id = id OR 1"),
+    ] {
+        let refused = tx.lock_row(table, column, 1001_i32).await.unwrap_err();
+        assert!(matches!(refused, LockError::InvalidInput(_)), "{refused:?}");
+    }
+    pay(tx.connection().unwrap()).await;
+    tx.commit().await.unwrap();
+    assert_eq!(committed(&server).await, "paid:2");
+}
