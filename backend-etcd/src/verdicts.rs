@@ -29,7 +29,7 @@ impl Protocol for EtcdProtocol {
             Fault::ClientSuspend => CLIENT_SUSPEND,
             Fault::MixedFleet => cell(
                 SAFE,
-                "etcdctl lock (Go's concurrency.Mutex) and tenure queue keys under one                  prefix, each waiting for every key of a smaller create revision",
+                "etcdctl lock (Go's concurrency.Mutex) and tenure queue keys under one prefix, each waiting for every key of a smaller create revision",
             ),
             Fault::VanishedQueueRecord => cell(
                 SAFE,

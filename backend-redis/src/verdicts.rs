@@ -148,7 +148,7 @@ impl Protocol for RedisProtocol {
             Fault::VanishedQueueRecord => NO_WAITER_RECORDS,
             Fault::MixedFleet => cell(
                 SAFE,
-                "redis-py and tenure set one string key only where none is: whoever set                  it holds until it is deleted or expires",
+                "redis-py and tenure set one string key only where none is: whoever set it holds until it is deleted or expires",
             ),
             Fault::DelayedReply => cell(
                 SAFE,

@@ -29,7 +29,7 @@ impl Protocol for ZkProtocol {
             Fault::ClientSuspend => CLIENT_SUSPEND,
             Fault::MixedFleet => cell(
                 SAFE,
-                "tenure names its nodes as Curator does and both order every contender by                  the sequence ZooKeeper appended: one queue, one holder",
+                "tenure names its nodes as Curator does and both order every contender by the sequence ZooKeeper appended: one queue, one holder",
             ),
             Fault::VanishedQueueRecord => cell(
                 SAFE,
