@@ -7,7 +7,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgListener, PgRow};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgListener, PgRow, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 use tenure_api::backend::default_drift;
 use tenure_api::{
@@ -46,16 +47,18 @@ impl Drop for Releases {
     }
 }
 
-/// A try under way: if it is dropped before its reply is read, the grant it may have
-/// taken is given back (by its owner id, the attempt's own) from a task of its own.
+/// A try under way: if it is dropped before its reply was read and understood, the
+/// grant it may have taken is given back (by its owner id, the attempt's own) from a task
+/// of its own, on the try's own connection, so the give-back lands after the try.
 struct Attempt {
     lock: Option<PgLock>,
+    conn: Option<PoolConnection<Postgres>>,
     row_key: String,
     owner: OwnerId,
 }
 
 impl Attempt {
-    /// The reply was read: nothing to give back.
+    /// The reply was read and understood: nothing to give back.
     fn settled(mut self) {
         self.lock = None;
     }
@@ -63,15 +66,14 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        let (Some(lock), Ok(runtime)) = (self.lock.take(), tokio::runtime::Handle::try_current())
+        let armed = (self.lock.take(), self.conn.take());
+        let ((Some(lock), Some(mut conn)), Ok(runtime)) =
+            (armed, tokio::runtime::Handle::try_current())
         else {
             return;
         };
         let (row_key, owner) = (std::mem::take(&mut self.row_key), self.owner.to_string());
         runtime.spawn(async move {
-            let Ok(mut conn) = lock.pooled().await else {
-                return;
-            };
             let abandon = sqlx::query(AssertSqlSafe(lock.inner.sql.lease.abandon.as_str()))
                 .bind(row_key)
                 .bind(owner)
@@ -103,11 +105,14 @@ impl PgLock {
     ) -> Result<Tried, LockError> {
         let owner = OwnerId::random();
         let sent = Instant::now();
-        let mut conn = self.pooled().await?;
-        let attempt = Attempt {
+        let mut attempt = Attempt {
             lock: Some(self.clone()),
+            conn: Some(self.pooled().await?),
             row_key: self.row_key(key),
             owner,
+        };
+        let Some(conn) = attempt.conn.as_mut() else {
+            return Err(LockError::backend("an attempt without its connection"));
         };
         let row = self
             .bounded(
@@ -117,13 +122,25 @@ impl PgLock {
                     .bind(owner.to_string())
                     .bind(label)
                     .bind(ttl_ms(ttl))
-                    .fetch_one(&mut *conn),
+                    .fetch_one(&mut **conn),
             )
-            .await;
-        // An error (no reply within the bound, a broken connection) may hide a grant:
-        // `attempt` gives it back as it goes.
-        let row = row?;
+            .await?;
+        // Any error until `settled` (no reply within the bound, a broken connection, a
+        // reply not understood) may hide a grant: `attempt` gives it back as it goes.
+        let tried = self.read_try(&row, key, owner, sent, ttl)?;
         attempt.settled();
+        Ok(tried)
+    }
+
+    /// What a try's reply says: granted (its lease counted from `sent`) or busy.
+    fn read_try(
+        &self,
+        row: &PgRow,
+        key: &LockKey,
+        owner: OwnerId,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Result<Tried, LockError> {
         let token: Option<i64> = row.try_get(0).map_err(|e| self.lease_error("acquire", e))?;
         let Some(token) = token else {
             let left: Option<i64> = row.try_get(1).map_err(|e| self.lease_error("acquire", e))?;
@@ -239,17 +256,18 @@ impl PgLock {
         if failed.is_some_and(|at| at.elapsed() < RECHECK) {
             return None;
         }
-        let started = tokio::time::timeout(within, self.listen())
-            .await
-            .ok()
-            .flatten();
-        if started.is_none() {
-            *releases
-                .failed
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        match tokio::time::timeout(within, self.listen()).await {
+            Ok(Some(receiver)) => Some(receiver),
+            Ok(None) => {
+                *releases
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                None
+            }
+            // Only the caller's wait ran out: the next waiter starts it again.
+            Err(_) => None,
         }
-        started
     }
 
     /// Starts this client's listening connection and task; a receiver of what it hears.

@@ -198,8 +198,10 @@ impl LockedTransaction {
     /// identifier is [`LockError::InvalidInput`].
     ///
     /// # Cancel safety
-    /// Dropped, the savepoint is left open; the row lock, if taken, is held until the
-    /// transaction ends, as it would be anyway.
+    /// Dropped, the row may or may not be locked (held until the transaction ends, as it
+    /// would be anyway) and a savepoint of its may be left open, which changes nothing the
+    /// transaction commits. A statement that gets no reply within the request timeout
+    /// ends the transaction (its connection is closed): [`LockError::LeaseLost`].
     pub async fn lock_row<V>(
         &mut self,
         table: &str,
@@ -227,35 +229,53 @@ impl LockedTransaction {
         let table = quoted.join(".");
         let sql = format!("SELECT 1 FROM {table} WHERE {column} = $1 FOR UPDATE NOWAIT");
         let config = self.inner.config.clone();
-        let conn = self.connection()?;
         let limit = config.request_timeout;
-        let mut savepoint = tokio::time::timeout(limit, Connection::begin(conn))
-            .await
-            .map_err(|_| LockError::no_reply("savepoint", &config.endpoint(), limit))?
-            .map_err(|e| LockError::lost(format!("the lock transaction ended: {e}")))?;
-        let locked = sqlx::query(AssertSqlSafe(sql))
-            .bind(value)
-            .fetch_optional(&mut *savepoint);
-        match tokio::time::timeout(limit, locked).await {
-            Ok(Ok(row)) => {
-                tokio::time::timeout(limit, savepoint.commit())
-                    .await
-                    .map_err(|_| {
-                        LockError::no_reply("release savepoint", &config.endpoint(), limit)
-                    })?
-                    .map_err(|e| LockError::lost(format!("the lock transaction ended: {e}")))?;
-                Ok(row.is_some())
-            }
+        // A savepoint of its own name, in raw statements sqlx does not track, so that no
+        // later savepoint of sqlx's can be confused with it.
+        let conn = self.connection()?;
+        let tried = tokio::time::timeout(limit, async {
+            conn.execute("SAVEPOINT tenure_row").await?;
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(value)
+                .fetch_optional(&mut *conn)
+                .await;
+            let end = match row {
+                Ok(_) => "RELEASE SAVEPOINT tenure_row",
+                Err(_) => "ROLLBACK TO SAVEPOINT tenure_row; RELEASE SAVEPOINT tenure_row",
+            };
+            conn.execute(sqlx::raw_sql(end)).await?;
+            Ok::<_, sqlx::Error>(row)
+        })
+        .await;
+        let key = self.key.clone();
+        let lost = |e: &dyn std::fmt::Display| {
+            LockError::lost(format!("the lock transaction of `{key}` ended: {e}"))
+        };
+        match tried {
+            Ok(Ok(Ok(row))) => Ok(row.is_some()),
+            Ok(Ok(Err(e))) => match crate::error::sqlstate(&e).as_deref() {
+                Some(crate::error::LOCK_NOT_AVAILABLE) => Err(LockError::Timeout {
+                    waited: Duration::ZERO,
+                }),
+                _ => Err(crate::error::map_err(&config, "lock row", e)),
+            },
+            // The savepoint or its end failed: the transaction is not usable any more.
             Ok(Err(e)) => {
-                let _ = tokio::time::timeout(limit, savepoint.rollback()).await;
-                match crate::error::sqlstate(&e).as_deref() {
-                    Some(crate::error::LOCK_NOT_AVAILABLE) => Err(LockError::Timeout {
-                        waited: Duration::ZERO,
-                    }),
-                    _ => Err(crate::error::map_err(&config, "lock row", e)),
-                }
+                self.end();
+                Err(lost(&e))
             }
-            Err(_) => Err(LockError::no_reply("lock row", &config.endpoint(), limit)),
+            Err(_) => {
+                self.end();
+                Err(lost(&format!("no reply within {limit:?}")))
+            }
+        }
+    }
+
+    /// Closes the connection (the server rolls back and frees the lock): what a
+    /// transaction left in an unknown state gets.
+    fn end(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            discard(conn);
         }
     }
 
@@ -292,7 +312,8 @@ impl LockedTransaction {
         // `COMMIT`, also in a transaction already ended (the check then runs alone).
         let sql = format!(
             "DO $$ BEGIN IF pg_current_xact_id_if_assigned()::text IS DISTINCT FROM '{}' THEN \
-             RAISE EXCEPTION 'not the lock transaction {}'; END IF; END $$; COMMIT",
+             RAISE EXCEPTION USING ERRCODE = 'TN001', MESSAGE = 'not the lock transaction {}'; \
+             END IF; END $$; COMMIT",
             self.xid, self.xid
         );
         let committed = tokio::time::timeout(
@@ -384,13 +405,14 @@ impl Drop for LockedTransaction {
 }
 
 /// Whether a refused commit means the lock's transaction had ended or failed: the
-/// commit's own check (`P0001`), a transaction aborted by an earlier error (`25P02`), the
+/// commit's own check (`TN001`, a code of its own, so a caller's `RAISE` in a deferred
+/// trigger is not taken for it), a transaction aborted by an earlier error (`25P02`), the
 /// idle timeout (`25P03`), a terminated session (class `57`) or a broken connection
 /// (class `08`). Anything else is the work's own failure at commit (a deferred
 /// constraint, a serialization failure).
 fn lock_ended(code: Option<&str>) -> bool {
     code.is_some_and(|c| {
-        matches!(c, "P0001" | "25P02" | "25P03") || c.starts_with("57") || c.starts_with("08")
+        matches!(c, "TN001" | "25P02" | "25P03") || c.starts_with("57") || c.starts_with("08")
     })
 }
 

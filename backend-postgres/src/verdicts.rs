@@ -167,8 +167,9 @@ fn lease(fault: Fault, nodes: usize) -> Expect {
         | Fault::ClusterFailoverConfirmed => NOT_A_REDIS_DEPLOYMENT,
         Fault::LostReply => cell(
             SAFE,
-            "the attempt whose reply was lost had an owner id of its own: its grant is held \
-             by nobody and runs out at its TTL",
+            "the attempt whose reply was lost had an owner id of its own: the client gives \
+             its grant back (or, if that is lost too, the grant is held by nobody and runs \
+             out at its TTL)",
         ),
         Fault::MinorityPartition => ONE_SERVER_NO_MINORITY_SIDE,
         Fault::StaleAcquire => cell(

@@ -270,6 +270,31 @@ async fn extend_commit_failure_and_drop_mid_statement() {
             .trim(),
         "0"
     );
+    // A deferred trigger of the caller's that raises (SQLSTATE P0001) is the work's error
+    // too, not taken for the commit's own check.
+    server
+        .psql(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$; \
+             CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON invoices \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse()",
+        )
+        .await
+        .unwrap();
+    let mut tx = lock.transaction(&key, &opts()).await.unwrap();
+    let conn = tx.connection().unwrap();
+    sqlx::query("INSERT INTO invoices VALUES (2)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    match tx.commit().await {
+        Err(LockError::Backend { .. }) => {}
+        other => panic!("a deferred trigger's RAISE at commit: {other:?}"),
+    }
+    server
+        .psql("DROP TRIGGER refuse ON invoices")
+        .await
+        .unwrap();
 
     let mut tx = lock.transaction(&key, &opts()).await.unwrap();
     let sleep = sqlx::query("SELECT pg_sleep(60)").execute(tx.connection().unwrap());
