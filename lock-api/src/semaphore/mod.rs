@@ -128,26 +128,25 @@ impl Semaphore {
             .collect()
     }
 
-    /// Each held permit of `name` with its holder, in permit order.
+    /// Each held permit of `name` with its holder, in permit order: the lock's
+    /// [`inspect_each`](DistributedLock::inspect_each) over every permit.
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.
     pub async fn holders(&self, name: &LockKey) -> Result<Vec<(LockKey, HolderInfo)>, LockError> {
-        let mut holders = Vec::new();
-        for permit in 0..self.permits {
-            let key = self.permit_key(name, permit)?;
-            if let Some(holder) = self.lock.inspect(&key).await? {
-                holders.push((key, count::untagged(holder)));
-            }
-        }
-        Ok(holders)
+        let keys: Vec<LockKey> = (0..self.permits)
+            .map(|permit| self.permit_key(name, permit))
+            .collect::<Result<_, _>>()?;
+        let holders = self.lock.inspect_each(&keys).await?;
+        Ok(keys
+            .into_iter()
+            .zip(holders)
+            .filter_map(|(key, holder)| Some((key, count::untagged(holder?))))
+            .collect())
     }
 
-    /// `opts` with the count recorded in the label, where the lock records labels.
+    /// `opts` with the count recorded in the label (for a lock that records labels).
     fn counted(&self, opts: &AcquireOptions) -> Result<AcquireOptions, LockError> {
-        if !self.lock.capabilities().labels {
-            return Ok(opts.clone());
-        }
         let label = count::tagged(self.permits, opts.label.as_deref())?;
         Ok(opts.clone().label(label))
     }
