@@ -657,7 +657,10 @@ impl DistributedLock for PgLock {
                 false => Fairness::Fifo,
             },
             failures_tolerated: 0,
-            clock_dependent: leases,
+            // Leases expire by the server's clock; a transaction's idle timeout is a
+            // wall-clock deadline too, which a forward step makes due at the backend's
+            // next timer interrupt (measured: the matrix's clock-jump cell).
+            clock_dependent: true,
             labels: true,
         }
     }

@@ -7,12 +7,14 @@ use tenure_api::{ExpiryKind, FencingKind};
 use tenure_conformance::faults::expect::{
     cell, minority_lost, server_frozen, url_option, Expect, Premise, Protocol, CLIENT_SUSPEND,
     F_SAFE, LATE_REQUEST_NAMES_ITS_RECORD, NOT_APPLICABLE, NOT_A_REDIS_DEPLOYMENT, NO_OTHER_RECIPE,
-    ONE_SERVER_NO_MINORITY_SIDE, SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
+    ONE_SERVER_NO_MINORITY_SIDE, SAFE, SAFE_OR_F_SAFE, SAFE_OR_UNSAFE, STALE_RELEASE,
 };
 use tenure_conformance::faults::Fault;
 
 /// One PostgreSQL server; `locking=lease` (leases timed by the server's clock, no
-/// transaction held) has a row of its own, `row` and `advisory` share one.
+/// transaction held) has a row of its own, `row` and `advisory` share one. Every mode
+/// depends on the server's wall clock: a lease's expiry is read from it, and so is the
+/// deadline of a held transaction's idle timeout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PostgresProtocol {
     lease: bool,
@@ -32,7 +34,7 @@ impl Protocol for PostgresProtocol {
             false => Premise::single_node(
                 FencingKind::Sequence,
                 ExpiryKind::ConnectionTransaction,
-                false,
+                true,
             ),
         }
     }
@@ -62,9 +64,12 @@ impl Protocol for PostgresProtocol {
                  transaction on arrival",
             ),
             Fault::ClockJump => cell(
-                SAFE,
-                "the idle timeout is an interval timer armed at the grant: a forward jump \
-                 does not fire it early",
+                SAFE_OR_F_SAFE,
+                "Postgres keeps a timeout as a wall-clock deadline and checks every deadline \
+                 whenever its alarm goes off: after a forward jump, the backend's next \
+                 alarm (its statistics flush, a second after its last statement) finds the \
+                 idle timeout due and ends the holder's transaction before its TTL; the \
+                 contender's committed nextval is larger, so the stale write is rejected",
             ),
             Fault::Restart => cell(
                 SAFE,
@@ -215,6 +220,10 @@ mod tests {
         let rows = Config::of(&TESTBED, "postgres://h/db?locking=row", 1).unwrap();
         assert_eq!(lease.protocol.premise(1).expiry, ExpiryKind::ServerTtl);
         assert!(lease.protocol.premise(1).clock_dependent);
+        assert!(
+            rows.protocol.premise(1).clock_dependent,
+            "a wall-clock idle timeout"
+        );
         assert_eq!(
             rows.protocol.premise(1).expiry,
             ExpiryKind::ConnectionTransaction

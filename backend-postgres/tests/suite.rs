@@ -42,18 +42,12 @@ fn main() {
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .faults("lease-faults", || async {
-            let mut lab = tenure_postgres::TESTBED
+            let lab = tenure_postgres::TESTBED
                 .start(TestbedOptions::FAULTS)
+                .await?
+                .configured(&tenure_postgres::lab::LEASE)
                 .await?;
-            // Every client of the trials in lease mode, the patient one too; the lease
-            // table exists before the cuttable clients (which do not migrate) connect.
-            tenure_postgres::PgLock::connect(&lab.harness.url_with("locking=lease")).await?;
-            lab.harness = lab
-                .harness
-                .query("locking=lease")
-                .cut_query("request_timeout_ms=300&migrate=false&locking=lease");
             let (target, config) = lab.fault_suite().await?;
-            let target = target.with_patient_query("request_timeout_ms=5000&locking=lease");
             Ok((target, move |fault| expect::expect(&config, fault)))
         })
         .run()

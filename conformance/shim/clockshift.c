@@ -6,7 +6,8 @@
  * milliseconds. The offset is read from the file named by the environment variable
  * TENURE_CLOCK_OFFSET_FILE (a signed decimal integer; a missing or unreadable file means
  * 0), re-read at most every 10 ms (rate-limited with CLOCK_MONOTONIC, also via a raw
- * syscall). Other clocks pass straight through.
+ * syscall; a forked child re-reads it at its first clock read). Other clocks pass straight
+ * through.
  *
  * Evidence: whenever it reads an offset different from the last one it recorded, it writes
  * "<offset_ms> <pid>\n" to "<offset file>.applied" (a temporary file renamed into place),
@@ -20,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -41,6 +43,12 @@ static _Atomic long long last_recorded;
 #define APPLIED_SUFFIX ".applied"
 #define TMP_SUFFIX ".applied.tmp."
 
+/* A forked child (a Postgres backend) reads the offset file at its first clock read
+ * instead of going on with its parent's offset until the parent's next re-read. */
+static void clockshift_forked(void) {
+    atomic_store(&next_check_ns, 0);
+}
+
 __attribute__((constructor)) static void clockshift_init(void) {
     const char *p = getenv("TENURE_CLOCK_OFFSET_FILE");
     size_t n = 0;
@@ -54,6 +62,7 @@ __attribute__((constructor)) static void clockshift_init(void) {
         return; /* too long: no shift rather than the wrong file */
     offset_path_buf[n] = '\0';
     offset_path = offset_path_buf;
+    pthread_atfork(NULL, NULL, clockshift_forked);
 }
 
 static long long mono_ns(void) {

@@ -9,7 +9,9 @@
 //! records it, with its pid, for [`read_applied`]: evidence the process applies it.
 //!
 //! It only works for programs that read the clock through libc: Go programs (etcd) and the
-//! JVM (ZooKeeper) bypass it, so clock faults are "not injectable" for them.
+//! JVM (ZooKeeper) bypass it, so clock faults are "not injectable" for them. A forking
+//! server (Postgres) passes it to every process it forks; each reads the offset file on
+//! its own next clock read.
 //!
 //! [`ClockShim::build`] compiles the shim once per process with the system `cc` into
 //! `$TMPDIR/tenure-clockshift-<uid>/`, named by a hash of the source.
@@ -56,6 +58,22 @@ impl ClockShim {
         &self.path
     }
 
+    /// A copy of the shim in `dir`, owned by `user` (`(uid, gid)`) where given: for a
+    /// server that runs as a user who cannot read this process's private cache (Postgres
+    /// runs as `postgres`).
+    pub fn copy_to(&self, dir: &Path, user: Option<(u32, u32)>) -> Result<ClockShim> {
+        let path = dir.join("clockshift.so");
+        std::fs::copy(&self.path, &path)?;
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(
+                &path,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )?;
+        }
+        Ok(ClockShim { path })
+    }
+
     /// The environment a process needs to run under the shim, reading its offset from
     /// `offset_file`: `LD_PRELOAD` and [`OFFSET_FILE_ENV`].
     pub fn env(&self, offset_file: &Path) -> [(OsString, OsString); 2] {
@@ -67,11 +85,15 @@ impl ClockShim {
 }
 
 /// Atomically set the offset (milliseconds, may be negative) read by the shim from
-/// `offset_file`: write a temporary file next to it, then rename. Processes under the shim
-/// see the new offset within about 10 ms.
+/// `offset_file`: write a temporary file next to it, readable by every user (a server may
+/// run as another), then rename. Processes under the shim see the new offset within about
+/// 10 ms.
 pub fn write_offset(offset_file: &Path, offset_ms: i64) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = offset_file.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
     writeln!(tmp, "{offset_ms}")?;
     tmp.persist(offset_file).map_err(|e| e.error)?;
     Ok(())

@@ -273,6 +273,19 @@ impl UrlHarness {
         self
     }
 
+    /// Adds `query` to every client's URL — direct, cuttable and patient ones, whatever
+    /// [`query`](Self::query) and [`cut_query`](Self::cut_query) say — as if the
+    /// template carried it: a configuration of the backend (`locking=lease`).
+    pub fn configured(mut self, query: &str) -> Self {
+        let separator = if self.template.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        self.template = format!("{}{separator}{query}", self.template);
+        self
+    }
+
     /// Keeps `servers` (a cluster handle) alive as long as the harness or a clone of it:
     /// they stop when the last one is dropped.
     pub fn owning(mut self, servers: impl std::any::Any + Send + Sync) -> Self {

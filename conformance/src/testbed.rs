@@ -102,6 +102,10 @@ pub struct BenchVariant {
     pub name: &'static str,
     /// The query options that configure it (`locking=advisory`), as a URL spells them.
     pub query: &'static str,
+    /// Whether `tenure matrix` also measures it as a column of its own (`postgres
+    /// lease`, on the same servers): a configuration whose protocol differs from the
+    /// default's, not only its cost.
+    pub matrix_column: bool,
 }
 
 impl BenchVariant {
@@ -130,7 +134,7 @@ impl BenchVariant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TestbedOptions {
     /// Run the servers under the clock shim where the backend's servers can take it
-    /// (Redis), so fault scenarios can jump their clocks (it turns `clock_gettime` into a
+    /// (Redis, Postgres), so fault scenarios can jump their clocks (it turns `clock_gettime` into a
     /// syscall: leave it off for benchmarks).
     pub clock_shim: bool,
     /// Servers that require TLS with client certificates from a throwaway CA and a
@@ -340,6 +344,19 @@ impl Lab {
         self
     }
 
+    /// The lab of the backend's configuration `variant` on the same servers: every client
+    /// — direct, cuttable and patient ones — carries its query options. A client of it
+    /// connects first, so what the configuration needs is created (Postgres's lease
+    /// table) before clients that create nothing (the cuttable ones) connect.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the first client is dropped.
+    pub async fn configured(mut self, variant: &BenchVariant) -> Result<Lab, LockError> {
+        self.harness = self.harness.configured(variant.query);
+        self.harness.client().await?;
+        Ok(self)
+    }
+
     /// The backend's fault suite on these servers: its target, its trials on the shortest
     /// lease the servers honour, and the configuration the table of expected verdicts
     /// judges it by.
@@ -419,6 +436,7 @@ mod bench_variant_tests {
     const ADVISORY: BenchVariant = BenchVariant {
         name: "advisory",
         query: "locking=advisory",
+        matrix_column: false,
     };
 
     #[test]

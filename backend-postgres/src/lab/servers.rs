@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
+use tenure_conformance::clock_shim::{self, ClockShim};
+use tenure_conformance::servers::process::{stat, CommandSpec, Probe, ServerProcess};
 use tenure_conformance::servers::tls::TestSecrets;
 use tenure_conformance::servers::{
     find_binary, free_port, impl_node, loopback, node_control_methods, retry_on_port_clash,
@@ -40,7 +41,21 @@ pub struct Postgres {
     bin_dir: PathBuf,
     data: PathBuf,
     secrets: Option<PgSecrets>,
+    /// The clock shim's offset file, with [`PgServerOptions::clock_shim`].
+    offset_file: Option<PathBuf>,
     dir: tempfile::TempDir,
+}
+
+/// How [`Postgres::start_with`] starts a server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PgServerOptions {
+    /// Require TLS and a password (see [`Postgres::start_secured`]).
+    pub secured: bool,
+    /// Run the server under the [clock shim](tenure_conformance::clock_shim): the
+    /// postmaster and every process it forks (each session's backend) read a wall clock
+    /// shifted by [`Postgres::set_clock_offset`]. `now()`, `clock_timestamp()` and the
+    /// server's timeouts follow it.
+    pub clock_shim: bool,
 }
 
 /// The schema a [secured](Postgres::start_secured) server creates for the lock objects
@@ -108,7 +123,11 @@ impl PgSecrets {
     }
 }
 
-impl_node!(Postgres);
+impl_node!(
+    Postgres,
+    |node: &Postgres, offset_ms: i64| node.set_clock_offset(offset_ms),
+    |node: &Postgres| node.clock_applied()
+);
 
 impl Postgres {
     node_control_methods!();
@@ -119,7 +138,7 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start() -> Result<Postgres> {
-        retry_on_port_clash(|| Self::try_start(false)).await
+        Self::start_with(PgServerOptions::default()).await
     }
 
     /// Like [`start`](Self::start), but the server requires TLS (`ssl=on`, `hostssl`
@@ -132,10 +151,33 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start_secured() -> Result<Postgres> {
-        retry_on_port_clash(|| Self::try_start(true)).await
+        Self::start_with(PgServerOptions {
+            secured: true,
+            ..PgServerOptions::default()
+        })
+        .await
     }
 
-    async fn try_start(secured: bool) -> Result<Postgres> {
+    /// [`start`](Self::start) or [`start_secured`](Self::start_secured), as `options`
+    /// say, under the clock shim if they ask for it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a server started so far is killed when the future is dropped.
+    pub async fn start_with(options: PgServerOptions) -> Result<Postgres> {
+        let shim = match options.clock_shim {
+            true => Some(
+                tokio::task::spawn_blocking(ClockShim::build)
+                    .await
+                    .map_err(|e| ServerError::ShimBuild {
+                        detail: e.to_string(),
+                    })??,
+            ),
+            false => None,
+        };
+        retry_on_port_clash(|| Self::try_start(options.secured, shim.as_ref())).await
+    }
+
+    async fn try_start(secured: bool, shim: Option<&ClockShim>) -> Result<Postgres> {
         let bin_dir = bin_dir()?;
         let user = run_as()?;
         let dir = tempfile::Builder::new().prefix("tenure-pg-").tempdir()?;
@@ -192,6 +234,20 @@ impl Postgres {
             }
             spec = spec.arg("-c").arg("ssl=on");
         }
+        let offset_file = match shim {
+            Some(shim) => {
+                // The server runs as `postgres`: the shim, the offset file and the shim's
+                // evidence live in its own directory.
+                let shim = shim.copy_to(&root, user)?;
+                let file = root.join("clock-offset-ms");
+                clock_shim::write_offset(&file, 0)?;
+                for (k, v) in shim.env(&file) {
+                    spec = spec.env(k, v);
+                }
+                Some(file)
+            }
+            None => None,
+        };
         let (probe_bins, probe_socket) = (bin_dir.clone(), root.clone());
         let probe: Probe =
             Arc::new(move |addr| Box::pin(ready(probe_bins.clone(), probe_socket.clone(), addr)));
@@ -209,6 +265,7 @@ impl Postgres {
             bin_dir,
             data,
             secrets,
+            offset_file,
             dir,
         };
         pg.core.process.start().await?;
@@ -231,6 +288,35 @@ impl Postgres {
     /// The CA and passwords of a [secured](Self::start_secured) server.
     pub fn secrets(&self) -> Option<&PgSecrets> {
         self.secrets.as_ref()
+    }
+
+    /// Shifts the server's wall clock by `offset_ms` from real time (not cumulative; 0
+    /// undoes it), for the postmaster and every backend, each within about 10 ms of its
+    /// next clock read. [`ServerError::Unsupported`] unless started with
+    /// [`PgServerOptions::clock_shim`].
+    pub fn set_clock_offset(&self, offset_ms: i64) -> Result<()> {
+        let file = self
+            .offset_file
+            .as_ref()
+            .ok_or_else(|| ServerError::Unsupported {
+                what: format!(
+                    "{}: clock offsets need PgServerOptions::clock_shim",
+                    self.core.process.what()
+                ),
+            })?;
+        clock_shim::write_offset(file, offset_ms)?;
+        Ok(())
+    }
+
+    /// Evidence from the clock shim: the offset a server process last read, with the
+    /// postmaster's pid where that process is the postmaster or one it forked (a session's
+    /// backend, a background worker), else the reading process's own. `None` without the
+    /// shim, or before a server process read its clock.
+    pub fn clock_applied(&self) -> Option<(i64, u32)> {
+        let (offset, pid) = clock_shim::read_applied(self.offset_file.as_ref()?)?;
+        let postmaster = self.pid();
+        let forked = stat(pid).is_some_and(|s| Some(s.ppid) == postmaster);
+        Some((offset, if forked { postmaster? } else { pid }))
     }
 
     /// The data directory.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tenure_conformance::servers::{pid_alive, poll_until, spawned_pids, Node, ServerError};
-use tenure_postgres::lab::Postgres;
+use tenure_postgres::lab::{PgServerOptions, Postgres};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -195,5 +195,64 @@ async fn pause_stops_the_postmaster_and_its_backends() -> TestResult {
     Node::resume(&pg)?;
     all_in(false).await?;
     Node::probe(&pg).await?;
+    Ok(())
+}
+
+/// Under the clock shim every server process reads the shifted wall clock — the session's
+/// backend that answers `clock_timestamp()` too — and the shim's evidence names the
+/// postmaster; without the shim an offset is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_shim_shifts_every_backend() -> TestResult {
+    let plain = Postgres::start().await?;
+    assert!(
+        matches!(
+            plain.set_clock_offset(1000),
+            Err(ServerError::Unsupported { .. })
+        ),
+        "a server without the shim took an offset"
+    );
+    drop(plain);
+    let pg = Postgres::start_with(PgServerOptions {
+        clock_shim: true,
+        ..PgServerOptions::default()
+    })
+    .await?;
+    let skew = || async {
+        let ms = pg
+            .psql("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint")
+            .await?
+            .parse::<i64>()?;
+        let here = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        Ok::<i64, Box<dyn std::error::Error>>(ms - i64::try_from(here.as_millis())?)
+    };
+    assert!(
+        skew().await?.abs() < 5_000,
+        "unshifted: {} ms",
+        skew().await?
+    );
+    pg.set_clock_offset(3_600_000)?;
+    // A fresh backend (each psql is one) reads the new offset on its first clock read.
+    let shifted = skew().await?;
+    assert!(
+        (3_595_000..3_605_000).contains(&shifted),
+        "shifted by {shifted} ms, not an hour"
+    );
+    let postmaster = pg.pid().expect("running");
+    // Some process the postmaster forked and that still runs (a background worker) has
+    // recorded the offset.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            match pg.clock_applied() {
+                Some(applied) if applied == (3_600_000, postmaster) => Ok(()),
+                other => Err(other),
+            }
+        },
+        |last| format!("the shim's evidence naming the postmaster, last {last:?}"),
+    )
+    .await?;
+    pg.set_clock_offset(0)?;
+    assert!(skew().await?.abs() < 5_000, "undone: {} ms", skew().await?);
     Ok(())
 }

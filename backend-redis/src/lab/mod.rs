@@ -39,6 +39,7 @@ pub const TESTBED: Testbed = Testbed {
     bench_variants: &[BenchVariant {
         name: "fence=none",
         query: "fence=none",
+        matrix_column: false,
     }],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,

@@ -27,6 +27,7 @@ pub const TESTBED: Testbed = Testbed {
     bench_variants: &[BenchVariant {
         name: "fencing=false",
         query: "fencing=false",
+        matrix_column: false,
     }],
     why_not: WHY_NOT,
     protocol: crate::verdicts::protocol,

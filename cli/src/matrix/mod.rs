@@ -34,7 +34,9 @@ pub struct MatrixOptions {
     pub rounds: usize,
     /// Seconds per performance mode.
     pub perf_secs: f64,
-    /// Backends to run (default: every backend of this build).
+    /// Columns to run: backends, and configurations measured as columns of their own
+    /// (`postgres lease`; default: every column of this build, see
+    /// [`local::columns`]).
     pub backends: Vec<String>,
     /// The fault cells to run (default: all), in matrix order.
     pub faults: Vec<Fault>,
@@ -75,7 +77,7 @@ impl Default for MatrixOptions {
             trials: 20,
             rounds: 4,
             perf_secs: 2.0,
-            backends: local::backends().into_iter().map(String::from).collect(),
+            backends: local::columns(),
             faults: Fault::ALL.to_vec(),
             suite_and_perf: true,
             tls: false,

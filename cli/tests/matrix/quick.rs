@@ -18,19 +18,28 @@ use serde_json::Value;
 use tenure_cli::matrix::expect::{expect, Config};
 use tenure_cli::matrix::Fault;
 
-/// The configurations `tenure matrix` starts locally (default fence modes).
+/// The configurations `tenure matrix` starts locally (default fence modes; the column
+/// `postgres lease` is Postgres with `locking=lease`).
 fn local_config(backend: &str) -> Config {
     let (url, nodes) = match backend {
         "redlock" => ("redlock://local", 5),
         "etcd" | "zk" => ("local://", 3),
+        "postgres lease" => ("local://?locking=lease", 1),
         _ => ("local://", 1),
     };
     let testbed = tenure_cli::local::testbed(backend).expect("a testbed");
     Config::of(testbed, url, nodes).unwrap()
 }
 
-/// Every backend `tenure matrix` runs locally, in the report's order.
-const EVERY_BACKEND: [&str; 5] = ["redis", "redlock", "etcd", "zk", "postgres"];
+/// Every column `tenure matrix` runs locally, in the report's order.
+const EVERY_BACKEND: [&str; 6] = [
+    "redis",
+    "redlock",
+    "etcd",
+    "zk",
+    "postgres",
+    "postgres lease",
+];
 
 /// Runs `tenure matrix --quick --faults …` on `faults` (on the backends `only` names, every one if
 /// empty; with `--tls` if `tls`, with the shared suite and the performance runs if
@@ -168,7 +177,7 @@ fn run_and_check(only: &[&str], tls: bool, faults: &[Fault], with_suite: bool) -
                 assert_eq!(seen, ["SAFE"], "{name} / {fault}");
             }
         }
-        if matches!(name, "etcd" | "zk" | "postgres") {
+        if matches!(name, "etcd" | "zk" | "postgres" | "postgres lease") {
             for fault in faults {
                 let seen = verdicts(fault["fault"].as_str().unwrap()).unwrap();
                 assert!(!seen.contains(&"UNSAFE".into()), "{name}: {fault}");

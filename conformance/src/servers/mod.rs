@@ -438,7 +438,7 @@ pub trait Node: Send + Sync + std::fmt::Debug {
     fn clock_applied(&self) -> Option<(i64, u32)> {
         None
     }
-    /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server nodes
+    /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server and postgres nodes
     /// started with the clock shim support it; others are [`ServerError::Unsupported`].
     fn set_clock_offset(&self, offset_ms: i64) -> Result<()>;
 }
@@ -453,7 +453,7 @@ macro_rules! __impl_node {
         $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
             Err($crate::servers::ServerError::Unsupported {
                 what: format!(
-                    "{}: the clock shim works for redis-server only (Go and the JVM read \
+                    "{}: the clock shim works for redis-server and postgres only (Go and the JVM read \
                      the clock without libc)",
                     node.core.process.what()
                 ),

@@ -27,7 +27,8 @@ pub(crate) struct MatrixArgs {
     /// Seconds per performance mode (default 2; 0.3 with --quick).
     #[arg(long)]
     perf_secs: Option<f64>,
-    /// Backends to run, comma-separated (default: all of this build).
+    /// Columns to run, comma-separated: backends, and configurations measured as columns
+    /// of their own, such as `postgres lease` (default: all of this build).
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
     /// A trimmed run: only these fault cells (kebab-case names, as in matrix.json, e.g.
