@@ -638,9 +638,10 @@ impl DistributedLock for PgLock {
         Ok(row_keys.iter().map(|key| holders.remove(key)).collect())
     }
 
-    /// The transaction modes: expiry by the server ending the transaction, FIFO waiters
-    /// in the server's lock queue, no clock. `locking=lease`: expiry by the server's
-    /// clock, waiters woken by `NOTIFY` (or the holder's expiry), no order.
+    /// The transaction modes: expiry by the server ending the transaction (its idle
+    /// timeout, a wall-clock deadline), FIFO waiters in the server's lock queue.
+    /// `locking=lease`: expiry by the server's clock, waiters woken by `NOTIFY` (or the
+    /// holder's expiry), no order. Both depend on the server's clock.
     fn capabilities(&self) -> Capabilities {
         let leases = self.leases();
         Capabilities {

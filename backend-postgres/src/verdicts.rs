@@ -67,9 +67,10 @@ impl Protocol for PostgresProtocol {
                 SAFE_OR_F_SAFE,
                 "Postgres keeps a timeout as a wall-clock deadline and checks every deadline \
                  whenever its alarm goes off: after a forward jump, the backend's next \
-                 alarm (its statistics flush, a second after its last statement) finds the \
-                 idle timeout due and ends the holder's transaction before its TTL; the \
-                 contender's committed nextval is larger, so the stale write is rejected",
+                 alarm (one left pending from before the transaction, about a second after \
+                 the grant) finds the idle timeout due and ends the holder's transaction \
+                 before its TTL; the contender's committed nextval is larger, so the stale \
+                 write is rejected",
             ),
             Fault::Restart => cell(
                 SAFE,

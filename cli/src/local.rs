@@ -18,7 +18,8 @@ static TESTBEDS: [Testbed; 5] = [
     tenure_postgres::TESTBED,
 ];
 
-/// The backends `start` knows, in matrix order.
+/// The backends of this build's testbeds, in matrix order (the matrix's columns add
+/// their configurations: [`columns`]).
 pub fn backends() -> Vec<&'static str> {
     TESTBEDS.iter().map(|testbed| testbed.name).collect()
 }
@@ -40,6 +41,12 @@ pub fn columns() -> Vec<String> {
 /// give it, or a [column](columns)'s (`postgres lease`, Postgres's testbed).
 pub fn testbed(backend: &str) -> Option<&'static Testbed> {
     column(backend).map(|(testbed, _)| testbed)
+}
+
+/// The configuration a column's name names beside its backend (`postgres lease`'s
+/// `locking=lease`), if it names one.
+pub fn variant(name: &str) -> Option<&'static BenchVariant> {
+    column(name).and_then(|(_, variant)| variant)
 }
 
 /// The testbed a column's name names, and its configuration (`None`: the default).
@@ -126,6 +133,11 @@ mod tests {
         assert!(testbed("postgres advisory").is_none());
         assert!(testbed("postgres  lease").is_none());
         assert!(testbed("lease").is_none());
+        assert_eq!(
+            variant("postgres lease").map(|v| v.query),
+            Some("locking=lease")
+        );
+        assert_eq!(variant("postgres"), None);
         for backend in backends() {
             assert!(columns.iter().any(|c| c == backend), "{backend}");
         }

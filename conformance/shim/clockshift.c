@@ -1,5 +1,6 @@
 /*
- * clockshift: an LD_PRELOAD shim that shifts the wall clock of one process.
+ * clockshift: an LD_PRELOAD shim that shifts the wall clock of one server process and of
+ * every process it forks.
  *
  * Overrides clock_gettime() for CLOCK_REALTIME and CLOCK_REALTIME_COARSE, gettimeofday()
  * and time(). Each reads the real time with a raw syscall and adds an offset in
@@ -11,7 +12,9 @@
  *
  * Evidence: whenever it reads an offset different from the last one it recorded, it writes
  * "<offset_ms> <pid>\n" to "<offset file>.applied" (a temporary file renamed into place),
- * so a harness can tell that this process read the offset it applies.
+ * where pid is the process the shim was loaded into (a forked child, such as a Postgres
+ * backend, names its server; it records the offset at its own first clock read),
+ * so a harness can tell that the server read the offset it applies.
  *
  * It uses no malloc, no stdio and no locks, so it is safe in allocators, signal handlers
  * and multi-threaded servers (libfaketime hangs Debian's jemalloc redis-server; this does
@@ -40,6 +43,8 @@ static _Atomic long long offset_ms;
 static _Atomic long long next_check_ns; /* 0: never checked */
 static _Atomic int recorded;             /* whether last_recorded is valid */
 static _Atomic long long last_recorded;
+/* The process the shim was loaded into: a forked child keeps its parent's (the server). */
+static long long root_pid;
 #define APPLIED_SUFFIX ".applied"
 #define TMP_SUFFIX ".applied.tmp."
 
@@ -47,6 +52,7 @@ static _Atomic long long last_recorded;
  * instead of going on with its parent's offset until the parent's next re-read. */
 static void clockshift_forked(void) {
     atomic_store(&next_check_ns, 0);
+    atomic_store(&recorded, 0);
 }
 
 __attribute__((constructor)) static void clockshift_init(void) {
@@ -62,6 +68,7 @@ __attribute__((constructor)) static void clockshift_init(void) {
         return; /* too long: no shift rather than the wrong file */
     offset_path_buf[n] = '\0';
     offset_path = offset_path_buf;
+    root_pid = (long long)syscall(SYS_getpid);
     pthread_atfork(NULL, NULL, clockshift_forked);
 }
 
@@ -113,7 +120,7 @@ static int put_str(char *dst, const char *s) {
     return n;
 }
 
-/* Record "<v> <pid>\n" in "<offset file>.applied", atomically (write, then rename). */
+/* Record "<v> <root pid>\n" in "<offset file>.applied", atomically (write, then rename). */
 static void record_applied(long long v) {
     char applied[sizeof offset_path_buf + sizeof APPLIED_SUFFIX];
     char tmp[sizeof offset_path_buf + sizeof TMP_SUFFIX + 24];
@@ -128,7 +135,7 @@ static void record_applied(long long v) {
     tmp[n] = '\0';
     n = put_ll(line, v);
     line[n++] = ' ';
-    n += put_ll(line + n, pid);
+    n += put_ll(line + n, root_pid);
     line[n++] = '\n';
     int fd = (int)syscall(SYS_openat, AT_FDCWD, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                           0644);

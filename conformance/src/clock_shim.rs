@@ -1,4 +1,5 @@
-//! A wall-clock shift for one server process, by `LD_PRELOAD`.
+//! A wall-clock shift for one server process (and every process it forks), by
+//! `LD_PRELOAD`.
 //!
 //! libfaketime hangs Debian's jemalloc `redis-server`, so this crate ships its own tiny shim
 //! (`shim/clockshift.c`): it overrides `clock_gettime` for `CLOCK_REALTIME` and
@@ -100,7 +101,8 @@ pub fn write_offset(offset_file: &Path, offset_ms: i64) -> std::io::Result<()> {
 }
 
 /// The shim's evidence for `offset_file`: the offset (ms) a process under the shim last
-/// read from it, and that process's pid. The shim writes `<offset file>.applied` each
+/// read from it, and the pid of the server the shim was loaded into (a process it forked
+/// names it too). The shim writes `<offset file>.applied` each
 /// time it reads an offset different from the one it recorded before. `None` until a
 /// process has read the file.
 pub fn read_applied(offset_file: &Path) -> Option<(i64, u32)> {

@@ -1,6 +1,6 @@
 //! Conformance tooling for tenure lock backends: real servers on loopback ports, a TCP
-//! fault proxy, a clock shim for redis-server, the shared scenario suite, and a history
-//! checker that turns what clients observed into verdicts.
+//! fault proxy, a clock shim for redis-server and Postgres, the shared scenario suite, and
+//! a history checker that turns what clients observed into verdicts.
 //!
 //! A backend runs the whole suite from a `harness = false` test (several setups and
 //! the fault suite in one binary: [`runner::Suites`]):

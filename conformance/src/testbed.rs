@@ -103,8 +103,8 @@ pub struct BenchVariant {
     /// The query options that configure it (`locking=advisory`), as a URL spells them.
     pub query: &'static str,
     /// Whether `tenure matrix` also measures it as a column of its own (`postgres
-    /// lease`, on the same servers): a configuration whose protocol differs from the
-    /// default's, not only its cost.
+    /// lease`, on servers of its own started the same way): a configuration whose
+    /// protocol differs from the default's, not only its cost.
     pub matrix_column: bool,
 }
 
@@ -345,7 +345,8 @@ impl Lab {
     }
 
     /// The lab of the backend's configuration `variant` on the same servers: every client
-    /// — direct, cuttable and patient ones — carries its query options. A client of it
+    /// — direct, cuttable and patient ones — carries its query options (the harness's
+    /// queue counter, if any, stays the one the testbed connected). A client of it
     /// connects first, so what the configuration needs is created (Postgres's lease
     /// table) before clients that create nothing (the cuttable ones) connect.
     ///

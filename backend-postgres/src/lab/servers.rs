@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_conformance::clock_shim::{self, ClockShim};
-use tenure_conformance::servers::process::{stat, CommandSpec, Probe, ServerProcess};
+use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
 use tenure_conformance::servers::tls::TestSecrets;
 use tenure_conformance::servers::{
     find_binary, free_port, impl_node, loopback, node_control_methods, retry_on_port_clash,
@@ -305,18 +305,19 @@ impl Postgres {
                 ),
             })?;
         clock_shim::write_offset(file, offset_ms)?;
+        // A connection makes the postmaster fork a backend, which reads the new offset at
+        // its first clock read and records it: an idle server's own processes may not
+        // read their clocks for many seconds. (Refused, it proves nothing: no matter.)
+        let _ = std::net::TcpStream::connect_timeout(&self.addr(), Duration::from_secs(1));
         Ok(())
     }
 
-    /// Evidence from the clock shim: the offset a server process last read, with the
-    /// postmaster's pid where that process is the postmaster or one it forked (a session's
-    /// backend, a background worker), else the reading process's own. `None` without the
-    /// shim, or before a server process read its clock.
+    /// Evidence from the clock shim: the offset a server process last read, and the
+    /// postmaster's pid (the shim records the process it was loaded into, which every
+    /// backend forked from the postmaster inherits). `None` without the shim, or before a
+    /// server process read its clock.
     pub fn clock_applied(&self) -> Option<(i64, u32)> {
-        let (offset, pid) = clock_shim::read_applied(self.offset_file.as_ref()?)?;
-        let postmaster = self.pid();
-        let forked = stat(pid).is_some_and(|s| Some(s.ppid) == postmaster);
-        Some((offset, if forked { postmaster? } else { pid }))
+        clock_shim::read_applied(self.offset_file.as_ref()?)
     }
 
     /// The data directory.

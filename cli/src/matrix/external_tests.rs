@@ -36,3 +36,20 @@ async fn counts_the_queue_on_servers_given_by_url() {
         assert_eq!(queued, expected.map(|_| 0), "{backend}: released");
     }
 }
+
+/// Servers filed under a configuration's column (`postgres lease`) are judged by that
+/// configuration's row only if their URL sets it: otherwise the run refuses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_of_a_configuration_needs_a_url_that_sets_it() {
+    let local = local::start("postgres", TestbedOptions::default())
+        .await
+        .unwrap();
+    let url = local.harness.url();
+    let refused = target("postgres lease", &Source::External(url.clone()), 45)
+        .await
+        .unwrap_err();
+    assert!(refused.contains("does not set locking=lease"), "{refused}");
+    let lease = format!("{url}?locking=lease");
+    let accepted = target("postgres lease", &Source::External(lease), 46).await;
+    assert!(accepted.is_ok(), "{:?}", accepted.err());
+}

@@ -497,6 +497,16 @@ async fn target(name: &str, source: &Source, run_id: u32) -> Result<Target, Stri
     let backend = name.strip_prefix("broken:").map_or(name, |_| caps.backend);
     let row = local::testbed(backend)
         .ok_or_else(|| format!("{name}: no expected verdicts for backend {backend:?}"))?;
+    // A column of a configuration (`postgres lease`) is judged by its URL's row: a URL
+    // filed under it that does not configure it would be judged as another.
+    if let Some(variant) = local::variant(name) {
+        if !variant.configured_by(&harness.url()) {
+            return Err(format!(
+                "{name}: its URL does not set {} (the configuration the name names)",
+                variant.query
+            ));
+        }
+    }
     let config = expect::Config::of(row, &harness.url(), nodes_in_use)
         .map_err(|e| format!("{name}: {e}"))?;
     let harness_url = harness.url();

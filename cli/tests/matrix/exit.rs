@@ -23,8 +23,8 @@ fn matrix(clusters: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
 async fn a_mismatch_fails_the_run_unless_allowed() {
     let _turn = crate::one_at_a_time_async().await;
     let dir = tempfile::tempdir().unwrap();
-    // A Redis server filed under "postgres": Redis declares a clock-floored counter, a
-    // server TTL and clock dependence, none of which is the Postgres row's premise.
+    // A Redis server filed under "postgres": Redis declares a clock-floored counter and a
+    // server TTL, neither of which is the Postgres row's premise.
     let (_redis, clusters) = clusters_file::redis_as("postgres", dir.path()).await;
     let (strict, allowed) = tokio::task::spawn_blocking({
         let (clusters, out) = (clusters.clone(), dir.path().to_owned());
