@@ -43,6 +43,9 @@ pub enum ExpiryKind {
     ConnectionTransaction,
     /// A TTL on the local process's clock.
     LocalClock,
+    /// The holder's process: its exit frees the lock (the kernel closes its files), and
+    /// its own client times the TTL, so a stopped holder keeps it (file locks).
+    HolderProcess,
 }
 
 /// How the lock state is replicated.

@@ -246,6 +246,8 @@ impl Config {
             Some("etcd") => &self.etcd,
             Some("zk") => &self.zk,
             Some("postgres") => &self.postgres,
+            // No options but the prefix.
+            Some("file") => &BTreeMap::new(),
             _ => return Ok(self.url.clone()),
         };
         let mut options: Vec<(&str, &str)> = table
@@ -401,6 +403,13 @@ mod tests {
         assert_eq!(
             c.resolved_url().unwrap(),
             "redlock://a:1,b:2,c:3?fencing=true&node_timeout_ms=50&prefix=billing%2F%C3%A9"
+        );
+        // A file URL has no options table, but takes the prefix (it was ignored).
+        let mut file = c.clone();
+        file.url = "file:///var/lock/tenure".into();
+        assert_eq!(
+            file.resolved_url().unwrap(),
+            "file:///var/lock/tenure?prefix=billing%2F%C3%A9"
         );
         let mut etcd = c.clone();
         etcd.url = "etcd://h/app".into();

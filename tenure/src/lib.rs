@@ -28,6 +28,7 @@
 //! | `etcd://h1:p,h2:p/prefix`, `etcds://…` | etcd v3 | `etcd` |
 //! | `zk://h1:p,h2:p/chroot`, `zks://…` | ZooKeeper | `zk` |
 //! | `postgres://user@host/db`, `postgresql://…` | Postgres row lock | `postgres` |
+//! | `file:///var/lock/tenure` | one host's processes, no server: a file lock per key | `file` |
 
 pub mod admin;
 mod config;
@@ -57,6 +58,9 @@ use tenure_api::backend::Driver;
 /// The etcd backend.
 #[cfg(feature = "etcd")]
 pub use tenure_etcd as etcd;
+/// The file backend (one host, no server).
+#[cfg(feature = "file")]
+pub use tenure_file as file;
 /// The Postgres backend.
 #[cfg(feature = "postgres")]
 pub use tenure_postgres as postgres;
@@ -84,11 +88,13 @@ pub const DRIVERS: &[Driver] = &[
     tenure_zk::ZkLock::DRIVER,
     #[cfg(feature = "postgres")]
     tenure_postgres::PgLock::DRIVER,
+    #[cfg(feature = "file")]
+    tenure_file::FileLock::DRIVER,
 ];
 
 /// Each backend's cargo feature and schemes, known also to builds without it, so that a
 /// URL for a disabled backend is an error naming the feature to enable.
-const FEATURES: [(&str, &[&str]); 5] = [
+const FEATURES: [(&str, &[&str]); 6] = [
     (
         "redis",
         &[
@@ -104,6 +110,7 @@ const FEATURES: [(&str, &[&str]); 5] = [
     ("etcd", &["etcd", "etcds"]),
     ("zk", &["zk", "zks"]),
     ("postgres", &["postgres", "postgresql"]),
+    ("file", &["file"]),
 ];
 
 /// The driver of `url`'s scheme. A URL without a scheme, with an unknown one, or with one

@@ -805,6 +805,7 @@ async fn soak(
 
 fn servers_text(target: &Target) -> String {
     let servers: String = match target.nodes().len() {
+        0 if target.harness().targets().is_empty() => "no server: files on this host".into(),
         0 => format!(
             "{} host(s) of the user's cluster",
             target.harness().targets().len()

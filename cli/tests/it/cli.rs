@@ -48,11 +48,60 @@ fn run_passes_fence_and_key_and_exit_status() {
     assert_eq!(stdout(&out), "1 job");
 }
 
+/// With nothing configured, `tenure run` locks with this host's lock directory and
+/// says which; `inspect` reads the same one, and `acquire` refuses it (the lock would end
+/// with the command).
+#[test]
+fn with_nothing_configured_run_locks_with_this_hosts_files() {
+    let key = format!("tenure-test-default-{}", std::process::id());
+    let out = output(&["run", "--key", &key, "--", "sh", "-c", "echo $TENURE_FENCE"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let said = "locking with the files in ";
+    let dir = err
+        .split_once(said)
+        .and_then(|(_, rest)| rest.split_once(" (this host"))
+        .map(|(dir, _)| dir.to_owned())
+        .unwrap_or_else(|| panic!("no note naming the directory: {err}"));
+    assert_eq!(
+        dir,
+        tenure::file::default_dir().unwrap().display().to_string()
+    );
+    assert!(
+        stdout(&out).parse::<u64>().is_ok_and(|t| t > 0),
+        "{}",
+        stdout(&out)
+    );
+    assert!(std::path::Path::new(&format!("{dir}/{key}.state")).exists());
+    let out = output(&["inspect", &key]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout(&out).contains(r#""held":false"#), "{}", stdout(&out));
+    let out = output(&["acquire", "--key", &key]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use `tenure run`"));
+    for file in ["lock", "state"] {
+        let _ = std::fs::remove_file(format!("{dir}/{key}.{file}"));
+    }
+}
+
 #[test]
 fn config_errors_are_clear_and_redacted() {
-    let out = output(&["run", "--key", "k", "--", "true"]);
+    let out = output(&[
+        "--url",
+        "file://elsewhere/var/lock",
+        "run",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
     assert_eq!(out.status.code(), Some(78));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("TENURE_URL"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("local to this host"));
 
     let out = output(&["--url", "redis://u:hunter2@127.0.0.1:1/0", "inspect", "k"]);
     let err = String::from_utf8_lossy(&out.stderr);

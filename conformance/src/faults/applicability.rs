@@ -16,8 +16,13 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
         })
     };
     let no_process = target.nodes.is_empty() && fault.is_server_fault();
-    // Client faults run on a client whose every server link passes through a proxy.
-    let no_links = !fault.is_server_fault() && !target.harness.can_cut_links();
+    // Link faults run on a client whose every server link passes through a proxy.
+    let no_links = fault.is_link_fault() && !target.harness.can_cut_links();
+    // What the backend's protocol rules out is not applicable in any setup (a file lock
+    // has no network to cut, no server to stop).
+    if let Some(cell @ Cell::NotApplicable { .. }) = declared() {
+        return Some(cell);
+    }
     match fault {
         Fault::MixedFleet if target.foreign.is_some() => None,
         Fault::MixedFleet => declared().or_else(|| {

@@ -201,6 +201,21 @@ impl Fault {
         )
     }
 
+    /// Whether the fault acts on one holder's links to the servers (its trial's client
+    /// reaches them through proxies of its own): the others run on any client.
+    pub fn is_link_fault(self) -> bool {
+        matches!(
+            self,
+            Fault::DelayedReply
+                | Fault::Blackhole
+                | Fault::ConnectionCut
+                | Fault::LostReply
+                | Fault::StaleAcquire
+                | Fault::StaleExtend
+                | Fault::StaleRelease
+        )
+    }
+
     /// Whether the fault fails a Redis primary over to a replica that missed grants, on
     /// servers each round starts.
     pub fn is_replica_failover(self) -> bool {

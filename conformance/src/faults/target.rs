@@ -56,8 +56,9 @@ pub trait WaiterRecords: LockAdmin + 'static {
     async fn remove_newest_waiter(&self, key: &LockKey) -> Result<Option<String>, LockError>;
 }
 
-/// Why a backend does not run some faults, as its testbed declares: the cell reported
-/// instead where the suite's own rules leave the fault to the backend (see
+/// Why a backend does not run some faults, as its testbed declares: a fault that does not
+/// apply to its protocol is reported so in any setup; one it cannot inject, where the
+/// suite's own rules leave the fault to the backend (see
 /// [`applicability`](super::applicability)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhyNot {

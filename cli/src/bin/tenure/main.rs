@@ -42,7 +42,9 @@ const EXIT_FINDINGS: u8 = 1;
     about = "Distributed locks with fencing tokens"
 )]
 struct Cli {
-    /// Backend URL (memory://, redis://, redlock://h1,h2,h3, …).
+    /// Backend URL (memory://, redis://, redlock://h1,h2,h3, file:///var/lock/tenure, …).
+    /// With neither this nor --config: this host's lock directory (file://; see `tenure
+    /// run`'s note on stderr).
     #[arg(long, global = true, env = "TENURE_URL", hide_env_values = true)]
     url: Option<String>,
     /// TOML config file with `url`, `ttl`, `wait`.
@@ -140,7 +142,7 @@ enum Command {
         cmd: Vec<String>,
     },
     /// Acquire the lock and print the lease as JSON, for scripts (TTL backends: redis,
-    /// redlock, etcd; ZooKeeper and Postgres locks end with the process).
+    /// redlock, etcd; ZooKeeper, Postgres and file locks end with the process).
     Acquire {
         #[command(flatten)]
         lock: LockArgs,
@@ -164,7 +166,8 @@ enum Command {
         prefix: Option<String>,
     },
     /// Look for leaked locks (Redis keys without TTL, etcd keys without a live lease,
-    /// ZooKeeper nodes that are not ephemeral, Postgres holders idle past their TTL):
+    /// ZooKeeper nodes that are not ephemeral, Postgres holders idle past their TTL, file
+    /// locks held past their deadline by a stopped process):
     /// one JSON line per finding. Exits 1 when it found any, 0 when clean.
     Doctor,
 }
@@ -251,9 +254,13 @@ fn config(cli: &Cli) -> Result<Config, LockError> {
         (Some(path), _) => Config::from_file(path)?,
         (None, Some(url)) => Config::new(url.clone()),
         (None, None) => {
-            return Err(LockError::Config(
-                "no backend: pass --url, --config, or set TENURE_URL".into(),
-            ))
+            let url = default_url()?;
+            eprintln!(
+                "tenure: no --url, --config or TENURE_URL: locking with the files in {} \
+                 (this host's processes only)",
+                url.trim_start_matches("file://")
+            );
+            Config::new(url)
         }
     };
     config.override_from_env()?;
@@ -267,6 +274,12 @@ fn config(cli: &Cli) -> Result<Config, LockError> {
         config.session_timeout_from_ttl();
     }
     Ok(config)
+}
+
+/// The backend with nothing configured: this host's lock directory
+/// ([`tenure::file::default_dir`]).
+fn default_url() -> Result<String, LockError> {
+    Ok(tenure::file::FileConfig::in_dir(tenure::file::default_dir()?)?.url())
 }
 
 impl LockArgs {
@@ -339,12 +352,14 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             let expiry = lock.capabilities().expiry;
             if matches!(
                 expiry,
-                ExpiryKind::SessionHeartbeat | ExpiryKind::ConnectionTransaction
+                ExpiryKind::SessionHeartbeat
+                    | ExpiryKind::ConnectionTransaction
+                    | ExpiryKind::HolderProcess
             ) {
                 return Err(LockError::InvalidInput(format!(
-                    "a {} lock lives only as long as this process's session or connection \
-                     ({expiry:?}), so it would end as soon as `tenure acquire` exits: use \
-                     `tenure run` instead",
+                    "a {} lock lives only as long as this process, its session or its \
+                     connection ({expiry:?}), so it would end as soon as `tenure acquire` \
+                     exits: use `tenure run` instead",
                     lock.capabilities().backend
                 )));
             }

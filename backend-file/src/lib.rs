@@ -1,0 +1,355 @@
+#![doc = include_str!("../docs.md")]
+
+mod admin;
+mod config;
+mod default_dir;
+#[cfg(feature = "testbed")]
+mod floor;
+mod held;
+#[cfg(feature = "testbed")]
+pub mod lab;
+mod names;
+mod ofd;
+mod record;
+#[cfg(feature = "testbed")]
+mod verdicts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use tenure_api::backend::{poll_acquire_woken, Backend, Driver, LeaseTie, LossNotice};
+use tenure_api::{
+    validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
+    FencingToken, HolderInfo, Lease, LeaseHandle, LockError, LockKey, OwnerId, ReleaseOutcome,
+    Replication, SystemClock, WaitKind,
+};
+use tokio::sync::Notify;
+
+pub use config::FileConfig;
+pub use default_dir::default_dir;
+use held::{Held, HeldMap};
+#[cfg(feature = "testbed")]
+pub use lab::TESTBED;
+use names::KeyFiles;
+use record::Record;
+
+/// Locks shared by every process of one host through files in one directory: an
+/// open-file-description lock per key, fenced by a durable, clock-floored counter. No
+/// server. See the [crate docs](crate).
+#[derive(Clone)]
+pub struct FileLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: FileConfig,
+    held: HeldMap,
+    /// Wakes this client's waiters when it gives a lock up (other processes' releases are
+    /// found by polling).
+    released: Notify,
+}
+
+impl fmt::Debug for FileLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLock")
+            .field("dir", &self.inner.config.dir())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileLock {
+    /// This backend for URL dispatch: `file:///dir`.
+    pub const DRIVER: Driver = Driver {
+        name: "file",
+        schemes: &["file"],
+        connect: |url| Box::pin(async move { Ok(Backend::new(FileLock::connect(url).await?)) }),
+    };
+
+    /// A client of the locks in the directory `url` names (`file:///var/lock/tenure`),
+    /// created (with its parents) if missing.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the directory is made by a blocking task, which finishes anyway.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::with_config(FileConfig::from_url(url)?).await
+    }
+
+    /// A client of the locks in `config`'s directory, created if missing.
+    ///
+    /// # Cancel safety
+    /// As [`connect`](Self::connect).
+    pub async fn with_config(config: FileConfig) -> Result<Self, LockError> {
+        let dir = config.dir().to_owned();
+        blocking(move || std::fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e)))
+            .await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                held: HeldMap::default(),
+                released: Notify::new(),
+            }),
+        })
+    }
+
+    /// The directory the lock files live in.
+    pub fn dir(&self) -> &std::path::Path {
+        self.inner.config.dir()
+    }
+
+    /// What `key` is named in the directory: the configured prefix, then the key.
+    fn name(&self, key: &LockKey) -> String {
+        format!("{}{}", self.inner.config.prefix(), key.as_str())
+    }
+
+    /// The files of `key`.
+    fn files(&self, key: &LockKey) -> KeyFiles {
+        KeyFiles::of(self.dir(), &self.name(key))
+    }
+
+    /// One attempt: the lock of `key` for `ttl`, or `None` if another open file
+    /// description holds it.
+    ///
+    /// # Cancel safety
+    /// Dropped midway, a grant the blocking task makes is given up with its file.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        label: Option<String>,
+    ) -> Result<Option<Lease>, LockError> {
+        let (files, name) = (self.files(key), self.name(key));
+        let path = files.lock.display().to_string();
+        let sent_at = Instant::now();
+        let granted = blocking(move || grant(&files, name, ttl, label)).await?;
+        let Some((file, record)) = granted else {
+            return Ok(None);
+        };
+        let lost = LossNotice::new();
+        let (tie, dropped) = LeaseTie::new(lost.clone());
+        let lease = Lease::new(
+            key.clone(),
+            record.owner,
+            FencingToken(record.token),
+            sent_at,
+            ttl,
+            Duration::ZERO,
+        )
+        .with_tie(tie)
+        .with_handle(LeaseHandle {
+            path,
+            id: i64::from(record.pid),
+            revision: 0,
+        });
+        Held::start(
+            &self.inner.held,
+            key.clone(),
+            file,
+            record,
+            lease.valid_until(),
+            lost,
+            dropped,
+        );
+        Ok(Some(lease))
+    }
+}
+
+/// Takes `files`' lock and records the grant durably: `None` if it is held. The token is
+/// the last grant's plus one, and never below the clock's microseconds since the epoch
+/// (so a lost or damaged state file cannot make it go back).
+fn grant(
+    files: &KeyFiles,
+    key: String,
+    ttl: Duration,
+    label: Option<String>,
+) -> Result<Option<(std::fs::File, Record)>, LockError> {
+    let Some(file) = ofd::try_lock(&files.lock).map_err(|e| io_error("locking", &files.lock, e))?
+    else {
+        return Ok(None);
+    };
+    let last = record::read(&files.state).map_err(|e| io_error("reading", &files.state, e))?;
+    let last_token = match last {
+        Some(Ok(last)) if last.key != key => {
+            return Err(LockError::backend(format!(
+                "{} records the key {:?}, not {key:?}: two keys share a file name",
+                files.state.display(),
+                last.key
+            )))
+        }
+        Some(Ok(last)) => last.token,
+        // A missing or damaged record: the clock floor below keeps the token rising.
+        Some(Err(_)) | None => 0,
+    };
+    let now = SystemTime::now();
+    let token = last_token.checked_add(1).ok_or_else(|| {
+        LockError::backend(format!(
+            "{} records the largest token there is: remove it to start again from the clock",
+            files.state.display()
+        ))
+    })?;
+    let record = Record {
+        key,
+        token: token.max(record::unix_micros(now)),
+        owner: OwnerId::random(),
+        pid: std::process::id(),
+        expires_unix_ms: record::unix_ms(now + ttl),
+        label,
+    };
+    record::write(&files.state, &record, true)
+        .map_err(|e| io_error("recording the grant in", &files.state, e))?;
+    Ok(Some((file, record)))
+}
+
+/// Runs blocking file work off the async threads.
+///
+/// # Cancel safety
+/// Dropped, the work still runs to its end; its result is dropped.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, LockError> + Send + 'static,
+) -> Result<T, LockError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| LockError::backend(format!("file lock task failed: {e}")))?
+}
+
+/// A file error as a [`LockError`]: one that will not pass by itself — no permission, a
+/// read-only file system, a path that is not a directory or is a symbolic link where a
+/// lock file should be, a file system without these locks — is [`LockError::Config`];
+/// anything else [`LockError::Unavailable`].
+fn io_error(doing: &str, path: &std::path::Path, error: std::io::Error) -> LockError {
+    use std::io::ErrorKind::*;
+    let what = format!("{doing} {}", path.display());
+    let lasting = matches!(
+        error.kind(),
+        PermissionDenied
+            | ReadOnlyFilesystem
+            | NotADirectory
+            | AlreadyExists
+            | InvalidInput
+            | Unsupported
+    ) || error.raw_os_error() == Some(nix::libc::ELOOP);
+    match lasting {
+        true => LockError::Config(format!("{what}: {error}")),
+        false => LockError::unavailable(what, error),
+    }
+}
+
+#[async_trait]
+impl DistributedLock for FileLock {
+    /// # Cancel safety
+    /// Cancel-safe: a grant made by the blocking task after the future was dropped is
+    /// given up when its file is dropped with the task's result.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate_ttl(ttl)?;
+        self.attempt(key, ttl, None).await
+    }
+
+    /// Polls with `opts.backoff`, woken at once by this client's own releases.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire): no waiter is left behind.
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        opts.validate()?;
+        poll_acquire_woken(
+            &SystemClock,
+            opts,
+            || self.attempt(key, opts.ttl, opts.label.clone()),
+            || self.inner.released.notified(),
+        )
+        .await
+    }
+
+    /// Moves the deadline this client gives the lock up at, then records it for `inspect`
+    /// (best effort: a record that cannot be written, on a full disk say, does not fail
+    /// the extension). A lock file removed or replaced since the grant ends the lease.
+    ///
+    /// # Cancel safety
+    /// Dropped midway, the extension may still apply (a blocking task finishes it): the
+    /// lock is then held to the new deadline while `lease` keeps the old one.
+    async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
+        validate_ttl(ttl)?;
+        let lost = || {
+            LockError::lost(format!(
+                "`{}` is no longer held by {}",
+                lease.key(),
+                lease.owner()
+            ))
+        };
+        let held = held::find(&self.inner.held, lease.key()).ok_or_else(lost)?;
+        let (owner, token) = (lease.owner(), lease.token());
+        let files = self.files(lease.key());
+        let sent_at = Instant::now();
+        let extended = blocking(move || {
+            let mut grant = held.grant();
+            if !grant.is(owner, token) {
+                return Ok(false);
+            }
+            if !grant.still_named(&files.lock) {
+                // Its file was removed or replaced: the lock excludes no one any more.
+                grant.give_up();
+                held.changed();
+                return Ok(false);
+            }
+            grant.extend_to(sent_at + ttl);
+            held.changed();
+            grant.record.expires_unix_ms = record::unix_ms(SystemTime::now() + ttl);
+            // For `inspect`'s time left only: not flushed, and a failure ignored.
+            let _ = record::write(&files.state, &grant.record, false);
+            Ok(true)
+        })
+        .await?;
+        if !extended {
+            return Err(lost());
+        }
+        lease.renewed(sent_at, ttl, Duration::ZERO);
+        Ok(())
+    }
+
+    /// # Cancel safety
+    /// Cancel-safe: the release happens within a single poll, or (while an extension
+    /// writes the record) on a blocking thread that finishes it anyway.
+    async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(held) = held::find(&self.inner.held, lease.key()) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let (owner, token) = (lease.owner(), lease.token());
+        let released = held
+            .with_grant(move |grant| {
+                let ours = grant.is(owner, token);
+                if ours {
+                    grant.give_up();
+                }
+                ours
+            })
+            .await
+            .ok_or_else(|| LockError::backend("the runtime is shutting down"))?;
+        held.changed();
+        if !released {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        self.inner.released.notify_waiters();
+        Ok(ReleaseOutcome::Released)
+    }
+
+    /// # Cancel safety
+    /// Read-only: cancel-safe.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
+        let (files, name) = (self.files(key), self.name(key));
+        blocking(move || admin::holder(&files, &name)).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "file",
+            fencing: FencingKind::ClockFlooredCounter,
+            expiry: ExpiryKind::HolderProcess,
+            replication: Replication::SingleNode,
+            wait: WaitKind::Poll,
+            fairness: Fairness::None,
+            failures_tolerated: 0,
+            clock_dependent: false,
+            labels: true,
+        }
+    }
+}
