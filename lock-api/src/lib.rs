@@ -39,6 +39,7 @@ mod key;
 mod lease;
 mod lock;
 mod memory;
+mod multi;
 mod options;
 mod semaphore;
 #[cfg(feature = "tls")]
@@ -58,6 +59,7 @@ pub use lease::{
 };
 pub use lock::{DistributedLock, HolderFeed};
 pub use memory::MemoryLock;
+pub use multi::{MultiGuard, MultiLock};
 pub use options::{
     validate_label, validate_ttl, AcquireOptions, Backoff, MAX_LABEL, MAX_TTL, MIN_TTL,
 };

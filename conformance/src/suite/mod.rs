@@ -17,6 +17,9 @@ use tenure_api::{
 use crate::history::{FencedRegister, History};
 use crate::Harness;
 
+mod multi;
+pub use multi::*;
+
 /// Why a scenario failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure(pub String);
@@ -206,6 +209,9 @@ scenarios![
     semaphore_permit_of_a_crashed_holder_comes_back,
     semaphore_waiter_gets_a_released_permit,
     semaphore_runs_that_disagree_on_the_count_are_refused[Labels],
+    multilock_takes_all_keys_or_none,
+    multilocks_on_overlapping_keys_never_deadlock,
+    multilock_reports_a_lost_member,
     labels_are_reported_while_held[Labels],
     bad_labels_are_refused_and_grant_nothing[Labels],
     election_has_one_leader_at_a_time[Elections],

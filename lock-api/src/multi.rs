@@ -1,0 +1,242 @@
+//! All of several keys or none, on any lock: [`MultiLock`] and its [`MultiGuard`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::{
+    AcquireOptions, DistributedLock, FencingToken, LockError, LockExt, LockGuard, LockKey,
+    ReleaseOutcome,
+};
+
+/// All of several keys or none, on any [`DistributedLock`]: one lease per key, behind one
+/// [`MultiGuard`] that renews them all and releases them together.
+///
+/// **Deadlock-free by order.** The keys are taken one after another in one fixed order
+/// (sorted by name, whatever order they were given in), each waiting for what is left of
+/// one wait bound; if one cannot be had within it, the keys taken so far are released and
+/// the error is returned: all or none. So two multi-locks on overlapping keys never wait
+/// for each other in a cycle (each waits only for keys after all it holds), and a key
+/// already held keeps its holder. Taken keys are renewed while later ones are awaited.
+///
+/// **Fencing is per key.** Each key's lease has its own token
+/// ([`MultiGuard::fencing_tokens`]); a store fences a stale holder of a key by keeping the
+/// highest token it has seen for that key.
+///
+/// **When one key's lease is lost** (its TTL ran out unrenewed, its session or
+/// connection ended) while the others hold, the guard reports it — [`is_lost`] turns
+/// true, [`lost`] completes, [`lost_keys`] names it — and keeps the others until it is
+/// released or dropped: stop the work that needed all of them, then release the guard.
+///
+/// [`is_lost`]: MultiGuard::is_lost
+/// [`lost`]: MultiGuard::lost
+/// [`lost_keys`]: MultiGuard::lost_keys
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tenure_api::{AcquireOptions, DistributedLock, LockKey, MemoryLock, MultiLock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tenure_api::LockError> {
+/// let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+/// let (from, to) = (LockKey::new("account/17")?, LockKey::new("account/4")?);
+/// let transfer = MultiLock::new(lock.clone(), [from.clone(), to.clone()])?;
+/// let opts = AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+/// let guard = transfer.lock(&opts).await?;
+/// for (key, token) in guard.fencing_tokens() {
+///     println!("write {key} with fence {token}");
+/// }
+/// assert!(lock.try_acquire(&to, Duration::from_secs(30)).await?.is_none());
+/// guard.release().await?;
+/// assert!(lock.try_acquire(&to, Duration::from_secs(30)).await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    lock: Arc<dyn DistributedLock>,
+    keys: Vec<LockKey>,
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLock")
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl MultiLock {
+    /// The keys `keys` (at least one, each once) on `lock`. No key, or a key given twice,
+    /// is [`LockError::InvalidInput`].
+    pub fn new(
+        lock: Arc<dyn DistributedLock>,
+        keys: impl IntoIterator<Item = LockKey>,
+    ) -> Result<Self, LockError> {
+        let mut keys: Vec<LockKey> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return Err(LockError::InvalidInput("a multi-lock needs a key".into()));
+        }
+        keys.sort();
+        if let Some(pair) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(LockError::InvalidInput(format!(
+                "key `{}` is given twice to one multi-lock",
+                pair[0]
+            )));
+        }
+        Ok(Self { lock, keys })
+    }
+
+    /// The keys, in the order they are taken (sorted).
+    pub fn keys(&self) -> &[LockKey] {
+        &self.keys
+    }
+
+    /// Takes every key, in order, each waiting for what is left of `opts.wait` (so a
+    /// zero wait is one attempt per key), and returns a guard renewing them all; `opts`'
+    /// TTL and label go to every key. If a key cannot be had, the keys taken are released
+    /// and its error is returned ([`LockError::Timeout`] while it is held elsewhere).
+    ///
+    /// # Cancel safety
+    /// Dropped midway, the keys taken so far are released in the background (their
+    /// guards' drop), and the one being awaited as [`LockExt::lock`] leaves it.
+    pub async fn lock(&self, opts: &AcquireOptions) -> Result<MultiGuard, LockError> {
+        opts.validate()?;
+        let deadline = opts.wait_deadline(Instant::now());
+        let mut guards = Vec::with_capacity(self.keys.len());
+        for key in &self.keys {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lock.lock(key, &opts.clone().wait(left)).await {
+                Ok(guard) => guards.push(guard),
+                Err(error) => {
+                    release_all(guards).await;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(MultiGuard { guards })
+    }
+}
+
+/// Releases `guards`, their errors ignored: for an attempt that is given up.
+async fn release_all(guards: Vec<LockGuard>) {
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+}
+
+/// Every key of a [`MultiLock`], each on a renewing [`LockGuard`], released together.
+/// Dropped without [`release`](Self::release), each key is released in the background.
+#[derive(Debug)]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// The guard of each key, in key order.
+    pub fn members(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// Each key with its lease's fencing token, in key order.
+    pub fn fencing_tokens(&self) -> Vec<(LockKey, FencingToken)> {
+        self.guards
+            .iter()
+            .map(|guard| (guard.key().clone(), guard.fencing_token()))
+            .collect()
+    }
+
+    /// True once any key's lease is lost.
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(LockGuard::is_lost)
+    }
+
+    /// The keys whose lease is lost.
+    pub fn lost_keys(&self) -> Vec<LockKey> {
+        self.guards
+            .iter()
+            .filter(|guard| guard.is_lost())
+            .map(|guard| guard.key().clone())
+            .collect()
+    }
+
+    /// Completes when any key's lease is lost, at the earliest deadline at the latest.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn lost(&self) {
+        let each = self.guards.iter().map(|guard| Box::pin(guard.lost()));
+        futures::future::select_all(each).await;
+    }
+
+    /// Stops renewing and releases every key (each, whatever the others' outcome):
+    /// [`ReleaseOutcome::Released`] if every key was still ours, else
+    /// [`ReleaseOutcome::NotHeld`]; the first error, once every key was tried.
+    ///
+    /// # Cancel safety
+    /// Dropped midway, the keys not yet released are released in the background.
+    pub async fn release(self) -> Result<ReleaseOutcome, LockError> {
+        let mut outcome = ReleaseOutcome::Released;
+        let mut first_error = None;
+        for guard in self.guards {
+            match guard.release().await {
+                Ok(ReleaseOutcome::Released) => {}
+                Ok(ReleaseOutcome::NotHeld) => outcome = ReleaseOutcome::NotHeld,
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(outcome),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryLock;
+
+    #[test]
+    fn keys_are_taken_sorted_and_each_once() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let keys = ["c", "a", "b"].map(|k| LockKey::new(k).unwrap());
+        let multi = MultiLock::new(lock.clone(), keys.clone()).unwrap();
+        let names: Vec<&str> = multi.keys().iter().map(LockKey::as_str).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        let twice = MultiLock::new(lock.clone(), [keys[0].clone(), keys[0].clone()]);
+        assert!(
+            matches!(twice, Err(LockError::InvalidInput(_))),
+            "{twice:?}"
+        );
+        assert!(MultiLock::new(lock, []).is_err());
+    }
+
+    #[tokio::test]
+    async fn all_or_none() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let keys: Vec<LockKey> = ["a", "b", "c"].map(|k| LockKey::new(k).unwrap()).into();
+        let ttl = Duration::from_secs(30);
+        let b = lock.try_acquire(&keys[1], ttl).await.unwrap().unwrap();
+        let multi = MultiLock::new(lock.clone(), keys.clone()).unwrap();
+        let now = AcquireOptions::new(ttl).wait(Duration::ZERO);
+        let refused = multi.lock(&now).await.unwrap_err();
+        assert!(matches!(refused, LockError::Timeout { .. }), "{refused:?}");
+        assert!(
+            lock.inspect(&keys[0]).await.unwrap().is_none(),
+            "a was given back"
+        );
+        lock.release(b).await.unwrap();
+        let guard = multi.lock(&now).await.unwrap();
+        assert_eq!(guard.fencing_tokens().len(), 3);
+        assert!(!guard.is_lost() && guard.lost_keys().is_empty());
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+        for key in &keys {
+            assert!(lock.inspect(key).await.unwrap().is_none());
+        }
+    }
+}
