@@ -330,21 +330,29 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     /// no longer ours.
     ///
     /// # Cancel safety
-    /// If dropped, the lock is released in the background as by `Drop`.
+    /// If dropped, the lock is still released: in the background as by `Drop` before the
+    /// release was sent, by the task that sends it after (so a caller that gives up on
+    /// the reply never leaves the lock held until its TTL).
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.shared.stop.cancel();
-        if let Some(watchdog) = self.watchdog.take() {
-            if let Err(error) = watchdog.await {
+        if let Some(watchdog) = self.watchdog.as_mut() {
+            // Taken only once it has ended: dropped while waiting, `Drop` releases.
+            let ended = watchdog.await;
+            self.watchdog = None;
+            if let Err(error) = ended {
                 self.shared
                     .lost
                     .mark(format!("the renewal task ended abnormally: {error}"));
             }
         }
         let lease = locked(&self.shared.lease).take();
-        match lease {
-            Some(lease) => self.shared.lock.release(lease).await,
-            None => Ok(ReleaseOutcome::NotHeld),
-        }
+        let Some(lease) = lease else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.lock.release(lease).await })
+            .await
+            .map_err(|error| LockError::backend(format!("the release task failed: {error}")))?
     }
 }
 

@@ -61,6 +61,7 @@ pub struct MultiLock {
 impl fmt::Debug for MultiLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MultiLock")
+            .field("lock", &self.lock)
             .field("keys", &self.keys)
             .finish()
     }
@@ -94,8 +95,12 @@ impl MultiLock {
 
     /// Takes every key, in order, each waiting for what is left of `opts.wait` (so a
     /// zero wait is one attempt per key), and returns a guard renewing them all; `opts`'
-    /// TTL and label go to every key. If a key cannot be had, the keys taken are released
-    /// and its error is returned ([`LockError::Timeout`] while it is held elsewhere).
+    /// TTL and label go to every key. If a key cannot be had, the keys taken are given
+    /// back and its error is returned ([`LockError::Timeout`] while it is held
+    /// elsewhere); if a key taken was lost while later ones were awaited, they all are,
+    /// and the error is [`LockError::LeaseLost`] naming it — a guard is never handed out
+    /// with a key already lost. Giving back is best effort: a key whose release fails
+    /// stays held until its lease ends (TTL, session or connection).
     ///
     /// # Cancel safety
     /// Dropped midway, the keys taken so far are released in the background (their
@@ -106,27 +111,43 @@ impl MultiLock {
         let mut guards = Vec::with_capacity(self.keys.len());
         for key in &self.keys {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lock.lock(key, &opts.clone().wait(left)).await {
-                Ok(guard) => guards.push(guard),
-                Err(error) => {
-                    release_all(guards).await;
-                    return Err(error);
-                }
+            let taken = self.lock.lock(key, &opts.clone().wait(left)).await;
+            let taken = taken.and_then(|guard| {
+                guards.push(guard);
+                lost_while_waiting(&guards)
+            });
+            if let Err(error) = taken {
+                release_all(guards).await;
+                return Err(error);
             }
         }
         Ok(MultiGuard { guards })
     }
 }
 
-/// Releases `guards`, their errors ignored: for an attempt that is given up.
-async fn release_all(guards: Vec<LockGuard>) {
-    for guard in guards {
-        let _ = guard.release().await;
+/// [`LockError::LeaseLost`] if a key of `guards` is lost.
+fn lost_while_waiting(guards: &[LockGuard]) -> Result<(), LockError> {
+    match guards.iter().find(|guard| guard.is_lost()) {
+        Some(lost) => Err(LockError::lost(format!(
+            "`{}` was lost while later keys were awaited ({})",
+            lost.key(),
+            lost.lost_signal()
+                .reason()
+                .unwrap_or_else(|| "its deadline passed".into())
+        ))),
+        None => Ok(()),
     }
 }
 
+/// Releases `guards` at once, their errors ignored: for an attempt that is given up.
+async fn release_all(guards: Vec<LockGuard>) {
+    futures::future::join_all(guards.into_iter().map(LockGuard::release)).await;
+}
+
 /// Every key of a [`MultiLock`], each on a renewing [`LockGuard`], released together.
-/// Dropped without [`release`](Self::release), each key is released in the background.
+/// Dropped without [`release`](Self::release), each key is released in the background on
+/// the current Tokio runtime (with none, each lease ends by itself: TTL, session or
+/// connection).
 #[derive(Debug)]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
@@ -169,17 +190,19 @@ impl MultiGuard {
         futures::future::select_all(each).await;
     }
 
-    /// Stops renewing and releases every key (each, whatever the others' outcome):
-    /// [`ReleaseOutcome::Released`] if every key was still ours, else
-    /// [`ReleaseOutcome::NotHeld`]; the first error, once every key was tried.
+    /// Stops renewing and releases every key, at once (each whatever the others'
+    /// outcome): [`ReleaseOutcome::Released`] if every key was still ours, else
+    /// [`ReleaseOutcome::NotHeld`]; the first error, in key order.
     ///
     /// # Cancel safety
-    /// Dropped midway, the keys not yet released are released in the background.
+    /// Dropped midway, every key is still released ([`LockGuard::release`]).
     pub async fn release(self) -> Result<ReleaseOutcome, LockError> {
         let mut outcome = ReleaseOutcome::Released;
         let mut first_error = None;
-        for guard in self.guards {
-            match guard.release().await {
+        let released =
+            futures::future::join_all(self.guards.into_iter().map(LockGuard::release)).await;
+        for result in released {
+            match result {
                 Ok(ReleaseOutcome::Released) => {}
                 Ok(ReleaseOutcome::NotHeld) => outcome = ReleaseOutcome::NotHeld,
                 Err(error) => {
@@ -214,6 +237,50 @@ mod tests {
             "{twice:?}"
         );
         assert!(MultiLock::new(lock, []).is_err());
+    }
+
+    /// A key lost while a later one is awaited fails the whole lock: no guard is handed
+    /// out with a key already lost, and the later key is given back too.
+    #[tokio::test]
+    async fn a_key_lost_while_waiting_for_the_next_fails_the_lock() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
+        let ttl = Duration::from_secs(30);
+        let held = lock.try_acquire(&b, ttl).await.unwrap().unwrap();
+        let multi = MultiLock::new(lock.clone(), [a.clone(), b.clone()]).unwrap();
+        let short = AcquireOptions::new(Duration::from_millis(300)).wait(Duration::from_secs(10));
+        let waiting = tokio::spawn(async move { multi.lock(&short).await });
+        let holder = loop {
+            if let Some(holder) = lock.inspect(&a).await.unwrap() {
+                break holder;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        // Released behind the multi-lock's back: its guard finds it lost at a renewal.
+        let behind = crate::Lease::new(
+            a.clone(),
+            holder.owner,
+            holder.token.unwrap(),
+            Instant::now(),
+            ttl,
+            Duration::ZERO,
+        );
+        assert_eq!(
+            lock.release(behind).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lock.release(held).await.unwrap();
+        let refused = waiting.await.unwrap().unwrap_err();
+        assert!(
+            matches!(refused, LockError::LeaseLost { .. }),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("`a` was lost"), "{refused}");
+        assert!(
+            lock.inspect(&b).await.unwrap().is_none(),
+            "b was given back"
+        );
     }
 
     #[tokio::test]

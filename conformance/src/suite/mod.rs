@@ -429,7 +429,7 @@ pub async fn acquire_times_out_while_held(ctx: &Ctx<'_>) -> Outcome {
 /// renewal reaching the server before the lease's end, and on a loaded 2-core machine
 /// the 250–330 ms a 500 ms lease leaves after a renewal interval is not always enough
 /// (a Postgres holder's session was ended by its idle timer in a matrix run).
-fn keepalive_ttl(ctx: &Ctx<'_>) -> Duration {
+pub(super) fn keepalive_ttl(ctx: &Ctx<'_>) -> Duration {
     ctx.short_ttl().max(Duration::from_secs(1))
 }
 

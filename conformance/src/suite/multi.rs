@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tenure_api::{AcquireOptions, LockError, LockKey, MultiLock, ReleaseOutcome};
 
-use super::{holder, must_acquire, Ctx, Failure, Outcome, LONG_TTL};
+use super::{holder, keepalive_ttl, must_acquire, Ctx, Failure, Outcome, LONG_TTL};
 use crate::ensure;
 
 /// A multi-lock that finds one of its keys held takes none (the keys it took are given
@@ -90,10 +90,14 @@ pub async fn multilocks_on_overlapping_keys_never_deadlock(ctx: &Ctx<'_>) -> Out
             Ok(())
         }));
     }
+    let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
     let all = futures::future::join_all(tasks);
-    let done = tokio::time::timeout(Duration::from_secs(60), all)
-        .await
-        .map_err(|_| Failure("multi-locks on overlapping keys did not finish in 60 s".into()))?;
+    let Ok(done) = tokio::time::timeout(Duration::from_secs(60), all).await else {
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+        return Err(Failure(
+            "multi-locks on overlapping keys did not finish in 60 s".into(),
+        ));
+    };
     for result in done {
         result.map_err(|e| Failure(format!("a multi-lock task failed: {e}")))??;
     }
@@ -105,7 +109,8 @@ pub async fn multilocks_on_overlapping_keys_never_deadlock(ctx: &Ctx<'_>) -> Out
 pub async fn multilock_reports_a_lost_member(ctx: &Ctx<'_>) -> Outcome {
     let keys = [ctx.key("lost/a"), ctx.key("lost/b")];
     let (lock, other) = (ctx.client().await?, ctx.client().await?);
-    let ttl = ctx.short_ttl();
+    // Key b must stay renewed throughout: the keep-alive TTL, not the shortest.
+    let ttl = keepalive_ttl(ctx);
     let multi = MultiLock::new(lock.clone(), keys.clone())?;
     let guard = multi
         .lock(&AcquireOptions::new(ttl).wait(Duration::from_secs(10)))
@@ -122,9 +127,14 @@ pub async fn multilock_reports_a_lost_member(ctx: &Ctx<'_>) -> Outcome {
     tokio::time::timeout(ttl * 4 + Duration::from_secs(5), guard.lost())
         .await
         .map_err(|_| Failure("the lost key was not reported".into()))?;
+    let reasons: Vec<_> = guard
+        .members()
+        .iter()
+        .map(|member| (member.key().clone(), member.lost_signal().reason()))
+        .collect();
     ensure!(
         guard.lost_keys() == [keys[0].clone()],
-        "lost keys: {:?}",
+        "lost keys: {:?}; why: {reasons:?}",
         guard.lost_keys()
     );
     ensure!(
