@@ -167,6 +167,22 @@ impl MultiGuard {
             .collect()
     }
 
+    /// The earliest of the keys' lease deadlines (each moves with its renewals).
+    pub fn deadline(&self) -> Instant {
+        let deadlines = self.guards.iter().map(LockGuard::deadline);
+        deadlines.min().unwrap_or_else(Instant::now)
+    }
+
+    /// Why the first lost key was lost (`` `key`: reason ``), once one is.
+    pub fn lost_reason(&self) -> Option<String> {
+        let lost = self.guards.iter().find(|guard| guard.is_lost())?;
+        let reason = lost.lost_signal().reason()?;
+        Some(match self.guards.len() {
+            1 => reason,
+            _ => format!("`{}`: {reason}", lost.key()),
+        })
+    }
+
     /// True once any key's lease is lost.
     pub fn is_lost(&self) -> bool {
         self.guards.iter().any(LockGuard::is_lost)

@@ -89,6 +89,104 @@ fn with_nothing_configured_run_locks_with_this_hosts_files() {
     }
 }
 
+/// `tenure run` with several `--key`s holds them all or none: the command gets their
+/// tokens and names joined by commas (in key order, whatever the order given), a run on
+/// any one of them is busy meanwhile, and a key that is held keeps the whole run out.
+#[test]
+fn run_with_several_keys_holds_them_all_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let out = output(&[
+        "--url",
+        &url,
+        "run",
+        "--key",
+        "b",
+        "--key",
+        "a",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$TENURE_KEY $TENURE_FENCE\"",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = stdout(&out);
+    let (keys, fences) = printed.split_once(' ').unwrap();
+    assert_eq!(keys, "a,b");
+    let fences: Vec<u64> = fences.split(',').map(|t| t.parse().unwrap()).collect();
+    assert_eq!(fences.len(), 2, "{printed}");
+    // While a run holds a and b, a run on b is busy; one on c and a gets neither.
+    let mut holding = tenure(&[
+        "--url", &url, "run", "--key", "a", "--key", "b", "--", "sleep", "30",
+    ])
+    .spawn()
+    .unwrap();
+    let mut busy = None;
+    for _ in 0..100 {
+        let out = output(&[
+            "--url", &url, "run", "--key", "b", "--wait", "0s", "--", "true",
+        ]);
+        if out.status.code() == Some(75) {
+            busy = Some(out);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        busy.is_some(),
+        "a run on b was never busy while a and b were held"
+    );
+    let out = output(&[
+        "--url", &url, "run", "--key", "c", "--key", "a", "--wait", "0s", "--", "true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = output(&["--url", &url, "inspect", "c"]);
+    assert!(
+        stdout(&out).contains(r#""held":false"#),
+        "c was given back: {}",
+        stdout(&out)
+    );
+    // Stopped as a user stops it: tenure stops the command and releases.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(holding.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let stopped = holding.wait().unwrap();
+    assert_eq!(stopped.code(), Some(128 + 15), "{stopped:?}");
+    let out = output(&["--url", &url, "inspect", "a"]);
+    assert!(
+        stdout(&out).contains(r#""held":false"#),
+        "a released: {}",
+        stdout(&out)
+    );
+    // One key only where several make no sense.
+    for args in [
+        &[
+            "run",
+            "--permits",
+            "2",
+            "--key",
+            "a",
+            "--key",
+            "b",
+            "--",
+            "true",
+        ][..],
+        &["acquire", "--key", "a", "--key", "b"][..],
+    ] {
+        let out = output(&[&["--url", &url][..], args].concat());
+        assert_eq!(out.status.code(), Some(78), "{args:?}");
+    }
+}
+
 #[test]
 fn config_errors_are_clear_and_redacted() {
     let out = output(&[

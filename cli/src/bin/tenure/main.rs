@@ -174,9 +174,10 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct LockArgs {
-    /// The lock key.
-    #[arg(long)]
-    key: String,
+    /// The lock key. `run` takes it more than once to hold several keys at once, all or
+    /// none (taken in sorted order, so runs on overlapping keys never deadlock).
+    #[arg(long, required = true)]
+    key: Vec<String>,
     /// Lease TTL (default: TENURE_TTL, else the config file's ttl, else 30s).
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Option<Duration>,
@@ -289,12 +290,28 @@ impl LockArgs {
         config.wait = self.wait.unwrap_or(config.wait);
     }
 
-    /// The key, the TTL and wait of `config` (which [`config`] gave the flags), and the
+    /// The keys, the TTL and wait of `config` (which [`config`] gave the flags), and the
     /// label.
-    fn options(&self, config: &Config) -> Result<(LockKey, AcquireOptions), LockError> {
+    fn options(&self, config: &Config) -> Result<(Vec<LockKey>, AcquireOptions), LockError> {
         let mut opts = config.acquire_options();
         opts.label.clone_from(&self.label);
-        Ok((LockKey::new(self.key.clone())?, opts))
+        let keys = self.key.iter().cloned().map(LockKey::new);
+        Ok((keys.collect::<Result<_, _>>()?, opts))
+    }
+
+    /// As [`options`](Self::options), for a command that takes one key.
+    fn one_key(
+        &self,
+        config: &Config,
+        command: &str,
+    ) -> Result<(LockKey, AcquireOptions), LockError> {
+        let (mut keys, opts) = self.options(config)?;
+        match (keys.pop(), keys.is_empty()) {
+            (Some(key), true) => Ok((key, opts)),
+            _ => Err(LockError::InvalidInput(format!(
+                "`tenure {command}` takes one --key (only `tenure run` holds several)"
+            ))),
+        }
     }
 }
 
@@ -319,8 +336,13 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             permits,
             cmd,
         } => {
-            let (key, opts) = args.options(&config)?;
+            let (keys, opts) = args.options(&config)?;
             let lock = match permits {
+                Some(_) if keys.len() > 1 => {
+                    return Err(LockError::InvalidInput(
+                        "--permits takes one --key: a semaphore is one name's permits".into(),
+                    ))
+                }
                 Some(permits) => Arc::new(Semaphore::new(lock, permits)?),
                 None => lock,
             };
@@ -328,7 +350,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                 grace,
                 hold_at_least,
             };
-            run::run_under_lock(lock, key, opts, options, cmd).await
+            run::run_under_lock(lock, keys, opts, options, cmd).await
         }
         Command::Elect {
             name,
@@ -345,10 +367,10 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                 grace,
                 hold_at_least: Duration::ZERO,
             };
-            run::run_under_lock(lock, name, opts, options, cmd).await
+            run::run_under_lock(lock, vec![name], opts, options, cmd).await
         }
         Command::Acquire { lock: args } => {
-            let (key, opts) = args.options(&config)?;
+            let (key, opts) = args.one_key(&config, "acquire")?;
             let expiry = lock.capabilities().expiry;
             if matches!(
                 expiry,

@@ -2,7 +2,8 @@
 //!
 //! Three processes take part:
 //!
-//! - **tenure** holds the lock (a renewing [`LockGuard`]), is a child subreaper on Linux so
+//! - **tenure** holds the lock (a renewing [`MultiGuard`] of one key or several), is a
+//!   child subreaper on Linux so
 //!   that orphaned members of the command's process group are reaped by it, and decides
 //!   when the command must stop.
 //! - **the keeper** (`tenure __keeper`, this same binary) is spawned by tenure as the
@@ -32,7 +33,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
-use tenure::{AcquireOptions, DistributedLock, LockError, LockExt, LockGuard, LockKey};
+use tenure::{AcquireOptions, DistributedLock, LockError, LockKey, MultiGuard, MultiLock};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 use tokio::signal::unix::{signal as signal_stream, SignalKind};
@@ -136,16 +137,18 @@ enum End {
 /// Runs `cmd` under `key`: see the module docs.
 pub(crate) async fn run_under_lock(
     lock: Arc<dyn DistributedLock>,
-    key: LockKey,
+    keys: Vec<LockKey>,
     opts: AcquireOptions,
     run: RunOptions,
     cmd: Vec<String>,
 ) -> Result<ExitCode, LockError> {
     let plan = StopPlan::new(opts.ttl, run.grace)?;
+    let multi = MultiLock::new(lock, keys)?;
+    let key = joined(multi.keys().iter().map(LockKey::as_str), "`, `");
     let mut signals = StopSignals::new()?;
     let mut group = Group::new()?;
     let guard = tokio::select! {
-        guard = lock.lock(&key, &opts) => guard?,
+        guard = multi.lock(&opts) => guard?,
         signal = signals.recv() => return Ok(signalled(signal)),
     };
     let granted = Instant::now();
@@ -156,7 +159,7 @@ pub(crate) async fn run_under_lock(
     let end = watch(&guard, plan, &mut signals, &mut group).await;
     let code = match end {
         End::Exited(code) if guard.is_lost() || group.keeper_stopped().await => {
-            let reason = match guard.lost_signal().reason() {
+            let reason = match guard.lost_reason() {
                 Some(reason) => format!("lost ({reason})"),
                 None => "not renewed in time: tenure was not running".into(),
             };
@@ -181,7 +184,7 @@ pub(crate) async fn run_under_lock(
                 _ = guard.lost() => eprintln!(
                     "tenure: the command finished, but the lease on `{key}` was lost before \
                      --hold-at-least ran out ({})",
-                    guard.lost_signal().reason().unwrap_or_default()
+                    guard.lost_reason().unwrap_or_default()
                 ),
                 signal = signals.recv() => {
                     release(guard).await;
@@ -207,10 +210,20 @@ pub(crate) async fn run_under_lock(
     Ok(code)
 }
 
+/// `items` joined by `separator`.
+fn joined<T: AsRef<str>>(items: impl Iterator<Item = T>, separator: &str) -> String {
+    items
+        .collect::<Vec<T>>()
+        .iter()
+        .map(AsRef::as_ref)
+        .collect::<Vec<&str>>()
+        .join(separator)
+}
+
 /// Releases the lock at the end of a run. A failure is reported, not returned: the exit
 /// status says how the command ended, and the lease expires on its own.
-async fn release(guard: LockGuard) {
-    let key = guard.key().clone();
+async fn release(guard: MultiGuard) {
+    let key = joined(guard.members().iter().map(|m| m.key().as_str()), "`, `");
     match guard.release().await {
         Ok(_) => {}
         Err(error) => eprintln!(
@@ -223,16 +236,19 @@ async fn release(guard: LockGuard) {
 /// Waits until the command exits, tenure is signalled, or the lease is lost — or is
 /// about to expire without a renewal, `plan.budget()` before its deadline.
 async fn watch(
-    guard: &LockGuard,
+    guard: &MultiGuard,
     plan: StopPlan,
     signals: &mut StopSignals,
     group: &mut Group,
 ) -> End {
     // Often enough that the keeper hears of a renewal long before the old deadline's stop.
-    let ttl = guard
-        .lease()
-        .await
-        .map_or(Duration::from_secs(1), |l| l.ttl());
+    let mut ttl = None::<Duration>;
+    for member in guard.members() {
+        if let Some(lease) = member.lease().await {
+            ttl = Some(ttl.map_or(lease.ttl(), |t| t.min(lease.ttl())));
+        }
+    }
+    let ttl = ttl.unwrap_or(Duration::from_secs(1));
     let mut tell = tokio::time::interval((ttl / 20).clamp(MIN_TELL, MAX_TELL));
     loop {
         group.reap();
@@ -245,7 +261,7 @@ async fn watch(
             _ = tell.tick() => group.tell(guard.deadline()).await,
             signal = signals.recv() => return End::Signal(signal),
             _ = guard.lost() => {
-                return End::Lost(guard.lost_signal().reason().unwrap_or_default());
+                return End::Lost(guard.lost_reason().unwrap_or_default());
             }
             _ = tokio::time::sleep_until(stop_at.into()) => {
                 if guard.deadline() <= Instant::now() + plan.budget() {
@@ -354,11 +370,15 @@ impl Group {
     async fn spawn(
         &mut self,
         cmd: &[String],
-        guard: &LockGuard,
+        guard: &MultiGuard,
         plan: StopPlan,
     ) -> Result<(), LockError> {
         let (listener, rendezvous) = switch::listen()
             .map_err(|e| LockError::backend(format!("cannot open the keeper's switch: {e}")))?;
+        // One key's token and name; several keys' joined by commas, in key order.
+        let tokens = guard.fencing_tokens();
+        let fences = joined(tokens.iter().map(|(_, token)| token.to_string()), ",");
+        let keys = joined(tokens.iter().map(|(key, _)| key.as_str()), ",");
         let keeper = std::process::Command::new(own_executable())
             .arg0("tenure")
             .arg("__keeper")
@@ -376,8 +396,8 @@ impl Group {
             .arg(format!("--margin-ms={}", plan.margin.as_millis()))
             .arg("--")
             .args(cmd)
-            .env("TENURE_FENCE", guard.fencing_token().to_string())
-            .env("TENURE_KEY", guard.key().as_str())
+            .env("TENURE_FENCE", fences)
+            .env("TENURE_KEY", keys)
             .process_group(0)
             .spawn()
             .map_err(|e| LockError::backend(format!("cannot start the keeper process: {e}")))?;
