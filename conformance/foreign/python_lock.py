@@ -16,15 +16,24 @@ def kazoo_lock(hosts, session_ms, path, *patterns):
 
     zk = KazooClient(hosts=hosts, timeout=int(session_ms) / 1000)
     zk.start(timeout=30)
-    lock = zk.Lock(path, "kazoo-worker", extra_lock_patterns=patterns)
+    held = []
 
     def acquire(seconds):
+        # A Lock per use, as docs/interop.md advises: a Lock makes its path once, and the
+        # server removes a container path (Curator's, tenure's) once it is empty.
+        lock = zk.Lock(path, "kazoo-worker", extra_lock_patterns=patterns)
         try:
-            return lock.acquire(timeout=seconds)
+            acquired = lock.acquire(timeout=seconds)
         except LockTimeout:
-            return False
+            acquired = False
+        if acquired:
+            held.append(lock)
+        return acquired
 
-    return acquire, lock.release
+    def release():
+        held.pop().release()
+
+    return acquire, release
 
 
 def redis_py_lock(url, name, timeout_ms):

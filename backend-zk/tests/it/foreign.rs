@@ -203,6 +203,41 @@ async fn curator_and_kazoo_share_a_lock_with_tenure() {
     share_a_lock(&lock, &k, kazoo).await;
 }
 
+/// kazoo on a key directory tenure made (a container, as Curator makes them) takes the
+/// lock again after the server removed the emptied directory — its driver makes a `Lock`
+/// per use, as docs/interop.md advises. With one `Lock` for the process (the driver
+/// before), the second acquire failed with `NoNodeError`: `curator_and_kazoo_share_a_lock_with_tenure`
+/// failed that way once in four `./x test` runs, when the removal came between two uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_takes_a_lock_again_after_its_container_directory_is_removed() {
+    let zk = ensemble().await;
+    let hosts = zk.connect_string();
+    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
+        .await
+        .unwrap();
+    let k = LockKey::new("job-kazoo-again").unwrap();
+    let dir = lock.lock_dir(&k);
+    let lease = lock
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("a free key");
+    lock.release(lease).await.unwrap();
+    let mut kazoo = kazoo(&hosts, &dir, &["-lock-"]).await;
+    assert!(kazoo.acquire(Duration::from_secs(10)).await, "kazoo: free");
+    kazoo.release().await;
+    removed(&hosts, &dir).await;
+    assert!(
+        kazoo.acquire(Duration::from_secs(10)).await,
+        "kazoo: free again, its directory made anew"
+    );
+    assert!(
+        lock.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "tenure granted beside kazoo"
+    );
+    kazoo.release().await;
+}
+
 /// `node_names=kazoo` shares a lock with kazoo's `Lock` as it comes; `prefix=` makes the
 /// key's directory the path kazoo is given, `<chroot>/<key>`, persistent as kazoo makes
 /// it (a container would be removed once empty, and kazoo's `Lock` then fails).
