@@ -1,6 +1,7 @@
 //! All of several keys or none, on any lock: [`MultiLock`] and its [`MultiGuard`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -106,22 +107,56 @@ impl MultiLock {
     /// Dropped midway, the keys taken so far are released in the background (their
     /// guards' drop), and the one being awaited as [`LockExt::lock`] leaves it.
     pub async fn lock(&self, opts: &AcquireOptions) -> Result<MultiGuard, LockError> {
+        let stop = std::future::pending::<std::convert::Infallible>();
+        match self.lock_until(opts, stop).await? {
+            Ok(guard) => Ok(guard),
+            Err(never) => match never {},
+        }
+    }
+
+    /// As [`lock`](Self::lock), given up if `stop` completes first: the keys taken so
+    /// far are then released — awaited, not left to a background task that a process
+    /// about to exit would never run — and `stop`'s output is returned as `Ok(Err(_))`.
+    /// What `tenure run` waits with, so that a signal during the wait frees every key.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn lock_until<S: Future>(
+        &self,
+        opts: &AcquireOptions,
+        stop: S,
+    ) -> Result<Result<MultiGuard, S::Output>, LockError> {
         opts.validate()?;
-        let deadline = opts.wait_deadline(Instant::now());
+        let started = Instant::now();
+        let deadline = opts.wait_deadline(started);
+        let mut stop = std::pin::pin!(stop);
         let mut guards = Vec::with_capacity(self.keys.len());
         for key in &self.keys {
             let left = deadline.saturating_duration_since(Instant::now());
-            let taken = self.lock.lock(key, &opts.clone().wait(left)).await;
+            let key_opts = opts.clone().wait(left);
+            let taken = tokio::select! {
+                taken = self.lock.lock(key, &key_opts) => taken,
+                stopped = &mut stop => {
+                    release_all(guards).await;
+                    return Ok(Err(stopped));
+                }
+            };
             let taken = taken.and_then(|guard| {
                 guards.push(guard);
                 lost_while_waiting(&guards)
             });
             if let Err(error) = taken {
                 release_all(guards).await;
-                return Err(error);
+                return Err(match error {
+                    // The whole wait, not the last key's share of it.
+                    LockError::Timeout { .. } => LockError::Timeout {
+                        waited: started.elapsed(),
+                    },
+                    other => other,
+                });
             }
         }
-        Ok(MultiGuard { guards })
+        Ok(Ok(MultiGuard { guards }))
     }
 }
 
@@ -297,6 +332,26 @@ mod tests {
             lock.inspect(&b).await.unwrap().is_none(),
             "b was given back"
         );
+    }
+
+    /// Stopped while it waits for a later key, it has given the keys it took back by the
+    /// time it returns (a process exiting next leaves nothing held).
+    #[tokio::test]
+    async fn a_stopped_wait_gives_the_keys_taken_back_before_returning() {
+        let lock: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new());
+        let (a, b) = (LockKey::new("a").unwrap(), LockKey::new("b").unwrap());
+        let ttl = Duration::from_secs(30);
+        let held = lock.try_acquire(&b, ttl).await.unwrap().unwrap();
+        let multi = MultiLock::new(lock.clone(), [a.clone(), b]).unwrap();
+        let opts = AcquireOptions::new(ttl).wait(Duration::from_secs(60));
+        let stop = tokio::time::sleep(Duration::from_millis(200));
+        let stopped = multi.lock_until(&opts, stop).await.unwrap();
+        assert!(stopped.is_err(), "stopped, not granted");
+        assert!(
+            lock.inspect(&a).await.unwrap().is_none(),
+            "a given back already"
+        );
+        lock.release(held).await.unwrap();
     }
 
     #[tokio::test]

@@ -141,8 +141,9 @@ fn run_with_several_keys_holds_them_all_or_none() {
         busy.is_some(),
         "a run on b was never busy while a and b were held"
     );
+    // `0` sorts first: it is taken, then `b` is found held, and `0` is given back.
     let out = output(&[
-        "--url", &url, "run", "--key", "c", "--key", "a", "--wait", "0s", "--", "true",
+        "--url", &url, "run", "--key", "b", "--key", "0", "--wait", "0s", "--", "true",
     ]);
     assert_eq!(
         out.status.code(),
@@ -150,23 +151,29 @@ fn run_with_several_keys_holds_them_all_or_none() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = output(&["--url", &url, "inspect", "c"]);
+    let out = output(&["--url", &url, "inspect", "0"]);
     assert!(
         stdout(&out).contains(r#""held":false"#),
-        "c was given back: {}",
+        "0 was given back: {}",
         stdout(&out)
+    );
+    assert!(
+        dir.path().join("0.state").exists(),
+        "0 was taken before b was found held"
     );
     // Stopped as a user stops it: tenure stops the command and releases.
     let pid = nix::unistd::Pid::from_raw(i32::try_from(holding.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let stopped = holding.wait().unwrap();
     assert_eq!(stopped.code(), Some(128 + 15), "{stopped:?}");
-    let out = output(&["--url", &url, "inspect", "a"]);
-    assert!(
-        stdout(&out).contains(r#""held":false"#),
-        "a released: {}",
-        stdout(&out)
-    );
+    for key in ["a", "b"] {
+        let out = output(&["--url", &url, "inspect", key]);
+        assert!(
+            stdout(&out).contains(r#""held":false"#),
+            "{key} released: {}",
+            stdout(&out)
+        );
+    }
     // One key only where several make no sense.
     for args in [
         &[
@@ -181,6 +188,7 @@ fn run_with_several_keys_holds_them_all_or_none() {
             "true",
         ][..],
         &["acquire", "--key", "a", "--key", "b"][..],
+        &["run", "--key", "a,b", "--key", "c", "--", "true"][..],
     ] {
         let out = output(&[&["--url", &url][..], args].concat());
         assert_eq!(out.status.code(), Some(78), "{args:?}");

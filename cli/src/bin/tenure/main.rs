@@ -337,6 +337,15 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             cmd,
         } => {
             let (keys, opts) = args.options(&config)?;
+            if let Some(key) = keys
+                .iter()
+                .find(|k| keys.len() > 1 && k.as_str().contains(','))
+            {
+                return Err(LockError::InvalidInput(format!(
+                    "`{key}` contains a comma: with several --key, TENURE_KEY joins them with \
+                     commas"
+                )));
+            }
             let lock = match permits {
                 Some(_) if keys.len() > 1 => {
                     return Err(LockError::InvalidInput(

@@ -147,9 +147,10 @@ pub(crate) async fn run_under_lock(
     let key = joined(multi.keys().iter().map(LockKey::as_str), "`, `");
     let mut signals = StopSignals::new()?;
     let mut group = Group::new()?;
-    let guard = tokio::select! {
-        guard = multi.lock(&opts) => guard?,
-        signal = signals.recv() => return Ok(signalled(signal)),
+    // A signal during the wait gives back the keys taken so far before tenure exits.
+    let guard = match multi.lock_until(&opts, signals.recv()).await? {
+        Ok(guard) => guard,
+        Err(signal) => return Ok(signalled(signal)),
     };
     let granted = Instant::now();
     if let Err(error) = group.spawn(&cmd, &guard, plan).await {
@@ -224,10 +225,14 @@ fn joined<T: AsRef<str>>(items: impl Iterator<Item = T>, separator: &str) -> Str
 /// status says how the command ended, and the lease expires on its own.
 async fn release(guard: MultiGuard) {
     let key = joined(guard.members().iter().map(|m| m.key().as_str()), "`, `");
+    let which = match guard.members().len() {
+        1 => format!("`{key}`"),
+        _ => format!("one of `{key}`"),
+    };
     match guard.release().await {
         Ok(_) => {}
         Err(error) => eprintln!(
-            "tenure: releasing `{key}` failed ({}); it is freed when its lease expires",
+            "tenure: releasing {which} failed ({}); it is freed when its lease expires",
             tenure::redact_url(&error.to_string())
         ),
     }
