@@ -85,6 +85,50 @@ impl ClockShim {
     }
 }
 
+impl ClockShim {
+    /// Runs the process `spec` starts under the shim, its offset file `clock-offset-ms` in
+    /// `dir` (at 0 to begin with): `spec` with the environment it needs, and the file.
+    pub fn install(
+        &self,
+        dir: &Path,
+        mut spec: crate::servers::process::CommandSpec,
+    ) -> Result<(crate::servers::process::CommandSpec, OffsetFile)> {
+        let file = dir.join("clock-offset-ms");
+        write_offset(&file, 0)?;
+        for (k, v) in self.env(&file) {
+            spec = spec.env(k, v);
+        }
+        Ok((spec, OffsetFile(file)))
+    }
+}
+
+/// The offset file of one server run under the shim ([`ClockShim::install`]): where its
+/// clock's shift is set and the shim's evidence read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetFile(PathBuf);
+
+impl OffsetFile {
+    /// Shifts the server's wall clock by `offset_ms` from real time (not cumulative; 0
+    /// undoes it), within about 10 ms of its next clock read ([`write_offset`]).
+    pub fn set(&self, offset_ms: i64) -> Result<()> {
+        Ok(write_offset(&self.0, offset_ms)?)
+    }
+
+    /// The shim's evidence ([`read_applied`]): the offset last read, and the server's pid.
+    pub fn applied(&self) -> Option<(i64, u32)> {
+        read_applied(&self.0)
+    }
+}
+
+/// [`OffsetFile::set`] on a server's offset file, or — for `what`, a server started
+/// without the shim — [`ServerError::Unsupported`] saying it needs `needs`.
+pub fn shift(file: Option<&OffsetFile>, what: &str, needs: &str, offset_ms: i64) -> Result<()> {
+    let file = file.ok_or_else(|| ServerError::Unsupported {
+        what: format!("{what}: clock offsets need {needs}"),
+    })?;
+    file.set(offset_ms)
+}
+
 /// Atomically set the offset (milliseconds, may be negative) read by the shim from
 /// `offset_file`: write a temporary file next to it, readable by every user (a server may
 /// run as another), then rename. Processes under the shim see the new offset within about

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_conformance::clock_shim::{self, ClockShim};
+use tenure_conformance::clock_shim::{self, ClockShim, OffsetFile};
 use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
 use tenure_conformance::servers::tls::TestSecrets;
 use tenure_conformance::servers::{
@@ -42,7 +42,7 @@ pub struct Postgres {
     data: PathBuf,
     secrets: Option<PgSecrets>,
     /// The clock shim's offset file, with [`PgServerOptions::clock_shim`].
-    offset_file: Option<PathBuf>,
+    offset_file: Option<OffsetFile>,
     dir: tempfile::TempDir,
 }
 
@@ -239,11 +239,8 @@ impl Postgres {
                 // The server runs as `postgres`: the shim, the offset file and the shim's
                 // evidence live in its own directory.
                 let shim = shim.copy_to(&root, user)?;
-                let file = root.join("clock-offset-ms");
-                clock_shim::write_offset(&file, 0)?;
-                for (k, v) in shim.env(&file) {
-                    spec = spec.env(k, v);
-                }
+                let (shimmed, file) = shim.install(&root, spec)?;
+                spec = shimmed;
                 Some(file)
             }
             None => None,
@@ -295,16 +292,9 @@ impl Postgres {
     /// next clock read. [`ServerError::Unsupported`] unless started with
     /// [`PgServerOptions::clock_shim`].
     pub fn set_clock_offset(&self, offset_ms: i64) -> Result<()> {
-        let file = self
-            .offset_file
-            .as_ref()
-            .ok_or_else(|| ServerError::Unsupported {
-                what: format!(
-                    "{}: clock offsets need PgServerOptions::clock_shim",
-                    self.core.process.what()
-                ),
-            })?;
-        clock_shim::write_offset(file, offset_ms)?;
+        let what = self.core.process.what();
+        let needs = "PgServerOptions::clock_shim";
+        clock_shim::shift(self.offset_file.as_ref(), what, needs, offset_ms)?;
         // A connection makes the postmaster fork a backend, which reads the new offset at
         // its first clock read and records it: an idle server's own processes may not
         // read their clocks for many seconds. (Refused, it proves nothing: no matter.)
@@ -317,7 +307,7 @@ impl Postgres {
     /// backend forked from the postmaster inherits). `None` without the shim, or before a
     /// server process read its clock.
     pub fn clock_applied(&self) -> Option<(i64, u32)> {
-        clock_shim::read_applied(self.offset_file.as_ref()?)
+        self.offset_file.as_ref()?.applied()
     }
 
     /// The data directory.

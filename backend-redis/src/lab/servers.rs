@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use tenure_conformance::clock_shim::{self, ClockShim};
+use tenure_conformance::clock_shim::{self, ClockShim, OffsetFile};
 use tenure_conformance::proxy::FaultProxy;
 use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
 use tenure_conformance::servers::tls::{write_private, TestSecrets};
@@ -158,7 +158,7 @@ impl RedisSecrets {
 pub struct RedisNode {
     core: NodeCore,
     dir: PathBuf,
-    offset_file: Option<PathBuf>,
+    offset_file: Option<OffsetFile>,
 }
 
 impl_node!(
@@ -191,24 +191,16 @@ impl RedisNode {
     /// [`ServerError::Unsupported`] unless the cluster was started with
     /// [`RedisOptions::clock_shim`].
     pub fn set_clock_offset(&self, offset_ms: i64) -> Result<()> {
-        let file = self
-            .offset_file
-            .as_ref()
-            .ok_or_else(|| ServerError::Unsupported {
-                what: format!(
-                    "{}: clock offsets need RedisOptions::clock_shim(true)",
-                    self.core.process.what()
-                ),
-            })?;
-        clock_shim::write_offset(file, offset_ms)?;
-        Ok(())
+        let what = self.core.process.what();
+        let needs = "RedisOptions::clock_shim(true)";
+        clock_shim::shift(self.offset_file.as_ref(), what, needs, offset_ms)
     }
 
     /// Evidence from the clock shim: the offset the server process last read and applies,
     /// with that process's pid (see [`clock_shim::read_applied`]). `None` without
     /// the shim or before the server first read its clock.
     pub fn clock_applied(&self) -> Option<(i64, u32)> {
-        clock_shim::read_applied(self.offset_file.as_ref()?)
+        self.offset_file.as_ref()?.applied()
     }
 
     /// Run one command on a fresh direct connection, bounded by 5 s.
@@ -439,11 +431,8 @@ impl RedisNode {
         }
         let offset_file = match shim {
             Some(shim) => {
-                let file = dir.join("clock-offset-ms");
-                clock_shim::write_offset(&file, 0)?;
-                for (k, v) in shim.env(&file) {
-                    spec = spec.env(k, v);
-                }
+                let (shimmed, file) = shim.install(&dir, spec)?;
+                spec = shimmed;
                 Some(file)
             }
             None => None,

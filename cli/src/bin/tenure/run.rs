@@ -213,12 +213,14 @@ pub(crate) async fn run_under_lock(
 
 /// `items` joined by `separator`.
 fn joined<T: AsRef<str>>(items: impl Iterator<Item = T>, separator: &str) -> String {
-    items
-        .collect::<Vec<T>>()
-        .iter()
-        .map(AsRef::as_ref)
-        .collect::<Vec<&str>>()
-        .join(separator)
+    let mut out = String::new();
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push_str(separator);
+        }
+        out.push_str(item.as_ref());
+    }
+    out
 }
 
 /// Releases the lock at the end of a run. A failure is reported, not returned: the exit
