@@ -217,14 +217,18 @@ async fn kazoo_takes_a_lock_again_after_its_container_directory_is_removed() {
         .unwrap();
     let k = LockKey::new("job-kazoo-again").unwrap();
     let dir = lock.lock_dir(&k);
+    // tenure's holder keeps the directory it made (a container) from being removed
+    // until kazoo has queued in it: the server removes an emptied container at any time.
     let lease = lock
         .try_acquire(&k, TTL)
         .await
         .unwrap()
         .expect("a free key");
-    lock.release(lease).await.unwrap();
     let mut kazoo = kazoo(&hosts, &dir, &["-lock-"]).await;
-    assert!(kazoo.acquire(Duration::from_secs(10)).await, "kazoo: free");
+    kazoo.send("acquire 30000").await;
+    queued(&lock, &k, 2).await;
+    lock.release(lease).await.unwrap();
+    assert_eq!(kazoo.line(Duration::from_secs(30)).await, "acquired");
     kazoo.release().await;
     removed(&hosts, &dir).await;
     assert!(
