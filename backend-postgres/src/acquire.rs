@@ -1,14 +1,16 @@
 //! One acquire attempt: the begin batch, the lock (`NOWAIT` or queued under
 //! `lock_timeout`), the fence record, and the hand-over to the lease's task.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Executor, Row};
-use tenure_api::backend::{default_drift, holder_text, LeaseTie, LossNotice};
+use tenure_api::backend::{
+    default_drift, held_slot, holder_text, too_many_held, waiting_slot, LeaseTie, LossNotice,
+};
 use tenure_api::{FencingToken, Lease, LeaseHandle, LockError, LockKey, OwnerId};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 
 use crate::client::{discard, Dedicated};
 use crate::error::{map_err, sqlstate, LOCK_NOT_AVAILABLE};
@@ -215,27 +217,15 @@ impl PgLock {
         // A blocking acquire queues under its own bound and takes a held slot only once
         // granted, so waiters on one hot key never starve acquires of other keys.
         let queued = match wait {
-            Some(_) => Some(
-                self.inner
-                    .waiting
-                    .clone()
-                    .try_acquire_owned()
-                    .map_err(|_| {
-                        LockError::backend(format!(
-                            "too many blocking acquires: this client already has max_waiting={} \
-                     waiting in the server's lock queues; raise max_waiting or wait less",
-                            config.max_waiting
-                        ))
-                    })?,
-            ),
+            Some(_) => Some(waiting_slot(&self.inner.waiting, config.max_waiting)?),
             None => None,
         };
         let mut slot = match queued {
             Some(_) => None,
-            None => Some(self.held_slot()?),
+            None => Some(held_slot(&self.inner.slots, config.max_held)?),
         };
         if slot.is_none() && self.inner.slots.available_permits() == 0 {
-            return Err(self.too_many_held());
+            return Err(too_many_held(config.max_held));
         }
         debug_assert!(!keys.is_empty() && (keys.len() == 1 || wait.is_none()));
         let row_keys: Vec<String> = keys.iter().map(|key| self.row_key(key)).collect();
@@ -269,7 +259,7 @@ impl PgLock {
         let (key, row_key) = (&keys[index], &row_keys[index]);
         let slot = match slot.take() {
             Some(slot) => slot,
-            None => match self.held_slot() {
+            None => match held_slot(&self.inner.slots, config.max_held) {
                 Ok(slot) => slot,
                 Err(e) => {
                     self.abandon(conn).await;
@@ -372,29 +362,8 @@ impl PgLock {
             slot: Some(slot),
         };
         // No await between here and the return: once in the map, the lease is ours.
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(owner, entry);
+        self.inner.held.insert(owner, entry);
         tokio::spawn(task.run(conn, requests, dropped));
         Ok(Some(lease))
-    }
-
-    /// A held-lock slot, or the documented "too many held locks" error.
-    fn held_slot(&self) -> Result<OwnedSemaphorePermit, LockError> {
-        self.inner
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| self.too_many_held())
-    }
-
-    fn too_many_held(&self) -> LockError {
-        LockError::backend(format!(
-            "too many held locks: this client already holds max_held={} locks; release one \
-             (a lease dropped without release is reclaimed at once) or raise max_held",
-            self.inner.config.max_held
-        ))
     }
 }

@@ -11,9 +11,9 @@ use sqlx::{Connection, Executor};
 use tenure_api::LockError;
 
 use crate::error::{bounded_for, client_check_rejected, map_err};
-use crate::socket::Socket;
 use crate::sql::SESSION_SETTINGS;
 use crate::{Inner, PgConfig, PgLock};
+use tenure_api::backend::Socket;
 
 /// A pool connection idle for longer is pinged before use. sqlx pings every connection as
 /// it goes back to the pool, so one used moments ago needs no second round trip.
@@ -224,7 +224,8 @@ impl PgLock {
                 match local.zip(u16::try_from(port).ok()) {
                     Some(local) => {
                         let dialled = options.get_port();
-                        let find = move || Socket::find(local.into(), dialled);
+                        let (ip, port) = local;
+                        let find = move || Socket::find(Some(ip), port, dialled);
                         tokio::task::spawn_blocking(find).await.ok().flatten()
                     }
                     None => None,

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
+pub use tenure_api::urls::validate_ident;
 use tenure_api::urls::{alias_names, check_option, dealias, redact_unparsed};
 use tenure_api::LockError;
 
@@ -413,28 +414,6 @@ impl fmt::Debug for PgConfig {
             .field("migrate", &self.migrate)
             .finish()
     }
-}
-
-/// Checks that `name` is a plain SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most `max`
-/// bytes. Anything else is [`LockError::Config`].
-pub fn validate_ident(what: &str, name: &str, max: usize) -> Result<(), LockError> {
-    let mut chars = name.chars();
-    let plain = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !plain {
-        return Err(LockError::Config(format!(
-            "{what} name {name:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)"
-        )));
-    }
-    if name.len() > max {
-        return Err(LockError::Config(format!(
-            "{what} name {name:?} is {} bytes long; the limit is {max}",
-            name.len()
-        )));
-    }
-    Ok(())
 }
 
 /// `"schema"."name"` for names already checked by [`validate_ident`].

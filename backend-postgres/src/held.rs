@@ -3,19 +3,19 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::Executor;
-use tenure_api::backend::LossNotice;
-use tenure_api::{FencingToken, Lease, LeaseDropped, LockError, LockKey, OwnerId, ReleaseOutcome};
+use tenure_api::backend::{HeldEntry, LossNotice};
+use tenure_api::{FencingToken, LeaseDropped, LockError, LockKey, OwnerId, ReleaseOutcome};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use crate::client::{discard, rollback_and_recycle, Dedicated};
 use crate::error::map_err;
-use crate::socket::Socket;
 use crate::sql::{keepalive_idle, timeout_ms};
 use crate::{Inner, PgConfig, PgLock};
+use tenure_api::backend::Socket;
 
 /// A held lease: what identifies the grant, and the channel to the task that owns its
 /// connection.
@@ -46,22 +46,12 @@ pub(crate) enum Request {
 /// A held lease's connection, its lock transaction still open, and its held-lock slot.
 pub(crate) type HandedOver = (Dedicated, Option<OwnedSemaphorePermit>);
 
-impl PgLock {
-    /// The held entry for `lease`, if this client holds exactly that grant.
-    pub(crate) fn entry(&self, lease: &Lease, remove: bool) -> Option<Arc<Entry>> {
-        let mut held = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let entry = held.get(&lease.owner())?.clone();
-        if entry.key != *lease.key() || entry.token != lease.token() {
-            return None;
-        }
-        if remove {
-            held.remove(&lease.owner());
-        }
-        Some(entry)
+impl HeldEntry for Entry {
+    fn key(&self) -> &LockKey {
+        &self.key
+    }
+    fn token(&self) -> FencingToken {
+        self.token
     }
 }
 
@@ -195,15 +185,8 @@ impl HeldTask {
     /// caller that sees the lease gone can use its slot).
     fn forget(&mut self) {
         drop(self.slot.take());
-        let (Some(inner), Some(entry)) = (self.inner.upgrade(), self.entry.upgrade()) else {
-            return;
-        };
-        let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held
-            .get(&self.owner)
-            .is_some_and(|e| Arc::ptr_eq(e, &entry))
-        {
-            held.remove(&self.owner);
+        if let (Some(inner), Some(entry)) = (self.inner.upgrade(), self.entry.upgrade()) {
+            inner.held.forget(self.owner, &entry);
         }
     }
 }

@@ -15,7 +15,6 @@ mod lease;
 #[cfg(feature = "testbed")]
 mod lease_floor;
 mod records;
-mod socket;
 mod sql;
 mod transaction;
 #[cfg(feature = "testbed")]
@@ -32,7 +31,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
 use sqlx::Connection;
 use sqlx::{AssertSqlSafe, Executor, Row};
-use tenure_api::backend::{default_drift, parse_holder_text, Backend, Driver, LossNotice};
+use tenure_api::backend::{
+    default_drift, parse_holder_text, wait_in_server, Backend, Driver, HeldLeases, LossNotice,
+};
 use tenure_api::{
     validate_ttl, AcquireOptions, Capabilities, DistributedLock, ExpiryKind, Fairness, FencingKind,
     FencingToken, HolderInfo, Lease, LockError, LockKey, OwnerId, ReleaseOutcome, Replication,
@@ -74,7 +75,7 @@ struct Inner {
     /// Whether dedicated connections still ask for `client_connection_check_interval`.
     client_check: AtomicBool,
     /// Held leases by owner id.
-    held: Mutex<HashMap<OwnerId, Arc<Entry>>>,
+    held: HeldLeases<Entry>,
     /// One permit per held lock (`max_held`).
     slots: Arc<Semaphore>,
     /// One permit per blocking acquire queued in the server (`max_waiting`).
@@ -171,7 +172,7 @@ impl PgLock {
                 dedicated,
                 unchecked,
                 client_check: AtomicBool::new(true),
-                held: Mutex::new(HashMap::new()),
+                held: HeldLeases::default(),
                 idle: Mutex::new(VecDeque::new()),
                 records: Default::default(),
                 releases: Default::default(),
@@ -325,11 +326,7 @@ impl PgLock {
 
     /// Number of leases this client holds now.
     pub fn held_count(&self) -> usize {
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.inner.held.len()
     }
 
     /// Ends every held lease (their transactions roll back, freeing the locks) and closes
@@ -340,14 +337,7 @@ impl PgLock {
     /// await.
     pub async fn close(&self) {
         // Dropping the entries ends their tasks, which close the connections.
-        let held: Vec<_> = self
-            .inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
-        drop(held);
+        drop(self.inner.held.drain());
         self.inner.close_idle(|_| true);
         self.inner.pool.close().await;
     }
@@ -440,45 +430,18 @@ impl DistributedLock for PgLock {
             return self.lease_acquire(key, opts).await;
         }
         let owner = OwnerId::random();
-        let started = Instant::now();
-        let deadline = opts.wait_deadline(started);
-        let mut failures = 0u32;
-        loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let wait = (!remaining.is_zero()).then_some(remaining);
-            let tried = Instant::now();
-            match self
-                .attempt(
-                    std::slice::from_ref(key),
-                    owner,
-                    opts.ttl,
-                    opts.label.as_deref(),
-                    wait,
-                )
-                .await
-            {
-                Ok(Some(lease)) => return Ok(lease),
-                // The server's `lock_timeout` ran out at its cap, before our deadline (and
-                // not early for another reason: that would spin).
-                Ok(None)
-                    if wait.is_some_and(sql::lock_timeout_capped)
-                        && tried.elapsed() >= sql::LOCK_TIMEOUT_CAP / 2 => {}
-                Ok(None) => {
-                    return Err(LockError::Timeout {
-                        waited: started.elapsed(),
-                    })
-                }
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    failures = failures.saturating_add(1);
-                    let pause = opts
-                        .backoff
-                        .delay(failures)
-                        .min(deadline.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let key = std::slice::from_ref(key);
+        wait_in_server(
+            opts,
+            |wait| self.attempt(key, owner, opts.ttl, opts.label.as_deref(), wait),
+            // The server's `lock_timeout` ran out at its cap, before our deadline (and not
+            // early for another reason: that would spin).
+            |wait, tried, _| {
+                wait.is_some_and(sql::lock_timeout_capped)
+                    && tried.elapsed() >= sql::LOCK_TIMEOUT_CAP / 2
+            },
+        )
+        .await
     }
 
     /// Tries every key in one statement — `FOR UPDATE SKIP LOCKED` over their rows in the
@@ -523,7 +486,7 @@ impl DistributedLock for PgLock {
         if self.leases() {
             return self.lease_extend(lease, ttl).await;
         }
-        let Some(entry) = self.entry(lease, false) else {
+        let Some(entry) = self.inner.held.find(lease, false) else {
             return Err(LockError::lost(format!(
                 "`{}` is not held by {} through this client{}",
                 lease.key(),
@@ -574,7 +537,7 @@ impl DistributedLock for PgLock {
         if self.leases() {
             return self.lease_release(lease).await;
         }
-        let Some(entry) = self.entry(&lease, true) else {
+        let Some(entry) = self.inner.held.find(&lease, true) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
         let (reply, answer) = oneshot::channel();

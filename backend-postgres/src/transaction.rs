@@ -101,7 +101,7 @@ impl PgLock {
                 "the lock transaction of `{key}` ended as it was granted"
             ))
         };
-        let entry = self.entry(&lease, true).ok_or_else(gone)?;
+        let entry = self.inner.held.find(&lease, true).ok_or_else(gone)?;
         let (reply, answer) = oneshot::channel();
         entry
             .tasks

@@ -1,6 +1,6 @@
 //! Backends on local servers, for `tenure bench --all-local` and `tenure matrix`: each
 //! backend's testbed (its crate's `TESTBED`, feature `testbed`) starts them — Redis ×1,
-//! Redlock ×5, etcd ×3, ZooKeeper ×3, Postgres, and a lock directory for the file backend
+//! Redlock ×5, etcd ×3, ZooKeeper ×3, Postgres, MariaDB, and a lock directory for the file backend
 //! (no server). The matrix's columns are the backends
 //! and the configurations their testbeds measure as columns of their own (`postgres
 //! lease`), named as the bench names its rows.
@@ -11,12 +11,13 @@ use tenure_conformance::testbed::{BenchVariant, BoxError, Testbed};
 pub use tenure_conformance::testbed::{Lab, TestbedOptions};
 
 /// The testbeds of the backends `tenure matrix` starts locally, in matrix order.
-static TESTBEDS: [Testbed; 6] = [
+static TESTBEDS: [Testbed; 7] = [
     tenure_redis::TESTBED,
     tenure_redlock::TESTBED,
     tenure_etcd::TESTBED,
     tenure_zk::TESTBED,
     tenure_postgres::TESTBED,
+    tenure_mysql::TESTBED,
     tenure_file::TESTBED,
 ];
 

@@ -54,6 +54,23 @@ impl ClockShim {
         Ok(ClockShim { path })
     }
 
+    /// [`build`](Self::build) off the async runtime's threads if `wanted`, else `None`: what
+    /// a launcher starting its servers with or without the shim needs.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a build under way finishes in the background (its result is cached).
+    pub async fn build_if(wanted: bool) -> Result<Option<ClockShim>> {
+        if !wanted {
+            return Ok(None);
+        }
+        let built = tokio::task::spawn_blocking(ClockShim::build)
+            .await
+            .map_err(|e| ServerError::ShimBuild {
+                detail: e.to_string(),
+            })??;
+        Ok(Some(built))
+    }
+
     /// Path of the shared object.
     pub fn path(&self) -> &Path {
         &self.path
@@ -65,13 +82,7 @@ impl ClockShim {
     pub fn copy_to(&self, dir: &Path, user: Option<(u32, u32)>) -> Result<ClockShim> {
         let path = dir.join("clockshift.so");
         std::fs::copy(&self.path, &path)?;
-        if let Some((uid, gid)) = user {
-            nix::unistd::chown(
-                &path,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )?;
-        }
+        crate::servers::give_to(&path, user)?;
         Ok(ClockShim { path })
     }
 
@@ -99,6 +110,25 @@ impl ClockShim {
             spec = spec.env(k, v);
         }
         Ok((spec, OffsetFile(file)))
+    }
+}
+
+/// `spec` run under `shim` if given, and its offset file: for a server that runs as `user`
+/// (who cannot read this process's private cache), the shim is [copied](ClockShim::copy_to)
+/// into the server's own directory `dir` first, where the offset file and the shim's
+/// evidence live too.
+pub fn install_copy(
+    shim: Option<&ClockShim>,
+    dir: &Path,
+    user: Option<(u32, u32)>,
+    spec: crate::servers::process::CommandSpec,
+) -> Result<(crate::servers::process::CommandSpec, Option<OffsetFile>)> {
+    match shim {
+        Some(shim) => {
+            let (spec, file) = shim.copy_to(dir, user)?.install(dir, spec)?;
+            Ok((spec, Some(file)))
+        }
+        None => Ok((spec, None)),
     }
 }
 

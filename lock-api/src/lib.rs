@@ -35,6 +35,7 @@ mod election;
 mod error;
 mod feed;
 mod guard;
+mod held;
 mod key;
 mod lease;
 mod lock;
@@ -42,6 +43,7 @@ mod memory;
 mod multi;
 mod options;
 mod semaphore;
+mod socket;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod urls;

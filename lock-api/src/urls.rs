@@ -233,6 +233,36 @@ pub fn alias_names<'a>(aliases: &[(&'a str, &str)]) -> Vec<&'a str> {
     aliases.iter().map(|(alias, _)| *alias).collect()
 }
 
+/// Checks that `name` is a plain SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most `max`
+/// bytes (a table, schema or database name a backend always quotes in SQL, so a bad
+/// name is a typed error, never SQL injection). Anything else is [`LockError::Config`].
+///
+/// ```
+/// use tenure_api::urls::validate_ident;
+/// assert!(validate_ident("table", "tenure_locks", 64).is_ok());
+/// assert!(validate_ident("table", "locks; DROP TABLE x", 64).is_err());
+/// assert!(validate_ident("table", "a", 0).is_err());
+/// ```
+pub fn validate_ident(what: &str, name: &str, max: usize) -> Result<(), LockError> {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(LockError::Config(format!(
+            "{what} name {name:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)"
+        )));
+    }
+    if name.len() > max {
+        return Err(LockError::Config(format!(
+            "{what} name {name:?} is {} bytes long; the limit is {max}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Parses a `…_ms` option within `range` (milliseconds) into a duration.
 pub fn parse_millis(
     name: &str,

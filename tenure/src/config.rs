@@ -71,6 +71,9 @@ pub struct Config {
     /// Options for `postgres://` URLs.
     #[serde(default, deserialize_with = "scalars")]
     pub postgres: BTreeMap<String, String>,
+    /// Options for `mysql://` URLs.
+    #[serde(default, deserialize_with = "scalars")]
+    pub mysql: BTreeMap<String, String>,
 }
 
 fn default_ttl() -> Duration {
@@ -146,6 +149,7 @@ impl Config {
             etcd: BTreeMap::new(),
             zk: BTreeMap::new(),
             postgres: BTreeMap::new(),
+            mysql: BTreeMap::new(),
         }
     }
 
@@ -246,6 +250,7 @@ impl Config {
             Some("etcd") => &self.etcd,
             Some("zk") => &self.zk,
             Some("postgres") => &self.postgres,
+            Some("mysql") => &self.mysql,
             // No options but the prefix.
             Some("file") => &BTreeMap::new(),
             _ => return Ok(self.url.clone()),
@@ -443,6 +448,7 @@ mod tests {
             ("etcd://127.0.0.1:1", "etcd"),
             ("zk://127.0.0.1:1", "zk"),
             ("postgres://127.0.0.1:1/db", "postgres"),
+            ("mysql://127.0.0.1:1/db", "mysql"),
         ] {
             if !crate::DRIVERS.iter().any(|driver| driver.name == table) {
                 continue; // a build without this backend's feature cannot parse its URL

@@ -61,6 +61,9 @@ pub use tenure_etcd as etcd;
 /// The file backend (one host, no server).
 #[cfg(feature = "file")]
 pub use tenure_file as file;
+/// The MySQL and MariaDB backend.
+#[cfg(feature = "mysql")]
+pub use tenure_mysql as mysql;
 /// The Postgres backend.
 #[cfg(feature = "postgres")]
 pub use tenure_postgres as postgres;
@@ -88,13 +91,15 @@ pub const DRIVERS: &[Driver] = &[
     tenure_zk::ZkLock::DRIVER,
     #[cfg(feature = "postgres")]
     tenure_postgres::PgLock::DRIVER,
+    #[cfg(feature = "mysql")]
+    tenure_mysql::MySqlLock::DRIVER,
     #[cfg(feature = "file")]
     tenure_file::FileLock::DRIVER,
 ];
 
 /// Each backend's cargo feature and schemes, known also to builds without it, so that a
 /// URL for a disabled backend is an error naming the feature to enable.
-const FEATURES: [(&str, &[&str]); 6] = [
+const FEATURES: [(&str, &[&str]); 7] = [
     (
         "redis",
         &[
@@ -110,6 +115,7 @@ const FEATURES: [(&str, &[&str]); 6] = [
     ("etcd", &["etcd", "etcds"]),
     ("zk", &["zk", "zks"]),
     ("postgres", &["postgres", "postgresql"]),
+    ("mysql", &["mysql", "mariadb"]),
     ("file", &["file"]),
 ];
 

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
-use tenure_conformance::servers::{find_binary, free_port, loopback, retry_on_port_clash, Result};
+use tenure_conformance::servers::{
+    find_binary, free_port, give_to, loopback, retry_on_port_clash, run_as, Result,
+};
 
-use super::servers::{give_to, run_as, Postgres};
+use super::servers::Postgres;
 
 const INSTALL: &str = "apt-get install -y pgbouncer";
 
@@ -38,7 +40,7 @@ impl PgBouncer {
     async fn try_start(server: &Postgres, roles: &[&str]) -> Result<PgBouncer> {
         // Debian installs it in /usr/sbin, which a non-root PATH may lack.
         let binary = find_binary("pgbouncer", &["/usr/sbin".into()], INSTALL)?;
-        let user = run_as()?;
+        let user = run_as("postgres", super::servers::INSTALL)?;
         let dir = tempfile::Builder::new()
             .prefix("tenure-pgbouncer-")
             .tempdir()?;

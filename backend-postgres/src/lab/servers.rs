@@ -22,11 +22,11 @@ use tenure_conformance::clock_shim::{self, ClockShim, OffsetFile};
 use tenure_conformance::servers::process::{CommandSpec, Probe, ServerProcess};
 use tenure_conformance::servers::tls::TestSecrets;
 use tenure_conformance::servers::{
-    find_binary, free_port, impl_node, loopback, node_control_methods, retry_on_port_clash,
-    NodeCore, Result, ServerError,
+    find_binary, free_port, give_to, impl_node, loopback, node_control_methods,
+    retry_on_port_clash, run_as, NodeCore, Result, ServerError,
 };
 
-const INSTALL: &str = "apt-get install -y postgresql";
+pub(super) const INSTALL: &str = "apt-get install -y postgresql";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const PSQL_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -164,22 +164,13 @@ impl Postgres {
     /// # Cancel safety
     /// Cancel safe: a server started so far is killed when the future is dropped.
     pub async fn start_with(options: PgServerOptions) -> Result<Postgres> {
-        let shim = match options.clock_shim {
-            true => Some(
-                tokio::task::spawn_blocking(ClockShim::build)
-                    .await
-                    .map_err(|e| ServerError::ShimBuild {
-                        detail: e.to_string(),
-                    })??,
-            ),
-            false => None,
-        };
+        let shim = ClockShim::build_if(options.clock_shim).await?;
         retry_on_port_clash(|| Self::try_start(options.secured, shim.as_ref())).await
     }
 
     async fn try_start(secured: bool, shim: Option<&ClockShim>) -> Result<Postgres> {
         let bin_dir = bin_dir()?;
-        let user = run_as()?;
+        let user = run_as("postgres", INSTALL)?;
         let dir = tempfile::Builder::new().prefix("tenure-pg-").tempdir()?;
         let root = dir.path().to_owned();
         give_to(&root, user)?;
@@ -234,17 +225,9 @@ impl Postgres {
             }
             spec = spec.arg("-c").arg("ssl=on");
         }
-        let offset_file = match shim {
-            Some(shim) => {
-                // The server runs as `postgres`: the shim, the offset file and the shim's
-                // evidence live in its own directory.
-                let shim = shim.copy_to(&root, user)?;
-                let (shimmed, file) = shim.install(&root, spec)?;
-                spec = shimmed;
-                Some(file)
-            }
-            None => None,
-        };
+        // The server runs as its own user: the shim, the offset file and the shim's
+        // evidence live in its own directory.
+        let (spec, offset_file) = clock_shim::install_copy(shim, &root, user, spec)?;
         let (probe_bins, probe_socket) = (bin_dir.clone(), root.clone());
         let probe: Probe =
             Arc::new(move |addr| Box::pin(ready(probe_bins.clone(), probe_socket.clone(), addr)));
@@ -383,33 +366,6 @@ fn remove_shared_memory(data: &Path) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
-}
-
-/// Makes `path` owned by `user` (see [`run_as`]), if the servers run as one.
-pub(super) fn give_to(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
-    if let Some((uid, gid)) = user {
-        nix::unistd::chown(
-            path,
-            Some(nix::unistd::Uid::from_raw(uid)),
-            Some(nix::unistd::Gid::from_raw(gid)),
-        )?;
-    }
-    Ok(())
-}
-
-/// `(uid, gid)` of the `postgres` user when running as root, else `None`.
-pub(super) fn run_as() -> Result<Option<(u32, u32)>> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
-    }
-    match nix::unistd::User::from_name("postgres") {
-        Ok(Some(u)) => Ok(Some((u.uid.as_raw(), u.gid.as_raw()))),
-        Ok(None) => Err(ServerError::MissingBinary {
-            binary: "user `postgres` (initdb refuses to run as root)".into(),
-            install: INSTALL.into(),
-        }),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// The directory holding `initdb`, `postgres`, `pg_isready` and `psql`.

@@ -475,15 +475,7 @@ impl RedisCluster {
     /// # Cancel safety
     /// Cancel safe: nodes started so far are killed when the future is dropped.
     pub async fn start(options: RedisOptions) -> Result<RedisCluster> {
-        let shim = if options.clock_shim {
-            Some(
-                tokio::task::spawn_blocking(ClockShim::build)
-                    .await
-                    .map_err(std::io::Error::other)??,
-            )
-        } else {
-            None
-        };
+        let shim = ClockShim::build_if(options.clock_shim).await?;
         retry_on_port_clash(|| Self::try_start(&options, shim.as_ref())).await
     }
 

@@ -27,7 +27,7 @@ fn every_backend_has_working_floors() {
     let floors: Vec<&Value> = lines.iter().filter(|l| l["impl"] == "floor").collect();
     // Every backend, Postgres's advisory locking and leases against floors of their own,
     // Redis with fence=none and Redlock with fencing=false.
-    assert_eq!(floors.len(), 10, "{lines:?}");
+    assert_eq!(floors.len(), 11, "{lines:?}");
     for backend in [
         "redis",
         "redis fence=none",
@@ -38,6 +38,7 @@ fn every_backend_has_working_floors() {
         "postgres",
         "postgres advisory",
         "postgres lease",
+        "mysql",
         "file",
     ] {
         let floor = floors
@@ -69,5 +70,5 @@ fn every_backend_has_working_floors() {
         }
     }
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
-    assert_eq!(same_work, 10, "{lines:?}");
+    assert_eq!(same_work, 11, "{lines:?}");
 }

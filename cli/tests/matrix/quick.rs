@@ -32,13 +32,14 @@ fn local_config(backend: &str) -> Config {
 }
 
 /// Every column `tenure matrix` runs locally, in the report's order.
-const EVERY_BACKEND: [&str; 7] = [
+const EVERY_BACKEND: [&str; 8] = [
     "redis",
     "redlock",
     "etcd",
     "zk",
     "postgres",
     "postgres lease",
+    "mysql",
     "file",
 ];
 
@@ -184,10 +185,22 @@ fn run_and_check(only: &[&str], tls: bool, faults: &[Fault], with_suite: bool) -
         // A late grant is never believed; a release frees the lock on arrival.
         for fault in ["delayed-reply", "blackhole", "connection-cut"] {
             if let Some(seen) = verdicts(fault).filter(|_| !file) {
+                // MySQL's holder sees its session reset at its next peek of the socket
+                // (every 50 ms): a contender granted sooner is fenced (its row).
+                if name == "mysql" && fault == "connection-cut" {
+                    assert!(
+                        seen.iter().all(|v| v == "SAFE" || v == "F-SAFE"),
+                        "{seen:?}"
+                    );
+                    continue;
+                }
                 assert_eq!(seen, ["SAFE"], "{name} / {fault}");
             }
         }
-        if matches!(name, "etcd" | "zk" | "postgres" | "postgres lease" | "file") {
+        if matches!(
+            name,
+            "etcd" | "zk" | "postgres" | "postgres lease" | "mysql" | "file"
+        ) {
             for fault in faults {
                 let seen = verdicts(fault["fault"].as_str().unwrap()).unwrap();
                 assert!(!seen.contains(&"UNSAFE".into()), "{name}: {fault}");

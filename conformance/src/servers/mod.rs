@@ -1,6 +1,6 @@
 //! Real servers on loopback ports, for tests, and the kit a backend's launcher is built
 //! from ([`process`], [`NodeCore`], [`impl_node!`](crate::servers::impl_node),
-//! [`free_port`], [`find_binary`], [`tls`]). The launchers themselves are in each
+//! [`free_port`], [`find_binary`], [`run_as`], [`tls`]). The launchers themselves are in each
 //! backend's `lab` module (feature `testbed`): `tenure_redis::lab::RedisCluster`,
 //! `tenure_etcd::lab::EtcdCluster`, and so on.
 //!
@@ -28,10 +28,14 @@ use std::sync::Mutex;
 
 use nix::fcntl::{Flock, FlockArg};
 
+mod oneshot;
 pub mod process;
 pub mod tls;
+mod user;
 
+pub use oneshot::run_once;
 pub use process::{pid_alive, spawned_pids};
+pub use user::{give_to, run_as};
 
 #[doc(hidden)]
 pub use async_trait::async_trait;
@@ -438,8 +442,9 @@ pub trait Node: Send + Sync + std::fmt::Debug {
     fn clock_applied(&self) -> Option<(i64, u32)> {
         None
     }
-    /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server and postgres nodes
-    /// started with the clock shim support it; others are [`ServerError::Unsupported`].
+    /// Shifts the node's wall clock by `offset_ms` (0 undoes it). Only redis-server, postgres
+    /// and mariadb nodes started with the clock shim support it; others are
+    /// [`ServerError::Unsupported`].
     fn set_clock_offset(&self, offset_ms: i64) -> Result<()>;
 }
 
@@ -453,8 +458,8 @@ macro_rules! __impl_node {
         $crate::servers::impl_node!($ty, |node: &$ty, _offset_ms: i64| {
             Err($crate::servers::ServerError::Unsupported {
                 what: format!(
-                    "{}: the clock shim works for redis-server and postgres only (Go and the JVM read \
-                     the clock without libc)",
+                    "{}: the clock shim works for redis-server, postgres and mariadb only (Go and the \
+                     JVM read the clock without libc)",
                     node.core.process.what()
                 ),
             })

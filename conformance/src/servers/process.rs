@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,13 +29,18 @@ const SIGNAL_EFFECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on waiting for a killed server's helpers to exit.
 const HELPERS_GONE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the log goes into an error message.
-const LOG_TAIL_BYTES: usize = 3000;
+pub(super) const LOG_TAIL_BYTES: usize = 3000;
 
 /// Process groups (leader PIDs) spawned through this kit in this process.
 static SPAWNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records the process group `pid` leads as started through this kit.
+pub(super) fn register_spawned(pid: u32) {
+    lock(&SPAWNED).push(pid);
 }
 
 /// The PIDs of processes started through this kit (servers and anything they forked) that are
@@ -281,7 +286,27 @@ impl CommandSpec {
         }
     }
 
-    fn display(&self) -> String {
+    /// The command, in a process group of its own, its stdout and stderr appended to
+    /// `log`, not killed when dropped.
+    pub(super) fn command(&self, log: File) -> std::io::Result<tokio::process::Command> {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        Ok(cmd)
+    }
+
+    pub(super) fn display(&self) -> String {
         let mut s = self.program.display().to_string();
         for a in &self.args {
             s.push(' ');
@@ -410,27 +435,14 @@ impl ServerProcess {
             self.what,
             spec.display()
         )?;
-        let mut cmd = tokio::process::Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(dir) = &spec.cwd {
-            cmd.current_dir(dir);
-        }
-        if let Some((uid, gid)) = spec.user {
-            cmd.uid(uid).gid(gid);
-        }
-        let child = cmd
+        let child = spec
+            .command(log)?
             .spawn()
             .map_err(|e| self.start_error(format_args!("spawning {}: {e}", spec.display())))?;
         let pid = child
             .id()
             .ok_or_else(|| self.start_error("spawned process has no pid"))?;
-        lock(&SPAWNED).push(pid);
+        register_spawned(pid);
         st.child = Some(child);
         st.paused = false;
         Ok(pid)
