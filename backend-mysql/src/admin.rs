@@ -11,7 +11,7 @@ use tenure_api::{FencingToken, HolderInfo, LockAdmin, LockError, LockKey};
 use crate::error::{bounded_for, map_err};
 use crate::names::lock_name;
 use crate::sql::wait_timeout;
-use crate::MySqlLock;
+use crate::{Locking, MySqlLock};
 
 /// Records read per statement.
 const PAGE: usize = 200;
@@ -49,7 +49,7 @@ impl MySqlLock {
             )
             .await?;
             let get = |e| map_err(config, "list holders", e);
-            let mut page = Vec::new();
+            let mut page: Page = Vec::new();
             for row in &rows {
                 let name: Vec<u8> = row.try_get(0).map_err(get)?;
                 after.clone_from(&name);
@@ -68,22 +68,10 @@ impl MySqlLock {
                 page.push((name, holder, token, conn, ttl_ms, idle));
             }
             if !page.is_empty() {
-                let asks = vec!["CAST(IS_USED_LOCK(?) AS UNSIGNED)"; page.len()].join(", ");
-                let sql = format!("SELECT {asks}");
-                let mut query = sqlx::query(AssertSqlSafe(sql));
-                for (name, ..) in &page {
-                    query = query.bind(lock_name(name));
-                }
-                let sessions = bounded_for(
-                    config,
-                    config.request_timeout,
-                    "list holders",
-                    query.fetch_one(&self.inner.pool),
-                )
-                .await?;
-                for (i, (name, holder, token, conn, ttl_ms, idle)) in page.into_iter().enumerate() {
-                    let session: Option<u64> = sessions.try_get(i).map_err(get)?;
-                    if session != Some(conn) {
+                let holding = self.holding(&page).await?;
+                for ((name, holder, token, _, ttl_ms, idle), holds) in page.into_iter().zip(holding)
+                {
+                    if !holds {
                         continue;
                     }
                     let Ok((owner, label)) = parse_holder_text(&holder) else {
@@ -111,6 +99,45 @@ impl MySqlLock {
                 return Ok(held);
             }
         }
+    }
+}
+
+/// A page of the table's records: name, holder, token, session, TTL (ms), idle (s).
+type Page = Vec<(String, String, u64, u64, u64, Option<i64>)>;
+
+impl MySqlLock {
+    /// Whether each record's grant holds its lock now: its session holds the named lock
+    /// (`GET_LOCK`), or its row is locked (row locks).
+    async fn holding(&self, page: &Page) -> Result<Vec<bool>, LockError> {
+        let config = self.config();
+        if config.locking == Locking::Row {
+            let names: Vec<&[u8]> = page.iter().map(|(name, ..)| name.as_bytes()).collect();
+            let held = self.rows_held(&names).await?;
+            return Ok(names
+                .iter()
+                .map(|name| held.iter().any(|h| h == name))
+                .collect());
+        }
+        let asks = vec!["CAST(IS_USED_LOCK(?) AS UNSIGNED)"; page.len()].join(", ");
+        let mut query = sqlx::query(AssertSqlSafe(format!("SELECT {asks}")));
+        for (name, ..) in page {
+            query = query.bind(lock_name(name));
+        }
+        let sessions = bounded_for(
+            config,
+            config.request_timeout,
+            "list holders",
+            query.fetch_one(&self.inner.pool),
+        )
+        .await?;
+        let get = |e| map_err(config, "list holders", e);
+        page.iter()
+            .enumerate()
+            .map(|(i, (.., conn, _, _))| {
+                let session: Option<u64> = sessions.try_get(i).map_err(get)?;
+                Ok(session == Some(*conn))
+            })
+            .collect()
     }
 }
 

@@ -12,7 +12,7 @@ use tenure_api::backend::{Peeked, Socket};
 use tenure_api::LockError;
 
 use crate::error::{bounded_for, map_err};
-use crate::sql::{session_settings, CLIENT_HOST, POOL_SETTINGS};
+use crate::sql::{session_settings, CLIENT_HOST, LOCK_SESSION};
 use crate::MySqlConfig;
 
 /// A connection that holds (or is about to hold) one lock: the session's locks live and
@@ -20,6 +20,8 @@ use crate::MySqlConfig;
 #[derive(Debug)]
 pub(crate) struct Dedicated {
     pub(crate) conn: MySqlConnection,
+    /// The session's id (`CONNECTION_ID()`), which the grant's record names.
+    pub(crate) id: u64,
     /// Its socket, where it can be found: peeked at to see the server end the session.
     pub(crate) socket: Option<Socket>,
     /// The session's `wait_timeout` now (seconds).
@@ -68,7 +70,7 @@ pub(crate) fn shared_pool(config: &MySqlConfig) -> MySqlPool {
         .idle_timeout(Some(Duration::from_secs(60)))
         .after_connect(|conn, _| {
             Box::pin(async move {
-                conn.execute(POOL_SETTINGS).await?;
+                conn.execute(sqlx::raw_sql(LOCK_SESSION)).await?;
                 Ok(())
             })
         })
@@ -103,10 +105,12 @@ pub(crate) async fn open(
         sqlx::raw_sql(sqlx::AssertSqlSafe(batch)).fetch_all(&mut conn),
     )
     .await?;
-    let host: Option<String> = match rows.first() {
-        Some(row) => row.try_get(0).map_err(|e| map_err(config, "connect", e))?,
-        None => None,
-    };
+    let get = |e| map_err(config, "connect", e);
+    let row = rows
+        .first()
+        .ok_or_else(|| LockError::backend("the server did not name this session"))?;
+    let id: u64 = row.try_get(0).map_err(get)?;
+    let host: Option<String> = row.try_get(1).map_err(get)?;
     // The one new socket to the dialled port; or, when others connected meanwhile, the
     // one whose local address and port the server saw (`host:port` with a literal
     // address: none for a name, a Unix socket, or a proxy's address).
@@ -128,6 +132,7 @@ pub(crate) async fn open(
     });
     Ok(Dedicated {
         conn,
+        id,
         socket,
         wait_timeout,
     })

@@ -33,6 +33,7 @@ const ALIASES: &[(&str, &str)] = &[
 
 /// tenure's own options, removed before the URL reaches the client.
 const TENURE_OPTIONS: &[&str] = &[
+    "locking",
     "table",
     "prefix",
     "max_held",
@@ -46,6 +47,24 @@ const TENURE_OPTIONS: &[&str] = &[
 
 /// The longest identifier MySQL and MariaDB accept.
 const MAX_IDENT: usize = 64;
+/// The row mode's lock table is the table's name with this suffix.
+const ROWS_SUFFIX: &str = "_rows";
+
+/// How a lock is held. Clients of one table must agree: a `GetLock` client and a `Row`
+/// client do **not** exclude each other (their grants share only the fencing counter,
+/// so tokens still rise across both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Locking {
+    /// `GET_LOCK(name)`: a named lock of the session, no row locked.
+    #[default]
+    GetLock,
+    /// `SELECT … FOR UPDATE NOWAIT` on the key's row of `<table>_rows` (inserted on first
+    /// use), in a transaction the session keeps open while it holds the lock: the seed's
+    /// row lock, which other programs share by locking the same row. Needs MySQL 8 or
+    /// MariaDB 10.6 (`SKIP LOCKED`, for `inspect`).
+    Row,
+}
 /// The longest prefix: with the longest key, a name still fits the table's key column.
 const MAX_PREFIX: usize = 512;
 
@@ -57,7 +76,8 @@ const MAX_PREFIX: usize = 512;
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `table` | `tenure_locks` | the table of fencing counters and holder records (one row per key ever locked) |
+/// | `locking` | `get_lock` | `get_lock`: a `GET_LOCK` named lock; `row`: `SELECT … FOR UPDATE NOWAIT` on the key's row of `<table>_rows` in an open transaction (see [`Locking`]) |
+/// | `table` | `tenure_locks` | the table of fencing counters and holder records (one row per key ever locked); `locking=row` locks rows of `<table>_rows` |
 /// | `prefix` | (empty) | prepended to every lock key |
 /// | `max_held` | `64` | locks this client may hold at once (one connection each); past it an acquire fails at once with a "too many held locks" [`LockError::Backend`] |
 /// | `max_waiting` | `64` | blocking acquires this client may have waiting in the server at once (one connection each) |
@@ -76,6 +96,8 @@ pub struct MySqlConfig {
     options: MySqlConnectOptions,
     endpoint: String,
     table: String,
+    /// How a lock is held.
+    pub locking: Locking,
     /// Prepended to every lock key.
     pub prefix: String,
     /// Locks this client may hold at once (a connection each). Reaching it is an error,
@@ -120,6 +142,7 @@ impl MySqlConfig {
                 url.port().unwrap_or(3306)
             ),
             table: "tenure_locks".into(),
+            locking: Locking::default(),
             prefix: String::new(),
             max_held: 64,
             max_waiting: 64,
@@ -154,6 +177,17 @@ impl MySqlConfig {
             };
             match name.as_str() {
                 "table" => config = config.with_table(value)?,
+                "locking" => {
+                    config.locking = match value {
+                        "get_lock" => Locking::GetLock,
+                        "row" => Locking::Row,
+                        _ => {
+                            return Err(LockError::Config(format!(
+                                "option locking={value} must be get_lock or row"
+                            )))
+                        }
+                    }
+                }
                 "prefix" => config.prefix = value.to_owned(),
                 "max_held" => config.max_held = count(1..=100_000)?,
                 "max_waiting" => config.max_waiting = count(1..=100_000)?,
@@ -194,9 +228,10 @@ impl MySqlConfig {
         Ok(config)
     }
 
-    /// The same with another table (a plain identifier of at most 64 bytes).
+    /// The same with another table (a plain identifier of at most 59 bytes, so that the
+    /// row mode's `<table>_rows` fits).
     pub fn with_table(mut self, table: &str) -> Result<Self, LockError> {
-        validate_ident("table", table, MAX_IDENT)?;
+        validate_ident("table", table, MAX_IDENT - ROWS_SUFFIX.len())?;
         self.table = table.to_owned();
         Ok(self)
     }
@@ -221,9 +256,14 @@ impl MySqlConfig {
         Ok(())
     }
 
-    /// The lock table's name.
+    /// The lock table's name (fencing counters and holder records).
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// The row mode's table of lock rows.
+    pub fn rows_table(&self) -> String {
+        format!("{}{ROWS_SUFFIX}", self.table)
     }
 
     /// What `key` is called in the server: the prefix, then the key.
@@ -241,21 +281,42 @@ impl MySqlConfig {
         &self.endpoint
     }
 
-    /// `CREATE TABLE IF NOT EXISTS` for the lock table: what `migrate` runs, for a DBA to
-    /// run instead.
-    pub fn schema_sql(&self) -> String {
-        crate::sql::create_table(&self.table)
+    /// The tables this configuration uses: the lock table, and `<table>_rows` with
+    /// `locking=row`.
+    pub(crate) fn tables(&self) -> Vec<String> {
+        match self.locking {
+            Locking::GetLock => vec![self.table.clone()],
+            Locking::Row => vec![self.table.clone(), self.rows_table()],
+        }
     }
 
-    /// The `GRANT` statements that give `user` (`'name'@'host'`, quoted as given) exactly
-    /// what a client with `migrate=false` needs: `SELECT, INSERT, UPDATE` on the lock
-    /// table. `GET_LOCK` and `information_schema.PROCESSLIST`'s own rows need no privilege.
+    /// `CREATE TABLE IF NOT EXISTS` for the tables this configuration uses: what `migrate`
+    /// runs, for a DBA to run instead.
+    pub fn schema_sql(&self) -> String {
+        let mut sql = crate::sql::create_table(&self.table);
+        if self.locking == Locking::Row {
+            sql = format!(
+                "{sql}; {}",
+                crate::sql::create_rows_table(&self.rows_table())
+            );
+        }
+        sql
+    }
+
+    /// The `GRANT` statement that gives `user` (`'name'@'host'`, quoted as given) exactly
+    /// what a client with `migrate=false` needs: `SELECT, INSERT, UPDATE` on the tables it
+    /// uses (`FOR UPDATE` needs `UPDATE`). `GET_LOCK` and a session's own row of
+    /// `information_schema.PROCESSLIST` need no privilege.
     pub fn grant_sql(&self, database: &str, user: &str) -> Result<String, LockError> {
         validate_ident("database", database, MAX_IDENT)?;
-        Ok(format!(
-            "GRANT SELECT, INSERT, UPDATE ON `{database}`.`{}` TO {user}",
-            self.table
-        ))
+        Ok(self
+            .tables()
+            .iter()
+            .map(|table| {
+                format!("GRANT SELECT, INSERT, UPDATE ON `{database}`.`{table}` TO {user}")
+            })
+            .collect::<Vec<_>>()
+            .join("; "))
     }
 }
 
@@ -264,6 +325,7 @@ impl fmt::Debug for MySqlConfig {
         f.debug_struct("MySqlConfig")
             .field("endpoint", &self.endpoint)
             .field("table", &self.table)
+            .field("locking", &self.locking)
             .field("prefix", &self.prefix)
             .field("max_held", &self.max_held)
             .field("max_waiting", &self.max_waiting)

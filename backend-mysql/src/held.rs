@@ -4,15 +4,15 @@
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Executor};
 use tenure_api::backend::{HeldEntry, LossNotice};
 use tenure_api::{FencingToken, LeaseDropped, LockError, LockKey, OwnerId, ReleaseOutcome};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use crate::client::Dedicated;
-use crate::error::bounded_for;
+use crate::error::{bounded_for, map_err};
 use crate::sql::{wait_timeout, HOLDS, RELEASE_LOCK};
-use crate::Inner;
+use crate::{Inner, Locking};
 
 /// How often an idle held connection's socket is peeked at: the longest a session the
 /// server ended goes unnoticed (one system call, no round trip).
@@ -65,6 +65,8 @@ pub(crate) struct HeldTask {
     /// even one whose caller went away): the session's `wait_timeout` never ends it
     /// sooner.
     pub(crate) promised: Instant,
+    /// How the lock is held (what releases and checks it).
+    pub(crate) locking: Locking,
     pub(crate) lost: LossNotice,
     /// Given back before a release is answered, so the caller can use it at once.
     pub(crate) slot: Option<OwnedSemaphorePermit>,
@@ -96,7 +98,7 @@ impl HeldTask {
                     Some(Request::Release(reply)) => {
                         let Some(inner) = self.inner.upgrade() else { break };
                         drop(self.slot.take());
-                        let outcome = match release_lock(&inner, &mut conn, &self.lock_name).await {
+                        let outcome = match self.release(&inner, &mut conn).await {
                             Released::Yes => {
                                 inner.idle.push(conn, inner.config.idle_connections);
                                 let _ = reply.send(Ok(ReleaseOutcome::Released));
@@ -134,7 +136,7 @@ impl HeldTask {
                     // and the slot now rather than at the TTL.
                     self.forget();
                     if let Some(inner) = self.inner.upgrade() {
-                        if release_lock(&inner, &mut conn, &self.lock_name).await == Released::Yes {
+                        if self.release(&inner, &mut conn).await == Released::Yes {
                             inner.idle.push(conn, inner.config.idle_connections);
                             return;
                         }
@@ -180,21 +182,26 @@ impl HeldTask {
         conn.set_wait_timeout(config, inner.mariadb, wait_timeout(keep))
             .await
             .map_err(gone)?;
-        let holds = bounded_for(
-            config,
-            config.request_timeout,
-            "extend",
-            sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(HOLDS))
-                .bind(&self.lock_name)
-                .fetch_one(&mut conn.conn),
-        )
-        .await
-        .map_err(gone)?;
-        if holds != Some(1) {
-            return Err(LockError::lost(format!(
-                "the session no longer holds `{}`",
-                self.lock_name
-            )));
+        match self.locking {
+            Locking::GetLock => {
+                let holds = bounded_for(
+                    config,
+                    config.request_timeout,
+                    "extend",
+                    sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(HOLDS))
+                        .bind(&self.lock_name)
+                        .fetch_one(&mut conn.conn),
+                )
+                .await
+                .map_err(gone)?;
+                if holds != Some(1) {
+                    return Err(LockError::lost(format!(
+                        "the session no longer holds `{}`",
+                        self.lock_name
+                    )));
+                }
+            }
+            Locking::Row => relock(inner, conn, self.name.as_bytes()).await?,
         }
         self.promised = self.promised.max(now + ttl);
         if ttl != self.ttl {
@@ -203,13 +210,39 @@ impl HeldTask {
             let record = sqlx::query(AssertSqlSafe(inner.sql.record_ttl.as_str()))
                 .bind(ttl_ms)
                 .bind(self.name.as_bytes())
-                .execute(&mut conn.conn);
-            bounded_for(config, config.request_timeout, "record ttl", record)
-                .await
-                .map_err(gone)?;
+                .bind(conn.id);
+            let recorded = match self.locking {
+                Locking::GetLock => record.execute(&mut conn.conn).await,
+                // Not in the lock's transaction, which never commits.
+                Locking::Row => record.execute(&inner.pool).await,
+            };
+            // Best effort: a record that could not be written leaves `inspect` the old TTL.
+            drop(recorded);
             self.ttl = ttl;
         }
         Ok(())
+    }
+
+    /// Gives the lock up on its session: `RELEASE_LOCK`, or the row lock's `ROLLBACK`.
+    ///
+    /// # Cancel safety
+    /// Dropped midway, the lock may or may not be released: close the connection.
+    async fn release(&self, inner: &Inner, conn: &mut Dedicated) -> Released {
+        match self.locking {
+            Locking::GetLock => release_lock(inner, conn, &self.lock_name).await,
+            Locking::Row => {
+                let rolled = tokio::time::timeout(
+                    inner.config.request_timeout,
+                    conn.conn.execute("ROLLBACK"),
+                )
+                .await;
+                match rolled {
+                    Ok(Ok(_)) => Released::Yes,
+                    Ok(Err(_)) => Released::NotHeld,
+                    Err(_) => Released::NoReply,
+                }
+            }
+        }
     }
 
     /// Reports the loss to the lease's holder and forgets the lease.
@@ -255,5 +288,43 @@ async fn release_lock(inner: &Inner, conn: &mut Dedicated, name: &str) -> Releas
         Ok(Ok(Some(1))) => Released::Yes,
         Ok(_) => Released::NotHeld,
         Err(_) => Released::NoReply,
+    }
+}
+
+/// Locks the key's row `name` again in the session's open transaction (it holds the lock
+/// already, so this returns at once): the row lock's check, which also restarts the
+/// session's idle timer. A row not returned, or locked by another, means the lock is gone.
+///
+/// # Cancel safety
+/// Dropped midway, the check's outcome is unknown: close the connection.
+pub(crate) async fn relock(
+    inner: &Inner,
+    conn: &mut Dedicated,
+    name: &[u8],
+) -> Result<(), LockError> {
+    let config = &inner.config;
+    let rows = tokio::time::timeout(
+        config.request_timeout,
+        sqlx::query(AssertSqlSafe(inner.sql.relock.as_str()))
+            .bind(name)
+            .fetch_all(&mut conn.conn),
+    )
+    .await;
+    match rows {
+        Ok(Ok(rows)) if rows.len() == 1 => Ok(()),
+        Ok(Ok(_)) => Err(LockError::lost("the lock's row is gone")),
+        Ok(Err(e)) if crate::row_busy(&e) => Err(LockError::lost(
+            "another transaction holds the lock's row: the session's transaction ended",
+        )),
+        Ok(Err(e)) => Err(LockError::lost(format!(
+            "the holding session on {} is gone: {}",
+            config.endpoint(),
+            map_err(config, "extend", e)
+        ))),
+        Err(_) => Err(LockError::lost(format!(
+            "the holding session on {} did not answer within {:?}",
+            config.endpoint(),
+            config.request_timeout
+        ))),
     }
 }

@@ -37,7 +37,7 @@ use error::{bounded_for, map_err};
 use held::{Entry, HeldTask, Request};
 use sql::{wait_timeout, Statements, GET_LOCK};
 
-pub use config::{validate_ident, MySqlConfig};
+pub use config::{validate_ident, Locking, MySqlConfig};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
 
@@ -108,7 +108,7 @@ impl MySqlLock {
         .await?;
         let lock = Self {
             inner: Arc::new(Inner {
-                sql: Statements::new(config.table()),
+                sql: Statements::new(config.table(), &config.rows_table()),
                 slots: Arc::new(Semaphore::new(config.max_held)),
                 waiting: Arc::new(Semaphore::new(config.max_waiting)),
                 mariadb: version.contains("MariaDB"),
@@ -124,27 +124,29 @@ impl MySqlLock {
         Ok(lock)
     }
 
-    /// Creates the lock table if it is missing ([`MySqlConfig::schema_sql`]). When it
-    /// exists, no DDL runs, so a user with only the privileges of
+    /// Creates the tables this configuration uses if one is missing
+    /// ([`MySqlConfig::schema_sql`]). When they exist, no DDL runs, so a user with only the privileges of
     /// [`MySqlConfig::grant_sql`] can leave `migrate` on.
     ///
     /// # Cancel safety
     /// Cancel-safe: the statement is atomic.
     pub async fn migrate(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
-        let exists: Option<i64> = bounded_for(
+        let tables = config.tables();
+        let found: i64 = bounded_for(
             config,
             config.request_timeout,
             "migrate",
             sqlx::query_scalar(
-                "SELECT 1 FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?)",
             )
-            .bind(config.table())
-            .fetch_optional(&self.inner.pool),
+            .bind(&tables[0])
+            .bind(tables.last())
+            .fetch_one(&self.inner.pool),
         )
         .await?;
-        if exists.is_some() {
+        if usize::try_from(found).is_ok_and(|found| found == tables.len()) {
             return Ok(());
         }
         let create = config.schema_sql();
@@ -188,8 +190,7 @@ impl MySqlLock {
         }
     }
 
-    /// `GET_LOCK` on a lock connection whose `wait_timeout` is set for `ttl`: `Some(true)`
-    /// granted, `Some(false)` held by another (or the wait ran out). `deadline`: wait in
+    /// `GET_LOCK` on a lock connection whose `wait_timeout` is set for `ttl`. `deadline`: wait in
     /// the server until then (MySQL waits whole seconds, rounded up; MariaDB to the
     /// microsecond). A cached connection that fails is replaced by a fresh one once, which
     /// waits for what is left.
@@ -198,7 +199,7 @@ impl MySqlLock {
         lock_name: &str,
         ttl: Duration,
         deadline: Option<Instant>,
-    ) -> Result<(Dedicated, bool), LockError> {
+    ) -> Result<Locked, LockError> {
         let inner = &self.inner;
         let config = &inner.config;
         loop {
@@ -227,8 +228,8 @@ impl MySqlLock {
             }
             .await;
             match result {
-                Ok(Some(1)) => return Ok((conn, true)),
-                Ok(Some(0)) => return Ok((conn, false)),
+                Ok(Some(1)) => return Ok(Locked::Granted(conn)),
+                Ok(Some(0)) => return Ok(Locked::Busy(Some(conn))),
                 Ok(other) => {
                     return Err(LockError::Unavailable {
                         message: format!(
@@ -241,6 +242,70 @@ impl MySqlLock {
                 }
                 // A stale cached connection (the server ended it): the others are no
                 // better, so drop them all and try once more on a fresh one.
+                Err(e) if cached && e.is_retryable() => inner.idle.clear(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The row mode's lock on a lock connection whose `wait_timeout` is set for `ttl`: a
+    /// transaction opened and the key's row locked (`NOWAIT`, or waiting in the row's
+    /// queue until `deadline`: the server waits whole seconds, rounded up, so the wait is
+    /// cut here at the deadline, and its connection closed). A missing row is inserted
+    /// (autocommit, on a shared connection) and locked in the same transaction. A cached
+    /// connection that fails is replaced by a fresh one once.
+    async fn lock_row(
+        &self,
+        name: &[u8],
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Locked, LockError> {
+        let inner = &self.inner;
+        let config = &inner.config;
+        let rows_table = config.rows_table();
+        loop {
+            let (mut conn, cached) = self.dedicated(ttl).await?;
+            let wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let secs = wait.map(|w| w.as_secs_f64().ceil().max(1.0) as u64);
+            let limit = wait.unwrap_or(config.request_timeout);
+            let locked = async {
+                conn.set_wait_timeout(config, inner.mariadb, wait_timeout(ttl))
+                    .await?;
+                let batch = sql::lock_row(&rows_table, name, secs);
+                let rows = sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut conn.conn);
+                match tokio::time::timeout(limit, rows).await {
+                    Err(_) if wait.is_some() => Ok(None),
+                    Err(_) => Err(LockError::no_reply("lock", config.endpoint(), limit)),
+                    Ok(Ok(rows)) => Ok(Some(Ok(!rows.is_empty()))),
+                    Ok(Err(e)) if row_busy(&e) => Ok(Some(Err(()))),
+                    Ok(Err(e)) => Err(map_err(config, "lock", e)),
+                }
+            }
+            .await;
+            match locked {
+                Ok(Some(Ok(true))) => return Ok(Locked::Granted(conn)),
+                // The key's first use: its row, then the lock in the same transaction.
+                Ok(Some(Ok(false))) => {
+                    bounded_for(
+                        config,
+                        config.request_timeout,
+                        "insert the lock row",
+                        sqlx::query(AssertSqlSafe(inner.sql.insert_row.as_str()))
+                            .bind(name)
+                            .execute(&inner.pool),
+                    )
+                    .await?;
+                    return match held::relock(inner, &mut conn, name).await {
+                        Ok(()) => Ok(Locked::Granted(conn)),
+                        Err(LockError::LeaseLost { .. }) => {
+                            Ok(Locked::Busy(rollback(inner, conn).await))
+                        }
+                        Err(e) => Err(e),
+                    };
+                }
+                Ok(Some(Err(()))) => return Ok(Locked::Busy(rollback(inner, conn).await)),
+                // The wait ran out here: closing the connection ends the server's.
+                Ok(None) => return Ok(Locked::Busy(None)),
                 Err(e) if cached && e.is_retryable() => inner.idle.clear(),
                 Err(e) => return Err(e),
             }
@@ -272,20 +337,28 @@ impl MySqlLock {
         let name = config.name(key);
         let lock_name = names::lock_name(&name);
         let deadline = wait.map(|wait| started + wait);
-        let (mut conn, granted) = self.get_lock(&lock_name, ttl, deadline).await?;
-        if !granted {
-            inner.idle.push(conn, config.idle_connections);
-            return Ok(None);
-        }
+        let locked = match config.locking {
+            Locking::GetLock => self.get_lock(&lock_name, ttl, deadline).await?,
+            Locking::Row => self.lock_row(name.as_bytes(), ttl, deadline).await?,
+        };
+        let mut conn = match locked {
+            Locked::Granted(conn) => conn,
+            Locked::Busy(Some(conn)) => {
+                inner.idle.push(conn, config.idle_connections);
+                return Ok(None);
+            }
+            Locked::Busy(None) => return Ok(None),
+        };
         drop(queued);
         let slot = match slot.take() {
             Some(slot) => slot,
             // Dropping `conn` closes the session, which frees the lock.
             None => held_slot(&inner.slots, config.max_held)?,
         };
-        // The server's idle timer restarts when the grant's record completes: a deadline
-        // counted from before it is sent is conservative. A single attempt counts from
-        // the call's start.
+        // The server's idle timer restarts when a statement on the session completes: a
+        // deadline counted from before one is sent is conservative. A single attempt
+        // counts from the call's start; one that waited, from a statement sent after the
+        // wait (the grant's record, or for a row lock, its check).
         let sent = match wait {
             Some(_) => Instant::now(),
             None => started,
@@ -293,19 +366,41 @@ impl MySqlLock {
         let owner = OwnerId::random();
         let holder = holder_text(owner, label);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let recorded = bounded_for(
-            config,
-            config.request_timeout,
-            "record the grant",
-            sqlx::query(AssertSqlSafe(inner.sql.grant.as_str()))
-                .bind(name.as_bytes())
-                .bind(&holder)
-                .bind(ttl_ms)
-                .bind(&holder)
-                .bind(ttl_ms)
-                .execute(&mut conn.conn),
-        )
-        .await?;
+        let record = sqlx::query(AssertSqlSafe(inner.sql.grant.as_str()))
+            .bind(name.as_bytes())
+            .bind(&holder)
+            .bind(conn.id)
+            .bind(ttl_ms)
+            .bind(&holder)
+            .bind(conn.id)
+            .bind(ttl_ms);
+        let limit = config.request_timeout;
+        let recorded = match config.locking {
+            // On the session: the statement that restarts its idle timer.
+            Locking::GetLock => {
+                bounded_for(
+                    config,
+                    limit,
+                    "record the grant",
+                    record.execute(&mut conn.conn),
+                )
+                .await?
+            }
+            // On a shared connection: the lock's transaction must not commit it.
+            Locking::Row => {
+                let recorded = bounded_for(
+                    config,
+                    limit,
+                    "record the grant",
+                    record.execute(&inner.pool),
+                )
+                .await?;
+                if wait.is_some() {
+                    held::relock(inner, &mut conn, name.as_bytes()).await?;
+                }
+                recorded
+            }
+        };
         let token = recorded.last_insert_id();
         if token == 0 {
             return Err(LockError::backend(format!(
@@ -344,6 +439,7 @@ impl MySqlLock {
             lock_name,
             ttl,
             promised: sent + ttl,
+            locking: config.locking,
             lost: entry.lost.clone(),
             slot: Some(slot),
         };
@@ -351,6 +447,97 @@ impl MySqlLock {
         inner.held.insert(owner, entry);
         tokio::spawn(task.run(conn, requests, dropped));
         Ok(Some(lease))
+    }
+}
+
+impl MySqlLock {
+    /// Which of `names`' rows are locked now (row locks): see [`sql::probe_rows`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the probe's transaction is rolled back before its connection is used
+    /// again.
+    pub(crate) async fn rows_held(&self, names: &[&[u8]]) -> Result<Vec<Vec<u8>>, LockError> {
+        let config = &self.inner.config;
+        let probe = sql::probe_rows(&config.rows_table(), names);
+        // A transaction of sqlx's: rolled back however the probe ends, before its
+        // connection serves anything else.
+        let mut tx = bounded_for(
+            config,
+            config.connect_timeout,
+            "inspect",
+            self.inner.pool.begin(),
+        )
+        .await?;
+        let rows = bounded_for(
+            config,
+            config.request_timeout,
+            "inspect",
+            sqlx::raw_sql(AssertSqlSafe(probe)).fetch_all(&mut *tx),
+        )
+        .await?;
+        let _ = tx.rollback().await;
+        let get = |e| map_err(config, "inspect", e);
+        let (mut free, mut present) = (Vec::new(), Vec::new());
+        for row in &rows {
+            match row.try_get::<Vec<u8>, _>("free") {
+                Ok(name) => free.push(name),
+                Err(_) => present.push(row.try_get::<Vec<u8>, _>("present").map_err(get)?),
+            }
+        }
+        present.retain(|name| !free.contains(name));
+        Ok(present)
+    }
+
+    /// `inspect` of a row lock: the recorded grant of a row that is locked now (another
+    /// program's lock of the row, with no record of tenure's, is a foreign holder).
+    async fn inspect_row(&self, name: &str) -> Result<Option<HolderInfo>, LockError> {
+        let config = &self.inner.config;
+        if self.rows_held(&[name.as_bytes()]).await?.is_empty() {
+            return Ok(None);
+        }
+        let row = bounded_for(
+            config,
+            config.request_timeout,
+            "inspect",
+            sqlx::query(AssertSqlSafe(self.inner.sql.record.as_str()))
+                .bind(name.as_bytes())
+                .fetch_optional(&self.inner.pool),
+        )
+        .await?;
+        let Some(row) = row else {
+            return Ok(Some(foreign_holder(format!("row {name:?}"))));
+        };
+        let get = |e| map_err(config, "inspect", e);
+        let holder: String = row.try_get(0).map_err(get)?;
+        let token: u64 = row.try_get(1).map_err(get)?;
+        let ttl_ms: u64 = row.try_get(3).map_err(get)?;
+        let idle_s: Option<i64> = row.try_get(4).map_err(get)?;
+        let (owner, label) = parse_holder_text(&holder)?;
+        Ok(Some(HolderInfo {
+            owner,
+            label,
+            foreign: false,
+            token: Some(FencingToken(token)),
+            remaining: time_left(ttl_ms, idle_s),
+        }))
+    }
+}
+
+/// What is left of a TTL after its session's idle time (whole seconds, as the server
+/// shows it), if the server shows it.
+pub(crate) fn time_left(ttl_ms: u64, idle_s: Option<i64>) -> Option<Duration> {
+    let idle = u64::try_from(idle_s?).unwrap_or(0).saturating_mul(1000);
+    Some(Duration::from_millis(ttl_ms.saturating_sub(idle)))
+}
+
+/// A holder with no record of tenure's, named by what holds it.
+fn foreign_holder(what: String) -> HolderInfo {
+    HolderInfo {
+        owner: OwnerId::derived(what.as_bytes()),
+        label: None,
+        foreign: true,
+        token: None,
+        remaining: None,
     }
 }
 
@@ -465,6 +652,9 @@ impl DistributedLock for MySqlLock {
         let inner = &self.inner;
         let config = &inner.config;
         let name = config.name(key);
+        if config.locking == Locking::Row {
+            return self.inspect_row(&name).await;
+        }
         let lock_name = names::lock_name(&name);
         // A grant is recorded just after `GET_LOCK` returns: a holder whose record names
         // another session may be one being recorded now, so look again before calling it
@@ -500,25 +690,15 @@ impl DistributedLock for MySqlLock {
         match holder {
             Some(holder) if recorded == Some(session) => {
                 let (owner, label) = parse_holder_text(&holder)?;
-                let remaining = ttl_ms.zip(idle_s).map(|(ttl, idle)| {
-                    let idle = u64::try_from(idle).unwrap_or(0).saturating_mul(1000);
-                    Duration::from_millis(ttl.saturating_sub(idle))
-                });
                 Ok(Some(HolderInfo {
                     owner,
                     label,
                     foreign: false,
                     token: token.map(FencingToken),
-                    remaining,
+                    remaining: ttl_ms.and_then(|ttl| time_left(ttl, idle_s)),
                 }))
             }
-            _ => Ok(Some(HolderInfo {
-                owner: OwnerId::derived(format!("mysql-connection:{session}").as_bytes()),
-                label: None,
-                foreign: true,
-                token: None,
-                remaining: None,
-            })),
+            _ => Ok(Some(foreign_holder(format!("mysql-connection:{session}")))),
         }
     }
 
@@ -538,6 +718,38 @@ impl DistributedLock for MySqlLock {
             labels: true,
         }
     }
+}
+
+/// What a lock statement came to.
+enum Locked {
+    /// Granted on this connection.
+    Granted(Dedicated),
+    /// Held by another (or the wait ran out); the connection, if it is clean for reuse.
+    Busy(Option<Dedicated>),
+}
+
+/// Whether a row lock's error says another transaction holds the row.
+fn row_busy(error: &sqlx::Error) -> bool {
+    matches!(
+        error::number(error),
+        Some(sql::LOCK_NOWAIT | sql::LOCK_WAIT_TIMEOUT)
+    )
+}
+
+/// Rolls back the lock transaction a busy row left open: the connection, clean for
+/// reuse, or `None` if the rollback failed (it is then closed).
+///
+/// # Cancel safety
+/// Dropped midway, the connection is closed.
+async fn rollback(inner: &Inner, mut conn: Dedicated) -> Option<Dedicated> {
+    let rolled = bounded_for(
+        &inner.config,
+        inner.config.request_timeout,
+        "rollback",
+        conn.conn.execute("ROLLBACK"),
+    )
+    .await;
+    rolled.ok().map(|_| conn)
 }
 
 /// How many times `inspect` reads a holder whose record names another session.

@@ -8,7 +8,9 @@ use std::time::Duration;
 use tenure_conformance::faults::expect::{fixed, NO_OTHER_RECIPE};
 use tenure_conformance::faults::{Fault, WhyNot};
 use tenure_conformance::servers::Node;
-use tenure_conformance::testbed::{harness_on, BoxError, BoxFuture, Lab, Testbed, TestbedOptions};
+use tenure_conformance::testbed::{
+    harness_on, BenchVariant, BoxError, BoxFuture, Lab, Testbed, TestbedOptions,
+};
 
 use crate::verdicts::MySqlProtocol;
 use crate::{MySqlConfig, MySqlLock};
@@ -27,11 +29,20 @@ pub const TESTBED: Testbed = Testbed {
     floor: Some(crate::floor::floor),
     same_work_floor: Some(crate::floor::same_work),
     peer: None,
-    bench_variants: &[],
+    // Row locks, against floors of their own (their rows stay apart from named locks');
+    // one protocol with them: a session's lock, ended by its wait_timeout).
+    bench_variants: &[ROW],
     why_not: WHY_NOT,
     protocol: fixed::<MySqlProtocol>,
     broken: &[],
     foreign: None,
+};
+
+/// `locking=row`, measured by the bench apart from named locks.
+pub const ROW: BenchVariant = BenchVariant {
+    name: "row",
+    query: "locking=row",
+    matrix_column: false,
 };
 
 /// What the fault suite cannot do to MySQL here, or what does not apply to it.
@@ -73,13 +84,17 @@ async fn start_secured_with(
     };
     let server = MariaDb::start_with(options).await?;
     let secrets = server.secrets().ok_or("a secured server")?.clone();
-    let config = MySqlConfig::from_url(&secrets.url(&server.addr().to_string()))?;
-    server
-        .sql(&format!("USE {DATABASE}; {}", config.schema_sql()))
-        .await?;
-    server
-        .sql(&config.grant_sql(DATABASE, "'tenure'@'%'")?)
-        .await?;
+    let url = secrets.url(&server.addr().to_string());
+    // Every mode's tables (row locks have one more), so that each runs on it.
+    for url in [url.clone(), ROW.url(&url)] {
+        let config = MySqlConfig::from_url(&url)?;
+        server
+            .sql(&format!("USE {DATABASE}; {}", config.schema_sql()))
+            .await?;
+        server
+            .sql(&config.grant_sql(DATABASE, "'tenure'@'%'")?)
+            .await?;
+    }
     Ok((server, secrets))
 }
 

@@ -245,3 +245,51 @@ async fn a_shorter_extension_never_ends_an_earlier_promise() {
     );
     assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// With `locking=row`, the lock is the key's row: another program's `SELECT … FOR
+/// UPDATE` of it keeps tenure out (shown as held, with the last grant recorded), and its
+/// commit lets tenure's waiter in; `inspect` of a free row finds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_lock_is_shared_with_another_programs_select_for_update() {
+    let server = MariaDb::start().await.unwrap();
+    let url = format!("{}?locking=row", server.url());
+    let lock = MySqlLock::connect(&url).await.unwrap();
+    let k = key("row-shared");
+    let lease = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
+    let first = lease.token();
+    assert_eq!(
+        lock.inspect(&k).await.unwrap().map(|h| h.owner),
+        Some(lease.owner())
+    );
+    lock.release(lease).await.unwrap();
+    assert!(
+        lock.inspect(&k).await.unwrap().is_none(),
+        "a free row is not held"
+    );
+    let mut other = MySqlConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql(
+        "START TRANSACTION; \
+         SELECT 1 FROM tenure_locks_rows WHERE name = 'row-shared' FOR UPDATE",
+    )
+    .fetch_all(&mut other)
+    .await
+    .unwrap();
+    assert!(lock.try_acquire(&k, TTL).await.unwrap().is_none());
+    assert!(
+        lock.inspect(&k).await.unwrap().is_some(),
+        "held by the other program"
+    );
+    let waiter = tokio::spawn({
+        let (lock, k) = (lock.clone(), k.clone());
+        async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(20));
+            lock.acquire(&k, &opts).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "granted beside the other program");
+    sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(lease.token() > first);
+    lock.release(lease).await.unwrap();
+}

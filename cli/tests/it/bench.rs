@@ -25,9 +25,9 @@ fn every_backend_has_working_floors() {
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
         .collect();
     let floors: Vec<&Value> = lines.iter().filter(|l| l["impl"] == "floor").collect();
-    // Every backend, Postgres's advisory locking and leases against floors of their own,
-    // Redis with fence=none and Redlock with fencing=false.
-    assert_eq!(floors.len(), 11, "{lines:?}");
+    // Every backend, Postgres's advisory locking and leases and MySQL's row locks against
+    // floors of their own, Redis with fence=none and Redlock with fencing=false.
+    assert_eq!(floors.len(), 12, "{lines:?}");
     for backend in [
         "redis",
         "redis fence=none",
@@ -39,6 +39,7 @@ fn every_backend_has_working_floors() {
         "postgres advisory",
         "postgres lease",
         "mysql",
+        "mysql row",
         "file",
     ] {
         let floor = floors
@@ -70,5 +71,5 @@ fn every_backend_has_working_floors() {
         }
     }
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
-    assert_eq!(same_work, 11, "{lines:?}");
+    assert_eq!(same_work, 12, "{lines:?}");
 }
