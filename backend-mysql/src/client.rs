@@ -12,7 +12,7 @@ use tenure_api::backend::{Peeked, Socket};
 use tenure_api::LockError;
 
 use crate::error::{bounded_for, map_err};
-use crate::sql::{session_settings, CLIENT_HOST, LOCK_SESSION};
+use crate::sql::{session_settings, CLIENT_HOST, SHARED_SESSION};
 use crate::MySqlConfig;
 
 /// A connection that holds (or is about to hold) one lock: the session's locks live and
@@ -42,13 +42,13 @@ impl Dedicated {
     pub(crate) async fn set_wait_timeout(
         &mut self,
         config: &MySqlConfig,
-        mariadb: bool,
         seconds: u64,
     ) -> Result<(), LockError> {
         if self.wait_timeout == seconds {
             return Ok(());
         }
-        let set = session_settings(mariadb, seconds);
+        // Only this setting: the session may hold a row lock's open transaction.
+        let set = format!("SET SESSION wait_timeout = {seconds}");
         bounded_for(
             config,
             config.request_timeout,
@@ -61,20 +61,28 @@ impl Dedicated {
     }
 }
 
-/// The shared pool: `inspect`, the migration, TTL records.
+/// The shared pool: `inspect`, the migration, and for row locks the grants' records, the
+/// rows' inserts and the holders' probes. A statement waits at most a second for a row
+/// lock (a key's first use, when another client inserted and locked its row meanwhile,
+/// is then busy at once, not stuck behind the holder).
 pub(crate) fn shared_pool(config: &MySqlConfig) -> MySqlPool {
-    MySqlPoolOptions::new()
-        .max_connections(config.pool_size)
-        .min_connections(0)
+    session_pool(config.pool_size, SHARED_SESSION)
         .acquire_timeout(config.connect_timeout)
         .idle_timeout(Some(Duration::from_secs(60)))
-        .after_connect(|conn, _| {
+        .connect_lazy_with(config.connect_options().clone())
+}
+
+/// Pool options for up to `max` connections, each of which runs `settings` first.
+pub(crate) fn session_pool(max: u32, settings: &'static str) -> MySqlPoolOptions {
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .min_connections(0)
+        .after_connect(move |conn, _| {
             Box::pin(async move {
-                conn.execute(sqlx::raw_sql(LOCK_SESSION)).await?;
+                conn.execute(sqlx::raw_sql(settings)).await?;
                 Ok(())
             })
         })
-        .connect_lazy_with(config.connect_options().clone())
 }
 
 /// Opens a lock connection with its session settings, and finds its socket.

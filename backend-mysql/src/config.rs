@@ -228,10 +228,10 @@ impl MySqlConfig {
         Ok(config)
     }
 
-    /// The same with another table (a plain identifier of at most 59 bytes, so that the
-    /// row mode's `<table>_rows` fits).
+    /// The same with another table (a plain identifier of at most 64 bytes; 59 with
+    /// `locking=row`, so that `<table>_rows` fits).
     pub fn with_table(mut self, table: &str) -> Result<Self, LockError> {
-        validate_ident("table", table, MAX_IDENT - ROWS_SUFFIX.len())?;
+        validate_ident("table", table, MAX_IDENT)?;
         self.table = table.to_owned();
         Ok(self)
     }
@@ -247,6 +247,9 @@ impl MySqlConfig {
             return Err(LockError::Config(
                 "options max_held, max_waiting and pool_size must be positive".into(),
             ));
+        }
+        if self.locking == Locking::Row {
+            validate_ident("table", &self.table, MAX_IDENT - ROWS_SUFFIX.len())?;
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return Err(LockError::Config(
@@ -303,7 +306,7 @@ impl MySqlConfig {
         sql
     }
 
-    /// The `GRANT` statement that gives `user` (`'name'@'host'`, quoted as given) exactly
+    /// The `GRANT` statements (`;`-separated) that give `user` (`'name'@'host'`, quoted as given) exactly
     /// what a client with `migrate=false` needs: `SELECT, INSERT, UPDATE` on the tables it
     /// uses (`FOR UPDATE` needs `UPDATE`). `GET_LOCK` and a session's own row of
     /// `information_schema.PROCESSLIST` need no privilege.

@@ -14,14 +14,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::MySqlPool;
 use sqlx::{AssertSqlSafe, Executor};
 use tenure_api::backend::holder_text;
 use tenure_api::{async_trait, LockError, OwnerId};
 use tenure_conformance::testbed::{boxed_locker, cycle_failed, BoxFuture, Locker};
 
+use crate::client::session_pool;
 use crate::names::lock_name;
-use crate::sql::{lock_row, Statements, GET_LOCK, LOCK_SESSION, RELEASE_LOCK};
+use crate::sql::{
+    lock_row, relock_row, Statements, GET_LOCK, LOCK_SESSION, RELEASE_LOCK, SHARED_SESSION,
+};
 use crate::{Locking, MySqlConfig};
 
 /// A floor on one server.
@@ -30,6 +33,8 @@ struct MySqlFloor {
     /// Shared connections (the same-work floor's row-lock records), as tenure's.
     shared: MySqlPool,
     config: MySqlConfig,
+    /// A key's row's insert (the protocol floor's row locks).
+    insert_row: String,
     prefix: String,
     /// tenure's statements, for the same-work floor.
     same_work: Option<Statements>,
@@ -102,7 +107,6 @@ impl MySqlFloor {
     /// A row lock's cycle of a fresh key.
     async fn row_cycle(&self, name: &[u8], held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
         let rows_table = self.config.rows_table();
-        let insert = format!("INSERT IGNORE INTO `{rows_table}` (name) VALUES (?)");
         let mut conn = self
             .pool
             .acquire()
@@ -121,14 +125,13 @@ impl MySqlFloor {
                 .execute(&self.shared)
                 .await
                 .map_err(|e| cycle_failed("insert the row", e))?;
-            sqlx::query(AssertSqlSafe(sql.relock.as_str()))
-                .bind(name)
+            sqlx::raw_sql(AssertSqlSafe(relock_row(&rows_table, name)))
                 .fetch_one(&mut *conn)
                 .await
                 .map_err(|e| cycle_failed("lock again", e))?;
             self.record(name, &self.shared).await?;
         } else {
-            sqlx::query(AssertSqlSafe(insert.as_str()))
+            sqlx::query(AssertSqlSafe(self.insert_row.as_str()))
                 .bind(name)
                 .execute(&mut *conn)
                 .await
@@ -154,33 +157,30 @@ fn connect(
 ) -> BoxFuture<'_, Result<Arc<dyn Locker>, LockError>> {
     boxed_locker(async move {
         let config = MySqlConfig::from_url(url)?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(u32::try_from(tasks.max(1)).unwrap_or(u32::MAX))
-            // As tenure's cached lock connections: not pinged before use, and their
-            // session's transactions as tenure's.
-            .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute(sqlx::raw_sql(LOCK_SESSION)).await?;
-                    Ok(())
-                })
-            })
-            .connect_with(config.connect_options().clone())
-            .await
-            .map_err(|e| LockError::unavailable("floor connect", e))?;
+        // As tenure's lock connections: not pinged before use, their sessions as tenure's.
+        let pool = session_pool(
+            u32::try_from(tasks.max(1)).unwrap_or(u32::MAX),
+            LOCK_SESSION,
+        )
+        .test_before_acquire(false)
+        .connect_with(config.connect_options().clone())
+        .await
+        .map_err(|e| LockError::unavailable("floor connect", e))?;
         sqlx::raw_sql(AssertSqlSafe(config.schema_sql()))
             .execute(&pool)
             .await
             .map_err(|e| LockError::unavailable("floor tables", e))?;
-        let same_work = same_work.then(|| Statements::new(config.table(), &config.rows_table()));
-        let shared = MySqlPoolOptions::new()
-            .max_connections(config.pool_size)
+        let statements = Statements::new(config.table(), &config.rows_table());
+        let insert_row = statements.insert_row.clone();
+        let same_work = same_work.then_some(statements);
+        let shared = session_pool(config.pool_size, SHARED_SESSION)
             .connect_with(config.connect_options().clone())
             .await
             .map_err(|e| LockError::unavailable("floor connect", e))?;
         Ok(MySqlFloor {
             pool,
             shared,
+            insert_row,
             prefix: config.prefix.clone(),
             config,
             same_work,

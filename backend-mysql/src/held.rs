@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use crate::client::Dedicated;
 use crate::error::{bounded_for, map_err};
-use crate::sql::{wait_timeout, HOLDS, RELEASE_LOCK};
+use crate::sql::{relock_row, wait_timeout, CHECK_SAVEPOINT, HOLDS, RELEASE_LOCK};
 use crate::{Inner, Locking};
 
 /// How often an idle held connection's socket is peeked at: the longest a session the
@@ -179,7 +179,7 @@ impl HeldTask {
         };
         let now = Instant::now();
         let keep = ttl.max(self.promised.saturating_duration_since(now));
-        conn.set_wait_timeout(config, inner.mariadb, wait_timeout(keep))
+        conn.set_wait_timeout(config, wait_timeout(keep))
             .await
             .map_err(gone)?;
         match self.locking {
@@ -201,7 +201,7 @@ impl HeldTask {
                     )));
                 }
             }
-            Locking::Row => relock(inner, conn, self.name.as_bytes()).await?,
+            Locking::Row => check_row(inner, conn).await?,
         }
         self.promised = self.promised.max(now + ttl);
         if ttl != self.ttl {
@@ -230,18 +230,7 @@ impl HeldTask {
     async fn release(&self, inner: &Inner, conn: &mut Dedicated) -> Released {
         match self.locking {
             Locking::GetLock => release_lock(inner, conn, &self.lock_name).await,
-            Locking::Row => {
-                let rolled = tokio::time::timeout(
-                    inner.config.request_timeout,
-                    conn.conn.execute("ROLLBACK"),
-                )
-                .await;
-                match rolled {
-                    Ok(Ok(_)) => Released::Yes,
-                    Ok(Err(_)) => Released::NotHeld,
-                    Err(_) => Released::NoReply,
-                }
-            }
+            Locking::Row => rollback(inner, conn).await,
         }
     }
 
@@ -261,9 +250,9 @@ impl HeldTask {
     }
 }
 
-/// What `RELEASE_LOCK` on a held session came to.
+/// What `RELEASE_LOCK` or `ROLLBACK` on a lock session came to.
 #[derive(Debug, PartialEq, Eq)]
-enum Released {
+pub(crate) enum Released {
     /// Released: the connection holds nothing now.
     Yes,
     /// Not this session's, or the session had ended (its locks went with it).
@@ -291,40 +280,62 @@ async fn release_lock(inner: &Inner, conn: &mut Dedicated, name: &str) -> Releas
     }
 }
 
-/// Locks the key's row `name` again in the session's open transaction (it holds the lock
-/// already, so this returns at once): the row lock's check, which also restarts the
-/// session's idle timer. A row not returned, or locked by another, means the lock is gone.
+/// Locks a key's row just inserted, in the lock session's open transaction (a key's
+/// first use): `true` locked, `false` busy (another client inserted and locked it first)
+/// or gone again.
 ///
 /// # Cancel safety
-/// Dropped midway, the check's outcome is unknown: close the connection.
+/// Dropped midway, the outcome is unknown: close the connection.
 pub(crate) async fn relock(
     inner: &Inner,
     conn: &mut Dedicated,
     name: &[u8],
-) -> Result<(), LockError> {
+) -> Result<bool, LockError> {
     let config = &inner.config;
-    let rows = tokio::time::timeout(
+    let batch = relock_row(&config.rows_table(), name);
+    let limit = config.request_timeout;
+    let rows = sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut conn.conn);
+    match tokio::time::timeout(limit, rows).await {
+        Ok(Ok(rows)) => Ok(rows.len() == 1),
+        Ok(Err(e)) if crate::row_busy(&e) => Ok(false),
+        Ok(Err(e)) => Err(map_err(config, "lock", e)),
+        Err(_) => Err(LockError::no_reply("lock", config.endpoint(), limit)),
+    }
+}
+
+/// Checks that the row lock's transaction still runs (rolling back to its savepoint keeps
+/// the row locked), which also restarts the session's idle timer. Any failure means the
+/// lock is gone.
+///
+/// # Cancel safety
+/// Dropped midway, the outcome is unknown: close the connection.
+pub(crate) async fn check_row(inner: &Inner, conn: &mut Dedicated) -> Result<(), LockError> {
+    let config = &inner.config;
+    let checked = bounded_for(
+        config,
         config.request_timeout,
-        sqlx::query(AssertSqlSafe(inner.sql.relock.as_str()))
-            .bind(name)
-            .fetch_all(&mut conn.conn),
-    )
-    .await;
-    match rows {
-        Ok(Ok(rows)) if rows.len() == 1 => Ok(()),
-        Ok(Ok(_)) => Err(LockError::lost("the lock's row is gone")),
-        Ok(Err(e)) if crate::row_busy(&e) => Err(LockError::lost(
-            "another transaction holds the lock's row: the session's transaction ended",
-        )),
-        Ok(Err(e)) => Err(LockError::lost(format!(
-            "the holding session on {} is gone: {}",
-            config.endpoint(),
-            map_err(config, "extend", e)
-        ))),
-        Err(_) => Err(LockError::lost(format!(
-            "the holding session on {} did not answer within {:?}",
-            config.endpoint(),
-            config.request_timeout
-        ))),
+        "extend",
+        conn.conn.execute(CHECK_SAVEPOINT),
+    );
+    checked.await.map(drop).map_err(|e| {
+        LockError::lost(format!(
+            "the lock's transaction on {} has ended: {e}",
+            config.endpoint()
+        ))
+    })
+}
+
+/// `ROLLBACK` of the lock session's transaction (a row lock's release, or a busy row's
+/// attempt), bounded by the request timeout.
+///
+/// # Cancel safety
+/// Dropped midway, the transaction may or may not be rolled back: close the connection.
+pub(crate) async fn rollback(inner: &Inner, conn: &mut Dedicated) -> Released {
+    let rolled =
+        tokio::time::timeout(inner.config.request_timeout, conn.conn.execute("ROLLBACK")).await;
+    match rolled {
+        Ok(Ok(_)) => Released::Yes,
+        Ok(Err(_)) => Released::NotHeld,
+        Err(_) => Released::NoReply,
     }
 }

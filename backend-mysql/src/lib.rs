@@ -41,8 +41,9 @@ pub use config::{validate_ident, Locking, MySqlConfig};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
 
-/// Locks on one MySQL or MariaDB server: a `GET_LOCK` named lock per key, held by a
-/// session of its own, fenced by a committed counter. Cheap to clone (`Arc` inside);
+/// Locks on one MySQL or MariaDB server: a `GET_LOCK` named lock per key (or a `FOR
+/// UPDATE NOWAIT` row lock, [`Locking::Row`]), held by a session of its own, fenced by a
+/// committed counter. Cheap to clone (`Arc` inside);
 /// clones share the held connections. See the [crate docs](crate).
 #[derive(Clone)]
 pub struct MySqlLock {
@@ -52,7 +53,8 @@ pub struct MySqlLock {
 struct Inner {
     config: MySqlConfig,
     sql: Statements,
-    /// Shared connections: inspect, the migration.
+    /// Shared connections: inspect, the migration; for row locks also the grants'
+    /// records, the rows' inserts and the holders' probes.
     pool: MySqlPool,
     /// Whether the server is MariaDB (its session variables differ from MySQL's).
     mariadb: bool,
@@ -129,7 +131,8 @@ impl MySqlLock {
     /// [`MySqlConfig::grant_sql`] can leave `migrate` on.
     ///
     /// # Cancel safety
-    /// Cancel-safe: the statement is atomic.
+    /// Cancel-safe: each `CREATE TABLE IF NOT EXISTS` is atomic, and a later call creates
+    /// what an interrupted one did not.
     pub async fn migrate(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
         let tables = config.tables();
@@ -213,8 +216,7 @@ impl MySqlLock {
             };
             let limit = Duration::from_secs_f64(seconds) + config.request_timeout;
             let result = async {
-                conn.set_wait_timeout(config, inner.mariadb, wait_timeout(ttl))
-                    .await?;
+                conn.set_wait_timeout(config, wait_timeout(ttl)).await?;
                 bounded_for(
                     config,
                     limit,
@@ -269,8 +271,7 @@ impl MySqlLock {
             let secs = wait.map(|w| w.as_secs_f64().ceil().max(1.0) as u64);
             let limit = wait.unwrap_or(config.request_timeout);
             let locked = async {
-                conn.set_wait_timeout(config, inner.mariadb, wait_timeout(ttl))
-                    .await?;
+                conn.set_wait_timeout(config, wait_timeout(ttl)).await?;
                 let batch = sql::lock_row(&rows_table, name, secs);
                 let rows = sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut conn.conn);
                 match tokio::time::timeout(limit, rows).await {
@@ -286,7 +287,7 @@ impl MySqlLock {
                 Ok(Some(Ok(true))) => return Ok(Locked::Granted(conn)),
                 // The key's first use: its row, then the lock in the same transaction.
                 Ok(Some(Ok(false))) => {
-                    bounded_for(
+                    let inserted = bounded_for(
                         config,
                         config.request_timeout,
                         "insert the lock row",
@@ -294,16 +295,23 @@ impl MySqlLock {
                             .bind(name)
                             .execute(&inner.pool),
                     )
-                    .await?;
-                    return match held::relock(inner, &mut conn, name).await {
-                        Ok(()) => Ok(Locked::Granted(conn)),
-                        Err(LockError::LeaseLost { .. }) => {
-                            Ok(Locked::Busy(rollback(inner, conn).await))
-                        }
-                        Err(e) => Err(e),
+                    .await;
+                    let locked = match inserted {
+                        // Another client inserted and locked the row meanwhile: the
+                        // insert's duplicate check waited a second for its lock.
+                        Err(LockError::Unavailable {
+                            source: Some(source),
+                            ..
+                        }) if source.downcast_ref::<sqlx::Error>().is_some_and(row_busy) => false,
+                        Err(e) => return Err(e),
+                        Ok(_) => held::relock(inner, &mut conn, name).await?,
                     };
+                    return Ok(match locked {
+                        true => Locked::Granted(conn),
+                        false => Locked::Busy(busy(inner, conn).await),
+                    });
                 }
-                Ok(Some(Err(()))) => return Ok(Locked::Busy(rollback(inner, conn).await)),
+                Ok(Some(Err(()))) => return Ok(Locked::Busy(busy(inner, conn).await)),
                 // The wait ran out here: closing the connection ends the server's.
                 Ok(None) => return Ok(Locked::Busy(None)),
                 Err(e) if cached && e.is_retryable() => inner.idle.clear(),
@@ -386,19 +394,26 @@ impl MySqlLock {
                 )
                 .await?
             }
-            // On a shared connection: the lock's transaction must not commit it.
+            // On a shared connection: the lock's transaction must not commit it. After a
+            // wait, a check on the session first restarts its idle timer.
             Locking::Row => {
-                let recorded = bounded_for(
+                if wait.is_some() {
+                    held::check_row(inner, &mut conn).await.map_err(|e| {
+                        LockError::Unavailable {
+                            message: format!(
+                                "the lock's session failed right after its grant: {e}"
+                            ),
+                            source: None,
+                        }
+                    })?;
+                }
+                bounded_for(
                     config,
                     limit,
                     "record the grant",
                     record.execute(&inner.pool),
                 )
-                .await?;
-                if wait.is_some() {
-                    held::relock(inner, &mut conn, name.as_bytes()).await?;
-                }
-                recorded
+                .await?
             }
         };
         let token = recorded.last_insert_id();
@@ -458,7 +473,7 @@ impl MySqlLock {
     /// again.
     pub(crate) async fn rows_held(&self, names: &[&[u8]]) -> Result<Vec<Vec<u8>>, LockError> {
         let config = &self.inner.config;
-        let probe = sql::probe_rows(&config.rows_table(), names);
+        let probe = sql::probe_rows(&config.rows_table(), names, self.inner.mariadb);
         // A transaction of sqlx's: rolled back however the probe ends, before its
         // connection serves anything else.
         let mut tx = bounded_for(
@@ -702,7 +717,7 @@ impl DistributedLock for MySqlLock {
         }
     }
 
-    /// A session's named lock: expiry by the server ending an idle session
+    /// A session's named lock or row lock: expiry by the server ending an idle session
     /// (`wait_timeout`, counted on its monotonic timer), waiters in the server with no
     /// promised order, tokens from a committed counter.
     fn capabilities(&self) -> Capabilities {
@@ -741,15 +756,8 @@ fn row_busy(error: &sqlx::Error) -> bool {
 ///
 /// # Cancel safety
 /// Dropped midway, the connection is closed.
-async fn rollback(inner: &Inner, mut conn: Dedicated) -> Option<Dedicated> {
-    let rolled = bounded_for(
-        &inner.config,
-        inner.config.request_timeout,
-        "rollback",
-        conn.conn.execute("ROLLBACK"),
-    )
-    .await;
-    rolled.ok().map(|_| conn)
+async fn busy(inner: &Inner, mut conn: Dedicated) -> Option<Dedicated> {
+    (held::rollback(inner, &mut conn).await == held::Released::Yes).then_some(conn)
 }
 
 /// How many times `inspect` reads a holder whose record names another session.

@@ -27,33 +27,56 @@ fn hex_literal(name: &[u8]) -> String {
     format!("X'{hex}'")
 }
 
-/// The row mode's lock, in one round trip: a transaction opened and the key's row locked
-/// (`NOWAIT`; or waiting up to `wait_secs` whole seconds in the row's queue). No row:
-/// the key's row does not exist yet.
+/// The row mode's lock, in one round trip: a transaction opened, the key's row locked
+/// (`NOWAIT`; or waiting up to `wait_secs` whole seconds in the row's queue), and the
+/// [`SAVEPOINT`] the held lock's check rolls back to. No row: the key's row does not
+/// exist yet.
 pub(crate) fn lock_row(rows_table: &str, name: &[u8], wait_secs: Option<u64>) -> String {
     let row = hex_literal(name);
-    match wait_secs {
-        None => format!(
-            "START TRANSACTION; SELECT 1 FROM `{rows_table}` WHERE name = {row} FOR UPDATE NOWAIT"
+    let (set, nowait) = match wait_secs {
+        None => (String::new(), " NOWAIT"),
+        Some(secs) => (
+            format!("SET SESSION innodb_lock_wait_timeout = {secs}; "),
+            "",
         ),
-        Some(secs) => format!(
-            "SET SESSION innodb_lock_wait_timeout = {secs}; START TRANSACTION; \
-             SELECT 1 FROM `{rows_table}` WHERE name = {row} FOR UPDATE"
-        ),
-    }
+    };
+    format!(
+        "{set}START TRANSACTION; \
+         SELECT 1 FROM `{rows_table}` WHERE name = {row} FOR UPDATE{nowait}; {SAVEPOINT}"
+    )
 }
 
+/// Locks a key's row just inserted, in the open transaction (a key's first use), and
+/// marks the [`SAVEPOINT`] again.
+pub(crate) fn relock_row(rows_table: &str, name: &[u8]) -> String {
+    let row = hex_literal(name);
+    format!("SELECT 1 FROM `{rows_table}` WHERE name = {row} FOR UPDATE NOWAIT; {SAVEPOINT}")
+}
+
+/// Marks the lock's transaction once its row is locked: rolling back to it (the held
+/// lock's check) keeps the row's lock, and fails (1305) once the transaction has ended.
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT tenure_lock";
+
+/// The held row lock's check: its transaction still runs (and the session's idle timer
+/// restarts).
+pub(crate) const CHECK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT tenure_lock";
+
 /// Which of `names`' rows are locked now, run in a transaction rolled back at once: the
-/// rows `SKIP LOCKED` leaves out (column `free` names the others) among those that exist
-/// (column `present`). The free rows are locked for that instant.
-pub(crate) fn probe_rows(rows_table: &str, names: &[&[u8]]) -> String {
+/// rows a shared `SKIP LOCKED` read leaves out (column `free` names the others) among
+/// those that exist (column `present`). The free rows are share-locked for that instant:
+/// probes do not block each other, but a `NOWAIT` acquire of one then finds it busy.
+pub(crate) fn probe_rows(rows_table: &str, names: &[&[u8]], mariadb: bool) -> String {
+    let share = match mariadb {
+        true => "LOCK IN SHARE MODE",
+        false => "FOR SHARE",
+    };
     let list = names
         .iter()
         .map(|name| hex_literal(name))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "SELECT name AS free FROM `{rows_table}` WHERE name IN ({list}) FOR UPDATE SKIP LOCKED; \
+        "SELECT name AS free FROM `{rows_table}` WHERE name IN ({list}) {share} SKIP LOCKED; \
          SELECT name AS present FROM `{rows_table}` WHERE name IN ({list})"
     )
 }
@@ -95,9 +118,6 @@ pub(crate) struct Statements {
     pub(crate) record: String,
     /// Creates a key's row (row locks). Binds: name.
     pub(crate) insert_row: String,
-    /// Locks the key's row again in the open transaction: the held lock's check (row
-    /// locks). Binds: name.
-    pub(crate) relock: String,
 }
 
 impl Statements {
@@ -122,7 +142,6 @@ impl Statements {
                  FROM `{table}` t WHERE name = ?"
             ),
             insert_row: format!("INSERT IGNORE INTO `{rows_table}` (name) VALUES (?)"),
-            relock: format!("SELECT 1 FROM `{rows_table}` WHERE name = ? FOR UPDATE NOWAIT"),
         }
     }
 }
@@ -143,6 +162,12 @@ pub(crate) fn session_settings(mariadb: bool, wait_timeout: u64) -> String {
     };
     format!("SET SESSION wait_timeout = {wait_timeout}, {no_limits}; {LOCK_SESSION}")
 }
+
+/// What the shared pool's sessions set: as [`LOCK_SESSION`], and a row lock waited for at
+/// most a second.
+pub(crate) const SHARED_SESSION: &str = "SET SESSION autocommit = 1; \
+     SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+     SET SESSION innodb_lock_wait_timeout = 1";
 
 /// What every session of tenure's (and the bench floors') sets: each statement commits
 /// on its own; READ COMMITTED, so that a row lock's `FOR UPDATE` of a key's missing row
@@ -169,7 +194,7 @@ mod tests {
             "{sql}"
         );
         assert!(!sql.contains("DROP"), "{sql}");
-        let sql = probe_rows("t_rows", &[b"a", b"b"]);
+        let sql = probe_rows("t_rows", &[b"a", b"b"], true);
         assert!(sql.contains("IN (X'61', X'62')"), "{sql}");
     }
 

@@ -293,3 +293,42 @@ async fn a_row_lock_is_shared_with_another_programs_select_for_update() {
     assert!(lease.token() > first);
     lock.release(lease).await.unwrap();
 }
+
+/// Clients racing for keys' first use (their rows not yet inserted) with `locking=row`:
+/// one is granted each key, the others are told at once that it is held. Before, a
+/// loser's insert of the row waited behind the winner's lock of it until the request
+/// timeout, and `try_acquire` failed with `Unavailable` ("insert the lock row … no reply").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_keys_first_use_race_grants_one_and_refuses_the_rest_at_once() {
+    let server = MariaDb::start().await.unwrap();
+    let url = format!("{}?locking=row", server.url());
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(MySqlLock::connect(&url).await.unwrap());
+    }
+    for round in 0..6 {
+        let k = key(&format!("first-use-{round}"));
+        let tries = clients.iter().map(|lock| {
+            let (lock, k) = (lock.clone(), k.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let lease = lock.try_acquire(&k, TTL).await;
+                (lock, lease, started.elapsed())
+            })
+        });
+        let mut granted = Vec::new();
+        for joined in futures::future::join_all(tries).await {
+            let (lock, lease, took) = joined.unwrap();
+            let lease = lease.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(
+                took < Duration::from_millis(2500),
+                "round {round}: {took:?}"
+            );
+            granted.extend(lease.map(|lease| (lock, lease)));
+        }
+        assert_eq!(granted.len(), 1, "round {round}: one grant");
+        for (lock, lease) in granted {
+            lock.release(lease).await.unwrap();
+        }
+    }
+}

@@ -311,8 +311,8 @@ pub(super) async fn hand_off(target: &Target, key: &LockKey, fired: bool) -> Tri
     let history = History::new();
     let attempt = async {
         let (a, b) = (
-            history.recorded(HOLDER, retried(|| target.client()).await?),
-            history.recorded(CONTENDER, retried(|| target.client()).await?),
+            history.recorded(HOLDER, target.client().await?),
+            history.recorded(CONTENDER, target.client().await?),
         );
         let opts = AcquireOptions::new(target.ttl * 4).wait(Duration::from_secs(10));
         let first = a.acquire(key, &opts).await?;

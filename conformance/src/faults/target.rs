@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use tenure_api::{async_trait, Capabilities, DistributedLock, LockAdmin, LockError, LockKey};
 
 use super::replicated::Deployments;
+use super::rounds::retried;
 use super::{Cell, Fault};
 use crate::foreign::ForeignRecipe;
 use crate::servers::Node;
@@ -312,8 +313,15 @@ impl FaultTarget {
         LockKey::new(name).expect("ascii key well under the length limit")
     }
 
+    /// A fresh client of the servers, for a trial's setup: a connect that fails for a
+    /// reason that passes is tried again for up to 20 s ([`retried`]). Setting a trial up
+    /// is not what it measures, and a TLS handshake and a password check on a loaded
+    /// 2-core machine can outlast a client's 1 s connect timeout: one such timeout of
+    /// Redis's contender over TLS used to leave a whole round of `holder paused past TTL`
+    /// unfired (`quick_matrix_over_tls_with_least_privilege`, "contender: … connect on
+    /// 127.0.0.1:…: timed out", once in a full `./x test`).
     pub(super) async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
-        self.harness.client().await
+        retried(|| self.harness.client()).await
     }
 
     /// The cell the backend declares for `fault` instead of running it, if any.
