@@ -104,6 +104,11 @@ pub struct BenchOptions {
     /// change of leader). The `seq` and `par64` floors stay the plain client's; the
     /// `contended` floor campaigns in a 10 ms polling loop.
     pub election: bool,
+    /// Bench a [`MultiLock`](tenure::MultiLock) of this many keys (2 to 64) instead of
+    /// the lock: a cycle takes them all and releases them. The floor (`seq`, `par64`) is
+    /// the same client taking the keys one by one, in order, with plain leases (no guard);
+    /// the `contended` floor polls the same multi-lock every 10 ms.
+    pub keys: Option<u32>,
     /// Also run the backend's peer library, where its testbed names one (ZooKeeper's:
     /// zookeeper-client's lock recipe), interleaved, and report
     /// tenure's throughput over the peer's.
@@ -118,6 +123,7 @@ impl Default for BenchOptions {
             floor: false,
             permits: None,
             election: false,
+            keys: None,
             peers: false,
         }
     }
@@ -142,6 +148,9 @@ pub struct BenchLine {
     /// On library lines of an election bench: true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub election: bool,
+    /// On lines of a multi-lock bench: its keys per cycle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<u32>,
     /// Measured seconds.
     pub secs: f64,
     /// Completed cycles.
@@ -206,12 +215,14 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 first.implementation,
                 first.permits,
                 first.election,
+                first.keys,
             ) == (
                 line.backend.as_str(),
                 line.mode,
                 line.implementation,
                 line.permits,
                 line.election,
+                line.keys,
             )
         };
         match groups.iter_mut().find(same) {
@@ -233,6 +244,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 implementation: group[0].implementation,
                 permits: group[0].permits,
                 election: group[0].election,
+                keys: group[0].keys,
                 secs: group.iter().map(|l| l.secs).sum(),
                 cycles: group.iter().map(|l| l.cycles).sum(),
                 cycles_per_s: all(&|l| l.cycles_per_s),
@@ -357,6 +369,63 @@ impl Locker for Candidate {
     }
 }
 
+/// A multi-lock of `keys` keys (`<cycle key>/<i>`): taken together and released together
+/// (`seq`, `par64`: one attempt per key; `contended`: a wait; the contended floor: a
+/// 10 ms polling loop), or — the `seq`/`par64` floor — taken one by one with plain leases.
+struct Multi {
+    lock: Arc<dyn DistributedLock>,
+    keys: u32,
+    ttl: Duration,
+    wait: Wait,
+    /// The floor: plain leases, one key after the other, no guard.
+    one_by_one: bool,
+}
+
+#[async_trait]
+impl Locker for Multi {
+    async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+        let keys = (0..self.keys)
+            .map(|i| LockKey::new(format!("{key}/{i}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        if self.one_by_one {
+            let mut leases = Vec::with_capacity(keys.len());
+            for key in &keys {
+                match self.lock.try_acquire(key, self.ttl).await {
+                    Ok(Some(lease)) => leases.push(lease),
+                    Ok(None) => return Err("a fresh key was busy".into()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            held();
+            for lease in leases {
+                self.lock.release(lease).await.map_err(|e| e.to_string())?;
+            }
+            return Ok(());
+        }
+        let multi = tenure::MultiLock::new(self.lock.clone(), keys).map_err(|e| e.to_string())?;
+        let once = AcquireOptions::new(self.ttl).wait(Duration::ZERO);
+        let guard = match self.wait {
+            Wait::None => multi.lock(&once).await.map_err(|e| e.to_string())?,
+            Wait::Push => multi
+                .lock(&once.clone().wait(Duration::from_secs(30)))
+                .await
+                .map_err(|e| e.to_string())?,
+            Wait::Poll10ms => loop {
+                match multi.lock(&once).await {
+                    Ok(guard) => break guard,
+                    Err(LockError::Timeout { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            },
+        };
+        held();
+        guard.release().await.map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
 /// Counts and latencies of one implementation, over all its slices.
 struct Stats {
     histogram: Histogram<u64>,
@@ -402,6 +471,7 @@ impl Stats {
             implementation,
             permits: None,
             election: false,
+            keys: None,
             secs: (secs * 1000.0).round() / 1000.0,
             cycles: self.cycles,
             cycles_per_s: per_s(self.cycles),
@@ -526,6 +596,7 @@ async fn library_lockers(
     mode: Mode,
     options: BenchOptions,
     wait: Wait,
+    one_by_one: bool,
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
     let ttl = options.ttl;
     let clients = mode.clients();
@@ -547,6 +618,16 @@ async fn library_lockers(
         if options.election {
             let election = tenure::Election::new(lock)?.with_ttl(ttl)?;
             lockers.push(Arc::new(Candidate { election, wait }));
+            continue;
+        }
+        if let Some(keys) = options.keys {
+            lockers.push(Arc::new(Multi {
+                lock,
+                keys,
+                ttl,
+                wait,
+                one_by_one,
+            }));
             continue;
         }
         lockers.push(Arc::new(Library { lock, ttl, wait }));
@@ -574,10 +655,26 @@ pub async fn run(
             options.secs
         )));
     }
-    if options.peers && (options.permits.is_some() || options.election) {
+    let variants = [
+        options.permits.is_some(),
+        options.election,
+        options.keys.is_some(),
+    ];
+    if variants.iter().filter(|on| **on).count() > 1 {
         return Err(LockError::InvalidInput(
-            "--peers compares locks: not with --permits or --election".into(),
+            "one of --permits, --election and --keys at a time".into(),
         ));
+    }
+    if options.peers && variants.contains(&true) {
+        return Err(LockError::InvalidInput(
+            "--peers compares locks: not with --permits, --election or --keys".into(),
+        ));
+    }
+    if options.keys.is_some_and(|keys| !(2..=64).contains(&keys)) {
+        return Err(LockError::InvalidInput(format!(
+            "--keys {} must be in 2..=64",
+            options.keys.unwrap_or_default()
+        )));
     }
     let backend = backend_name(url);
     let wait = if mode == Mode::Contended {
@@ -585,19 +682,23 @@ pub async fn run(
     } else {
         Wait::None
     };
-    let library = library_lockers(url, mode, options, wait).await?;
+    let library = library_lockers(url, mode, options, wait, false).await?;
     let floor = match (options.floor, mode) {
         (false, _) => None,
         (true, Mode::Contended) => Some((
-            library_lockers(url, mode, options, Wait::Poll10ms).await?,
+            library_lockers(url, mode, options, Wait::Poll10ms, false).await?,
             "poll10ms",
+        )),
+        (true, _) if options.keys.is_some() => Some((
+            library_lockers(url, mode, options, wait, true).await?,
+            "one-by-one",
         )),
         (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::Protocol)
             .await?
             .map(|lockers| (lockers, Floor::Protocol.name())),
     };
-    // The same work as a lock's: not a semaphore's or an election's.
-    let lock_bench = options.permits.is_none() && !options.election;
+    // The same work as a lock's: not a semaphore's, an election's or a multi-lock's.
+    let lock_bench = options.permits.is_none() && !options.election && options.keys.is_none();
     let same_work = match (options.floor && lock_bench, mode) {
         (false, _) | (true, Mode::Contended) => None,
         (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::SameWork)
@@ -644,6 +745,7 @@ pub async fn run(
     let mut line = ours.line(&backend, mode, "tenure");
     line.permits = options.permits;
     line.election = options.election;
+    line.keys = options.keys;
     let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
     // Ours over theirs, to two places; none if theirs did nothing.
     let ratio = |ours: &BenchLine, theirs: &BenchLine| {
@@ -656,6 +758,7 @@ pub async fn run(
             floor_line.permits = options.permits;
             floor_line.election = options.election;
         }
+        floor_line.keys = options.keys;
         floor_line
     });
     let mut same_line = same_work.map(|(_, name)| same.line(&backend, mode, name));
@@ -790,6 +893,7 @@ mod tests {
             implementation,
             permits: None,
             election: false,
+            keys: None,
             secs: 1.0,
             cycles: cycles_per_s as u64,
             cycles_per_s,

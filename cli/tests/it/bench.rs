@@ -73,3 +73,63 @@ fn every_backend_has_working_floors() {
     let same_work = lines.iter().filter(|l| l["impl"] == "same-work").count();
     assert_eq!(same_work, 12, "{lines:?}");
 }
+
+/// `tenure bench --keys N` benches a multi-lock of N keys per cycle on a lock directory
+/// (no server), against the same client taking the keys one by one (seq) and polling the
+/// multi-lock (contended); every line names its keys.
+#[test]
+fn a_multi_lock_bench_runs_against_its_floors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["bench", "--url", &url, "--keys", "3", "--floor"])
+        .args([
+            "--mode",
+            "seq",
+            "--mode",
+            "contended",
+            "--secs",
+            "0.3",
+            "--json",
+        ])
+        .output()
+        .expect("tenure runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let implementations: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["mode"].as_str().unwrap(), l["impl"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        implementations,
+        [
+            ("seq", "tenure"),
+            ("seq", "one-by-one"),
+            ("contended", "tenure"),
+            ("contended", "poll10ms")
+        ],
+        "{lines:?}"
+    );
+    for line in &lines {
+        assert_eq!(line["keys"], 3, "{line}");
+        assert!(line["cycles"].as_u64().unwrap() > 0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+    }
+    let refused = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["bench", "--url", &url, "--keys", "1", "--secs", "0.1"])
+        .output()
+        .expect("tenure runs");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--keys 1 must be in 2..=64"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

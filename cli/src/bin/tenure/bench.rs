@@ -26,7 +26,7 @@ pub(crate) struct BenchArgs {
     floor: bool,
     /// Also run the backend's peer library where the bench has one (ZooKeeper:
     /// zookeeper-client's lock recipe), interleaved, and print tenure/peer ratios.
-    #[arg(long, conflicts_with_all = ["permits", "election"])]
+    #[arg(long, conflicts_with_all = ["permits", "election", "keys"])]
     peers: bool,
     /// Rounds (1..=100): every backend and mode is run this many times, round-robin, and
     /// each line reports the medians over its rounds (ratios taken within each round).
@@ -53,6 +53,11 @@ pub(crate) struct BenchArgs {
     /// campaigns in a 10 ms polling loop.
     #[arg(long, conflicts_with = "permits")]
     election: bool,
+    /// Bench a multi-lock of N keys (2 to 64) instead of the lock: a cycle takes them all
+    /// and releases them; the seq and par64 floor is the same client taking the keys one
+    /// by one with plain leases, the contended floor polls the multi-lock.
+    #[arg(long, value_name = "N", conflicts_with_all = ["permits", "election"])]
+    keys: Option<u32>,
 }
 
 /// One printed result.
@@ -73,6 +78,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         floor: args.floor,
         permits: args.permits,
         election: args.election,
+        keys: args.keys,
         peers: args.peers,
     };
     let mut rows = Vec::new();
@@ -197,10 +203,11 @@ fn print_table(rows: &[Row]) {
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
             let fairness = l.fairness.map_or(String::new(), |f| format!("{f:.2}"));
-            let implementation = match (l.permits, l.election) {
-                (Some(n), _) => format!("{} ({n} permits)", l.implementation),
-                (None, true) => format!("{} (election)", l.implementation),
-                (None, false) => l.implementation.to_owned(),
+            let implementation = match (l.permits, l.election, l.keys) {
+                (Some(n), _, _) => format!("{} ({n} permits)", l.implementation),
+                (None, true, _) => format!("{} (election)", l.implementation),
+                (None, false, Some(n)) => format!("{} ({n} keys)", l.implementation),
+                (None, false, None) => l.implementation.to_owned(),
             };
             println!(
                 "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} | {same_work_ratio} |{peer_ratio} {cpu} | {switches} | {allocs} |",
