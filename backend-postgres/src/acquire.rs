@@ -360,6 +360,7 @@ impl PgLock {
             xid: entry.xid.clone(),
             lost: entry.lost.clone(),
             slot: Some(slot),
+            promised: sent + ttl,
         };
         // No await between here and the return: once in the map, the lease is ours.
         self.inner.held.insert(owner, entry);

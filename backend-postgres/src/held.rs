@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::Executor;
 use tenure_api::backend::{HeldEntry, LossNotice};
@@ -67,6 +67,10 @@ pub(crate) struct HeldTask {
     pub(crate) lost: LossNotice,
     /// Given back before a release is answered, so the caller can use it at once.
     pub(crate) slot: Option<OwnedSemaphorePermit>,
+    /// The latest deadline a copy of the lease may hold (a grant's or an extension's,
+    /// even one whose caller went away): the transaction's idle timeout never ends it
+    /// sooner.
+    pub(crate) promised: Instant,
 }
 
 impl HeldTask {
@@ -82,7 +86,15 @@ impl HeldTask {
                 request = requests.recv() => match request {
                     Some(Request::Extend(ttl, reply)) => {
                         let Some(inner) = self.inner.upgrade() else { break };
-                        let result = refresh(&mut conn, ttl, &self.xid, &inner.config).await;
+                        // Never below a deadline promised before: an extension to a
+                        // shorter TTL may come from a copy of the lease, or from a caller
+                        // that went away while the original keeps the longer deadline.
+                        let now = Instant::now();
+                        let keep = ttl.max(self.promised.saturating_duration_since(now));
+                        let result = refresh(&mut conn, keep, &self.xid, &inner.config).await;
+                        if result.is_ok() {
+                            self.promised = self.promised.max(now + ttl);
+                        }
                         if let Err(e) = &result {
                             self.lose(e.to_string());
                             let _ = reply.send(result);

@@ -89,8 +89,10 @@ impl LeaseStatements {
                 expiry("$4::bigint"),
                 expiry("EXCLUDED.ttl_ms"),
             ),
+            // Never shortens a lease: a shorter extension may come from a copy of the lease,
+            // or from a caller that went away while the original keeps the longer deadline.
             extend: format!(
-                "UPDATE {leases} SET expires_at = {}, ttl_ms = $4 \
+                "UPDATE {leases} SET expires_at = GREATEST(expires_at, {}), ttl_ms = $4 \
                  FROM {durable} \
                  WHERE key = $1 AND owner = $2 AND token = $3 \
                  AND expires_at > clock_timestamp() RETURNING 1",

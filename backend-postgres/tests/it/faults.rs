@@ -1486,3 +1486,42 @@ async fn connecting_is_bounded_by_connect_timeout_not_request_timeout() {
         "the fault fired: both clients reached the black hole"
     );
 }
+
+/// An extension to a shorter TTL never ends the lock before a deadline a copy of the
+/// lease still holds (here the original's, after a copy was extended to one second), in
+/// the transaction modes (the idle timeout) and the lease mode (the row's expiry). Before,
+/// the server ended the lock at the shorter TTL while the original lease was in date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_extension_never_ends_an_earlier_promise() {
+    let server = Postgres::start().await.unwrap();
+    for query in ["", "?locking=lease"] {
+        let url = format!("{}{query}", server.url());
+        let lock = PgLock::connect(&url).await.unwrap();
+        let key = LockKey::new(format!("shorter{query}")).unwrap();
+        let lease = lock
+            .try_acquire(&key, Duration::from_secs(8))
+            .await
+            .unwrap()
+            .expect("free");
+        let mut copy = lease.clone();
+        lock.extend(&mut copy, Duration::from_secs(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(lease.remaining(Instant::now()) > Duration::ZERO);
+        let other = PgLock::connect(&url).await.unwrap();
+        assert!(
+            other
+                .try_acquire(&key, Duration::from_secs(8))
+                .await
+                .unwrap()
+                .is_none(),
+            "{query}: granted to another client while the original lease is in date"
+        );
+        assert_eq!(
+            lock.release(lease).await.unwrap(),
+            ReleaseOutcome::Released,
+            "{query}"
+        );
+    }
+}
