@@ -77,6 +77,7 @@ impl MySqlLock {
                     let Ok((owner, label)) = parse_holder_text(&holder) else {
                         continue;
                     };
+                    let remaining = crate::time_left(ttl_ms, idle);
                     let idle = idle
                         .and_then(|s| u64::try_from(s).ok())
                         .map(Duration::from_secs);
@@ -88,7 +89,7 @@ impl MySqlLock {
                             label,
                             foreign: false,
                             token: Some(FencingToken(token)),
-                            remaining: idle.map(|idle| ttl.saturating_sub(idle)),
+                            remaining,
                         },
                         ttl,
                         idle,
@@ -174,7 +175,12 @@ impl LockAdmin for MySqlLock {
                 findings.push(Finding {
                     key: held.name[namespace.len()..].to_owned(),
                     problem: Problem::Stale,
-                    location: format!("GET_LOCK name {}", lock_name(&held.name)),
+                    location: match self.config().locking {
+                        Locking::GetLock => format!("GET_LOCK name {}", lock_name(&held.name)),
+                        Locking::Row => {
+                            format!("row {:?} of {}", held.name, self.config().rows_table())
+                        }
+                    },
                     detail: format!(
                         "its session has been idle {}s, past the {}s its TTL allows",
                         idle.as_secs(),
