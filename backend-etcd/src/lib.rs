@@ -590,6 +590,7 @@ impl DistributedLock for EtcdLock {
             failures_tolerated: (self.members - 1) / 2,
             clock_dependent: false,
             labels: true,
+            shared: false,
         }
     }
 }

@@ -350,6 +350,7 @@ impl DistributedLock for FileLock {
             failures_tolerated: 0,
             clock_dependent: false,
             labels: true,
+            shared: false,
         }
     }
 }

@@ -731,6 +731,7 @@ impl DistributedLock for MySqlLock {
             failures_tolerated: 0,
             clock_dependent: false,
             labels: true,
+            shared: false,
         }
     }
 }

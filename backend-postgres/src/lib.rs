@@ -626,6 +626,7 @@ impl DistributedLock for PgLock {
             // next timer interrupt (measured: the matrix's clock-jump cell).
             clock_dependent: true,
             labels: true,
+            shared: false,
         }
     }
 }

@@ -1278,6 +1278,7 @@ impl DistributedLock for RedisLock {
             failures_tolerated: 0,
             clock_dependent: true,
             labels: true,
+            shared: false,
         }
     }
 }

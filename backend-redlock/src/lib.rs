@@ -847,6 +847,7 @@ impl DistributedLock for Redlock {
             failures_tolerated: (nodes - 1) / 2,
             clock_dependent: true,
             labels: true,
+            shared: false,
         }
     }
 }

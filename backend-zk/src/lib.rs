@@ -523,6 +523,7 @@ impl DistributedLock for ZkLock {
             failures_tolerated: (members - 1) / 2,
             clock_dependent: false,
             labels: true,
+            shared: false,
         }
     }
 }

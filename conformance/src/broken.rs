@@ -187,7 +187,11 @@ impl<S: TokenSource> DistributedLock for Retokened<S> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // Broken in its exclusive grants only: no shared mode.
+        Capabilities {
+            shared: false,
+            ..self.inner.capabilities()
+        }
     }
 }
 
@@ -254,6 +258,10 @@ impl<F: ExtendFlaw> DistributedLock for FlawedExtend<F> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // Broken in its exclusive grants only: no shared mode.
+        Capabilities {
+            shared: false,
+            ..self.inner.capabilities()
+        }
     }
 }

@@ -310,7 +310,11 @@ impl DistributedLock for Recorded {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // The checker knows exclusive holds only: a recorded client takes no shared ones.
+        Capabilities {
+            shared: false,
+            ..self.inner.capabilities()
+        }
     }
 }
 

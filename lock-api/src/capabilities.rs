@@ -116,6 +116,11 @@ pub struct Capabilities {
     /// [`Election`](crate::Election) publishes its leader's value with). A backend without
     /// labels refuses an acquire that carries one.
     pub labels: bool,
+    /// Whether the backend takes a key shared, as one of several readers
+    /// ([`acquire_shared`](crate::DistributedLock::acquire_shared), the read side of an
+    /// [`RwLock`](crate::RwLock)). Without it, `acquire_shared` is
+    /// [`LockError::Config`](crate::LockError::Config).
+    pub shared: bool,
 }
 
 impl fmt::Display for Capabilities {

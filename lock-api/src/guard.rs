@@ -227,6 +227,7 @@ pub struct LockGuard<L: DistributedLock + ?Sized + 'static = dyn DistributedLock
     shared: Arc<Shared<L>>,
     key: LockKey,
     token: FencingToken,
+    reader: bool,
     watchdog: Option<JoinHandle<()>>,
 }
 
@@ -260,6 +261,7 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     /// suspended total `suspended`, read before the grant's request was sent.
     fn since(lock: Arc<L>, lease: Lease, clock: Arc<dyn Clock>, suspended: Duration) -> Self {
         let key = lease.key().clone();
+        let reader = lease.is_shared();
         let token = lease.token();
         let notice = lease.loss_notice().cloned();
         let lost = LostSignal::since(lease.valid_until(), clock.clone(), notice, suspended);
@@ -280,6 +282,7 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
             shared,
             key,
             token,
+            reader,
             watchdog: Some(watchdog),
         }
     }
@@ -287,6 +290,12 @@ impl<L: DistributedLock + ?Sized + 'static> LockGuard<L> {
     /// The lock's key.
     pub fn key(&self) -> &LockKey {
         &self.key
+    }
+
+    /// Whether the guard holds a reader's lease ([`Lease::is_shared`]), shared with other
+    /// readers, rather than the key alone.
+    pub fn is_shared(&self) -> bool {
+        self.reader
     }
 
     /// The fencing token of this grant: send it with every write to the protected resource.
@@ -546,6 +555,17 @@ pub trait LockExt {
         opts: &AcquireOptions,
     ) -> impl Future<Output = Result<LockGuard<Self::Lock>, LockError>> + Send;
 
+    /// As [`lock`](Self::lock), in shared mode: a renewing guard over one reader's
+    /// lease from [`DistributedLock::acquire_shared`].
+    ///
+    /// # Cancel safety
+    /// As [`DistributedLock::acquire_shared`].
+    fn lock_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> impl Future<Output = Result<LockGuard<Self::Lock>, LockError>> + Send;
+
     /// Acquires `key`, runs `work(token, lost)` under a renewing guard and releases.
     /// If the lease is lost first, `work` is cancelled (dropped) and the result is
     /// [`WithLockError::Lock`] with [`LockError::LeaseLost`]; if the work completed but
@@ -570,32 +590,15 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
     type Lock = L;
 
     async fn lock(&self, key: &LockKey, opts: &AcquireOptions) -> Result<LockGuard<L>, LockError> {
-        let deadline = opts.wait_deadline(Instant::now());
-        let mut late = 0;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // A suspend from here on counts against the grant, however late in the
-            // wait its request was sent.
-            let suspended = SystemClock.suspended();
-            let lease = match late {
-                0 => self.acquire(key, opts).await?,
-                _ => self.acquire(key, &opts.clone().wait(left)).await?,
-            };
-            let guard = LockGuard::since(self.clone(), lease, Arc::new(SystemClock), suspended);
-            if !guard.is_lost() {
-                return Ok(guard);
-            }
-            let _ = guard.release().await;
-            late += 1;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(LockError::lost(format!(
-                    "the grant of `{key}` arrived after its lease deadline ({late} such \
-                     grant(s) within the wait)"
-                )));
-            }
-            tokio::time::sleep(opts.backoff.delay(late).min(left)).await;
-        }
+        guarded(self, key, opts, false).await
+    }
+
+    async fn lock_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<LockGuard<L>, LockError> {
+        guarded(self, key, opts, true).await
     }
 
     async fn with_lock<F, Fut, T>(
@@ -633,4 +636,59 @@ impl<L: DistributedLock + ?Sized + 'static> LockExt for Arc<L> {
 /// How much of a lease of `ttl` the guard lets pass before renewing it.
 pub fn renewal_interval(ttl: Duration) -> Duration {
     ttl / 3
+}
+
+/// What [`LockExt::lock`] and [`LockExt::lock_shared`] do: a guard over a grant that
+/// arrived within its own deadline, asking again within the wait for one that did not.
+///
+/// # Cancel safety
+/// As [`DistributedLock::acquire`].
+async fn guarded<L: DistributedLock + ?Sized + 'static>(
+    lock: &Arc<L>,
+    key: &LockKey,
+    opts: &AcquireOptions,
+    shared: bool,
+) -> Result<LockGuard<L>, LockError> {
+    let deadline = opts.wait_deadline(Instant::now());
+    let mut late = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A suspend from here on counts against the grant, however late in the
+        // wait its request was sent.
+        let suspended = SystemClock.suspended();
+        let lease = match late {
+            0 => acquire(lock, key, opts, shared).await?,
+            _ => acquire(lock, key, &opts.clone().wait(left), shared).await?,
+        };
+        let guard = LockGuard::since(lock.clone(), lease, Arc::new(SystemClock), suspended);
+        if !guard.is_lost() {
+            return Ok(guard);
+        }
+        let _ = guard.release().await;
+        late += 1;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(LockError::lost(format!(
+                "the grant of `{key}` arrived after its lease deadline ({late} such \
+                     grant(s) within the wait)"
+            )));
+        }
+        tokio::time::sleep(opts.backoff.delay(late).min(left)).await;
+    }
+}
+
+/// `key`'s writer's or (`shared`) a reader's lease.
+///
+/// # Cancel safety
+/// As [`DistributedLock::acquire`].
+async fn acquire<L: DistributedLock + ?Sized>(
+    lock: &L,
+    key: &LockKey,
+    opts: &AcquireOptions,
+    shared: bool,
+) -> Result<Lease, LockError> {
+    match shared {
+        false => lock.acquire(key, opts).await,
+        true => lock.acquire_shared(key, opts).await,
+    }
 }

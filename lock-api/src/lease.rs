@@ -129,6 +129,7 @@ pub struct Lease {
     ttl: Duration,
     handle: LeaseHandle,
     tie: Option<LeaseTie>,
+    shared: bool,
 }
 
 impl Lease {
@@ -151,7 +152,23 @@ impl Lease {
             ttl,
             handle: LeaseHandle::default(),
             tie: None,
+            shared: false,
         }
+    }
+
+    /// Marks the lease as a shared grant: one reader's hold on a key it may share with
+    /// other readers ([`crate::DistributedLock::acquire_shared`]). Backends set it on
+    /// what `acquire_shared` returns.
+    pub fn into_shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
+    /// Whether this is a shared grant (a reader's, from
+    /// [`crate::DistributedLock::acquire_shared`]) rather than the key's one exclusive
+    /// holder.
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// Ties the lease to a backend resource (see [`LeaseTie`]).

@@ -42,6 +42,7 @@ mod lock;
 mod memory;
 mod multi;
 mod options;
+mod rw;
 mod semaphore;
 mod socket;
 #[cfg(feature = "tls")]
@@ -65,4 +66,5 @@ pub use multi::{MultiGuard, MultiLock};
 pub use options::{
     validate_label, validate_ttl, AcquireOptions, Backoff, MAX_LABEL, MAX_TTL, MIN_TTL,
 };
+pub use rw::{RwGuard, RwLock};
 pub use semaphore::Semaphore;

@@ -53,6 +53,40 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// As [`try_acquire`](Self::try_acquire); a dropped wait leaves no waiter behind.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError>;
 
+    /// Waits up to `opts.wait` for `key` in shared mode, as one of its readers (the read
+    /// side of an [`RwLock`](crate::RwLock)); a zero wait is one attempt. The key's plain
+    /// lock ([`try_acquire`](Self::try_acquire), [`acquire`](Self::acquire)) is its
+    /// writer: readers hold the key together, a writer holds it alone, and a writer
+    /// waiting for the key holds back the readers that come after it, so a stream of
+    /// readers never starves a writer. [`LockError::Timeout`] when the wait ends with a
+    /// writer holding or ahead in line.
+    ///
+    /// The lease is [`shared`](Lease::is_shared); [`extend`](Self::extend),
+    /// [`release`](Self::release) and guards take it as they take a writer's, and each
+    /// reader's lease is its own (one ends, the others hold). Its token is larger than
+    /// every token granted for the key before it, a writer's after it larger than every
+    /// reader's: a store that keeps the highest token it has seen turns away a writer
+    /// that lost its lease once a newer reader or writer has been there. Readers'
+    /// tokens order readers among themselves too, but readers run at the same time:
+    /// a reader's token promises only that no writer holds the key while its lease lasts.
+    ///
+    /// The provided method is [`LockError::Config`]: the backend has no shared mode
+    /// ([`Capabilities::shared`] is false).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let _ = (key, opts);
+        Err(LockError::Config(format!(
+            "the {} backend has no shared (read) locks",
+            self.capabilities().backend
+        )))
+    }
+
     /// Pushes the lease's deadline to now + `ttl`. [`LockError::LeaseLost`] if the lock is
     /// no longer ours — it never re-acquires.
     ///
@@ -244,6 +278,13 @@ impl<L: DistributedLock + ?Sized> DistributedLock for Arc<L> {
     }
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         (**self).acquire(key, opts).await
+    }
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        (**self).acquire_shared(key, opts).await
     }
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         (**self).extend(lease, ttl).await

@@ -17,7 +17,9 @@ use crate::{
 
 /// Locks in this process's memory: TTL expiry on an injectable [`Clock`], fencing tokens
 /// from one counter (strictly increasing per key and overall), FIFO waiters woken by push
-/// (no polling), owner checks on extend and release.
+/// (no polling), owner checks on extend and release. Keys are also taken shared
+/// ([`DistributedLock::acquire_shared`]): readers together, a writer alone, writers
+/// and readers served in one FIFO line, so a waiting writer holds back later readers.
 ///
 /// Clones share state. Use it as the embedded default for tasks of one process, in
 /// examples, and as the reference the conformance suite is checked against.
@@ -37,7 +39,8 @@ struct State {
 
 #[derive(Default)]
 struct Entry {
-    holder: Option<Holder>,
+    /// One exclusive holder, or any number of shared ones.
+    holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
 }
 
@@ -46,6 +49,7 @@ struct Holder {
     token: FencingToken,
     expires_at: Instant,
     label: Option<String>,
+    shared: bool,
 }
 
 impl Holder {
@@ -63,29 +67,54 @@ impl Holder {
 struct Waiter {
     id: u64,
     wake: Arc<Notify>,
+    shared: bool,
 }
 
 impl Entry {
     fn expire(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            self.holder = None;
-        }
+        self.holders.retain(|h| h.expires_at > now);
     }
 
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.waiters.is_empty()
+        self.holders.is_empty() && self.waiters.is_empty()
     }
 
-    fn wake_head(&self) {
-        if let Some(head) = self.waiters.front() {
-            head.wake.notify_one();
+    /// Whether a request may be granted now: a shared one when no writer holds the key
+    /// and only readers are ahead of it in line, an exclusive one when nobody holds the
+    /// key and nobody is ahead. `queued`: the request's place in line, else it is last.
+    fn grantable(&self, shared: bool, queued: Option<u64>) -> bool {
+        let mut ahead = self.waiters.iter().take_while(|w| Some(w.id) != queued);
+        match shared {
+            true => self.holders.iter().all(|h| h.shared) && ahead.all(|w| w.shared),
+            false => self.holders.is_empty() && ahead.next().is_none(),
+        }
+    }
+
+    /// Wakes the waiters that may be grantable now: the readers at the front of the
+    /// line and the first writer (each re-checks its turn).
+    fn wake_next(&self) {
+        for waiter in &self.waiters {
+            waiter.wake.notify_one();
+            if !waiter.shared {
+                break;
+            }
         }
     }
 
     fn holds(&self, lease: &Lease, now: Instant) -> bool {
-        self.holder.as_ref().is_some_and(|h| {
+        self.holder_of(lease, now).is_some()
+    }
+
+    fn holder_of(&self, lease: &Lease, now: Instant) -> Option<usize> {
+        self.holders.iter().position(|h| {
             h.owner == lease.owner() && h.token == lease.token() && h.expires_at > now
         })
+    }
+
+    /// Who [`inspect`](DistributedLock::inspect) names: the writer, or the reader whose
+    /// lease ends last.
+    fn current(&self) -> Option<&Holder> {
+        self.holders.iter().max_by_key(|h| h.expires_at)
     }
 }
 
@@ -118,18 +147,28 @@ impl State {
         key: &LockKey,
         ttl: Duration,
         label: Option<String>,
+        shared: bool,
         now: Instant,
     ) -> Lease {
         self.last_token += 1;
         let token = FencingToken(self.last_token);
         let owner = OwnerId::random();
-        self.keys.entry(key.clone()).or_default().holder = Some(Holder {
-            owner,
-            token,
-            expires_at: now + ttl,
-            label,
-        });
-        Lease::new(key.clone(), owner, token, now, ttl, Duration::ZERO)
+        self.keys
+            .entry(key.clone())
+            .or_default()
+            .holders
+            .push(Holder {
+                owner,
+                token,
+                expires_at: now + ttl,
+                label,
+                shared,
+            });
+        let lease = Lease::new(key.clone(), owner, token, now, ttl, Duration::ZERO);
+        match shared {
+            true => lease.into_shared(),
+            false => lease,
+        }
     }
 }
 
@@ -150,11 +189,9 @@ impl Drop for QueueSlot<'_> {
         }
         let mut state = self.lock.state();
         if let Some(entry) = state.keys.get_mut(self.key) {
-            let was_head = entry.waiters.front().is_some_and(|w| w.id == self.id);
             entry.waiters.retain(|w| w.id != self.id);
-            if was_head && entry.holder.is_none() {
-                entry.wake_head();
-            }
+            // A writer leaving the line may let the readers behind it in.
+            entry.wake_next();
         }
         state.forget_if_idle(self.key);
     }
@@ -190,8 +227,8 @@ impl MemoryLock {
         let state = self.state();
         let now = self.clock.now();
         state.keys.get(key).map_or(0, |entry| {
-            let held = entry.holder.as_ref().is_some_and(|h| h.expires_at > now);
-            usize::from(held) + entry.waiters.len()
+            let held = entry.holders.iter().filter(|h| h.expires_at > now).count();
+            held + entry.waiters.len()
         })
     }
 
@@ -205,12 +242,78 @@ impl MemoryLock {
             .iter()
             .filter(|(key, _)| key.as_str().starts_with(prefix))
             .filter_map(|(key, entry)| {
-                let holder = entry.holder.as_ref().filter(|h| h.expires_at > now)?;
+                let holder = entry.current().filter(|h| h.expires_at > now)?;
                 Some((key.clone(), holder.info(now)))
             })
             .collect();
         holders.sort_by(|a, b| a.0.cmp(&b.0));
         holders
+    }
+
+    /// Waits in line for `key`, exclusive or `shared`.
+    ///
+    /// # Cancel safety
+    /// A dropped wait leaves the line (its slot's drop).
+    async fn wait_for(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+        shared: bool,
+    ) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let started = self.clock.now();
+        let deadline = opts.wait_deadline(started);
+        let mut slot = QueueSlot {
+            lock: self,
+            key,
+            id: 0,
+            wake: Arc::new(Notify::new()),
+            queued: false,
+        };
+        loop {
+            let wake_at = {
+                let mut state = self.state();
+                let now = self.clock.now();
+                let entry = state.entry(key, now);
+                if entry.grantable(shared, slot.queued.then_some(slot.id)) {
+                    if slot.queued {
+                        entry.waiters.retain(|w| w.id != slot.id);
+                        slot.queued = false;
+                    }
+                    let lease = state.grant(key, opts.ttl, opts.label.clone(), shared, now);
+                    // The next waiters timed their sleep by the previous holders (or by
+                    // their own deadlines): wake them to time themselves by this grant's
+                    // expiry instead, and readers behind a reader to share it.
+                    if let Some(entry) = state.keys.get(key) {
+                        entry.wake_next();
+                    }
+                    return Ok(lease);
+                }
+                if now >= deadline {
+                    drop(state);
+                    return Err(LockError::Timeout {
+                        waited: now - started,
+                    });
+                }
+                let expires_at = entry.holders.iter().map(|h| h.expires_at).min();
+                if !slot.queued {
+                    state.last_waiter += 1;
+                    slot.id = state.last_waiter;
+                    slot.queued = true;
+                    let waiter = Waiter {
+                        id: slot.id,
+                        wake: slot.wake.clone(),
+                        shared,
+                    };
+                    state.entry(key, now).waiters.push_back(waiter);
+                }
+                expires_at.map_or(deadline, |at| at.min(deadline))
+            };
+            tokio::select! {
+                _ = slot.wake.notified() => {}
+                _ = self.clock.sleep_until(wake_at) => {}
+            }
+        }
     }
 }
 
@@ -241,7 +344,7 @@ impl DistributedLock for MemoryLock {
         let lease = state
             .entry(key, now)
             .is_idle()
-            .then(|| state.grant(key, ttl, None, now));
+            .then(|| state.grant(key, ttl, None, false, now));
         state.forget_if_idle(key);
         Ok(lease)
     }
@@ -249,62 +352,15 @@ impl DistributedLock for MemoryLock {
     /// # Cancel safety
     /// Cancel-safe: a dropped wait leaves the queue; the grant happens within one poll.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        opts.validate()?;
-        let started = self.clock.now();
-        let deadline = opts.wait_deadline(started);
-        let mut slot = QueueSlot {
-            lock: self,
-            key,
-            id: 0,
-            wake: Arc::new(Notify::new()),
-            queued: false,
-        };
-        loop {
-            let wake_at = {
-                let mut state = self.state();
-                let now = self.clock.now();
-                let entry = state.entry(key, now);
-                let our_turn = match entry.waiters.front() {
-                    None => !slot.queued,
-                    Some(head) => slot.queued && head.id == slot.id,
-                };
-                if our_turn && entry.holder.is_none() {
-                    if slot.queued {
-                        entry.waiters.pop_front();
-                        slot.queued = false;
-                    }
-                    let lease = state.grant(key, opts.ttl, opts.label.clone(), now);
-                    // The next waiter timed its sleep by the previous holder (or by its own
-                    // deadline): wake it to time itself by this grant's expiry instead.
-                    if let Some(entry) = state.keys.get(key) {
-                        entry.wake_head();
-                    }
-                    return Ok(lease);
-                }
-                if now >= deadline {
-                    drop(state);
-                    return Err(LockError::Timeout {
-                        waited: now - started,
-                    });
-                }
-                let expires_at = entry.holder.as_ref().map(|h| h.expires_at);
-                if !slot.queued {
-                    state.last_waiter += 1;
-                    slot.id = state.last_waiter;
-                    slot.queued = true;
-                    let waiter = Waiter {
-                        id: slot.id,
-                        wake: slot.wake.clone(),
-                    };
-                    state.entry(key, now).waiters.push_back(waiter);
-                }
-                expires_at.map_or(deadline, |at| at.min(deadline))
-            };
-            tokio::select! {
-                _ = slot.wake.notified() => {}
-                _ = self.clock.sleep_until(wake_at) => {}
-            }
-        }
+        self.wait_for(key, opts, false).await
+    }
+
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        self.wait_for(key, opts, true).await
     }
 
     /// # Cancel safety
@@ -322,7 +378,10 @@ impl DistributedLock for MemoryLock {
                 lease.owner()
             )));
         }
-        if let Some(holder) = entry.holder.as_mut() {
+        if let Some(holder) = entry
+            .holder_of(lease, now)
+            .and_then(|at| entry.holders.get_mut(at))
+        {
             holder.expires_at = now + ttl;
         }
         lease.renewed(now, ttl, Duration::ZERO);
@@ -335,9 +394,9 @@ impl DistributedLock for MemoryLock {
         let mut state = self.state();
         let now = self.clock.now();
         let entry = state.entry(lease.key(), now);
-        let outcome = if entry.holds(&lease, now) {
-            entry.holder = None;
-            entry.wake_head();
+        let outcome = if let Some(at) = entry.holder_of(&lease, now) {
+            entry.holders.swap_remove(at);
+            entry.wake_next();
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
@@ -349,7 +408,7 @@ impl DistributedLock for MemoryLock {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
         let mut state = self.state();
         let now = self.clock.now();
-        let info = state.entry(key, now).holder.as_ref().map(|h| h.info(now));
+        let info = state.entry(key, now).current().map(|h| h.info(now));
         state.forget_if_idle(key);
         Ok(info)
     }
@@ -365,6 +424,7 @@ impl DistributedLock for MemoryLock {
             failures_tolerated: 0,
             clock_dependent: false,
             labels: true,
+            shared: true,
         }
     }
 }

@@ -57,6 +57,7 @@ use crate::{
 pub struct MultiLock {
     lock: Arc<dyn DistributedLock>,
     keys: Vec<LockKey>,
+    shared: bool,
 }
 
 impl fmt::Debug for MultiLock {
@@ -64,6 +65,7 @@ impl fmt::Debug for MultiLock {
         f.debug_struct("MultiLock")
             .field("lock", &self.lock)
             .field("keys", &self.keys)
+            .field("shared", &self.shared)
             .finish()
     }
 }
@@ -86,7 +88,33 @@ impl MultiLock {
                 pair[0]
             )));
         }
-        Ok(Self { lock, keys })
+        Ok(Self {
+            lock,
+            keys,
+            shared: false,
+        })
+    }
+
+    /// The same keys taken shared: each as one of its readers
+    /// ([`LockExt::lock_shared`], the read side of an [`RwLock`](crate::RwLock)), in the
+    /// same order, all or none. [`LockError::Config`] if the backend has no shared mode.
+    pub fn shared(self) -> Result<Self, LockError> {
+        let caps = self.lock.capabilities();
+        if !caps.shared {
+            return Err(LockError::Config(format!(
+                "the {} backend has no shared (read) locks",
+                caps.backend
+            )));
+        }
+        Ok(Self {
+            shared: true,
+            ..self
+        })
+    }
+
+    /// Whether the keys are taken shared ([`shared`](Self::shared)).
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// The keys, in the order they are taken (sorted).
@@ -135,7 +163,7 @@ impl MultiLock {
             let left = deadline.saturating_duration_since(Instant::now());
             let key_opts = opts.clone().wait(left);
             let taken = tokio::select! {
-                taken = self.lock.lock(key, &key_opts) => taken,
+                taken = self.take(key, &key_opts) => taken,
                 stopped = &mut stop => {
                     release_all(guards).await;
                     return Ok(Err(stopped));
@@ -157,6 +185,19 @@ impl MultiLock {
             }
         }
         Ok(Ok(MultiGuard { guards }))
+    }
+}
+
+impl MultiLock {
+    /// One key's guard, exclusive or shared as the multi-lock takes its keys.
+    ///
+    /// # Cancel safety
+    /// As [`LockExt::lock`].
+    async fn take(&self, key: &LockKey, opts: &AcquireOptions) -> Result<LockGuard, LockError> {
+        match self.shared {
+            false => self.lock.lock(key, opts).await,
+            true => self.lock.lock_shared(key, opts).await,
+        }
     }
 }
 

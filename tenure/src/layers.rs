@@ -52,6 +52,14 @@ impl DistributedLock for DriftMargin {
         Ok(self.tightened(self.inner.acquire(key, opts).await?))
     }
 
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        Ok(self.tightened(self.inner.acquire_shared(key, opts).await?))
+    }
+
     async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<(), LockError> {
         self.inner.extend(lease, ttl).await?;
         lease.tighten(self.margin);

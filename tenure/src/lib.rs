@@ -49,8 +49,9 @@ pub use tenure_api::{
     Capabilities, Clock, DistributedLock, Election, ExpiryKind, Fairness, FencingKind,
     FencingToken, Finding, HolderFeed, HolderInfo, Leader, Leadership, Lease, LeaseDropped,
     LeaseHandle, LockAdmin, LockError, LockExt, LockGuard, LockKey, LostSignal, ManualClock,
-    MemoryLock, MultiGuard, MultiLock, OwnerId, Problem, ReleaseOutcome, Replication, Semaphore,
-    SystemClock, WaitKind, WithLockError, MAX_LABEL, MAX_TTL, MIN_TTL, SUSPEND_CHECK,
+    MemoryLock, MultiGuard, MultiLock, OwnerId, Problem, ReleaseOutcome, Replication, RwGuard,
+    RwLock, Semaphore, SystemClock, WaitKind, WithLockError, MAX_LABEL, MAX_TTL, MIN_TTL,
+    SUSPEND_CHECK,
 };
 
 use tenure_api::backend::Driver;

@@ -72,6 +72,8 @@ pub enum Op {
     TryAcquire,
     /// [`DistributedLock::acquire`].
     Acquire,
+    /// [`DistributedLock::acquire_shared`] (a read-write lock's reader).
+    AcquireShared,
     /// [`DistributedLock::acquire_any`] (a semaphore's permits); its `key` is the first
     /// key asked for, the lease says which was granted.
     AcquireAny,
@@ -93,6 +95,7 @@ impl Op {
         match self {
             Self::TryAcquire => "try_acquire",
             Self::Acquire => "acquire",
+            Self::AcquireShared => "acquire_shared",
             Self::AcquireAny => "acquire_any",
             Self::Extend => "extend",
             Self::Release => "release",
@@ -371,6 +374,18 @@ impl<O: Observer> DistributedLock for Observed<O> {
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
         let watch = self.begin(Op::Acquire, key);
         let result = watch.run(self.inner.acquire(key, opts)).await;
+        let grant = result.as_ref().ok().map(Grant::of);
+        watch.end(&result, grant, |_| Outcome::Acquired);
+        result
+    }
+
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let watch = self.begin(Op::AcquireShared, key);
+        let result = watch.run(self.inner.acquire_shared(key, opts)).await;
         let grant = result.as_ref().ok().map(Grant::of);
         watch.end(&result, grant, |_| Outcome::Acquired);
         result
@@ -668,7 +683,7 @@ impl Observer for Metrics {
             .increment(1);
         };
         match (call.op, done.outcome, done.grant) {
-            (Op::Acquire | Op::AcquireAny | Op::TryAcquire, outcome, grant) => {
+            (Op::Acquire | Op::AcquireShared | Op::AcquireAny | Op::TryAcquire, outcome, grant) => {
                 metrics::histogram!(names::ACQUIRE_WAIT_SECONDS, &labels)
                     .record(done.elapsed.as_secs_f64());
                 with_outcome(names::ACQUIRE_TOTAL);

@@ -293,6 +293,7 @@ impl DistributedLock for Broken {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             labels: self.inner.capabilities().labels && !self.flaw.own_acquire(),
+            shared: false,
             ..self.inner.capabilities()
         }
     }

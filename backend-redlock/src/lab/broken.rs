@@ -210,6 +210,7 @@ impl DistributedLock for Broken {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             labels: false,
+            shared: false,
             ..self.inner.capabilities()
         }
     }

@@ -859,3 +859,52 @@ fn a_tmpdir_too_long_for_a_socket_falls_back_to_tmp() {
     let left: Vec<_> = std::fs::read_dir(&long).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// `--shared` runs the command as a reader where the backend has shared locks, and is
+/// refused with the configuration exit code (78) where it has none, before the command
+/// runs; with `--permits` it is a usage error.
+#[test]
+fn shared_runs_as_a_reader_or_is_refused() {
+    let out = output(
+        "memory://",
+        &[
+            "run",
+            "--shared",
+            "--key",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo ran $TENURE_KEY",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran k");
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let out = output(
+        &url,
+        &["run", "--shared", "--key", "k", "--", "echo", "ran"],
+    );
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no shared (read) locks"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty(), "the command ran: {:?}", out.stdout);
+    let out = output(
+        "memory://",
+        &[
+            "run",
+            "--shared",
+            "--permits",
+            "2",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

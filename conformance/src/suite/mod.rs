@@ -18,7 +18,9 @@ use crate::history::{FencedRegister, History};
 use crate::Harness;
 
 mod multi;
+mod rw;
 pub use multi::*;
+pub use rw::*;
 
 /// Why a scenario failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +71,8 @@ pub enum Requirement {
     LinkCut,
     /// The backend records labels ([`Capabilities::labels`]).
     Labels,
+    /// The backend takes keys shared ([`Capabilities::shared`]): read-write locks.
+    Shared,
     /// The backend holds elections: labels for the leader's value, fencing tokens for
     /// its terms ([`Election::new`]).
     Elections,
@@ -82,6 +86,7 @@ impl Requirement {
             Self::Fifo => caps.fairness == Fairness::Fifo,
             Self::LinkCut => harness.can_cut_links(),
             Self::Labels => caps.labels,
+            Self::Shared => caps.shared,
             Self::Elections => caps.labels && caps.fencing != FencingKind::None,
         }
     }
@@ -212,6 +217,11 @@ scenarios![
     multilock_takes_all_keys_or_none,
     multilocks_on_overlapping_keys_never_deadlock,
     multilock_reports_a_lost_member,
+    readers_share_and_a_writer_excludes[Shared],
+    a_waiting_writer_is_not_starved_by_readers[Shared],
+    a_writer_that_stops_waiting_lets_later_readers_in[Shared],
+    a_readers_lease_ends_alone[Shared, TtlExpiry],
+    the_shared_mode_is_declared_truly,
     labels_are_reported_while_held[Labels],
     bad_labels_are_refused_and_grant_nothing[Labels],
     election_has_one_leader_at_a_time[Elections],

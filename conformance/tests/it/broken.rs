@@ -186,6 +186,7 @@ impl DistributedLock for Broken {
         Capabilities {
             backend: "broken",
             labels: false,
+            shared: false,
             ..self.inner.capabilities()
         }
     }

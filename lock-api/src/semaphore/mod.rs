@@ -333,7 +333,11 @@ impl DistributedLock for Semaphore {
 
     /// The lock's capabilities; waiters are not served in order across several permits.
     fn capabilities(&self) -> Capabilities {
-        let caps = self.lock.capabilities();
+        // A permit is taken whole: a semaphore has no shared mode of its own.
+        let caps = Capabilities {
+            shared: false,
+            ..self.lock.capabilities()
+        };
         match self.permits {
             1 => caps,
             _ => Capabilities {

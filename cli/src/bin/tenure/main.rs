@@ -90,6 +90,12 @@ enum Command {
         /// runs drain or use a new KEY.
         #[arg(long, value_name = "N")]
         permits: Option<u32>,
+        /// Run as a reader of KEY (each KEY, with several): runs with --shared hold it
+        /// together, a run without (a writer) holds it alone, and a writer waiting for
+        /// it holds back the readers that come after it. For backends with shared locks
+        /// (exit 78 on the others).
+        #[arg(long, conflicts_with = "permits")]
+        shared: bool,
         /// The command and its arguments.
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
@@ -334,6 +340,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             grace,
             hold_at_least,
             permits,
+            shared,
             cmd,
         } => {
             let (keys, opts) = args.options(&config)?;
@@ -358,6 +365,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             let options = run::RunOptions {
                 grace,
                 hold_at_least,
+                shared,
             };
             run::run_under_lock(lock, keys, opts, options, cmd).await
         }
@@ -375,6 +383,7 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             let options = run::RunOptions {
                 grace,
                 hold_at_least: Duration::ZERO,
+                shared: false,
             };
             run::run_under_lock(lock, vec![name], opts, options, cmd).await
         }

@@ -63,6 +63,8 @@ pub(crate) struct RunOptions {
     pub grace: Option<Duration>,
     /// Keep the lock at least this long after it was granted.
     pub hold_at_least: Duration,
+    /// Take the keys shared, as their readers.
+    pub shared: bool,
 }
 
 /// When to start stopping the command, so that it is gone before the lease deadline.
@@ -143,7 +145,10 @@ pub(crate) async fn run_under_lock(
     cmd: Vec<String>,
 ) -> Result<ExitCode, LockError> {
     let plan = StopPlan::new(opts.ttl, run.grace)?;
-    let multi = MultiLock::new(lock, keys)?;
+    let multi = match run.shared {
+        false => MultiLock::new(lock, keys)?,
+        true => MultiLock::new(lock, keys)?.shared()?,
+    };
     let key = joined(multi.keys().iter().map(LockKey::as_str), "`, `");
     let mut signals = StopSignals::new()?;
     let mut group = Group::new()?;
