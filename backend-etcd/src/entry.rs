@@ -22,6 +22,10 @@ pub(crate) struct Recorded {
 /// throughout, as tenure writes it).
 fn named_owner(key: &[u8]) -> Option<OwnerId> {
     let name = key.rsplit(|b| *b == b'/').next()?;
+    // A reader's key: the same name after the mark.
+    let name = name
+        .strip_prefix(crate::queue::SHARED_MARK.as_bytes())
+        .unwrap_or(name);
     let mut parts = std::str::from_utf8(name).ok()?.splitn(3, '-');
     let (owner, lease, attempt) = (parts.next()?, parts.next()?, parts.next()?);
     let hex = |text: &str| {
@@ -81,6 +85,10 @@ mod tests {
                 foreign: false
             }
         );
+        // A reader's key: the same name after `shared-`.
+        let reader = key.replace(&owner.to_string(), &format!("shared-{owner}"));
+        let read = recorded(reader.as_bytes(), holder_text(owner, None).as_bytes()).unwrap();
+        assert!(!read.foreign && read.owner == owner, "{read:?}");
         // `etcdctl lock app/job` and Go's concurrency.Mutex: `<prefix>/<lease hex>`, empty.
         let etcdctl = b"app/job/694d7a3c9e2f1b05";
         let theirs = recorded(etcdctl, b"").unwrap();

@@ -163,7 +163,7 @@ impl Locker for EtcdSameWork {
         let owner = OwnerId::random();
         // `key`'s queue, as tenure names it (`EtcdLock::queue_prefix`).
         let queue = format!("{}/", self.leased.config.escaped_prefix(key));
-        let unique = own_prefix(&queue, owner);
+        let unique = own_prefix(&queue, owner, false);
         let attempt = self.names.fetch_add(1, Ordering::Relaxed);
         let ours = format!("{unique}{:016x}-{attempt:x}", self.leased.lease as u64);
         let head = GetOptions::new()

@@ -255,59 +255,20 @@ impl EtcdLock {
         lease
             .handle()
             .path
-            .starts_with(&own_prefix(&queue, lease.owner()))
+            .starts_with(&own_prefix(&queue, lease.owner(), lease.is_shared()))
     }
 
-    /// The compare that makes a write apply only to the key `lease` was granted on (with
-    /// [`names_its_own_key`](Self::names_its_own_key)), and only while it exists: a put
-    /// without it would create a released or expired key again. Key names are never
-    /// reused, so the key's create revision, the token, identifies the grant. One read
-    /// per compare on every member: the owner is checked in the name, not in the value.
-    fn created_by(lease: &Lease) -> Compare {
-        let path = lease.handle().path.as_str();
-        Compare::create_revision(path, CompareOp::Equal, lease.token().get() as i64)
-    }
-}
-
-#[async_trait]
-impl DistributedLock for EtcdLock {
-    /// One transaction (and, with `?lease=per-lock`, a lease grant first); if not first,
-    /// the key is removed and the answer is `None`.
+    /// What [`DistributedLock::acquire`] and [`DistributedLock::acquire_shared`] do: queue
+    /// a writer's or (`shared`) a reader's key and wait for its turn.
     ///
     /// # Cancel safety
-    /// If dropped once the key may have been sent, the key is removed in the background
-    /// (a lease of its own is revoked; a session deletes it); failing that, or without a
-    /// runtime, the TTL removes it.
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        validate_ttl(ttl)?;
-        let owner = OwnerId::random();
-        let mut ticket = match self.enqueue(key, owner, ttl, None).await {
-            // The session's lease ended unnoticed: once more, on a new session.
-            Err(LockError::LeaseLost { .. }) => self.enqueue(key, owner, ttl, None).await?,
-            other => other?,
-        };
-        if !ticket.first {
-            self.abandon(ticket).await;
-            return Ok(None);
-        }
-        match self.grant(key, owner, &mut ticket).await {
-            Ok(lease) => Ok(Some(lease)),
-            Err(LockError::LeaseLost { reason }) => Err(self.rpc.unavailable(&reason)),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Queues a key and waits for the predecessor's deletion (a watch: push, FIFO),
-    /// keeping the waiting lease alive, for at most `opts.wait`. Transient errors are
-    /// retried within the bound without losing the queue position; if the wait ends on
-    /// one, that error is returned rather than `Timeout`. All retries of one call use
-    /// the same owner id.
-    ///
-    /// # Cancel safety
-    /// If dropped, the waiting key is removed in the background (its own lease revoked,
-    /// or deleted by its session): no ghost waiter or lock is left behind (without a
-    /// runtime, the TTL removes it).
-    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+    /// As [`DistributedLock::acquire`].
+    async fn wait_for(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+        shared: bool,
+    ) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
         let label = opts.label.as_deref();
@@ -318,7 +279,7 @@ impl DistributedLock for EtcdLock {
         let mut failures = 0u32;
         loop {
             let result = match ticket.as_mut() {
-                None => match self.new_ticket(key, owner, opts.ttl).await {
+                None => match self.new_ticket(key, owner, opts.ttl, shared).await {
                     Ok(fresh) => {
                         ticket = Some(fresh);
                         continue;
@@ -375,6 +336,75 @@ impl DistributedLock for EtcdLock {
                 }
             }
         }
+    }
+
+    /// The compare that makes a write apply only to the key `lease` was granted on (with
+    /// [`names_its_own_key`](Self::names_its_own_key)), and only while it exists: a put
+    /// without it would create a released or expired key again. Key names are never
+    /// reused, so the key's create revision, the token, identifies the grant. One read
+    /// per compare on every member: the owner is checked in the name, not in the value.
+    fn created_by(lease: &Lease) -> Compare {
+        let path = lease.handle().path.as_str();
+        Compare::create_revision(path, CompareOp::Equal, lease.token().get() as i64)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    /// One transaction (and, with `?lease=per-lock`, a lease grant first); if not first,
+    /// the key is removed and the answer is `None`.
+    ///
+    /// # Cancel safety
+    /// If dropped once the key may have been sent, the key is removed in the background
+    /// (a lease of its own is revoked; a session deletes it); failing that, or without a
+    /// runtime, the TTL removes it.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate_ttl(ttl)?;
+        let owner = OwnerId::random();
+        let mut ticket = match self.enqueue(key, owner, ttl, None).await {
+            // The session's lease ended unnoticed: once more, on a new session.
+            Err(LockError::LeaseLost { .. }) => self.enqueue(key, owner, ttl, None).await?,
+            other => other?,
+        };
+        if !ticket.first {
+            self.abandon(ticket).await;
+            return Ok(None);
+        }
+        match self.grant(key, owner, &mut ticket).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(LockError::LeaseLost { reason }) => Err(self.rpc.unavailable(&reason)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Queues a key and waits for the predecessor's deletion (a watch: push, FIFO),
+    /// keeping the waiting lease alive, for at most `opts.wait`. Transient errors are
+    /// retried within the bound without losing the queue position; if the wait ends on
+    /// one, that error is returned rather than `Timeout`. All retries of one call use
+    /// the same owner id.
+    ///
+    /// # Cancel safety
+    /// If dropped, the waiting key is removed in the background (its own lease revoked,
+    /// or deleted by its session): no ghost waiter or lock is left behind (without a
+    /// runtime, the TTL removes it).
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        self.wait_for(key, opts, false).await
+    }
+
+    /// As [`acquire`](Self::acquire), with a reader's key (named with a mark of its own),
+    /// which waits only for the writers' keys before it: readers hold the lock together,
+    /// writers — tenure's plain locks and other recipes' keys alike — alone, in one FIFO
+    /// queue, so a writer waiting holds back the readers queued after it. The token is the
+    /// key's create revision, as a writer's.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        self.wait_for(key, opts, true).await
     }
 
     /// Checks the key is still ours and keeps it for another `ttl`: a keep-alive of its
@@ -590,7 +620,7 @@ impl DistributedLock for EtcdLock {
             failures_tolerated: (self.members - 1) / 2,
             clock_dependent: false,
             labels: true,
-            shared: false,
+            shared: true,
         }
     }
 }

@@ -66,8 +66,12 @@ pub(crate) struct Ticket {
     key: String,
     /// Its create revision: queue position and fencing token.
     pub(crate) revision: i64,
-    /// Whether it was first in the queue when last looked at.
+    /// Whether it was first in the queue when last looked at; for a reader's, whether
+    /// no writer's key was before it.
     pub(crate) first: bool,
+    /// A reader's key (named with [`SHARED_MARK`]), which waits only for the writers'
+    /// keys before it.
+    pub(crate) shared: bool,
     /// When the grant or the last successful keep-alive was sent.
     pub(crate) refreshed_at: Instant,
     /// The machine's time suspended so far, as read when that was sent (`Instant` stands
@@ -193,6 +197,7 @@ impl EtcdLock {
             key: key_of(lease_id),
             revision: 0,
             first: false,
+            shared: false,
             refreshed_at,
             refreshed_suspended: suspended,
             armed: true,
@@ -211,7 +216,7 @@ impl EtcdLock {
         ttl: Duration,
         label: Option<&str>,
     ) -> Result<Ticket, LockError> {
-        let mut ticket = self.new_ticket(key, owner, ttl).await?;
+        let mut ticket = self.new_ticket(key, owner, ttl, false).await?;
         match self.queue_ticket(key, owner, label, &mut ticket).await {
             Ok(()) => Ok(ticket),
             Err(e) => {
@@ -223,17 +228,21 @@ impl EtcdLock {
 
     /// A ticket for `key`'s queue under a key name never used before (the owner id is
     /// random per acquisition, and each ticket of one acquisition is numbered), on a lease
-    /// of its own or its session's; not yet queued.
+    /// of its own or its session's; not yet queued. A reader's (`shared`) is named with
+    /// [`SHARED_MARK`].
     pub(crate) async fn new_ticket(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        shared: bool,
     ) -> Result<Ticket, LockError> {
-        let unique = own_prefix(&self.queue_prefix(key), owner);
+        let unique = own_prefix(&self.queue_prefix(key), owner, shared);
         let attempt = self.sessions.fresh_name();
         let key_of = |id: i64| format!("{unique}{:016x}-{attempt:x}", id as u64);
-        self.ticket(ttl, &key_of).await
+        let mut ticket = self.ticket(ttl, &key_of).await?;
+        ticket.shared = shared;
+        Ok(ticket)
     }
 
     /// Puts the ticket's key in its queue unless it is there already, and reads in the
@@ -256,25 +265,37 @@ impl EtcdLock {
             session.renew(&ticket.key, Instant::now() + ticket.ttl)?;
         }
         let queue = self.queue_prefix(key);
-        let head = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        // What says whether the key is first: the queue's oldest key; for a reader's, the
+        // writers' keys (any there, at the revision of its put, are older).
+        let heads = match ticket.shared {
+            false => {
+                let head = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1);
+                vec![TxnOp::get(queue.as_str(), Some(head))]
+            }
+            true => writer_ranges(&queue, GetOptions::new().with_limit(1).with_keys_only()),
+        };
         let ours = ticket.key.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(ours, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
+            .and_then(
+                [TxnOp::put(
                     ours,
                     holder_text(owner, label),
                     Some(PutOptions::new().with_lease(ticket.lease_id)),
-                ),
-                TxnOp::get(queue.as_str(), Some(head.clone())),
-            ])
-            .or_else([
-                TxnOp::get(ours, None),
-                TxnOp::get(queue.as_str(), Some(head)),
-            ]);
+                )]
+                .into_iter()
+                .chain(heads.iter().cloned())
+                .collect::<Vec<_>>(),
+            )
+            .or_else(
+                [TxnOp::get(ours, None)]
+                    .into_iter()
+                    .chain(heads)
+                    .collect::<Vec<_>>(),
+            );
         let reply = match self.rpc.txn("enqueue txn", txn).await {
             Ok(reply) => reply,
             Err(e) if is_lease_gone(&e) => {
@@ -304,17 +325,24 @@ impl EtcdLock {
                 _ => return Err(LockError::backend("a fresh lock key is on another lease")),
             }
         };
-        let head = gets.next().flatten();
-        if revision <= 0 || head.is_none() {
+        let heads: Vec<_> = gets.collect();
+        if revision <= 0 || heads.is_empty() {
             return Err(LockError::backend("malformed enqueue reply from etcd"));
         }
         ticket.revision = revision;
-        ticket.first = head.is_some_and(|kv| kv.key() == ticket.key.as_bytes());
+        ticket.first = match ticket.shared {
+            // No writer's key at all; after a lost reply, one may be younger than ours:
+            // then `wait_turn` looks precisely.
+            true => heads.iter().all(Option::is_none),
+            false => heads[0]
+                .as_ref()
+                .is_some_and(|kv| kv.key() == ticket.key.as_bytes()),
+        };
         Ok(())
     }
 
-    /// The next older key in the ticket's queue (its predecessor), with the revision
-    /// the answer was read at, read in one transaction with the proof that the ticket's
+    /// The next older key in the ticket's queue (its predecessor; for a reader's, the
+    /// next older writer's key), with the revision the answer was read at, read in one transaction with the proof that the ticket's
     /// own key still exists (same create revision): a key deleted while it waited (by an
     /// operator, or with a session lease that ended while this client was suspended)
     /// is `LeaseLost`, never a turn. A read-only transaction: no Raft write.
@@ -324,15 +352,16 @@ impl EtcdLock {
         ticket: &Ticket,
     ) -> Result<(Option<Vec<u8>>, i64), LockError> {
         let options = GetOptions::new()
-            .with_prefix()
             .with_max_create_revision(ticket.revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1)
             .with_keys_only();
         let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
-        let txn = Txn::new()
-            .when([ours])
-            .and_then([TxnOp::get(queue, Some(options))]);
+        let reads = match ticket.shared {
+            false => vec![TxnOp::get(queue, Some(options.with_prefix()))],
+            true => writer_ranges(queue, options),
+        };
+        let txn = Txn::new().when([ours]).and_then(reads);
         let reply = self.rpc.txn("predecessor txn", txn).await?;
         if !reply.succeeded() {
             return Err(LockError::lost(format!(
@@ -341,11 +370,23 @@ impl EtcdLock {
             )));
         }
         let revision = reply.header().map_or(0, |h| h.revision());
-        let before = reply.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get.kvs().first().map(|kv| kv.key().to_vec())),
-            _ => None,
-        });
-        let before = before.ok_or_else(|| LockError::backend("malformed predecessor reply"))?;
+        let gets: Vec<_> = reply
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+                _ => None,
+            })
+            .collect();
+        if gets.is_empty() {
+            return Err(LockError::backend("malformed predecessor reply"));
+        }
+        // The youngest of the (one or two ranges') youngest older keys.
+        let before = gets
+            .into_iter()
+            .flatten()
+            .max_by_key(|kv| kv.create_revision())
+            .map(|kv| kv.key().to_vec());
         Ok((before, revision))
     }
 
@@ -453,7 +494,7 @@ impl EtcdLock {
         ticket.armed = false;
         let token = u64::try_from(ticket.revision)
             .map_err(|_| LockError::backend("negative create revision"))?;
-        Ok(Lease::new(
+        let lease = Lease::new(
             key.clone(),
             owner,
             FencingToken(token),
@@ -465,11 +506,48 @@ impl EtcdLock {
             path: ticket.key.clone(),
             id: ticket.lease_id,
             revision: ticket.revision,
-        }))
+        });
+        Ok(match ticket.shared {
+            true => lease.into_shared(),
+            false => lease,
+        })
     }
 }
 
-/// The start of every queue key `owner` puts in `queue`: a retry finds its own keys.
-pub(crate) fn own_prefix(queue: &str, owner: OwnerId) -> String {
-    format!("{queue}{owner}-")
+/// What starts the name of a reader's key in a queue (after the queue's prefix): a
+/// writer waits for every key before it, a reader only for the writers' — every other
+/// key, tenure's writers (named by their owner id, in hex) and other recipes' alike.
+pub(crate) const SHARED_MARK: &str = "shared-";
+
+/// The start of every queue key `owner` puts in `queue` (a reader's, `shared`): a retry
+/// finds its own keys.
+pub(crate) fn own_prefix(queue: &str, owner: OwnerId, shared: bool) -> String {
+    match shared {
+        false => format!("{queue}{owner}-"),
+        true => format!("{queue}{SHARED_MARK}{owner}-"),
+    }
+}
+
+/// Reads of every key of `queue` but the readers': the keys before [`SHARED_MARK`]'s
+/// range and those after it, each with `options`.
+fn writer_ranges(queue: &str, options: GetOptions) -> Vec<TxnOp> {
+    let marked = format!("{queue}{SHARED_MARK}");
+    let after_marked = prefix_end(&marked);
+    vec![
+        TxnOp::get(queue, Some(options.clone().with_range(marked.as_str()))),
+        TxnOp::get(
+            after_marked.as_str(),
+            Some(options.with_range(prefix_end(queue))),
+        ),
+    ]
+}
+
+/// The first key after every key that starts with `prefix` (an ASCII text ending in a
+/// character below DEL, as queue prefixes and the mark do).
+fn prefix_end(prefix: &str) -> String {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    String::from_utf8_lossy(&end).into_owned()
 }

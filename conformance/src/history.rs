@@ -888,7 +888,10 @@ mod tests {
             self.0.inspect(key).await
         }
         fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
+            Capabilities {
+                shared: false,
+                ..self.0.capabilities()
+            }
         }
     }
 

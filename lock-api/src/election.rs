@@ -307,6 +307,11 @@ mod tests {
 
     impl Fake {
         fn new(caps: Capabilities, script: Vec<Result<Option<u64>, LockError>>) -> Arc<Self> {
+            // Forwards no shared acquire.
+            let caps = Capabilities {
+                shared: false,
+                ..caps
+            };
             let (memory, script) = (MemoryLock::new(), std::sync::Mutex::new(script));
             Arc::new(Self {
                 memory,

@@ -222,7 +222,8 @@ impl MemoryLock {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many — the holder and its waiters — are queued for `key` now.
+    /// How many — the holders (a writer, or every reader) and the waiters — are queued
+    /// for `key` now.
     pub fn queued(&self, key: &LockKey) -> usize {
         let state = self.state();
         let now = self.clock.now();
@@ -382,7 +383,9 @@ impl DistributedLock for MemoryLock {
             .holder_of(lease, now)
             .and_then(|at| entry.holders.get_mut(at))
         {
-            holder.expires_at = now + ttl;
+            // Never earlier than promised: a copy of the lease extended to a shorter TTL
+            // must not end the hold while the original still counts on it.
+            holder.expires_at = holder.expires_at.max(now + ttl);
         }
         lease.renewed(now, ttl, Duration::ZERO);
         Ok(())

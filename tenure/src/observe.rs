@@ -89,8 +89,8 @@ pub enum Op {
 }
 
 impl Op {
-    /// `try_acquire`, `acquire`, `acquire_any`, `extend`, `release`, `inspect` or
-    /// `inspect_each`.
+    /// `try_acquire`, `acquire`, `acquire_shared`, `acquire_any`, `extend`, `release`,
+    /// `inspect` or `inspect_each`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TryAcquire => "try_acquire",

@@ -198,3 +198,58 @@ async fn etcdctl_elect_shares_an_election_with_tenure() {
     );
     leadership.resign().await.unwrap();
 }
+
+/// `etcdctl lock` is a writer to tenure's readers: it waits for the reader before it,
+/// and a reader queued after it waits for it (its key is not named as a reader's), then
+/// shares the lock with the other readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_is_a_writer_to_tenures_readers() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let addr = endpoint.trim_start_matches("http://");
+    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock/order"))
+        .await
+        .unwrap();
+    let k = LockKey::new("1002").unwrap();
+    let once = AcquireOptions::new(TTL).wait(Duration::ZERO);
+    let reader = lock.acquire_shared(&k, &once).await.unwrap();
+    let mut etcdctl = etcdctl_lock(&endpoint, "/lock/order/1002");
+    queued(&lock, &k, 2).await;
+    let early = etcdctl.line_within(Duration::from_secs(1)).await;
+    assert_eq!(early, None, "etcdctl granted beside tenure's reader");
+    match lock.acquire_shared(&k, &once).await {
+        Err(tenure_api::LockError::Timeout { .. }) => {}
+        other => panic!("a reader queued after etcdctl's lock: {other:?}"),
+    }
+    let later = {
+        let lock = lock.clone();
+        let k = k.clone();
+        tokio::spawn(async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
+            lock.acquire_shared(&k, &opts).await
+        })
+    };
+    queued(&lock, &k, 3).await;
+    assert_eq!(
+        lock.release(reader).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    etcdctl.line(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !later.is_finished(),
+        "a reader granted beside etcdctl's lock"
+    );
+    etcdctl.terminate();
+    assert!(etcdctl.exited(Duration::from_secs(30)).await, "unlocked");
+    let later = tokio::time::timeout(Duration::from_secs(30), later)
+        .await
+        .expect("the reader is granted once etcdctl let go")
+        .unwrap()
+        .unwrap();
+    assert!(later.is_shared());
+    let another = lock.acquire_shared(&k, &once).await.unwrap();
+    assert!(another.token() > later.token());
+    lock.release(another).await.unwrap();
+    lock.release(later).await.unwrap();
+}

@@ -908,3 +908,58 @@ fn shared_runs_as_a_reader_or_is_refused() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// `tenure run --shared` on etcd: two readers' commands run at once, a writer's run is
+/// refused while they do (exit 75 with no wait), and a writer waiting holds back a
+/// reader that comes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_shared_runs_read_together_and_writers_alone() {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let url = format!("etcd://{}/runs", cluster.members()[0].addr());
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = |run: Tenure| {
+            kill(run.pid(), Signal::SIGTERM).unwrap();
+            run.wait();
+        };
+        let run = |name: &str, extra: &[&str]| {
+            let file = dir.path().join(name);
+            let script = reporting("TENURE_FENCE", &file);
+            let mut args = vec!["run", "--key", "k"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "sh", "-c", &script]);
+            (Tenure::spawn(&mut tenure(&url, &args)), file)
+        };
+        let (first, first_file) = run("first", &["--shared"]);
+        let first_fence: u64 = reported(&first_file).parse().unwrap();
+        let (second, second_file) = run("second", &["--shared", "--wait", "0s"]);
+        let second_fence: u64 = reported(&second_file).parse().unwrap();
+        assert!(
+            second_fence > first_fence,
+            "{second_fence} after {first_fence}"
+        );
+        let refused = output(&url, &["run", "--key", "k", "--wait", "0s", "--", "true"]);
+        assert_eq!(refused.status.code(), Some(75), "{}", stderr(&refused));
+        // A writer in line, then a reader behind it: the reader waits for the writer.
+        let (writer, writer_file) = run("writer", &["--wait", "60s"]);
+        etcd_queued(&endpoint, 3);
+        let late = output(
+            &url,
+            &[
+                "run", "--shared", "--key", "k", "--wait", "0s", "--", "true",
+            ],
+        );
+        assert_eq!(late.status.code(), Some(75), "{}", stderr(&late));
+        stop(first);
+        stop(second);
+        let writer_fence: u64 = reported(&writer_file).parse().unwrap();
+        assert!(
+            writer_fence > second_fence,
+            "{writer_fence} after {second_fence}"
+        );
+        stop(writer);
+    })
+    .await
+    .unwrap();
+}

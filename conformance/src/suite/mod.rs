@@ -1081,7 +1081,7 @@ pub async fn waiters_are_served_fifo(ctx: &Ctx<'_>) -> Outcome {
 }
 
 /// Polls [`Harness::queued`] for `key` (every 10 ms, for up to 10 s) until `done`.
-async fn queue_reaches(
+pub(super) async fn queue_reaches(
     ctx: &Ctx<'_>,
     key: &LockKey,
     done: impl Fn(usize) -> bool,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tenure_api::{AcquireOptions, LockError, ReleaseOutcome, RwLock};
 
-use super::{holder, Ctx, Failure, Outcome, LONG_TTL};
+use super::{holder, queue_reaches, Ctx, Failure, Outcome, LONG_TTL};
 use crate::ensure;
 
 /// Two clients read at once; neither a writer nor a plain lock of the key gets in while
@@ -196,16 +196,18 @@ pub async fn a_writer_that_stops_waiting_lets_later_readers_in(ctx: &Ctx<'_>) ->
     let writer_opts = AcquireOptions::new(LONG_TTL).wait(writer_wait);
     let write = rw_b.write(&writer_opts);
     let read = async {
-        // Asks once the writer is (most likely) in line; asked sooner, it is granted
-        // at once, which this scenario also accepts.
-        tokio::time::sleep(writer_wait / 4).await;
+        // Asks once the writer is in line, where the harness counts the queue (else once
+        // it most likely is; asked sooner, it is granted at once, which passes too).
+        match ctx.harness.queued(&key).await {
+            Some(_) => queue_reaches(ctx, &key, |n| n >= 2, "the writer queued").await?,
+            None => tokio::time::sleep(writer_wait / 4).await,
+        }
         let asked = Instant::now();
-        (
-            rw_c.read(&AcquireOptions::new(LONG_TTL).wait(wait)).await,
-            asked.elapsed(),
-        )
+        let read = rw_c.read(&AcquireOptions::new(LONG_TTL).wait(wait)).await;
+        Ok::<_, Failure>((read, asked.elapsed()))
     };
-    let (written, (read, waited)) = tokio::join!(write, read);
+    let (written, read) = tokio::join!(write, read);
+    let (read, waited) = read?;
     match written {
         Err(LockError::Timeout { .. }) => {}
         other => return Err(Failure(format!("the writer beside a reader: {other:?}"))),

@@ -124,7 +124,10 @@ impl DistributedLock for Faulty {
         self.inner.inspect(key).await
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Capabilities {
+            shared: false,
+            ..self.inner.capabilities()
+        }
     }
 }
 
