@@ -1,8 +1,9 @@
 //! [`LockAdmin`] for etcd: reads the queued lock keys under the prefix in pages, all at
 //! one revision, and asks the leader about each key's lease.
 //!
-//! A queue key is `<prefix>/<escaped key>/<owner>-<lease hex>-<attempt>`; the head of a
-//! queue (smallest create revision) holds the lock. Keys live on leases, so etcd deletes them when the
+//! A queue key is `<prefix>/<escaped key>/<owner>-<lease hex>-<attempt>` (a reader's
+//! `…/shared-<owner>-…`); the head of a queue (smallest create revision) holds the lock,
+//! with the readers after it up to the first writer when it is a reader's. Keys live on leases, so etcd deletes them when the
 //! lease ends: a lock key **without a lease** never goes away (`NoExpiry`), and one whose
 //! lease is already gone outlived it (`Stale`).
 

@@ -1,7 +1,8 @@
 //! The holders of a key as they change ([`DistributedLock::holder_changes`]): the key's
 //! queue read once, then followed event by event with a watch from the revision read, so
 //! every head of the queue — every holder, as the server saw it — is seen, in order,
-//! however briefly it held.
+//! however briefly it held. Of readers holding together, only the oldest is the head: a
+//! reader that comes and goes behind another is not seen.
 //!
 //! The revision the feed has seen up to moves with each event and, while the queue is
 //! quiet, with the progress the server confirms every [`PROGRESS_EVERY`]: so after a

@@ -195,7 +195,8 @@ impl EtcdLock {
         format!("{}/", self.escaped_prefix(key.as_str()))
     }
 
-    /// How many clients — the holder and its waiters — are queued for `key`: the keys
+    /// How many clients — the holders (a writer, or every reader) and the waiters — are
+    /// queued for `key`: the keys
     /// under its [`queue_prefix`](Self::queue_prefix), counted by the server.
     ///
     /// # Cancel safety
@@ -599,7 +600,7 @@ impl DistributedLock for EtcdLock {
 
     /// The key's queue read once, then followed by a watch from that revision: every head
     /// of the queue — every holder as the server saw it — in order, however briefly it
-    /// held, each with its token and label (`remaining` is not read). A broken watch is an
+    /// held (of readers holding together, the oldest), each with its token and label (`remaining` is not read). A broken watch is an
     /// `Err` item, and the feed watches again from the last revision it saw (kept recent
     /// by progress reports while the queue is quiet), so nothing is missed unless the
     /// cluster compacted past it meanwhile (the feed then reads the queue afresh).

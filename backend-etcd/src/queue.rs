@@ -532,22 +532,21 @@ pub(crate) fn own_prefix(queue: &str, owner: OwnerId, shared: bool) -> String {
 /// range and those after it, each with `options`.
 fn writer_ranges(queue: &str, options: GetOptions) -> Vec<TxnOp> {
     let marked = format!("{queue}{SHARED_MARK}");
-    let after_marked = prefix_end(&marked);
     vec![
         TxnOp::get(queue, Some(options.clone().with_range(marked.as_str()))),
         TxnOp::get(
-            after_marked.as_str(),
+            prefix_end(&marked),
             Some(options.with_range(prefix_end(queue))),
         ),
     ]
 }
 
-/// The first key after every key that starts with `prefix` (an ASCII text ending in a
-/// character below DEL, as queue prefixes and the mark do).
-fn prefix_end(prefix: &str) -> String {
+/// The first key after every key that starts with `prefix`, which ends in a character
+/// below DEL (a queue prefix's `/`, the mark's `-`).
+fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
     }
-    String::from_utf8_lossy(&end).into_owned()
+    end
 }

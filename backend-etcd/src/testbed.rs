@@ -17,7 +17,8 @@ use crate::EtcdLock;
 impl WaiterRecords for EtcdLock {
     /// Deletes the newest key of `key`'s queue (its last waiter's), as an operator's
     /// `etcdctl del` does, its lease left alive; returns the key deleted, or `None` when
-    /// the queue holds no waiter (fewer than two keys).
+    /// the queue holds no waiter (fewer than two keys; with readers holding together,
+    /// the newest may be a holder: the fault trials that use it queue writers only).
     ///
     async fn remove_newest_waiter(&self, key: &LockKey) -> Result<Option<String>, LockError> {
         let options = GetOptions::new()

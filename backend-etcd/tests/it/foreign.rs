@@ -22,6 +22,18 @@ fn etcdctl_lock(endpoint: &str, name: &str) -> ForeignClient {
     tenure_etcd::lab::etcdctl_lock(endpoint, name, ETCDCTL_TTL).unwrap()
 }
 
+/// A one-member cluster, its endpoint, and tenure on `etcd://…//lock/order`: the
+/// prefix `etcdctl lock /lock/order/<key>` queues under.
+async fn on_lock_order() -> (EtcdCluster, String, EtcdLock) {
+    let cluster = EtcdCluster::start(1).await.unwrap();
+    let endpoint = cluster.members()[0].endpoint();
+    let addr = endpoint.trim_start_matches("http://").to_owned();
+    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock/order"))
+        .await
+        .unwrap();
+    (cluster, endpoint, lock)
+}
+
 /// Waits until `key`'s queue has `len` entries.
 async fn queued(lock: &EtcdLock, k: &LockKey, len: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -39,12 +51,7 @@ async fn queued(lock: &EtcdLock, k: &LockKey, len: usize) {
 /// `/lock/order`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_lock_shares_a_lock_with_tenure() {
-    let cluster = EtcdCluster::start(1).await.unwrap();
-    let endpoint = cluster.members()[0].endpoint();
-    let addr = endpoint.trim_start_matches("http://");
-    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock/order"))
-        .await
-        .unwrap();
+    let (_cluster, endpoint, lock) = on_lock_order().await;
     let k = LockKey::new("1001").unwrap();
     assert_eq!(lock.queue_prefix(&k), "/lock/order/1001/");
 
@@ -204,12 +211,7 @@ async fn etcdctl_elect_shares_an_election_with_tenure() {
 /// shares the lock with the other readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_lock_is_a_writer_to_tenures_readers() {
-    let cluster = EtcdCluster::start(1).await.unwrap();
-    let endpoint = cluster.members()[0].endpoint();
-    let addr = endpoint.trim_start_matches("http://");
-    let lock = EtcdLock::connect(&format!("etcd://{addr}//lock/order"))
-        .await
-        .unwrap();
+    let (_cluster, endpoint, lock) = on_lock_order().await;
     let k = LockKey::new("1002").unwrap();
     let once = AcquireOptions::new(TTL).wait(Duration::ZERO);
     let reader = lock.acquire_shared(&k, &once).await.unwrap();

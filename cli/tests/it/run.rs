@@ -951,7 +951,16 @@ async fn on_etcd_shared_runs_read_together_and_writers_alone() {
             ],
         );
         assert_eq!(late.status.code(), Some(75), "{}", stderr(&late));
+        assert!(
+            !writer_file.exists(),
+            "the writer's command ran beside two readers"
+        );
         stop(first);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            !writer_file.exists(),
+            "the writer's command ran beside a reader"
+        );
         stop(second);
         let writer_fence: u64 = reported(&writer_file).parse().unwrap();
         assert!(

@@ -195,34 +195,46 @@ pub async fn a_writer_that_stops_waiting_lets_later_readers_in(ctx: &Ctx<'_>) ->
     let wait = Duration::from_secs(15);
     let writer_opts = AcquireOptions::new(LONG_TTL).wait(writer_wait);
     let write = rw_b.write(&writer_opts);
+    let writer_began = Instant::now();
     let read = async {
         // Asks once the writer is in line, where the harness counts the queue (else once
-        // it most likely is; asked sooner, it is granted at once, which passes too).
-        match ctx.harness.queued(&key).await {
-            Some(_) => queue_reaches(ctx, &key, |n| n >= 2, "the writer queued").await?,
-            None => tokio::time::sleep(writer_wait / 4).await,
+        // it most likely is; asked sooner, it is granted at once, which passes there).
+        let counted = ctx.harness.queued(&key).await.is_some();
+        match counted {
+            true => queue_reaches(ctx, &key, |n| n >= 2, "the writer queued").await?,
+            false => tokio::time::sleep(writer_wait / 4).await,
         }
         let asked = Instant::now();
         let read = rw_c.read(&AcquireOptions::new(LONG_TTL).wait(wait)).await;
-        Ok::<_, Failure>((read, asked.elapsed()))
+        Ok::<_, Failure>((read, asked, Instant::now(), counted))
     };
     let (written, read) = tokio::join!(write, read);
-    let (read, waited) = read?;
+    let (read, asked, granted, counted) = read?;
     match written {
         Err(LockError::Timeout { .. }) => {}
         other => return Err(Failure(format!("the writer beside a reader: {other:?}"))),
     }
     let reader = read.map_err(|e| {
         Failure(format!(
-            "the later reader, after the writer gave up: {e} after {waited:?}"
+            "the later reader, after the writer gave up: {e} after {:?}",
+            asked.elapsed()
         ))
     })?;
     ensure!(!first.is_lost(), "the first reader's lease was lost");
-    // Granted when the writer left (about 1.5 s after asking), not at the end of its
-    // own wait.
+    // Queued behind the writer, the reader waits for it: it is granted only once the
+    // writer's wait has run out, and then at once, not at the end of its own wait.
+    if counted {
+        let behind = granted.duration_since(writer_began);
+        ensure!(
+            behind + Duration::from_millis(10) >= writer_wait,
+            "the reader queued behind a waiting writer was granted {behind:?} after the \
+             writer asked, within the writer's {writer_wait:?} wait"
+        );
+    }
+    let waited = granted.duration_since(asked);
     ensure!(
         waited < wait / 2,
-        "the later reader waited {waited:?} after the writer gave up"
+        "the later reader waited {waited:?}: not woken when the writer gave up"
     );
     reader.release().await?;
     first.release().await?;
