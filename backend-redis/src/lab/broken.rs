@@ -1,14 +1,13 @@
 //! Redis's deliberately broken variants ([`BrokenVariant`]): the real client with one
 //! classic anti-pattern each, on the same servers and links. Those that send requests of
-//! their own have a client and a plain connection of their own too, their scripts loaded
-//! at once; `local-counter-token` and `deadline-on-a-stopping-clock` send none (the
+//! their own have a client of their own too, its scripts loaded at once, and send plain
+//! commands over its connection; `local-counter-token` and `deadline-on-a-stopping-clock` send none (the
 //! latter is the real client itself, `acquire_any` included).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tenure_api::backend::{default_drift, poll_acquire};
 use tenure_api::{
     async_trait, validate_ttl, AcquireOptions, Capabilities, DistributedLock, FencingToken,
@@ -17,7 +16,7 @@ use tenure_api::{
 use tenure_conformance::broken::{unavailable, untouched, BrokenVariant, Retokened, TokenSource};
 use tenure_conformance::testbed::BoxFuture;
 
-use crate::{Grant, RedisConfig, RedisLock};
+use crate::{Grant, RedisLock};
 
 /// Redis's broken variants, in the order `tenure matrix --list-broken` prints them.
 pub(super) const BROKEN: &[BrokenVariant] = &[
@@ -77,7 +76,7 @@ impl Flaw {
     }
 }
 
-/// Wraps `inner`, a real client of `url`, in `flaw`, with a plain connection of its own.
+/// Wraps `inner`, a real client of `url`, in `flaw`, with a client of its own.
 fn wrap(
     flaw: Flaw,
     url: String,
@@ -85,14 +84,8 @@ fn wrap(
 ) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>, LockError>> {
     Box::pin(async move {
         let lock = RedisLock::connect(&url).await?;
-        let conn = plain_connection(lock.config()).await?;
         warm_up(&lock).await?;
-        let broken: Arc<dyn DistributedLock> = Arc::new(Broken {
-            flaw,
-            inner,
-            lock,
-            conn,
-        });
+        let broken: Arc<dyn DistributedLock> = Arc::new(Broken { flaw, inner, lock });
         Ok(broken)
     })
 }
@@ -106,19 +99,6 @@ impl TokenSource for LocalCounter {
     async fn token(&self, _key: &LockKey) -> Result<FencingToken, LockError> {
         Ok(FencingToken(self.0.fetch_add(1, Ordering::Relaxed) + 1))
     }
-}
-
-/// A plain connection that reconnects after a cut, with the client's request timeout.
-async fn plain_connection(config: &RedisConfig) -> Result<ConnectionManager, LockError> {
-    let options = ConnectionManagerConfig::new()
-        .set_connection_timeout(config.connect_timeout)
-        .set_response_timeout(config.request_timeout)
-        .set_number_of_retries(1);
-    redis::Client::open(config.client_url()?)
-        .map_err(|e| LockError::Config(e.to_string()))?
-        .get_connection_manager_with_config(options)
-        .await
-        .map_err(|e| unavailable("connect", e))
 }
 
 /// Loads the server's scripts, so that a request under a fault runs at once rather than
@@ -137,13 +117,11 @@ pub async fn warm_up(lock: &RedisLock) -> Result<(), LockError> {
     Ok(())
 }
 
-/// The real client with one flaw, and a plain connection of its own through the same
-/// links.
+/// The real client with one flaw, and a client of its own through the same links.
 struct Broken {
     flaw: Flaw,
     inner: Arc<dyn DistributedLock>,
     lock: RedisLock,
-    conn: ConnectionManager,
 }
 
 impl std::fmt::Debug for Broken {
@@ -174,33 +152,59 @@ impl Broken {
         })
     }
 
+    /// One plain command on the wrapper's own client's connection, within the client's
+    /// request timeout; a connection that dropped is replaced before the next command, as
+    /// the backend replaces its own.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe; a cancelled command may still run on the server.
+    async fn command<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        let limit = self.lock.config().request_timeout;
+        let node = self
+            .lock
+            .primary
+            .node_for_call(Instant::now() + limit)
+            .await;
+        let mut conn = node.conn.clone();
+        let replied = crate::error::bounded(limit, cmd.query_async(&mut conn)).await;
+        if matches!(&replied, Err(e) if e.is_unrecoverable_error()) {
+            node.suspect();
+        }
+        replied.map_err(|e| unavailable(what, e))
+    }
+
     /// The wrapper's own single attempt.
     async fn attempt(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
         let sent = Instant::now();
         if self.flaw == Flaw::SetnxThenExpire {
-            let mut conn = self.conn.clone();
             let (name, owner) = (self.lock.lock_key(key), OwnerId::random());
-            let count: u64 = redis::cmd("INCR")
-                .arg(format!("{name}:fence"))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| unavailable("INCR", e))?;
-            let set: bool = redis::cmd("SETNX")
-                .arg(&name)
-                .arg(format!("{owner}:{count}"))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| unavailable("SETNX", e))?;
+            let count: u64 = self
+                .command("INCR", redis::cmd("INCR").arg(format!("{name}:fence")))
+                .await?;
+            let set: bool = self
+                .command(
+                    "SETNX",
+                    redis::cmd("SETNX")
+                        .arg(&name)
+                        .arg(format!("{owner}:{count}")),
+                )
+                .await?;
             if !set {
                 return Ok(None);
             }
-            let _: bool = redis::cmd("PEXPIRE")
-                .arg(&name)
-                .arg(ttl.as_millis().to_string())
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| unavailable("PEXPIRE", e))?;
+            let _: bool = self
+                .command(
+                    "PEXPIRE",
+                    redis::cmd("PEXPIRE")
+                        .arg(&name)
+                        .arg(ttl.as_millis().to_string()),
+                )
+                .await?;
             let token = crate::scripts::token_for(count, owner)?;
             return Ok(Some(self.lease(key, owner, token, sent, ttl)));
         }
@@ -262,23 +266,14 @@ impl DistributedLock for Broken {
         if !matches!(self.flaw, Flaw::GetDelRelease | Flaw::DelWithoutOwnerCheck) {
             return self.inner.release(lease).await;
         }
-        let mut conn = self.conn.clone();
         let name = self.lock.lock_key(lease.key());
         if self.flaw == Flaw::GetDelRelease {
-            let value: Option<String> = redis::cmd("GET")
-                .arg(&name)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| unavailable("GET", e))?;
+            let value: Option<String> = self.command("GET", redis::cmd("GET").arg(&name)).await?;
             if !value.is_some_and(|v| v.starts_with(&format!("{}:", lease.owner()))) {
                 return Ok(ReleaseOutcome::NotHeld);
             }
         }
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(&name)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| unavailable("DEL", e))?;
+        let deleted: i64 = self.command("DEL", redis::cmd("DEL").arg(&name)).await?;
         Ok(match deleted > 0 {
             true => ReleaseOutcome::Released,
             false => ReleaseOutcome::NotHeld,
