@@ -1,5 +1,6 @@
 //! Who holds what in a lock directory: a key is held while its `.lock` file is locked
-//! (asked with `F_OFD_GETLK`, which takes nothing); its `.state` file says by whom.
+//! (asked with `F_OFD_GETLK`, which takes nothing); its live readers' `.reader` records,
+//! or else its `.state` file, say by whom.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -10,13 +11,13 @@ use tenure_api::{HolderInfo, LockAdmin, LockError, LockKey, OwnerId};
 
 use crate::names::{KeyFiles, LOCK_SUFFIX};
 use crate::record::{self, Record};
-use crate::{blocking, io_error, ofd, FileLock};
+use crate::{blocking, io_error, ofd, readers, FileLock};
 
 /// The holder of the key named `key` whose files are `files`, if its lock is held: the
 /// grant its state file records, or a foreign holder (another program's lock on the file,
 /// or a grant not yet recorded) where the record is missing or unreadable.
 pub(crate) fn holder(files: &KeyFiles, key: &str) -> Result<Option<HolderInfo>, LockError> {
-    match locked_record(files)? {
+    match locked_record(files)?.map(|locked| locked.record) {
         None => Ok(None),
         Some(Ok(record)) if record.key != key => Err(LockError::backend(format!(
             "{} records the key {:?}, not {key:?}: two keys share a file name",
@@ -28,16 +29,46 @@ pub(crate) fn holder(files: &KeyFiles, key: &str) -> Result<Option<HolderInfo>, 
     }
 }
 
-/// The record of a held lock: `None` if the lock is free; `Some(Err(why))` if it is held
-/// without a readable record.
-fn locked_record(files: &KeyFiles) -> Result<Option<Result<Record, String>>, LockError> {
-    if !ofd::is_locked(&files.lock).map_err(|e| io_error("asking about", &files.lock, e))? {
-        return Ok(None);
+/// What the records say of a held lock.
+struct Locked {
+    /// Its holder's record: a writer's from the state file, or the live reader's whose
+    /// lease ends last; `Err(why)` where there is none of tenure's.
+    record: Result<Record, String>,
+    /// Every live reader's record (readers hold the lock shared).
+    readers: Vec<Record>,
+    /// Held shared: by readers, tenure's or another program's.
+    shared: bool,
+}
+
+/// The records of a held lock (`None` if it is free). The state file names the key's last
+/// grant, which may be a reader that let go while others hold: of a lock held shared, the
+/// readers' own records say who holds it, and without any, another program does.
+fn locked_record(files: &KeyFiles) -> Result<Option<Locked>, LockError> {
+    let held_as =
+        ofd::held_as(&files.lock).map_err(|e| io_error("asking about", &files.lock, e))?;
+    match held_as {
+        None => Ok(None),
+        Some(ofd::Mode::Exclusive) => {
+            let record =
+                record::read(&files.state).map_err(|e| io_error("reading", &files.state, e))?;
+            Ok(Some(Locked {
+                record: record.unwrap_or_else(|| Err("there is no state file".into())),
+                readers: Vec::new(),
+                shared: false,
+            }))
+        }
+        // Only then are readers' records looked for (a listing of the directory).
+        Some(ofd::Mode::Shared) => {
+            let readers =
+                readers::live(files).map_err(|e| io_error("listing readers of", &files.lock, e))?;
+            let last = readers.iter().max_by_key(|r| r.expires_unix_ms).cloned();
+            Ok(Some(Locked {
+                record: last.ok_or_else(|| "held shared with no reader's record".to_owned()),
+                readers,
+                shared: true,
+            }))
+        }
     }
-    let record = record::read(&files.state).map_err(|e| io_error("reading", &files.state, e))?;
-    Ok(Some(
-        record.unwrap_or_else(|| Err("there is no state file".into())),
-    ))
 }
 
 /// A holder that left no record of tenure's: an owner derived from the lock file's path.
@@ -58,7 +89,7 @@ struct Held {
     name: Option<String>,
     stem: String,
     files: KeyFiles,
-    record: Result<Record, String>,
+    locked: Locked,
 }
 
 /// Every held lock in `dir`, by name.
@@ -75,10 +106,10 @@ fn held_in(dir: &Path) -> Result<Vec<Held>, LockError> {
             continue;
         }
         let files = KeyFiles::of_stem(dir, stem);
-        let Some(record) = locked_record(&files)? else {
+        let Some(locked) = locked_record(&files)? else {
             continue;
         };
-        let name = match &record {
+        let name = match &locked.record {
             Ok(record) => Some(record.key.clone()),
             Err(_) if stem.starts_with('~') => None,
             Err(_) => percent_decode(stem),
@@ -87,7 +118,7 @@ fn held_in(dir: &Path) -> Result<Vec<Held>, LockError> {
             name,
             stem: stem.to_owned(),
             files,
-            record,
+            locked,
         });
     }
     held.sort_by(|a, b| (&a.name, &a.stem).cmp(&(&b.name, &b.stem)));
@@ -113,7 +144,7 @@ impl LockAdmin for FileLock {
                 let Ok(key) = LockKey::new(&name[namespace.len()..]) else {
                     continue;
                 };
-                let holder = match held.record {
+                let holder = match held.locked.record {
                     Ok(record) => record.holder(now),
                     Err(_) => foreign(&held.files),
                 };
@@ -144,18 +175,30 @@ impl LockAdmin for FileLock {
                     None => held.stem.clone(),
                 };
                 let location = held.files.lock.display().to_string();
-                match held.record {
-                    Ok(record) if record.expires_unix_ms < now => findings.push(Finding {
-                        key,
-                        problem: Problem::Stale,
-                        location,
-                        detail: format!(
-                            "held {} ms past its deadline by pid {} (stopped or stuck: only \
-                             its process can give the lock up)",
-                            now - record.expires_unix_ms,
-                            record.pid
-                        ),
-                    }),
+                let stale = |record: &Record| Finding {
+                    key: key.clone(),
+                    problem: Problem::Stale,
+                    location: location.clone(),
+                    detail: format!(
+                        "held {} ms past its deadline by pid {}{} (stopped or stuck: only its \
+                         process can give the lock up)",
+                        now - record.expires_unix_ms,
+                        record.pid,
+                        if held.locked.shared { ", a reader" } else { "" },
+                    ),
+                };
+                if held.locked.shared {
+                    // Each reader: one stopped reader keeps writers out.
+                    let past = held
+                        .locked
+                        .readers
+                        .iter()
+                        .filter(|r| r.expires_unix_ms < now);
+                    findings.extend(past.map(stale));
+                    continue;
+                }
+                match held.locked.record {
+                    Ok(record) if record.expires_unix_ms < now => findings.push(stale(&record)),
                     Ok(_) => {}
                     Err(why) if held.files.state.exists() => findings.push(Finding {
                         key,

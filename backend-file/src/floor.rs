@@ -34,7 +34,7 @@ impl Locker for FileFloor {
         let files = KeyFiles::of(self.config.dir(), &name);
         let (record, ttl, key) = (self.record, self.ttl, key.to_owned());
         let file = tokio::task::spawn_blocking(move || {
-            let file = ofd::try_lock(&files.lock)
+            let file = ofd::try_lock(&files.lock, ofd::Mode::Exclusive)
                 .map_err(|e| cycle_failed("lock", e))?
                 .ok_or_else(|| format!("{key:?} is held"))?;
             if record {

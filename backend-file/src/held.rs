@@ -17,11 +17,12 @@ use tenure_api::backend::LossNotice;
 use tenure_api::{FencingToken, LeaseDropped, LockKey, OwnerId};
 use tokio::sync::Notify;
 
+use crate::readers::ReaderRecord;
 use crate::record::Record;
 
-/// The leases this client holds, by key (a key is held at most once: its lock is
-/// exclusive, also between two opens of one process).
-pub(crate) type HeldMap = Arc<Mutex<HashMap<LockKey, Arc<Held>>>>;
+/// The leases this client holds, by key and owner (a key is held by one writer, or by
+/// readers, each with an owner id of its own).
+pub(crate) type HeldMap = Arc<Mutex<HashMap<(LockKey, OwnerId), Arc<Held>>>>;
 
 /// One held lease.
 #[derive(Debug)]
@@ -31,10 +32,21 @@ pub(crate) struct Held {
     changed: Notify,
 }
 
+/// A grant just made: the locked file, a reader's record, and the record of the grant.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    /// Dropped first: a reader's record is gone before its lock is.
+    pub(crate) reader: Option<ReaderRecord>,
+    pub(crate) file: File,
+    pub(crate) record: Record,
+}
+
 /// What a held lease is made of, under its mutex: every change to the lock file and its
 /// record happens with it held, so no record is written once the lock is given up.
 #[derive(Debug)]
 pub(crate) struct Grant {
+    /// A reader's record of its grant, while it holds (dropped before the file).
+    reader: Option<ReaderRecord>,
     /// The locked file; `None` once given up.
     file: Option<File>,
     /// The record of this grant, as its state file has it.
@@ -57,9 +69,16 @@ impl Grant {
         self.valid_until = valid_until;
     }
 
-    /// Gives the lock up.
+    /// Gives the lock up (a reader's record first, so that no one finds it live while a
+    /// writer holds the key).
     pub(crate) fn give_up(&mut self) {
+        self.reader = None;
         self.file = None;
+    }
+
+    /// A reader's record, if this is a reader's grant.
+    pub(crate) fn reader(&self) -> Option<&ReaderRecord> {
+        self.reader.as_ref()
     }
 
     /// Whether the lock file's path still names the file this grant locked (a lock on a
@@ -72,26 +91,33 @@ impl Grant {
 }
 
 impl Held {
-    /// Holds `file` for the grant `record` until `valid_until`: registers it in `map` under
-    /// `key` and starts its task, which gives the file up at the deadline (firing `lost`)
+    /// Holds `granted` until `valid_until`: registers it in `map` under `key` and its
+    /// owner and starts its task, which gives the file up at the deadline (firing `lost`)
     /// or once `dropped`.
     pub(crate) fn start(
         map: &HeldMap,
         key: LockKey,
-        file: File,
-        record: Record,
+        granted: Granted,
         valid_until: Instant,
         lost: LossNotice,
         dropped: LeaseDropped,
     ) -> Arc<Held> {
+        let Granted {
+            file,
+            reader,
+            record,
+        } = granted;
+        let owner = record.owner;
         let held = Arc::new(Held {
             grant: Mutex::new(Grant {
                 file: Some(file),
+                reader,
                 record,
                 valid_until,
             }),
             changed: Notify::new(),
         });
+        let key = (key, owner);
         lock(map).insert(key.clone(), held.clone());
         tokio::spawn(watch(map.clone(), key, held.clone(), lost, dropped));
         held
@@ -137,12 +163,12 @@ impl Held {
     }
 }
 
-/// The held lease of `key` in `map`, if any.
-pub(crate) fn find(map: &HeldMap, key: &LockKey) -> Option<Arc<Held>> {
-    lock(map).get(key).cloned()
+/// The lease `owner` holds on `key` in `map`, if any.
+pub(crate) fn find(map: &HeldMap, key: &LockKey, owner: OwnerId) -> Option<Arc<Held>> {
+    lock(map).get(&(key.clone(), owner)).cloned()
 }
 
-fn lock(map: &HeldMap) -> MutexGuard<'_, HashMap<LockKey, Arc<Held>>> {
+fn lock(map: &HeldMap) -> MutexGuard<'_, HashMap<(LockKey, OwnerId), Arc<Held>>> {
     map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -155,7 +181,7 @@ fn lock(map: &HeldMap) -> MutexGuard<'_, HashMap<LockKey, Arc<Held>>> {
 /// Dropped (its runtime shut down), the file stays open until the client is dropped.
 async fn watch(
     map: HeldMap,
-    key: LockKey,
+    key: (LockKey, OwnerId),
     held: Arc<Held>,
     lost: LossNotice,
     dropped: LeaseDropped,

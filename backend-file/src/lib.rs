@@ -5,17 +5,19 @@ mod config;
 mod default_dir;
 #[cfg(feature = "testbed")]
 mod floor;
+mod gate;
 mod held;
 #[cfg(feature = "testbed")]
 pub mod lab;
 mod names;
 mod ofd;
+mod readers;
 mod record;
 #[cfg(feature = "testbed")]
 mod verdicts;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -29,10 +31,13 @@ use tokio::sync::Notify;
 
 pub use config::FileConfig;
 pub use default_dir::default_dir;
-use held::{Held, HeldMap};
+use gate::{RecordTurn, WaitingWriter};
+use held::{Granted, Held, HeldMap};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
 use names::KeyFiles;
+use ofd::Mode;
+use readers::ReaderRecord;
 use record::Record;
 
 /// Locks shared by every process of one host through files in one directory: an
@@ -108,8 +113,8 @@ impl FileLock {
         KeyFiles::of(self.dir(), &self.name(key))
     }
 
-    /// One attempt: the lock of `key` for `ttl`, or `None` if another open file
-    /// description holds it.
+    /// One attempt: the lock of `key` in `mode` for `ttl`, or `None` if another open file
+    /// description holds a lock that conflicts (or, for a reader, a writer waits).
     ///
     /// # Cancel safety
     /// Dropped midway, a grant the blocking task makes is given up with its file.
@@ -118,20 +123,26 @@ impl FileLock {
         key: &LockKey,
         ttl: Duration,
         label: Option<String>,
+        mode: Mode,
     ) -> Result<Option<Lease>, LockError> {
         let (files, name) = (self.files(key), self.name(key));
         let path = files.lock.display().to_string();
         let sent_at = Instant::now();
-        let granted = blocking(move || grant(&files, name, ttl, label)).await?;
-        let Some((file, record)) = granted else {
+        let granted = blocking(move || grant(&files, name, ttl, label, mode)).await?;
+        let Some(granted) = granted else {
             return Ok(None);
         };
+        let (owner, token, pid) = (
+            granted.record.owner,
+            granted.record.token,
+            granted.record.pid,
+        );
         let lost = LossNotice::new();
         let (tie, dropped) = LeaseTie::new(lost.clone());
         let lease = Lease::new(
             key.clone(),
-            record.owner,
-            FencingToken(record.token),
+            owner,
+            FencingToken(token),
             sent_at,
             ttl,
             Duration::ZERO,
@@ -139,35 +150,141 @@ impl FileLock {
         .with_tie(tie)
         .with_handle(LeaseHandle {
             path,
-            id: i64::from(record.pid),
+            id: i64::from(pid),
             revision: 0,
         });
+        let lease = match mode {
+            Mode::Exclusive => lease,
+            Mode::Shared => lease.into_shared(),
+        };
         Held::start(
             &self.inner.held,
             key.clone(),
-            file,
-            record,
+            granted,
             lease.valid_until(),
             lost,
             dropped,
         );
         Ok(Some(lease))
     }
+
+    /// Polls [`attempt`](Self::attempt) in `mode` within `opts`, woken at once by this
+    /// client's own releases. A writer that has to wait says so at the key's gate (see
+    /// [`gate`]) until it holds the key or stops waiting, so the readers that come after
+    /// it wait behind it; when it stops waiting, this client's waiters try again at once.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropped, a waiting writer leaves the gate with the future.
+    async fn poll(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+        mode: Mode,
+    ) -> Result<Lease, LockError> {
+        opts.validate()?;
+        let gate = self.files(key).gate;
+        let in_line: Mutex<Option<InLine>> = Mutex::new(None);
+        let says_it_waits = mode == Mode::Exclusive && !opts.wait.is_zero();
+        let (in_line, gate) = (&in_line, &gate);
+        let attempt = move || async move {
+            let granted = self
+                .attempt(key, opts.ttl, opts.label.clone(), mode)
+                .await?;
+            let place = || in_line.lock().unwrap_or_else(PoisonError::into_inner);
+            if granted.is_none() && says_it_waits && place().is_none() {
+                let gate = gate.clone();
+                let entered = blocking(move || {
+                    WaitingWriter::try_enter(&gate).map_err(|e| io_error("waiting at", &gate, e))
+                })
+                .await?;
+                *place() = entered.map(|at| InLine {
+                    at: Some(at),
+                    inner: self.inner.clone(),
+                });
+            }
+            Ok(granted)
+        };
+        poll_acquire_woken(&SystemClock, opts, attempt, || {
+            self.inner.released.notified()
+        })
+        .await
+    }
 }
 
-/// Takes `files`' lock and records the grant durably: `None` if it is held. The token is
-/// the last grant's plus one, and never below the clock's microseconds since the epoch
-/// (so a lost or damaged state file cannot make it go back).
+/// A writer in line at a key's gate. Dropped — granted, its wait over, or its future
+/// dropped —, it leaves the gate and wakes this client's waiters (readers it held back).
+struct InLine {
+    at: Option<WaitingWriter>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        // Out of line first, then the waiters woken.
+        drop(self.at.take());
+        self.inner.released.notify_waiters();
+    }
+}
+
+/// How long a reader tries for its turn at the record before the attempt counts as
+/// refused: far longer than another reader's turn (writing and flushing one record), far
+/// shorter than a wait.
+const TURN_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Takes `files`' lock in `mode` and records the grant durably: `None` if a conflicting
+/// lock is held, or, for a reader, if a writer waits at the gate (or another reader's turn
+/// at the record lasts past [`TURN_PATIENCE`]). A reader takes the key and records its
+/// grant in its turn at the gate's record, and keeps a record of its own.
 fn grant(
     files: &KeyFiles,
     key: String,
     ttl: Duration,
     label: Option<String>,
-) -> Result<Option<(std::fs::File, Record)>, LockError> {
-    let Some(file) = ofd::try_lock(&files.lock).map_err(|e| io_error("locking", &files.lock, e))?
-    else {
+    mode: Mode,
+) -> Result<Option<Granted>, LockError> {
+    let at_gate = |e| io_error("asking at", &files.gate, e);
+    let lock = || ofd::try_lock(&files.lock, mode).map_err(|e| io_error("locking", &files.lock, e));
+    if mode == Mode::Exclusive {
+        let Some(file) = lock()? else {
+            return Ok(None);
+        };
+        let record = record_grant(files, key, ttl, label)?;
+        return Ok(Some(Granted {
+            file,
+            reader: None,
+            record,
+        }));
+    }
+    if gate::writer_waits(&files.gate).map_err(at_gate)? {
+        return Ok(None);
+    }
+    // The turn first: a reader waiting for it holds nothing a writer needs.
+    let Some(_turn) = RecordTurn::take(&files.gate, TURN_PATIENCE).map_err(at_gate)? else {
         return Ok(None);
     };
+    let Some(file) = lock()? else {
+        return Ok(None);
+    };
+    let record = record_grant(files, key, ttl, label)?;
+    let reader = ReaderRecord::create(files, &record)
+        .map_err(|e| io_error("recording the reader in", &files.reader(record.token), e))?;
+    Ok(Some(Granted {
+        file,
+        reader: Some(reader),
+        record,
+    }))
+}
+
+/// Records a new grant of `key` in `files`' state file, flushed: the token is the last
+/// grant's plus one, and never below the clock's microseconds since the epoch (so a lost
+/// or damaged state file cannot make it go back). Called by the one writer holding the
+/// key, or by a reader in its turn at the gate's record.
+fn record_grant(
+    files: &KeyFiles,
+    key: String,
+    ttl: Duration,
+    label: Option<String>,
+) -> Result<Record, LockError> {
     let last = record::read(&files.state).map_err(|e| io_error("reading", &files.state, e))?;
     let last_token = match last {
         Some(Ok(last)) if last.key != key => {
@@ -198,7 +315,7 @@ fn grant(
     };
     record::write(&files.state, &record, true)
         .map_err(|e| io_error("recording the grant in", &files.state, e))?;
-    Ok(Some((file, record)))
+    Ok(record)
 }
 
 /// Runs blocking file work off the async threads.
@@ -242,22 +359,29 @@ impl DistributedLock for FileLock {
     /// given up when its file is dropped with the task's result.
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.attempt(key, ttl, None).await
+        self.attempt(key, ttl, None, Mode::Exclusive).await
     }
 
-    /// Polls with `opts.backoff`, woken at once by this client's own releases.
+    /// Polls with `opts.backoff`, woken at once by this client's own releases; once it
+    /// has to wait, it holds back the readers that come after it (see the crate docs).
     ///
     /// # Cancel safety
     /// As [`try_acquire`](Self::try_acquire): no waiter is left behind.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        opts.validate()?;
-        poll_acquire_woken(
-            &SystemClock,
-            opts,
-            || self.attempt(key, opts.ttl, opts.label.clone()),
-            || self.inner.released.notified(),
-        )
-        .await
+        self.poll(key, opts, Mode::Exclusive).await
+    }
+
+    /// A reader: a shared lock on the key's file, once no writer holds it or waits for it;
+    /// polls as [`acquire`](Self::acquire) does.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire): no waiter is left behind.
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        self.poll(key, opts, Mode::Shared).await
     }
 
     /// Moves the deadline this client gives the lock up at, then records it for `inspect`
@@ -276,7 +400,7 @@ impl DistributedLock for FileLock {
                 lease.owner()
             ))
         };
-        let held = held::find(&self.inner.held, lease.key()).ok_or_else(lost)?;
+        let held = held::find(&self.inner.held, lease.key(), lease.owner()).ok_or_else(lost)?;
         let (owner, token) = (lease.owner(), lease.token());
         let files = self.files(lease.key());
         let sent_at = Instant::now();
@@ -294,8 +418,12 @@ impl DistributedLock for FileLock {
             grant.extend_to(sent_at + ttl);
             held.changed();
             grant.record.expires_unix_ms = record::unix_ms(SystemTime::now() + ttl);
-            // For `inspect`'s time left only: not flushed, and a failure ignored.
-            let _ = record::write(&files.state, &grant.record, false);
+            // For `inspect`'s time left only: not flushed, and a failure ignored. (A
+            // reader's own record: the state file may name a later grant.)
+            let _ = match grant.reader() {
+                Some(reader) => reader.rewrite(&grant.record),
+                None => record::write(&files.state, &grant.record, false),
+            };
             Ok(true)
         })
         .await?;
@@ -310,7 +438,7 @@ impl DistributedLock for FileLock {
     /// Cancel-safe: the release happens within a single poll, or (while an extension
     /// writes the record) on a blocking thread that finishes it anyway.
     async fn release(&self, lease: Lease) -> Result<ReleaseOutcome, LockError> {
-        let Some(held) = held::find(&self.inner.held, lease.key()) else {
+        let Some(held) = held::find(&self.inner.held, lease.key(), lease.owner()) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
         let (owner, token) = (lease.owner(), lease.token());
@@ -350,7 +478,7 @@ impl DistributedLock for FileLock {
             failures_tolerated: 0,
             clock_dependent: false,
             labels: true,
-            shared: false,
+            shared: true,
         }
     }
 }

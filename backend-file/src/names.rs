@@ -1,4 +1,6 @@
-//! A key's files: `<stem>.lock` (the locked file) and `<stem>.state` (its last grant).
+//! A key's files: `<stem>.lock` (the locked file), `<stem>.state` (its last grant),
+//! `<stem>.gate` (where writers wait and readers take turns, see [`crate::gate`]) and
+//! `<stem>.<token>.reader` (each reader's grant, while it holds).
 //!
 //! The stem is the key with every byte outside `[A-Za-z0-9_.-]` written `%XX` (and a
 //! leading `.` too, so no stem is hidden or `..`); a stem longer than [`MAX_STEM`] bytes is
@@ -18,6 +20,10 @@ pub(crate) const MAX_STEM: usize = 200;
 pub(crate) const LOCK_SUFFIX: &str = ".lock";
 /// The suffix of a key's state file.
 pub(crate) const STATE_SUFFIX: &str = ".state";
+/// The suffix of a key's gate file.
+pub(crate) const GATE_SUFFIX: &str = ".gate";
+/// The suffix of a reader's record, after the stem, a dot and its token.
+pub(crate) const READER_SUFFIX: &str = ".reader";
 
 /// The files of one key in a lock directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +32,12 @@ pub(crate) struct KeyFiles {
     pub(crate) lock: PathBuf,
     /// The file that records the key's last grant (key, token, holder).
     pub(crate) state: PathBuf,
+    /// The file whose byte locks hold readers back behind waiting writers, and give
+    /// readers turns at the record.
+    pub(crate) gate: PathBuf,
+    /// The directory, and the stem every file name of the key starts with.
+    dir: PathBuf,
+    stem: String,
 }
 
 impl KeyFiles {
@@ -40,7 +52,40 @@ impl KeyFiles {
         Self {
             lock: dir.join(format!("{stem}{LOCK_SUFFIX}")),
             state: dir.join(format!("{stem}{STATE_SUFFIX}")),
+            gate: dir.join(format!("{stem}{GATE_SUFFIX}")),
+            dir: dir.to_owned(),
+            stem: stem.to_owned(),
         }
+    }
+
+    /// The record of the reader granted `token`.
+    pub(crate) fn reader(&self, token: u64) -> PathBuf {
+        self.dir
+            .join(format!("{}.{token}{READER_SUFFIX}", self.stem))
+    }
+
+    /// The readers' records in the directory: `<stem>.<token>.reader`, by token. No other
+    /// key's: what lies between this stem's `.` and `.reader` must be digits only, and in
+    /// another key's record name that part holds a dot (key `a.5`'s `a.5.7.reader` is
+    /// `5.7` after key `a`'s stem) or is not followed by `.reader`.
+    pub(crate) fn readers(&self) -> std::io::Result<Vec<(u64, PathBuf)>> {
+        let mut readers = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let token = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(self.stem.as_str()))
+                .and_then(|n| n.strip_prefix('.'))
+                .and_then(|n| n.strip_suffix(READER_SUFFIX))
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse().ok());
+            if let Some(token) = token {
+                readers.push((token, entry.path()));
+            }
+        }
+        readers.sort();
+        Ok(readers)
     }
 }
 
@@ -87,5 +132,34 @@ mod tests {
         // Every escaped stem, and every hashed one, fits in a file name with its suffixes.
         let widest = "/".repeat(LockKey::MAX_LEN);
         assert!(stem(&widest).len() + STATE_SUFFIX.len() + 32 < 255);
+    }
+
+    #[test]
+    fn a_keys_readers_are_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, a5) = (
+            KeyFiles::of(dir.path(), "a"),
+            KeyFiles::of(dir.path(), "a.5"),
+        );
+        for name in [
+            "a.5.reader",
+            "a.5.7.reader",
+            "a.12.reader",
+            "a.x.reader",
+            "a..reader",
+        ] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let tokens = |files: &KeyFiles| -> Vec<u64> {
+            files
+                .readers()
+                .unwrap()
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect()
+        };
+        assert_eq!(tokens(&a), [5, 12]);
+        assert_eq!(tokens(&a5), [7]);
+        assert_eq!(a.reader(12), dir.path().join("a.12.reader"));
     }
 }

@@ -12,18 +12,28 @@ const TTL: Duration = Duration::from_secs(30);
 
 /// A Python process holding a POSIX record lock (`fcntl.lockf`) on `path`, which
 /// conflicts with an open-file-description lock; killed (by its pid) when dropped.
-struct PythonHolder(Child);
+pub(crate) struct PythonHolder(Child);
 
 impl PythonHolder {
-    fn start(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
+    /// Holds an exclusive lock (`fcntl.LOCK_EX`).
+    pub(crate) fn start(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_in(path, "LOCK_EX")
+    }
+
+    /// Holds a lock in `mode`, `LOCK_EX` or `LOCK_SH`.
+    pub(crate) fn start_in(
+        path: &std::path::Path,
+        mode: &str,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let script = "import fcntl, sys\n\
-                      f = open(sys.argv[1], 'a')\n\
-                      fcntl.lockf(f, fcntl.LOCK_EX)\n\
+                      f = open(sys.argv[1], 'a+')\n\
+                      fcntl.lockf(f, getattr(fcntl, sys.argv[2]))\n\
                       print('locked', flush=True)\n\
                       sys.stdin.read()\n";
         let mut child = Command::new("/usr/bin/python3")
             .args(["-c", script])
             .arg(path)
+            .arg(mode)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -44,7 +54,9 @@ impl Drop for PythonHolder {
     }
 }
 
-async fn client(dir: &tempfile::TempDir) -> Result<FileLock, Box<dyn std::error::Error>> {
+pub(crate) async fn client(
+    dir: &tempfile::TempDir,
+) -> Result<FileLock, Box<dyn std::error::Error>> {
     Ok(FileLock::connect(&FileConfig::in_dir(dir.path())?.url()).await?)
 }
 

@@ -3,3 +3,4 @@
 //! disk, namespaces in one directory).
 
 mod files;
+mod readers;

@@ -861,10 +861,18 @@ fn a_tmpdir_too_long_for_a_socket_falls_back_to_tmp() {
 }
 
 /// `--shared` runs the command as a reader where the backend has shared locks, and is
-/// refused with the configuration exit code (78) where it has none, before the command
-/// runs; with `--permits` it is a usage error.
-#[test]
-fn shared_runs_as_a_reader_or_is_refused() {
+/// refused with the configuration exit code (78) where it has none (Redis), before the
+/// command runs; with `--permits` it is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_runs_as_a_reader_or_is_refused() {
+    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = cluster.nodes()[0].url();
+    tokio::task::spawn_blocking(move || shared_runs_or_is_refused_on(&url))
+        .await
+        .unwrap();
+}
+
+fn shared_runs_or_is_refused_on(without_shared: &str) {
     let out = output(
         "memory://",
         &[
@@ -880,10 +888,8 @@ fn shared_runs_as_a_reader_or_is_refused() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran k");
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", dir.path().display());
     let out = output(
-        &url,
+        without_shared,
         &["run", "--shared", "--key", "k", "--", "echo", "ran"],
     );
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
@@ -918,6 +924,54 @@ async fn on_etcd_shared_runs_read_together_and_writers_alone() {
     let endpoint = cluster.members()[0].endpoint();
     let url = format!("etcd://{}/runs", cluster.members()[0].addr());
     tokio::task::spawn_blocking(move || {
+        readers_together_writers_alone(&url, &|| drop(etcd_queued(&endpoint, 3)))
+    })
+    .await
+    .unwrap();
+}
+
+/// The same on files: the writer in line holds byte 0 of the key's gate file.
+#[test]
+fn on_files_shared_runs_read_together_and_writers_alone() {
+    let locks = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", locks.path().display());
+    let gate = locks.path().join("k.gate");
+    readers_together_writers_alone(&url, &|| {
+        let started = Instant::now();
+        while !writer_waits_at(&gate) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no writer at {gate:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
+
+/// Whether a process holds an exclusive lock on byte 0 of `gate` (a file backend's writer
+/// in line), asked with `F_OFD_GETLK`, which takes nothing.
+fn writer_waits_at(gate: &Path) -> bool {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let Ok(file) = std::fs::File::open(gate) else {
+        return false;
+    };
+    let mut probe = nix::libc::flock {
+        l_type: nix::libc::F_RDLCK as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 1,
+        l_pid: 0,
+    };
+    fcntl(&file, FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
+    probe.l_type == nix::libc::F_WRLCK as i16
+}
+
+/// Two readers' runs of `url`'s key `k` at once, a writer's refused beside them, a writer
+/// in line (`writer_in_line` returns once it is) holding back a later reader and running
+/// only once both readers stopped, with a larger fence.
+fn readers_together_writers_alone(url: &str, writer_in_line: &dyn Fn()) {
+    let url = url.to_owned();
+    {
         let dir = tempfile::tempdir().unwrap();
         let stop = |run: Tenure| {
             kill(run.pid(), Signal::SIGTERM).unwrap();
@@ -943,7 +997,7 @@ async fn on_etcd_shared_runs_read_together_and_writers_alone() {
         assert_eq!(refused.status.code(), Some(75), "{}", stderr(&refused));
         // A writer in line, then a reader behind it: the reader waits for the writer.
         let (writer, writer_file) = run("writer", &["--wait", "60s"]);
-        etcd_queued(&endpoint, 3);
+        writer_in_line();
         let late = output(
             &url,
             &[
@@ -968,7 +1022,5 @@ async fn on_etcd_shared_runs_read_together_and_writers_alone() {
             "{writer_fence} after {second_fence}"
         );
         stop(writer);
-    })
-    .await
-    .unwrap();
+    }
 }

@@ -1,0 +1,94 @@
+//! Each reader's record, `<stem>.<token>.reader`: its grant, in the state file's format,
+//! made when it is granted and locked exclusively by the reader for as long as it holds
+//! (so a record whose lock is free names a reader that is gone: its process died). The
+//! reader removes it when it lets go (when the [`ReaderRecord`] is dropped); a dead
+//! reader's is removed by the next reader's grant. `inspect` names a live reader from these: the state file names only the key's
+//! last grant, which may be a reader that already let go while others hold.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::path::PathBuf;
+
+use crate::names::KeyFiles;
+use crate::ofd::{self, Mode, Span};
+use crate::record::{self, Record};
+
+/// A live reader's record, locked while this value lives.
+#[derive(Debug)]
+pub(crate) struct ReaderRecord {
+    path: PathBuf,
+    file: File,
+}
+
+impl ReaderRecord {
+    /// Makes the record of `record`, a reader's grant, first removing those of readers
+    /// that are gone. Called in the reader's turn at the gate's record, so no other reader
+    /// makes or removes one meanwhile.
+    pub(crate) fn create(files: &KeyFiles, record: &Record) -> io::Result<Self> {
+        sweep(files);
+        let path = files.reader(record.token);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)?;
+        let made = Self { path, file };
+        let locked = ofd::lock(&made.file, Mode::Exclusive, Span::Whole)?;
+        if !locked {
+            return Err(io::Error::other(format!(
+                "{} was locked by another program as it was made",
+                made.path.display()
+            )));
+        }
+        made.rewrite(record)?;
+        Ok(made)
+    }
+
+    /// Writes `record` over the record in place (its lock is on this file, which a rename
+    /// would replace): a new deadline. A reader of the file at that instant may find a
+    /// torn record, which it leaves out (see [`live`]).
+    pub(crate) fn rewrite(&self, record: &Record) -> io::Result<()> {
+        let text = record.encode();
+        self.file.write_all_at(text.as_bytes(), 0)?;
+        self.file.set_len(text.len() as u64)
+    }
+}
+
+impl Drop for ReaderRecord {
+    /// Removes the record, then lets its lock go (with the file).
+    fn drop(&mut self) {
+        remove(&self.path);
+    }
+}
+
+/// Removes the file at `path`, if it can (a missing one is gone already).
+fn remove(path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+}
+
+/// Removes the records of readers that are gone (unlocked), as far as it can: what cannot
+/// be checked or removed (another user's file, a directory of that name) stays, and
+/// keeps no reader from its grant.
+fn sweep(files: &KeyFiles) {
+    for (_, path) in files.readers().unwrap_or_default() {
+        if matches!(ofd::is_locked(&path), Ok(false)) {
+            remove(&path);
+        }
+    }
+}
+
+/// The records of the key's live readers (those a reader holds locked), by token; what
+/// cannot be checked or read as a record is left out.
+pub(crate) fn live(files: &KeyFiles) -> io::Result<Vec<Record>> {
+    let mut live = Vec::new();
+    for (_, path) in files.readers()? {
+        if matches!(ofd::is_locked(&path), Ok(true)) {
+            if let Ok(Some(Ok(record))) = record::read(&path) {
+                live.push(record);
+            }
+        }
+    }
+    Ok(live)
+}
