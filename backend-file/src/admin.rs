@@ -174,11 +174,10 @@ impl LockAdmin for FileLock {
                     Some(name) => name[namespace.len()..].to_owned(),
                     None => held.stem.clone(),
                 };
-                let location = held.files.lock.display().to_string();
-                let stale = |record: &Record| Finding {
+                let stale = |record: &Record, location: &Path| Finding {
                     key: key.clone(),
                     problem: Problem::Stale,
-                    location: location.clone(),
+                    location: location.display().to_string(),
                     detail: format!(
                         "held {} ms past its deadline by pid {}{} (stopped or stuck: only its \
                          process can give the lock up)",
@@ -188,17 +187,19 @@ impl LockAdmin for FileLock {
                     ),
                 };
                 if held.locked.shared {
-                    // Each reader: one stopped reader keeps writers out.
+                    // Each reader, at its own record: one stopped reader keeps writers out.
                     let past = held
                         .locked
                         .readers
                         .iter()
                         .filter(|r| r.expires_unix_ms < now);
-                    findings.extend(past.map(stale));
+                    findings.extend(past.map(|r| stale(r, &held.files.reader(r.token))));
                     continue;
                 }
                 match held.locked.record {
-                    Ok(record) if record.expires_unix_ms < now => findings.push(stale(&record)),
+                    Ok(record) if record.expires_unix_ms < now => {
+                        findings.push(stale(&record, &held.files.lock))
+                    }
                     Ok(_) => {}
                     Err(why) if held.files.state.exists() => findings.push(Finding {
                         key,

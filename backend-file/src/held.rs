@@ -64,9 +64,11 @@ impl Grant {
             && Instant::now() < self.valid_until
     }
 
-    /// Moves the deadline.
+    /// Moves the deadline later, never earlier: a shorter extension (from a copy of the
+    /// lease, or a caller that went away) must not end the hold while another copy of
+    /// the lease counts on the deadline promised before.
     pub(crate) fn extend_to(&mut self, valid_until: Instant) {
-        self.valid_until = valid_until;
+        self.valid_until = self.valid_until.max(valid_until);
     }
 
     /// Gives the lock up (a reader's record first, so that no one finds it live while a

@@ -226,15 +226,15 @@ impl Drop for InLine {
     }
 }
 
-/// How long a reader tries for its turn at the record before the attempt counts as
-/// refused: far longer than another reader's turn (writing and flushing one record), far
-/// shorter than a wait.
-const TURN_PATIENCE: Duration = Duration::from_secs(1);
+/// How long a reader tries for its turn at the counter before the attempt fails
+/// (`Unavailable`, retried within a wait): far longer than the turns of the readers ahead
+/// (each writes and flushes one record).
+const TURN_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Takes `files`' lock in `mode` and records the grant durably: `None` if a conflicting
-/// lock is held, or, for a reader, if a writer waits at the gate (or another reader's turn
-/// at the record lasts past [`TURN_PATIENCE`]). A reader takes the key and records its
-/// grant in its turn at the gate's record, and keeps a record of its own.
+/// lock is held, or, for a reader, if a writer waits at the gate. A reader takes the key
+/// and records its grant in its turn at the gate's counter byte (`Unavailable` if other
+/// readers' turns keep it past [`TURN_PATIENCE`]), then makes a record of its own.
 fn grant(
     files: &KeyFiles,
     key: String,
@@ -259,13 +259,20 @@ fn grant(
         return Ok(None);
     }
     // The turn first: a reader waiting for it holds nothing a writer needs.
-    let Some(_turn) = RecordTurn::take(&files.gate, TURN_PATIENCE).map_err(at_gate)? else {
-        return Ok(None);
+    let Some(turn) = RecordTurn::take(&files.gate, TURN_PATIENCE).map_err(at_gate)? else {
+        return Err(LockError::Unavailable {
+            message: format!(
+                "another reader's turn at {} lasted past {TURN_PATIENCE:?} (a stopped reader?)",
+                files.gate.display()
+            ),
+            source: None,
+        });
     };
     let Some(file) = lock()? else {
         return Ok(None);
     };
     let record = record_grant(files, key, ttl, label)?;
+    drop(turn);
     let reader = ReaderRecord::create(files, &record)
         .map_err(|e| io_error("recording the reader in", &files.reader(record.token), e))?;
     Ok(Some(Granted {
@@ -345,6 +352,7 @@ fn io_error(doing: &str, path: &std::path::Path, error: std::io::Error) -> LockE
             | AlreadyExists
             | InvalidInput
             | Unsupported
+            | IsADirectory
     ) || error.raw_os_error() == Some(nix::libc::ELOOP);
     match lasting {
         true => LockError::Config(format!("{what}: {error}")),
@@ -417,7 +425,8 @@ impl DistributedLock for FileLock {
             }
             grant.extend_to(sent_at + ttl);
             held.changed();
-            grant.record.expires_unix_ms = record::unix_ms(SystemTime::now() + ttl);
+            let expires = record::unix_ms(SystemTime::now() + ttl);
+            grant.record.expires_unix_ms = grant.record.expires_unix_ms.max(expires);
             // For `inspect`'s time left only: not flushed, and a failure ignored. (A
             // reader's own record: the state file may name a later grant.)
             let _ = match grant.reader() {

@@ -2,7 +2,8 @@
 //! made when it is granted and locked exclusively by the reader for as long as it holds
 //! (so a record whose lock is free names a reader that is gone: its process died). The
 //! reader removes it when it lets go (when the [`ReaderRecord`] is dropped); a dead
-//! reader's is removed by the next reader's grant. `inspect` names a live reader from these: the state file names only the key's
+//! reader's is removed by the next reader's grant. A record appears whole and locked
+//! (written under a temporary name, then renamed), so a sweep never takes a live one. `inspect` names a live reader from these: the state file names only the key's
 //! last grant, which may be a reader that already let go while others hold.
 
 use std::fs::{File, OpenOptions};
@@ -23,26 +24,30 @@ pub(crate) struct ReaderRecord {
 
 impl ReaderRecord {
     /// Makes the record of `record`, a reader's grant, first removing those of readers
-    /// that are gone. Called in the reader's turn at the gate's record, so no other reader
-    /// makes or removes one meanwhile.
+    /// that are gone: written and locked under a temporary name, then renamed into place,
+    /// so that a record is never seen unlocked under its name while its reader lives.
     pub(crate) fn create(files: &KeyFiles, record: &Record) -> io::Result<Self> {
         sweep(files);
         let path = files.reader(record.token);
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
-        let made = Self { path, file };
-        let locked = ofd::lock(&made.file, Mode::Exclusive, Span::Whole)?;
-        if !locked {
+            .open(&tmp)?;
+        let mut made = Self { path: tmp, file };
+        if !ofd::lock(&made.file, Mode::Exclusive, Span::Whole)? {
             return Err(io::Error::other(format!(
                 "{} was locked by another program as it was made",
                 made.path.display()
             )));
         }
         made.rewrite(record)?;
+        std::fs::rename(&made.path, &path)?;
+        // Renamed: dropped from here on, it removes the record under its name.
+        made.path = path;
         Ok(made)
     }
 

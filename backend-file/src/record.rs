@@ -153,25 +153,36 @@ pub(crate) fn read(path: &Path) -> std::io::Result<Option<Result<Record, String>
     }
 }
 
+/// Counts this process's writes: each one's temporary file has a name of its own.
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
 /// Replaces the record in `path` with `record`: written to a temporary file beside it
 /// and renamed over it; with `durable`, the file and then its directory are flushed to
 /// the disk before this returns.
 pub(crate) fn write(path: &Path, record: &Record, durable: bool) -> std::io::Result<()> {
-    static WRITES: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = (|| {
-        // A fresh file, never one planted at that name (nor through a symbolic link).
-        let mut file = std::fs::OpenOptions::new()
+    // A fresh file, never one planted at that name (nor through a symbolic link); a name
+    // taken (left by a process killed midway, whose pid this one has now) is skipped.
+    let mut taken = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}.tmp",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
+        let opened = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&tmp)?;
+            .open(&tmp);
+        match opened {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && taken < 100 => taken += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let written = (|| {
         file.write_all(record.encode().as_bytes())?;
         if durable {
             file.sync_all()?;
@@ -257,5 +268,18 @@ mod tests {
         assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
         std::fs::write(&path, [0xff, 0xfe]).unwrap();
         assert_eq!(read(&path).unwrap(), Some(Err("it is not UTF-8".into())));
+    }
+
+    #[test]
+    fn a_temporary_name_left_by_a_killed_process_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.state");
+        let next = WRITES.load(Ordering::Relaxed);
+        for n in next..next + 3 {
+            let planted = format!(".k.state.{}.{n}.tmp", std::process::id());
+            std::fs::write(dir.path().join(planted), "left behind").unwrap();
+        }
+        write(&path, &record(None), true).unwrap();
+        assert!(read(&path).unwrap().is_some_and(|r| r.is_ok()));
     }
 }

@@ -1,9 +1,11 @@
 //! Readers (`acquire_shared`) on files: who `inspect` names, a dead reader's record, and
 //! another program's shared lock.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey, Problem};
+use tenure_api::{
+    AcquireOptions, Backoff, DistributedLock, LockAdmin, LockKey, Problem, ReleaseOutcome,
+};
 
 use crate::files::{client, PythonHolder};
 
@@ -82,38 +84,41 @@ fn record_text(token: u64, expires_unix_ms: u64) -> String {
 }
 
 /// Readers granted at once, each on a client of its own (as processes are), get tokens of
-/// their own: they take turns at the counter.
+/// their own, one after the other from the counter: they take turns at it. (The counter
+/// starts far above the clock here, so the clock floor cannot make them distinct.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readers_granted_at_once_get_distinct_tokens() -> TestResult {
+async fn readers_granted_at_once_take_turns_at_the_counter() -> TestResult {
     let dir = tempfile::tempdir()?;
     let key = LockKey::new("reports/daily")?;
-    let mut clients = Vec::new();
-    for _ in 0..16 {
-        clients.push(client(&dir).await?);
-    }
+    let from = 1u64 << 62;
+    let state = record_text(from, 1_000);
+    std::fs::write(dir.path().join("reports%2Fdaily.state"), state)?;
     let mut asked = tokio::task::JoinSet::new();
-    for client in &clients {
-        let (client, key) = (client.clone(), key.clone());
-        asked.spawn(async move { client.acquire_shared(&key, &now()).await });
+    for _ in 0..16 {
+        let (client, key) = (client(&dir).await?, key.clone());
+        asked.spawn(async move {
+            let opts = AcquireOptions::new(TTL).wait(Duration::from_secs(30));
+            let lease = client.acquire_shared(&key, &opts).await?;
+            Ok::<_, tenure_api::LockError>((client, lease))
+        });
     }
     let mut granted = Vec::new();
-    while let Some(lease) = asked.join_next().await {
-        granted.push(lease??);
+    while let Some(joined) = asked.join_next().await {
+        granted.push(joined??);
     }
-    let mut tokens: Vec<u64> = granted.iter().map(|l| l.token().get()).collect();
+    let mut tokens: Vec<u64> = granted.iter().map(|(_, l)| l.token().get()).collect();
     tokens.sort_unstable();
-    tokens.dedup();
-    assert_eq!(tokens.len(), 16, "{tokens:?}");
-    for lease in granted {
-        clients[0].release(lease).await?;
+    assert_eq!(tokens, (from + 1..=from + 16).collect::<Vec<_>>());
+    for (client, lease) in granted {
+        assert_eq!(client.release(lease).await?, ReleaseOutcome::Released);
     }
     Ok(())
 }
 
-/// A writer in line that is dropped (its future, as by a timeout around it) leaves the
-/// gate at once: a reader that asks next is granted.
+/// A writer in line keeps later readers out; dropped (its future, as by a timeout around
+/// it), it leaves the gate and wakes its own client's waiting readers at once.
 #[tokio::test]
-async fn a_dropped_waiting_writer_lets_readers_in() -> TestResult {
+async fn a_dropped_waiting_writer_lets_readers_in_at_once() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (first, writer, late) = (
         client(&dir).await?,
@@ -122,20 +127,45 @@ async fn a_dropped_waiting_writer_lets_readers_in() -> TestResult {
     );
     let key = LockKey::new("reports/daily")?;
     let held = first.acquire_shared(&key, &now()).await?;
-    let waits = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
-    let write = writer.acquire(&key, &waits);
-    assert!(tokio::time::timeout(Duration::from_millis(500), write)
+    let (lock, k) = (writer.clone(), key.clone());
+    let write = tokio::spawn(async move {
+        let waits = AcquireOptions::new(TTL).wait(Duration::from_secs(60));
+        lock.acquire(&k, &waits).await
+    });
+    let started = Instant::now();
+    while late.acquire_shared(&key, &now()).await.is_ok_and(|l| {
+        drop(l);
+        true
+    }) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the writer never got in line"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A reader of the writer's own client, polling once every 20 s unless woken.
+    let slow = AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff {
+            initial: Duration::from_secs(20),
+            max: Duration::from_secs(20),
+            jitter: 0.0,
+        });
+    let (lock, k) = (writer.clone(), key.clone());
+    let read = tokio::spawn(async move { lock.acquire_shared(&k, &slow).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    write.abort();
+    let reader = tokio::time::timeout(Duration::from_secs(5), read)
         .await
-        .is_err());
-    let reader = late.acquire_shared(&key, &now()).await?;
-    late.release(reader).await?;
+        .map_err(|_| "the reader was not woken when the writer left")???;
+    writer.release(reader).await?;
     first.release(held).await?;
     Ok(())
 }
 
 /// A reader stopped past its deadline keeps writers out: `doctor` reports it, with its
-/// pid, among live readers (here another program holds the key shared, and the record's
-/// lock, as a reader that stopped would).
+/// pid, beside a live reader in date (here another program holds the key shared, and the
+/// stopped reader's record's lock, as a reader that stopped would).
 #[tokio::test]
 async fn doctor_reports_a_reader_past_its_deadline() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -145,6 +175,7 @@ async fn doctor_reports_a_reader_past_its_deadline() -> TestResult {
     std::fs::write(&record, record_text(5, 1_000))?;
     let _shared = PythonHolder::start_in(&dir.path().join("reports%2Fdaily.lock"), "LOCK_SH")?;
     let _alive = PythonHolder::start_in(&record, "LOCK_EX")?;
+    let in_date = lock.acquire_shared(&key, &now()).await?;
     let findings = lock.doctor().await?;
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert_eq!(findings[0].problem, Problem::Stale);
@@ -152,8 +183,17 @@ async fn doctor_reports_a_reader_past_its_deadline() -> TestResult {
         findings[0].detail.contains("pid 4242, a reader"),
         "{findings:?}"
     );
+    assert!(
+        findings[0].location.ends_with("reports%2Fdaily.5.reader"),
+        "{findings:?}"
+    );
     let seen = lock.inspect(&key).await?.expect("held");
-    assert_eq!(seen.token.map(|t| t.get()), Some(5), "{seen:?}");
+    assert_eq!(
+        seen.owner,
+        in_date.owner(),
+        "the reader whose lease ends last"
+    );
+    lock.release(in_date).await?;
     Ok(())
 }
 

@@ -218,34 +218,6 @@ async fn tokens_are_committed_on_a_server_without_autocommit() {
     other.release(second).await.unwrap();
 }
 
-/// An extension to a shorter TTL never ends the session before a deadline a copy of the
-/// lease still holds (here the original's, after a copy was extended to one second).
-/// Before, the session's `wait_timeout` became the shorter TTL and the server freed the
-/// lock while the original lease was still in date.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shorter_extension_never_ends_an_earlier_promise() {
-    let server = MariaDb::start().await.unwrap();
-    let lock = MySqlLock::connect(&server.url()).await.unwrap();
-    let k = key("shorter");
-    let lease = lock
-        .try_acquire(&k, Duration::from_secs(8))
-        .await
-        .unwrap()
-        .expect("free");
-    let mut copy = lease.clone();
-    lock.extend(&mut copy, Duration::from_secs(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(lease.remaining(Instant::now()) > Duration::ZERO);
-    let other = MySqlLock::connect(&server.url()).await.unwrap();
-    assert!(
-        other.try_acquire(&k, TTL).await.unwrap().is_none(),
-        "granted to another client while the original lease is in date"
-    );
-    assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
-}
-
 /// With `locking=row`, the lock is the key's row: another program's `SELECT … FOR
 /// UPDATE` of it keeps tenure out (shown as held, with the last grant recorded), and its
 /// commit lets tenure's waiter in; `inspect` of a free row finds none.

@@ -200,6 +200,7 @@ scenarios![
     counter_loses_no_update,
     ttl_expiry_and_takeover[TtlExpiry],
     extend_after_expiry_fails[TtlExpiry],
+    a_shorter_extension_never_ends_an_earlier_promise,
     releasing_a_stolen_lease_keeps_the_new_owner[TtlExpiry],
     crashed_client_is_freed,
     cancelled_acquire_leaves_no_ghost,
@@ -704,6 +705,42 @@ pub async fn extend_after_expiry_fails(ctx: &Ctx<'_>) -> Outcome {
         holder(&b, &key).await?.is_none(),
         "extend re-acquired the expired lock"
     );
+    Ok(())
+}
+
+/// An extension to a shorter TTL, by a copy of the lease (a clone, or a caller whose
+/// future was dropped midway), never ends the hold before the deadline the original still
+/// counts on — a writer's lease and, where the backend has them, a reader's. (Whether the
+/// short extension itself succeeds is the backend's to say.)
+pub async fn a_shorter_extension_never_ends_an_earlier_promise(ctx: &Ctx<'_>) -> Outcome {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let short = ctx.short_ttl();
+    let long = (short * 8).max(Duration::from_secs(8));
+    let shared = a.capabilities().shared;
+    for reader in [false, true]
+        .into_iter()
+        .filter(|&reader| !reader || shared)
+    {
+        let key = ctx.key(if reader { "short/read" } else { "short/write" });
+        let opts = AcquireOptions::new(long).wait(Duration::ZERO);
+        let lease = match reader {
+            false => a.acquire(&key, &opts).await?,
+            true => a.acquire_shared(&key, &opts).await?,
+        };
+        let mut copy = lease.clone();
+        let _ = a.extend(&mut copy, short).await;
+        tokio::time::sleep(short * 2).await;
+        ensure!(
+            lease.valid_until() > Instant::now(),
+            "the original lease ran out before the check: a host too slow for this test"
+        );
+        ensure!(
+            b.try_acquire(&key, long).await?.is_none(),
+            "granted while the original lease (a reader's: {reader}) was in date, after a \
+             copy of it was extended to a shorter TTL"
+        );
+        a.release(lease).await?;
+    }
     Ok(())
 }
 

@@ -440,30 +440,3 @@ async fn a_release_signal_cuts_the_backoff_pause_short() {
         lock.release(lease).await.unwrap();
     }
 }
-
-/// An extension to a shorter TTL, by a copy of the lease (a clone, or a caller whose
-/// future was dropped), never ends the hold before a deadline the original still counts
-/// on: readers' and writers' leases alike.
-#[tokio::test]
-async fn a_shorter_extension_never_ends_an_earlier_promise() {
-    let clock = Arc::new(ManualClock::new());
-    let lock = MemoryLock::with_clock(clock.clone());
-    for shared in [false, true] {
-        let k = key(if shared { "short/read" } else { "short/write" });
-        let opts = AcquireOptions::new(TTL).wait(Duration::ZERO);
-        let lease = match shared {
-            false => lock.acquire(&k, &opts).await.unwrap(),
-            true => lock.acquire_shared(&k, &opts).await.unwrap(),
-        };
-        let mut copy = lease.clone();
-        lock.extend(&mut copy, Duration::from_secs(1))
-            .await
-            .unwrap();
-        clock.advance(Duration::from_secs(2));
-        assert!(
-            lock.try_acquire(&k, TTL).await.unwrap().is_none(),
-            "granted to a writer while the original lease (shared: {shared}) is in date"
-        );
-        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
-    }
-}
