@@ -1,6 +1,6 @@
 //! A key's files: `<stem>.lock` (the locked file), `<stem>.state` (its last grant),
 //! `<stem>.gate` (where writers wait and readers take turns, see [`crate::gate`]) and
-//! `<stem>.<token>.reader` (each reader's grant, while it holds).
+//! `<stem>.readers/<token>.reader` (each reader's grant, while it holds).
 //!
 //! The stem is the key with every byte outside `[A-Za-z0-9_.-]` written `%XX` (and a
 //! leading `.` too, so no stem is hidden or `..`); a stem longer than [`MAX_STEM`] bytes is
@@ -22,7 +22,9 @@ pub(crate) const LOCK_SUFFIX: &str = ".lock";
 pub(crate) const STATE_SUFFIX: &str = ".state";
 /// The suffix of a key's gate file.
 pub(crate) const GATE_SUFFIX: &str = ".gate";
-/// The suffix of a reader's record, after the stem, a dot and its token.
+/// The suffix of the directory of a key's readers' records.
+pub(crate) const READERS_SUFFIX: &str = ".readers";
+/// The suffix of a reader's record, after its token.
 pub(crate) const READER_SUFFIX: &str = ".reader";
 
 /// The files of one key in a lock directory.
@@ -35,9 +37,8 @@ pub(crate) struct KeyFiles {
     /// The file whose byte locks hold readers back behind waiting writers, and give
     /// readers turns at the record.
     pub(crate) gate: PathBuf,
-    /// The directory, and the stem every file name of the key starts with.
-    dir: PathBuf,
-    stem: String,
+    /// The directory of the key's readers' records (made by the first reader).
+    pub(crate) readers_dir: PathBuf,
 }
 
 impl KeyFiles {
@@ -53,30 +54,29 @@ impl KeyFiles {
             lock: dir.join(format!("{stem}{LOCK_SUFFIX}")),
             state: dir.join(format!("{stem}{STATE_SUFFIX}")),
             gate: dir.join(format!("{stem}{GATE_SUFFIX}")),
-            dir: dir.to_owned(),
-            stem: stem.to_owned(),
+            readers_dir: dir.join(format!("{stem}{READERS_SUFFIX}")),
         }
     }
 
     /// The record of the reader granted `token`.
     pub(crate) fn reader(&self, token: u64) -> PathBuf {
-        self.dir
-            .join(format!("{}.{token}{READER_SUFFIX}", self.stem))
+        self.readers_dir.join(format!("{token}{READER_SUFFIX}"))
     }
 
-    /// The readers' records in the directory: `<stem>.<token>.reader`, by token. No other
-    /// key's: what lies between this stem's `.` and `.reader` must be digits only, and in
-    /// another key's record name that part holds a dot (key `a.5`'s `a.5.7.reader` is
-    /// `5.7` after key `a`'s stem) or is not followed by `.reader`.
+    /// The readers' records, `<token>.reader` in the key's readers' directory, by token
+    /// (none without the directory).
     pub(crate) fn readers(&self) -> std::io::Result<Vec<(u64, PathBuf)>> {
+        let entries = match std::fs::read_dir(&self.readers_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
         let mut readers = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
+        for entry in entries {
             let entry = entry?;
             let name = entry.file_name();
             let token = name
                 .to_str()
-                .and_then(|n| n.strip_prefix(self.stem.as_str()))
-                .and_then(|n| n.strip_prefix('.'))
                 .and_then(|n| n.strip_suffix(READER_SUFFIX))
                 .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|n| n.parse().ok());
@@ -141,15 +141,19 @@ mod tests {
             KeyFiles::of(dir.path(), "a"),
             KeyFiles::of(dir.path(), "a.5"),
         );
+        assert_eq!(a.readers().unwrap(), [], "no directory yet");
+        std::fs::create_dir(&a.readers_dir).unwrap();
+        std::fs::create_dir(&a5.readers_dir).unwrap();
         for name in [
-            "a.5.reader",
-            "a.5.7.reader",
-            "a.12.reader",
-            "a.x.reader",
-            "a..reader",
+            "5.reader",
+            "12.reader",
+            "x.reader",
+            ".reader",
+            ".7.reader.1.tmp",
         ] {
-            std::fs::write(dir.path().join(name), "").unwrap();
+            std::fs::write(a.readers_dir.join(name), "").unwrap();
         }
+        std::fs::write(a5.reader(7), "").unwrap();
         let tokens = |files: &KeyFiles| -> Vec<u64> {
             files
                 .readers()
@@ -160,6 +164,6 @@ mod tests {
         };
         assert_eq!(tokens(&a), [5, 12]);
         assert_eq!(tokens(&a5), [7]);
-        assert_eq!(a.reader(12), dir.path().join("a.12.reader"));
+        assert_eq!(a.reader(12), dir.path().join("a.readers/12.reader"));
     }
 }

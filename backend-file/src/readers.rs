@@ -1,15 +1,17 @@
-//! Each reader's record, `<stem>.<token>.reader`: its grant, in the state file's format,
-//! made when it is granted and locked exclusively by the reader for as long as it holds
-//! (so a record whose lock is free names a reader that is gone: its process died). The
-//! reader removes it when it lets go (when the [`ReaderRecord`] is dropped); a dead
+//! Each reader's record, `<stem>.readers/<token>.reader`: its grant, in the state file's
+//! format, made when it is granted and locked exclusively by the reader for as long as it
+//! holds (so a record whose lock is free names a reader that is gone: its process died).
+//! The reader removes it when it lets go (when the [`ReaderRecord`] is dropped); a dead
 //! reader's is removed by the next reader's grant. A record appears whole and locked
-//! (written under a temporary name, then renamed), so a sweep never takes a live one. `inspect` names a live reader from these: the state file names only the key's
-//! last grant, which may be a reader that already let go while others hold.
+//! (written under a temporary name, then renamed), so a sweep never takes a live one.
+//! `inspect` names a live reader from these: the state file names only the key's last
+//! grant, which may be a reader that already let go while others hold. One directory per
+//! key, so a grant's sweep and an `inspect` list that key's readers only.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::names::KeyFiles;
 use crate::ofd::{self, Mode, Span};
@@ -27,6 +29,7 @@ impl ReaderRecord {
     /// that are gone: written and locked under a temporary name, then renamed into place,
     /// so that a record is never seen unlocked under its name while its reader lives.
     pub(crate) fn create(files: &KeyFiles, record: &Record) -> io::Result<Self> {
+        make_dir(&files.readers_dir)?;
         sweep(files);
         let path = files.reader(record.token);
         let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -68,8 +71,25 @@ impl Drop for ReaderRecord {
     }
 }
 
+/// Makes the readers' directory `dir` unless it is there; one that is not a directory (a
+/// symbolic link, say, which could lead the records elsewhere) is refused.
+fn make_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(dir)?.file_type().is_dir() {
+                true => Ok(()),
+                false => Err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", dir.display()),
+                )),
+            }
+        }
+        made => made,
+    }
+}
+
 /// Removes the file at `path`, if it can (a missing one is gone already).
-fn remove(path: &std::path::Path) {
+fn remove(path: &Path) {
     let _ = std::fs::remove_file(path);
 }
 

@@ -40,9 +40,8 @@ async fn inspect_names_a_reader_that_holds_not_the_last_grant() -> TestResult {
     assert_eq!(listed[0].1.owner, older.owner());
     first.release(older).await?;
     assert!(observer.inspect(&key).await?.is_none());
-    let readers: Vec<_> = std::fs::read_dir(dir.path())?
+    let readers: Vec<_> = std::fs::read_dir(dir.path().join("reports%2Fdaily.readers"))?
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".reader"))
         .collect();
     assert!(
         readers.is_empty(),
@@ -60,7 +59,9 @@ async fn a_dead_readers_record_is_never_named_and_is_swept() -> TestResult {
     let key = LockKey::new("reports/daily")?;
     let reader = lock.acquire_shared(&key, &now()).await?;
     let token = reader.token().get() + 7;
-    let dead = dir.path().join(format!("reports%2Fdaily.{token}.reader"));
+    let dead = dir
+        .path()
+        .join(format!("reports%2Fdaily.readers/{token}.reader"));
     std::fs::write(&dead, record_text(token, 99_999_999_999_999))?;
     let seen = lock.inspect(&key).await?.expect("held");
     assert_eq!(
@@ -171,7 +172,8 @@ async fn doctor_reports_a_reader_past_its_deadline() -> TestResult {
     let dir = tempfile::tempdir()?;
     let lock = client(&dir).await?;
     let key = LockKey::new("reports/daily")?;
-    let record = dir.path().join("reports%2Fdaily.5.reader");
+    std::fs::create_dir(dir.path().join("reports%2Fdaily.readers"))?;
+    let record = dir.path().join("reports%2Fdaily.readers/5.reader");
     std::fs::write(&record, record_text(5, 1_000))?;
     let _shared = PythonHolder::start_in(&dir.path().join("reports%2Fdaily.lock"), "LOCK_SH")?;
     let _alive = PythonHolder::start_in(&record, "LOCK_EX")?;
@@ -184,7 +186,9 @@ async fn doctor_reports_a_reader_past_its_deadline() -> TestResult {
         "{findings:?}"
     );
     assert!(
-        findings[0].location.ends_with("reports%2Fdaily.5.reader"),
+        findings[0]
+            .location
+            .ends_with("reports%2Fdaily.readers/5.reader"),
         "{findings:?}"
     );
     let seen = lock.inspect(&key).await?.expect("held");

@@ -109,6 +109,11 @@ pub struct BenchOptions {
     /// the same client taking the keys one by one, in order, with plain leases (no guard);
     /// the `contended` floor polls the same multi-lock every 10 ms.
     pub keys: Option<u32>,
+    /// Bench a reader (`acquire_shared`, an `RwLock`'s read side) instead of the lock, on
+    /// a backend with the shared mode. The floor (`seq`, `par64`) is the same client's
+    /// plain (exclusive) lock: what a reader costs over a writer; the `contended` floor
+    /// polls as a reader every 10 ms (16 readers on one key share it).
+    pub shared: bool,
     /// Also run the backend's peer library, where its testbed names one (ZooKeeper's:
     /// zookeeper-client's lock recipe), interleaved, and report
     /// tenure's throughput over the peer's.
@@ -124,6 +129,7 @@ impl Default for BenchOptions {
             permits: None,
             election: false,
             keys: None,
+            shared: false,
             peers: false,
         }
     }
@@ -151,6 +157,9 @@ pub struct BenchLine {
     /// On lines of a multi-lock bench: its keys per cycle.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<u32>,
+    /// On library lines of a reader bench (and its contended floor's): true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
     /// Measured seconds.
     pub secs: f64,
     /// Completed cycles.
@@ -216,6 +225,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 first.permits,
                 first.election,
                 first.keys,
+                first.shared,
             ) == (
                 line.backend.as_str(),
                 line.mode,
@@ -223,6 +233,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 line.permits,
                 line.election,
                 line.keys,
+                line.shared,
             )
         };
         match groups.iter_mut().find(same) {
@@ -245,6 +256,7 @@ pub fn medians(rounds: &[BenchLine]) -> Vec<BenchLine> {
                 permits: group[0].permits,
                 election: group[0].election,
                 keys: group[0].keys,
+                shared: group[0].shared,
                 secs: group.iter().map(|l| l.secs).sum(),
                 cycles: group.iter().map(|l| l.cycles).sum(),
                 cycles_per_s: all(&|l| l.cycles_per_s),
@@ -285,6 +297,8 @@ struct Library {
     lock: Arc<dyn DistributedLock>,
     ttl: Duration,
     wait: Wait,
+    /// As a reader (`acquire_shared`).
+    shared: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -298,6 +312,9 @@ enum Wait {
 impl Locker for Library {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
         let key = LockKey::new(key).map_err(|e| e.to_string())?;
+        if self.shared {
+            return self.read(&key, held).await;
+        }
         let lease = match self.wait {
             Wait::None => self
                 .lock
@@ -321,6 +338,36 @@ impl Locker for Library {
                 }
             },
         };
+        held();
+        self.lock
+            .release(lease)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Library {
+    /// A reader's cycle: `acquire_shared` (one attempt, a wait, or one attempt every
+    /// 10 ms), then the release.
+    async fn read(&self, key: &LockKey, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+        let once = AcquireOptions::new(self.ttl).wait(Duration::ZERO);
+        let lease = match self.wait {
+            Wait::None => self.lock.acquire_shared(key, &once).await,
+            Wait::Push => {
+                let opts = once.wait(Duration::from_secs(30));
+                self.lock.acquire_shared(key, &opts).await
+            }
+            Wait::Poll10ms => loop {
+                match self.lock.acquire_shared(key, &once).await {
+                    Err(LockError::Timeout { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await
+                    }
+                    other => break other,
+                }
+            },
+        }
+        .map_err(|e| e.to_string())?;
         held();
         self.lock
             .release(lease)
@@ -472,6 +519,7 @@ impl Stats {
             permits: None,
             election: false,
             keys: None,
+            shared: false,
             secs: (secs * 1000.0).round() / 1000.0,
             cycles: self.cycles,
             cycles_per_s: per_s(self.cycles),
@@ -591,12 +639,14 @@ fn backend_name(url: &str) -> String {
     }
 }
 
+/// The library's lockers for `mode`, or with `as_floor` the floor's form of the variant
+/// benched: a multi-lock's keys taken one by one, a reader's lock taken exclusively.
 async fn library_lockers(
     url: &str,
     mode: Mode,
     options: BenchOptions,
     wait: Wait,
-    one_by_one: bool,
+    as_floor: bool,
 ) -> Result<Vec<Arc<dyn Locker>>, LockError> {
     let ttl = options.ttl;
     let clients = mode.clients();
@@ -626,11 +676,23 @@ async fn library_lockers(
                 keys,
                 ttl,
                 wait,
-                one_by_one,
+                one_by_one: as_floor,
             }));
             continue;
         }
-        lockers.push(Arc::new(Library { lock, ttl, wait }));
+        if options.shared && !lock.capabilities().shared {
+            return Err(LockError::Config(format!(
+                "{} has no shared (read) locks to bench (Capabilities::shared)",
+                lock.capabilities().backend
+            )));
+        }
+        let shared = options.shared && !as_floor;
+        lockers.push(Arc::new(Library {
+            lock,
+            ttl,
+            wait,
+            shared,
+        }));
     }
     Ok(lockers)
 }
@@ -659,15 +721,16 @@ pub async fn run(
         options.permits.is_some(),
         options.election,
         options.keys.is_some(),
+        options.shared,
     ];
     if variants.iter().filter(|on| **on).count() > 1 {
         return Err(LockError::InvalidInput(
-            "one of --permits, --election and --keys at a time".into(),
+            "one of --permits, --election, --keys and --shared at a time".into(),
         ));
     }
     if options.peers && variants.contains(&true) {
         return Err(LockError::InvalidInput(
-            "--peers compares locks: not with --permits, --election or --keys".into(),
+            "--peers compares locks: not with --permits, --election, --keys or --shared".into(),
         ));
     }
     if options.keys.is_some_and(|keys| !(2..=64).contains(&keys)) {
@@ -693,12 +756,17 @@ pub async fn run(
             library_lockers(url, mode, options, wait, true).await?,
             "one-by-one",
         )),
+        (true, _) if options.shared => Some((
+            library_lockers(url, mode, options, wait, true).await?,
+            "exclusive",
+        )),
         (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::Protocol)
             .await?
             .map(|lockers| (lockers, Floor::Protocol.name())),
     };
-    // The same work as a lock's: not a semaphore's, an election's or a multi-lock's.
-    let lock_bench = options.permits.is_none() && !options.election && options.keys.is_none();
+    // The same work as a lock's: not a semaphore's, an election's, a multi-lock's or a
+    // reader's.
+    let lock_bench = !variants.contains(&true);
     let same_work = match (options.floor && lock_bench, mode) {
         (false, _) | (true, Mode::Contended) => None,
         (true, _) => floor::lockers(url, mode.tasks(), options.ttl, Floor::SameWork)
@@ -746,6 +814,7 @@ pub async fn run(
     line.permits = options.permits;
     line.election = options.election;
     line.keys = options.keys;
+    line.shared = options.shared;
     let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
     // Ours over theirs, to two places; none if theirs did nothing.
     let ratio = |ours: &BenchLine, theirs: &BenchLine| {
@@ -757,6 +826,7 @@ pub async fn run(
         if mode == Mode::Contended {
             floor_line.permits = options.permits;
             floor_line.election = options.election;
+            floor_line.shared = options.shared;
         }
         floor_line.keys = options.keys;
         floor_line
@@ -894,6 +964,7 @@ mod tests {
             permits: None,
             election: false,
             keys: None,
+            shared: false,
             secs: 1.0,
             cycles: cycles_per_s as u64,
             cycles_per_s,

@@ -5,6 +5,7 @@
 use std::process::Command;
 
 use serde_json::Value;
+use tenure_redis::lab::{RedisCluster, RedisOptions};
 
 #[test]
 fn every_backend_has_working_floors() {
@@ -131,5 +132,69 @@ fn a_multi_lock_bench_runs_against_its_floors() {
         String::from_utf8_lossy(&refused.stderr).contains("--keys 1 must be in 2..=64"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+/// `tenure bench --shared` benches a reader on a lock directory (no server), against the
+/// same client's exclusive lock (seq) and readers polling every 10 ms (contended); it is
+/// refused on a backend without shared locks, before anything runs.
+#[test]
+fn a_reader_bench_runs_against_its_floors_where_the_backend_has_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["bench", "--url", &url, "--shared", "--floor"])
+        .args(["--mode", "seq", "--mode", "contended"])
+        .args(["--secs", "0.3", "--json"])
+        .output()
+        .expect("tenure runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let seen: Vec<(&str, &str, bool)> = lines
+        .iter()
+        .map(|l| {
+            let shared = l["shared"].as_bool().unwrap_or(false);
+            (
+                l["mode"].as_str().unwrap(),
+                l["impl"].as_str().unwrap(),
+                shared,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("seq", "tenure", true),
+            ("seq", "exclusive", false),
+            ("contended", "tenure", true),
+            ("contended", "poll10ms", true)
+        ],
+        "{lines:?}"
+    );
+    for line in &lines {
+        assert!(line["cycles"].as_u64().unwrap() > 0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cluster = runtime
+        .block_on(RedisCluster::start(RedisOptions::default()))
+        .unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["bench", "--url", &cluster.nodes()[0].url(), "--shared"])
+        .args(["--mode", "seq", "--secs", "0.1"])
+        .output()
+        .expect("tenure runs");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("no shared (read) locks to bench"),
+        "{stderr}"
     );
 }

@@ -26,7 +26,7 @@ pub(crate) struct BenchArgs {
     floor: bool,
     /// Also run the backend's peer library where the bench has one (ZooKeeper:
     /// zookeeper-client's lock recipe), interleaved, and print tenure/peer ratios.
-    #[arg(long, conflicts_with_all = ["permits", "election", "keys"])]
+    #[arg(long, conflicts_with_all = ["permits", "election", "keys", "shared"])]
     peers: bool,
     /// Rounds (1..=100): every backend and mode is run this many times, round-robin, and
     /// each line reports the medians over its rounds (ratios taken within each round).
@@ -58,6 +58,11 @@ pub(crate) struct BenchArgs {
     /// by one with plain leases, the contended floor polls the multi-lock.
     #[arg(long, value_name = "N", conflicts_with_all = ["permits", "election"])]
     keys: Option<u32>,
+    /// Bench a reader (a read-write lock's read side) instead of the lock, on a backend
+    /// with shared locks: the seq and par64 floor is the same client's plain (exclusive)
+    /// lock, the contended floor (16 readers of one key) polls as a reader every 10 ms.
+    #[arg(long, conflicts_with_all = ["permits", "election", "keys"])]
+    shared: bool,
 }
 
 /// One printed result.
@@ -79,6 +84,7 @@ pub(crate) async fn run(url: Option<&str>, args: &BenchArgs) -> Result<ExitCode,
         permits: args.permits,
         election: args.election,
         keys: args.keys,
+        shared: args.shared,
         peers: args.peers,
     };
     let mut rows = Vec::new();
@@ -203,11 +209,12 @@ fn print_table(rows: &[Row]) {
                 .handoffs_per_s
                 .map_or(String::new(), |h| format!("{h:.0}"));
             let fairness = l.fairness.map_or(String::new(), |f| format!("{f:.2}"));
-            let implementation = match (l.permits, l.election, l.keys) {
-                (Some(n), _, _) => format!("{} ({n} permits)", l.implementation),
-                (None, true, _) => format!("{} (election)", l.implementation),
-                (None, false, Some(n)) => format!("{} ({n} keys)", l.implementation),
-                (None, false, None) => l.implementation.to_owned(),
+            let implementation = match (l.permits, l.election, l.keys, l.shared) {
+                (Some(n), _, _, _) => format!("{} ({n} permits)", l.implementation),
+                (None, true, _, _) => format!("{} (election)", l.implementation),
+                (None, false, Some(n), _) => format!("{} ({n} keys)", l.implementation),
+                (None, false, None, true) => format!("{} (reader)", l.implementation),
+                (None, false, None, false) => l.implementation.to_owned(),
             };
             println!(
                 "| {} | {} | {implementation} | {:.0} | {handoffs} | {fairness} | {} | {} | {} | {ratio} | {same_work_ratio} |{peer_ratio} {cpu} | {switches} | {allocs} |",
