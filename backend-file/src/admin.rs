@@ -60,7 +60,7 @@ fn locked_record(files: &KeyFiles) -> Result<Option<Locked>, LockError> {
         // Only then are readers' records looked for (a listing of the directory).
         Some(ofd::Mode::Shared) => {
             let readers =
-                readers::live(files).map_err(|e| io_error("listing readers of", &files.lock, e))?;
+                readers::live(files).map_err(|e| io_error("listing", &files.readers_dir, e))?;
             let last = readers.iter().max_by_key(|r| r.expires_unix_ms).cloned();
             Ok(Some(Locked {
                 record: last.ok_or_else(|| "held shared with no reader's record".to_owned()),

@@ -64,13 +64,21 @@ impl KeyFiles {
     }
 
     /// The readers' records, `<token>.reader` in the key's readers' directory, by token
-    /// (none without the directory).
+    /// (none without the directory). Something else at its name (a symbolic link, which
+    /// could lead to another key's readers) is an error.
     pub(crate) fn readers(&self) -> std::io::Result<Vec<(u64, PathBuf)>> {
-        let entries = match std::fs::read_dir(&self.readers_dir) {
-            Ok(entries) => entries,
+        match std::fs::symlink_metadata(&self.readers_dir) {
+            Ok(found) if found.is_dir() => {}
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", self.readers_dir.display()),
+                ))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
-        };
+        }
+        let entries = std::fs::read_dir(&self.readers_dir)?;
         let mut readers = Vec::new();
         for entry in entries {
             let entry = entry?;
@@ -165,5 +173,8 @@ mod tests {
         assert_eq!(tokens(&a), [5, 12]);
         assert_eq!(tokens(&a5), [7]);
         assert_eq!(a.reader(12), dir.path().join("a.readers/12.reader"));
+        let b = KeyFiles::of(dir.path(), "b");
+        std::os::unix::fs::symlink(&a.readers_dir, &b.readers_dir).unwrap();
+        assert!(b.readers().is_err(), "a link to another key's readers");
     }
 }

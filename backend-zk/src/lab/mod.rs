@@ -109,6 +109,31 @@ fn start_boxed(options: TestbedOptions) -> BoxFuture<'static, Result<Lab, BoxErr
     Box::pin(start(options))
 }
 
+/// How long a fresh server may take to give its first session.
+const FIRST_SESSION: Duration = Duration::from_secs(60);
+
+/// Waits (up to [`FIRST_SESSION`]) until a client of `template` (`{hosts}`: one server's
+/// address) gets a session from each server: a freshly started JVM's first TLS
+/// handshakes can outlast a client's connect timeout on a busy machine (seen: the
+/// matrix's TLS run beside three other test executables, "connect … timeout"), and the
+/// servers answer their plain readiness probe before that.
+async fn sessions_on_each(ensemble: &ZkEnsemble, template: &str) -> Result<(), BoxError> {
+    let by = std::time::Instant::now() + FIRST_SESSION;
+    for node in ensemble.nodes() {
+        let url = template.replace("{hosts}", &node.addr().to_string());
+        loop {
+            match ZkLock::connect(&url).await {
+                Ok(_) => break,
+                Err(LockError::Unavailable { .. }) if std::time::Instant::now() < by => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                Err(e) => return Err(format!("no session from {}: {e}", node.addr()).into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     let zk_options = ZkOptions::default()
         .nodes(3)
@@ -133,6 +158,7 @@ async fn start(options: TestbedOptions) -> Result<Lab, BoxError> {
     })
     .query("session_timeout_ms=4000")
     .cut_query("session_timeout_ms=1000&request_timeout_ms=300");
+    sessions_on_each(&ensemble, &template).await?;
     // A key's queue is its lock directory's children, holder and waiters alike.
     let observer = ZkLock::connect(&harness.url()).await?;
     let harness = harness.with_queue_admin(observer).owning(ensemble);

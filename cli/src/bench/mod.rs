@@ -815,6 +815,10 @@ pub async fn run(
     line.election = options.election;
     line.keys = options.keys;
     line.shared = options.shared;
+    if options.shared {
+        // Readers hold together: no hand-offs, no order among them to measure.
+        (line.handoffs_per_s, line.fairness) = (None, None);
+    }
     let throughput = |l: &BenchLine| l.handoffs_per_s.unwrap_or(l.cycles_per_s);
     // Ours over theirs, to two places; none if theirs did nothing.
     let ratio = |ours: &BenchLine, theirs: &BenchLine| {
@@ -827,6 +831,9 @@ pub async fn run(
             floor_line.permits = options.permits;
             floor_line.election = options.election;
             floor_line.shared = options.shared;
+            if options.shared {
+                (floor_line.handoffs_per_s, floor_line.fairness) = (None, None);
+            }
         }
         floor_line.keys = options.keys;
         floor_line

@@ -181,7 +181,19 @@ fn a_reader_bench_runs_against_its_floors_where_the_backend_has_readers() {
     for line in &lines {
         assert!(line["cycles"].as_u64().unwrap() > 0, "{line}");
         assert_eq!(line["errors"], 0, "{line}");
+        assert!(
+            line["handoffs_per_s"].is_null(),
+            "readers hand nothing off: {line}"
+        );
     }
+    // The library's cycles were readers': their keys have readers' directories.
+    let readers = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("%2Flib%2F") && name.ends_with(".readers"))
+        .count();
+    assert!(readers > 0, "no reader's directory for the library's keys");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let cluster = runtime
         .block_on(RedisCluster::start(RedisOptions::default()))

@@ -61,7 +61,8 @@ pub(crate) struct BenchArgs {
     /// Bench a reader (a read-write lock's read side) instead of the lock, on a backend
     /// with shared locks: the seq and par64 floor is the same client's plain (exclusive)
     /// lock, the contended floor (16 readers of one key) polls as a reader every 10 ms.
-    #[arg(long, conflicts_with_all = ["permits", "election", "keys"])]
+    /// One --url at a time (not every backend has readers).
+    #[arg(long, conflicts_with_all = ["permits", "election", "keys", "all_local", "held"])]
     shared: bool,
 }
 
