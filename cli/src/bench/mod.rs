@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use tenure_api::{async_trait, AcquireOptions, DistributedLock, LockError, LockExt, LockKey};
+use tenure_api::{
+    async_trait, AcquireOptions, DistributedLock, Lease, LockError, LockExt, LockKey,
+};
 
 use floor::Floor;
 use profile::Usage;
@@ -312,31 +314,9 @@ enum Wait {
 impl Locker for Library {
     async fn cycle(&self, key: &str, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
         let key = LockKey::new(key).map_err(|e| e.to_string())?;
-        if self.shared {
-            return self.read(&key, held).await;
-        }
-        let lease = match self.wait {
-            Wait::None => self
-                .lock
-                .try_acquire(&key, self.ttl)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("a fresh key was busy")?,
-            Wait::Push => self
-                .lock
-                .acquire(
-                    &key,
-                    &AcquireOptions::new(self.ttl).wait(Duration::from_secs(30)),
-                )
-                .await
-                .map_err(|e| e.to_string())?,
-            Wait::Poll10ms => loop {
-                match self.lock.try_acquire(&key, self.ttl).await {
-                    Ok(Some(lease)) => break lease,
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
-                    Err(e) => return Err(e.to_string()),
-                }
-            },
+        let lease = match self.shared {
+            false => self.write(&key).await?,
+            true => self.read(&key).await?,
         };
         held();
         self.lock
@@ -348,11 +328,38 @@ impl Locker for Library {
 }
 
 impl Library {
-    /// A reader's cycle: `acquire_shared` (one attempt, a wait, or one attempt every
-    /// 10 ms), then the release.
-    async fn read(&self, key: &LockKey, held: &(dyn Fn() + Send + Sync)) -> Result<(), String> {
+    /// A writer's lease: `try_acquire`, a wait, or `try_acquire` every 10 ms.
+    async fn write(&self, key: &LockKey) -> Result<Lease, String> {
+        match self.wait {
+            Wait::None => self
+                .lock
+                .try_acquire(key, self.ttl)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "a fresh key was busy".into()),
+            Wait::Push => self
+                .lock
+                .acquire(
+                    key,
+                    &AcquireOptions::new(self.ttl).wait(Duration::from_secs(30)),
+                )
+                .await
+                .map_err(|e| e.to_string()),
+            Wait::Poll10ms => loop {
+                match self.lock.try_acquire(key, self.ttl).await {
+                    Ok(Some(lease)) => break Ok(lease),
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Err(e) => break Err(e.to_string()),
+                }
+            },
+        }
+    }
+
+    /// A reader's lease: `acquire_shared` (one attempt, a wait, or one attempt every
+    /// 10 ms).
+    async fn read(&self, key: &LockKey) -> Result<Lease, String> {
         let once = AcquireOptions::new(self.ttl).wait(Duration::ZERO);
-        let lease = match self.wait {
+        match self.wait {
             Wait::None => self.lock.acquire_shared(key, &once).await,
             Wait::Push => {
                 let opts = once.wait(Duration::from_secs(30));
@@ -367,13 +374,7 @@ impl Library {
                 }
             },
         }
-        .map_err(|e| e.to_string())?;
-        held();
-        self.lock
-            .release(lease)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
     }
 }
 

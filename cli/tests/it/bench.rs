@@ -82,28 +82,19 @@ fn every_backend_has_working_floors() {
 fn a_multi_lock_bench_runs_against_its_floors() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
-    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-        .args(["bench", "--url", &url, "--keys", "3", "--floor"])
-        .args([
-            "--mode",
-            "seq",
-            "--mode",
-            "contended",
-            "--secs",
-            "0.3",
-            "--json",
-        ])
-        .output()
-        .expect("tenure runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let lines = bench_lines(&[
+        "--url",
+        &url,
+        "--keys",
+        "3",
+        "--floor",
+        "--mode",
+        "seq",
+        "--mode",
+        "contended",
+        "--secs",
+        "0.3",
+    ]);
     let implementations: Vec<(&str, &str)> = lines
         .iter()
         .map(|l| (l["mode"].as_str().unwrap(), l["impl"].as_str().unwrap()))
@@ -142,21 +133,18 @@ fn a_multi_lock_bench_runs_against_its_floors() {
 fn a_reader_bench_runs_against_its_floors_where_the_backend_has_readers() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
-    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
-        .args(["bench", "--url", &url, "--shared", "--floor"])
-        .args(["--mode", "seq", "--mode", "contended"])
-        .args(["--secs", "0.3", "--json"])
-        .output()
-        .expect("tenure runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let lines = bench_lines(&[
+        "--url",
+        &url,
+        "--shared",
+        "--floor",
+        "--mode",
+        "seq",
+        "--mode",
+        "contended",
+        "--secs",
+        "0.3",
+    ]);
     let seen: Vec<(&str, &str, bool)> = lines
         .iter()
         .map(|l| {
@@ -209,4 +197,23 @@ fn a_reader_bench_runs_against_its_floors_where_the_backend_has_readers() {
         stderr.contains("no shared (read) locks to bench"),
         "{stderr}"
     );
+}
+
+/// Runs `tenure bench` with `args` (plus `--json`), which must succeed; its JSON lines.
+fn bench_lines(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("tenure runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
 }
