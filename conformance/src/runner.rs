@@ -91,7 +91,8 @@ pub const FAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// violation must be observed) is the failure, with the cell's notes, and so are lost
 /// updates its verdicts do not explain ([`Cell::check_updates`]). An injection that
 /// left no evidence in any trial (a server that took too long to stop) is made once
-/// more, its trials added to the cell; a fault that fired in no trial then fails too.
+/// more, on keys of its own, its trials added to the cell; a fault that fired in no trial
+/// then fails too.
 ///
 /// # Cancel safety
 /// Not cancel safe: cancelled midway, a fault may be left injected (the next run repairs
@@ -102,7 +103,14 @@ pub async fn run_fault(
     expected: &Expect,
 ) -> Result<(), String> {
     let mut cell = None;
-    for _ in 0..2 {
+    for injection in 0..2 {
+        // The second injection's trials take keys of their own: nothing the first left
+        // held (a lease of a trial that failed midway) meets them.
+        let target = match injection {
+            0 => target.clone(),
+            _ => target.clone().with_run_id(rand::random()),
+        };
+        let target = &target;
         if let Err(why) = faults::ensure(target).await {
             return Err(format!(
                 "the servers are not healthy before the fault: {why}"

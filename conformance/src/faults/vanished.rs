@@ -49,8 +49,19 @@ pub(super) async fn vanished_record(target: &Target, record: Record) -> Trial {
         outcome
     };
     let fault = async {
-        queued(&*records, key, 2, patience).await?;
-        let removed = records.remove_newest_waiter(key).await?;
+        let removal = async {
+            queued(&*records, key, 2, patience).await?;
+            records.remove_newest_waiter(key).await
+        };
+        let removed = match removal.await {
+            Ok(removed) => removed,
+            Err(e) => {
+                // Released here, or its lease (4 × patience) would still hold the key
+                // when the next run of this target asks for it.
+                let _ = holder.release(held).await;
+                return Err(e);
+            }
+        };
         let while_waiting = !waiter_returned.load(Ordering::Acquire);
         let release = async {
             // The next waiter queues behind the holder before it releases.

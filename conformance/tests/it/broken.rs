@@ -23,6 +23,9 @@ enum Bug {
     FenceResetsAfterRelease,
     /// `extend` on a lost lease quietly takes the lock again.
     ExtendReacquires,
+    /// `extend` sets the deadline to now + TTL even where that is earlier than the one
+    /// already promised (`PEXPIRE` without `GT`).
+    ExtendShortens,
 }
 
 /// State shared by every client of one broken backend.
@@ -128,6 +131,14 @@ impl DistributedLock for Broken {
         let sent = Instant::now();
         match self.inner.extend(&mut inner, ttl).await {
             Ok(()) => {
+                if self.bug == Bug::ExtendShortens {
+                    // The server's deadline is now + TTL, whatever it was before.
+                    let (lock, ending) = (self.inner.clone(), inner.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(ttl).await;
+                        let _ = lock.release(ending).await;
+                    });
+                }
                 lease.renewed(sent, ttl, Duration::ZERO);
                 self.remember(inner, lease.clone());
                 Ok(())
@@ -282,6 +293,15 @@ async fn resetting_fence_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_that_reacquires_is_caught() {
     assert_caught(Bug::ExtendReacquires, &["extend_after_expiry_fails"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_that_shortens_is_caught() {
+    assert_caught(
+        Bug::ExtendShortens,
+        &["a_shorter_extension_never_ends_an_earlier_promise"],
+    )
+    .await;
 }
 
 /// The checker itself catches a history with two holders (independent of any backend).

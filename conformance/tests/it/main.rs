@@ -3,3 +3,4 @@
 //! backends' crates: `backend-redis/tests/it/servers.rs` and its siblings.)
 
 mod broken;
+mod vanished;
