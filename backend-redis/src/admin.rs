@@ -4,8 +4,10 @@
 //!
 //! A lock key is `{<prefix><key>}`; its fence counter `{<prefix><key>}:fence` is skipped
 //! (it expires a day after its last use in clock-floored mode and is persistent by design
-//! with `fence=counter`, see [`FenceMode`](crate::FenceMode)). A lock key whose PTTL is `-1` never expires: that is the
-//! leak the doctor looks for (the `TTL = -1` check).
+//! with `fence=counter`, see [`FenceMode`](crate::FenceMode)), and so are its readers'
+//! records and its waiting writer's mark (both expire); a key readers hold is shown as
+//! its reader whose lease ends last. A lock key whose PTTL is `-1` never expires: that is
+//! the leak the doctor looks for (the `TTL = -1` check).
 
 use std::sync::LazyLock;
 use std::time::Instant;
@@ -13,9 +15,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use redis::Script;
 use tenure_api::admin::undecodable;
-use tenure_api::{Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem};
+use tenure_api::{
+    DistributedLock as _, Finding, HolderInfo, LockAdmin, LockError, LockKey, Problem,
+};
 
-use crate::scripts::{holder_of, Call};
+use crate::scripts::{holder_of, Call, READERS_MARK};
 use crate::{bounded, classify, RedisLock};
 
 /// Keys asked for per `SCAN` call.
@@ -192,7 +196,18 @@ fn glob_escape(text: &str) -> String {
 impl LockAdmin for RedisLock {
     async fn holders(&self, prefix: &str) -> Result<Vec<(LockKey, HolderInfo)>, LockError> {
         let scanned = self.scan_locks(prefix).await?;
-        let mut holders: Vec<_> = scanned.iter().filter_map(ScannedLock::holder).collect();
+        let mut holders = Vec::with_capacity(scanned.len());
+        for lock in &scanned {
+            match (lock.value.as_deref(), &lock.key) {
+                // Read-held: the reader whose lease ends last, from the readers' records.
+                (Some(READERS_MARK), Some(key)) => {
+                    if let Some(holder) = self.inspect(key).await? {
+                        holders.push((key.clone(), holder));
+                    }
+                }
+                _ => holders.extend(lock.holder()),
+            }
+        }
         holders.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(holders)
     }

@@ -715,6 +715,11 @@ pub fn redact(url: &url::Url) -> String {
 pub(crate) const FENCE: &str = ":fence";
 /// The suffix of a lock key's release channel.
 pub(crate) const RELEASED: &str = ":released";
+/// The suffix of a lock key's readers' records (a hash, see
+/// [`ACQUIRE_SHARED`](crate::scripts::ACQUIRE_SHARED)).
+pub(crate) const READERS: &str = ":readers";
+/// The suffix of a lock key's waiting writer's mark.
+pub(crate) const WRITER: &str = ":writer";
 
 /// A lock key (as [`RedisConfig::lock_key`]) with a suffix, written where it is needed:
 /// a request names two or three of them, and a string for each was a tenth of a Redlock

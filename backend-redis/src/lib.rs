@@ -13,6 +13,7 @@ pub mod scripts;
 mod unanswered;
 #[cfg(feature = "testbed")]
 pub mod verdicts;
+mod writer_mark;
 
 use std::fmt;
 use std::io::Write as _;
@@ -31,7 +32,7 @@ pub use config::{
     redact, FenceMode, RedisConfig, SentinelConfig, Topology, DEFAULT_SENTINEL_PORT,
     DEFAULT_WAIT_TIMEOUT, MAX_WAIT_REPLICAS,
 };
-use config::{KeyName, FENCE, RELEASED};
+use config::{KeyName, FENCE, READERS, RELEASED, WRITER};
 use error::{bounded, classify, timed_out};
 #[cfg(feature = "testbed")]
 pub use lab::TESTBED;
@@ -40,6 +41,7 @@ pub use releases::ReleaseWatch;
 use releases::{Link, Refused, Subscriber};
 use scripts::{count_of, holder_of, token_for, Call, MAX_COUNT, SCRIPTS};
 use unanswered::Unanswered;
+use writer_mark::WriterMark;
 
 /// Words of the refusal of a grant too few replicas confirmed (`wait_replicas`).
 pub(crate) const UNCONFIRMED: &str = "replicas wait_replicas asks for";
@@ -47,11 +49,11 @@ pub(crate) const UNCONFIRMED: &str = "replicas wait_replicas asks for";
 /// The commands a Redis ACL user needs for locks, and no more: the scripts (`EVALSHA`,
 /// and `SCRIPT LOAD` for a server that does not have them yet), the commands they run,
 /// and the release channel (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`). Give the user the keys and channels of
-/// its prefix too — for `prefix=app/`, keys `{app/…}`, `{app/…}:fence` and channel
-/// `{app/…}:released`:
+/// its prefix too — for `prefix=app/`, keys `{app/…}`, `{app/…}:fence`, `{app/…}:readers`,
+/// `{app/…}:writer` and channel `{app/…}:released`:
 ///
 /// ```text
-/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots
+/// ACL SETUSER app on >password resetkeys ~{app/* resetchannels &{app/* -@all +evalsha +script|load +get +set +pexpire +pttl +time +incr +persist +del +hget +hset +hdel +hgetall +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots
 /// ```
 ///
 /// (`WAIT` only for [`wait_replicas`](RedisConfig::wait_replicas), `ROLE` only for
@@ -64,7 +66,8 @@ pub(crate) const UNCONFIRMED: &str = "replicas wait_replicas asks for";
 /// (`SELECT` too if the URL names a database other than 0.) `tenure admin` needs more
 /// (it scans keys). The secured-server tests run the whole suite as such a user.
 pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +pttl +time \
-    +incr +persist +del +publish +subscribe +unsubscribe +ping +wait +role +cluster|slots";
+    +incr +persist +del +hget +hset +hdel +hgetall +publish +subscribe +unsubscribe +ping +wait \
+    +role +cluster|slots";
 
 /// How often, at least, a subscribed waiter tries again (or at the caller's backoff
 /// ceiling, if longer), however long the holder's TTL: a safety net for release messages
@@ -72,6 +75,12 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +script|load +get +set +pexpire +
 /// tenure clients on a Cluster polled — or lost unseen (the cluster client can replace a
 /// node's connection without telling, and its own resubscription can fail).
 const RELEASE_RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a waiting writer's mark keeps further readers out unless renewed: a writer
+/// that waits while readers hold renews it at least every [`RELEASE_RECHECK`], and takes
+/// it back when it stops waiting; one whose process died stops holding readers back
+/// this long after.
+const WRITER_MARK: Duration = Duration::from_secs(3);
 
 /// The longest a call waits, whatever `limit` it is given (a year: for ever).
 const LIMIT_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -107,6 +116,34 @@ pub enum Grant {
     /// Another owner holds it for this much longer (`Duration::MAX`: with no expiry,
     /// as another recipe's lock may be).
     Held(Duration),
+    /// Readers hold it ([`DistributedLock::acquire_shared`]), the last of them for this
+    /// much longer.
+    ReadHeld(Duration),
+}
+
+/// Which grant a request asks for: the key's one writer, or one of its readers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Exclusive,
+    Shared,
+}
+
+/// What a grant request asks for: a lease of `ttl`, with `label`, in `mode`.
+#[derive(Clone, Copy, Debug)]
+struct Ask<'a> {
+    ttl: Duration,
+    label: Option<&'a str>,
+    mode: Mode,
+}
+
+impl<'a> Ask<'a> {
+    fn exclusive(ttl: Duration, label: Option<&'a str>) -> Self {
+        Self {
+            ttl,
+            label,
+            mode: Mode::Exclusive,
+        }
+    }
 }
 
 /// Armed while an acquire script is in flight: dropped there (the caller gave up on the
@@ -129,6 +166,8 @@ enum Attempt {
     Granted(Lease),
     Held {
         pttl: Duration,
+        /// Readers hold the key (a waiting writer marks itself).
+        readers: bool,
     },
     /// Granted, but the reply came after the lease's deadline: refused and released (see
     /// [`RedisLock::attempt`]).
@@ -339,7 +378,7 @@ impl RedisLock {
     ) -> Result<Grant, LockError> {
         let keys = std::slice::from_ref(key);
         let (grant, _) = self
-            .grant_within(keys, owner, ttl, label, Bound::full(limit))
+            .grant_within(keys, owner, Ask::exclusive(ttl, label), Bound::full(limit))
             .await?;
         Ok(grant)
     }
@@ -366,8 +405,9 @@ impl RedisLock {
     ) -> Result<Grant, LockError> {
         let keys = std::slice::from_ref(key);
         let counting = self.counting(Some(proposal));
+        let bound = Bound::full(limit);
         let (grant, _) = self
-            .run_grant(keys, owner, ttl, label, counting, Bound::full(limit))
+            .run_grant(keys, owner, Ask::exclusive(ttl, label), counting, bound)
             .await?;
         Ok(grant)
     }
@@ -392,25 +432,25 @@ impl RedisLock {
     ) -> Result<Grant, LockError> {
         let keys = std::slice::from_ref(key);
         let counting = Counting::Unfenced(unfenced_count());
+        let bound = Bound::full(limit);
         let (grant, _) = self
-            .run_grant(keys, owner, ttl, label, counting, Bound::full(limit))
+            .run_grant(keys, owner, Ask::exclusive(ttl, label), counting, bound)
             .await?;
         Ok(grant)
     }
 
     /// [`grant`](Self::grant) of the first free of `keys` (or the one `owner` already
-    /// holds), within `bound`: the grant, and which key it is for (0 when all are held).
+    /// holds) in `mode`, within `bound`: the grant, and which key it is for (0 when all
+    /// are held).
     async fn grant_within(
         &self,
         keys: &[LockKey],
         owner: OwnerId,
-        ttl: Duration,
-        label: Option<&str>,
+        ask: Ask<'_>,
         bound: Bound,
     ) -> Result<(Grant, usize), LockError> {
         let counting = self.counting(None);
-        self.run_grant(keys, owner, ttl, label, counting, bound)
-            .await
+        self.run_grant(keys, owner, ask, counting, bound).await
     }
 
     /// How this client's grants count: with its fence counter (and `proposal`), or, with
@@ -481,11 +521,11 @@ impl RedisLock {
         &self,
         keys: &[LockKey],
         owner: OwnerId,
-        ttl: Duration,
-        label: Option<&str>,
+        ask: Ask<'_>,
         counting: Counting,
         bound: Bound,
     ) -> Result<(Grant, usize), LockError> {
+        let Ask { ttl, label, mode } = ask;
         let started = Instant::now();
         let left = || bound.limit.saturating_sub(started.elapsed());
         // The count argument (unfenced: the count; clock-floored: a proposal) and, for a
@@ -499,10 +539,12 @@ impl RedisLock {
             ),
             Counting::Fence(mode, _) => (Some(mode), None, None),
         };
-        let claimed = match (keys, counting) {
+        let claimed = match (keys, counting, mode) {
             // Not with wait_replicas: a held key would then pay a WAIT for the SET and
             // another for the script that decides; the script alone waits once.
-            ([key], Counting::Unfenced(count)) if self.config.wait_replicas == 0 => {
+            ([key], Counting::Unfenced(count), Mode::Exclusive)
+                if self.config.wait_replicas == 0 =>
+            {
                 self.claim_unfenced(key, owner, ttl, label, count, bound)
                     .await
             }
@@ -515,14 +557,34 @@ impl RedisLock {
                 Err(classify(&self.config, "acquire", timed_out(bound.limit)))
             }
             Ok(None) => {
-                let per_key = if fence.is_some() { 2 } else { 1 };
-                let mut call = Call::script(&SCRIPTS.acquire, per_key * keys.len());
-                for key in keys {
-                    call.key(self.key_name(key, ""));
-                    if fence.is_some() {
-                        call.key(self.key_name(key, FENCE));
+                let fenced = usize::from(fence.is_some());
+                let mut call = match (mode, keys) {
+                    (Mode::Shared, [key]) => {
+                        let mut call = Call::script(&SCRIPTS.acquire_shared, 3 + fenced);
+                        call.key(self.key_name(key, ""))
+                            .key(self.key_name(key, READERS))
+                            .key(self.key_name(key, WRITER));
+                        if fenced == 1 {
+                            call.key(self.key_name(key, FENCE));
+                        }
+                        call
                     }
-                }
+                    (Mode::Shared, _) => {
+                        return Err(LockError::Config(
+                            "a reader asks for one key at a time".into(),
+                        ))
+                    }
+                    (Mode::Exclusive, _) => {
+                        let mut call = Call::script(&SCRIPTS.acquire, (1 + fenced) * keys.len());
+                        for key in keys {
+                            call.key(self.key_name(key, ""));
+                            if fenced == 1 {
+                                call.key(self.key_name(key, FENCE));
+                            }
+                        }
+                        call
+                    }
+                };
                 call.arg(&owner.hex()[..])
                     .arg(millis(ttl))
                     .arg(fence.map_or("none", FenceMode::as_str));
@@ -554,7 +616,11 @@ impl RedisLock {
         if granted != 1 {
             // PTTL -1: a key with no expiry (another recipe's lock without a timeout).
             let pttl = u64::try_from(value).map_or(Duration::MAX, Duration::from_millis);
-            return Ok((Grant::Held(pttl), 0));
+            // Index -2: readers hold (one of) the keys.
+            return Ok(match index {
+                -2 => (Grant::ReadHeld(pttl), 0),
+                _ => (Grant::Held(pttl), 0),
+            });
         }
         let Some(index) = usize::try_from(index).ok().filter(|&i| i < keys.len()) else {
             self.release_in_background(keys, owner, Some(left())).await;
@@ -597,11 +663,34 @@ impl RedisLock {
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        // Without a fence counter, the lock key alone: there is no fence key to keep alive.
-        let fenced = self.config.fence != FenceMode::None;
-        let mut call = Call::script(&SCRIPTS.extend, 1 + usize::from(fenced));
+        self.extend_grant(key, owner, ttl, Mode::Exclusive, limit)
+            .await
+    }
+
+    /// [`extend_owner`](Self::extend_owner) of a grant in `mode`: a reader's record is
+    /// extended by [`EXTEND_SHARED`](scripts::EXTEND_SHARED).
+    ///
+    /// # Cancel safety
+    /// As [`extend_owner`](Self::extend_owner).
+    async fn extend_grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        mode: Mode,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        // Without a fence counter, no fence key to keep alive.
+        let fenced = usize::from(self.config.fence != FenceMode::None);
+        let mut call = match mode {
+            Mode::Exclusive => Call::script(&SCRIPTS.extend, 1 + fenced),
+            Mode::Shared => Call::script(&SCRIPTS.extend_shared, 2 + fenced),
+        };
         call.key(self.key_name(key, ""));
-        if fenced {
+        if mode == Mode::Shared {
+            call.key(self.key_name(key, READERS));
+        }
+        if fenced == 1 {
             call.key(self.key_name(key, FENCE));
         }
         call.arg(&owner.hex()[..]).arg(millis(ttl));
@@ -656,8 +745,12 @@ impl RedisLock {
     ) -> Result<bool, LockError> {
         // On a Redis Cluster, a shard channel: a PUBLISH would go to every node.
         let sharded = if self.is_cluster() { "sharded" } else { "" };
-        let mut call = Call::script(&SCRIPTS.release, 1);
-        call.key(self.key_name(key, "")).arg(&owner.hex()[..]);
+        // The readers' records too: an owner's grant is ended wherever it is, so every
+        // clean-up (which knows the owner, not the grant) ends a reader's as a writer's.
+        let mut call = Call::script(&SCRIPTS.release, 2);
+        call.key(self.key_name(key, ""))
+            .key(self.key_name(key, READERS))
+            .arg(&owner.hex()[..]);
         if announce {
             call.arg_fmt(self.key_name(key, RELEASED));
         } else {
@@ -750,28 +843,42 @@ impl RedisLock {
         &self,
         keys: &[LockKey],
         owner: OwnerId,
-        ttl: Duration,
-        label: Option<&str>,
+        ask: Ask<'_>,
         bound: Bound,
         release_wait: Option<Duration>,
     ) -> Result<Attempt, LockError> {
+        let ttl = ask.ttl;
         let sent = Instant::now();
         let in_flight = InFlight {
             lock: self,
             keys,
             owner,
         };
-        let granted = self.grant_within(keys, owner, ttl, label, bound).await;
+        let granted = self.grant_within(keys, owner, ask, bound).await;
         std::mem::forget(in_flight);
         let (token, key) = match granted? {
-            (Grant::Held(pttl), _) => return Ok(Attempt::Held { pttl }),
+            (Grant::Held(pttl), _) => {
+                return Ok(Attempt::Held {
+                    pttl,
+                    readers: false,
+                })
+            }
+            (Grant::ReadHeld(pttl), _) => {
+                return Ok(Attempt::Held {
+                    pttl,
+                    readers: true,
+                })
+            }
             (Grant::Granted(token), index) => (token, &keys[index]),
         };
-        let lease = Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl))
+        let mut lease = Lease::new(key.clone(), owner, token, sent, ttl, default_drift(ttl))
             .with_handle(LeaseHandle {
                 path: self.lock_key(key),
                 ..LeaseHandle::default()
             });
+        if ask.mode == Mode::Shared {
+            lease = lease.into_shared();
+        }
         let replied = Instant::now();
         if replied < lease.valid_until() {
             return Ok(Attempt::Granted(lease));
@@ -801,17 +908,12 @@ impl RedisLock {
     }
 
     /// One attempt at the first free of `keys` with a fresh owner id, as
-    /// [`DistributedLock::try_acquire`] (with the grant's label), releasing a grant whose
-    /// reply was lost.
-    async fn try_once(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-        label: Option<&str>,
-    ) -> Result<Option<Lease>, LockError> {
+    /// [`DistributedLock::try_acquire`] (with the grant's label and mode), releasing a
+    /// grant whose reply was lost.
+    async fn try_once(&self, keys: &[LockKey], ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let bound = Bound::full(self.config.request_timeout);
-        match self.attempt(keys, owner, ttl, label, bound, None).await {
+        match self.attempt(keys, owner, ask, bound, None).await {
             Ok(Attempt::Granted(lease)) => Ok(Some(lease)),
             Ok(Attempt::Held { .. }) => Ok(None),
             Ok(Attempt::Late(error)) => Err(error),
@@ -877,13 +979,18 @@ impl RedisLock {
         &self,
         keys: &[LockKey],
         opts: &AcquireOptions,
+        mode: Mode,
     ) -> Result<Lease, LockError> {
         opts.validate()?;
         let started = Instant::now();
         let request_timeout = self.config.request_timeout;
-        let label = opts.label.as_deref();
+        let ask = Ask {
+            ttl: opts.ttl,
+            label: opts.label.as_deref(),
+            mode,
+        };
         if opts.wait.is_zero() {
-            return match self.try_once(keys, opts.ttl, label).await? {
+            return match self.try_once(keys, ask).await? {
                 Some(lease) => Ok(lease),
                 None => Err(LockError::Timeout {
                     waited: started.elapsed(),
@@ -900,6 +1007,8 @@ impl RedisLock {
         // Why the lock is not ours yet, if not "held by another".
         let mut why: Option<LockError> = None;
         let mut attempts = 0u32;
+        // A writer's mark while readers hold its key, taken back when this call ends.
+        let mut mark: Option<WriterMark> = None;
         loop {
             let limit = left().min(request_timeout);
             if limit.is_zero() {
@@ -911,12 +1020,33 @@ impl RedisLock {
             // An owner id of its own per attempt: a request of an earlier attempt that
             // lands late, or its clean-up, cannot act on this attempt's grant.
             let owner = OwnerId::random();
-            let attempt = self.attempt(keys, owner, opts.ttl, label, bound, Some(limit));
+            let attempt = self.attempt(keys, owner, ask, bound, Some(limit));
             let retry_in = match attempt.await {
-                Ok(Attempt::Granted(lease)) => return Ok(lease),
-                Ok(Attempt::Held { pttl }) => {
+                Ok(Attempt::Granted(lease)) => {
+                    if let Some(mark) = &mut mark {
+                        mark.granted = true;
+                    }
+                    return Ok(lease);
+                }
+                Ok(Attempt::Held { pttl, readers }) => {
                     failures = 0;
                     why = None;
+                    // Readers hold the key: a writer marks itself (again), so that no
+                    // further reader is granted before it, and tries again before the
+                    // mark runs out.
+                    let marks = match (readers, mode, keys) {
+                        (true, Mode::Exclusive, [key]) => Some(key),
+                        _ => None,
+                    };
+                    if let Some(key) = marks {
+                        let mark = mark.get_or_insert_with(|| WriterMark::new(self, key));
+                        mark.renew(Bound::full(request_timeout).within(left()))
+                            .await;
+                    }
+                    let pttl = match marks {
+                        Some(_) => pttl.min(RELEASE_RECHECK),
+                        None => pttl,
+                    };
                     // Held: subscribe to its release, then try again at once, as it may
                     // have been released before the subscription took effect. A failed
                     // subscription is kept as the reason should the wait run out on it,
@@ -1119,7 +1249,8 @@ impl DistributedLock for RedisLock {
     /// dropped connection).
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         validate_ttl(ttl)?;
-        self.try_once(std::slice::from_ref(key), ttl, None).await
+        self.try_once(std::slice::from_ref(key), Ask::exclusive(ttl, None))
+            .await
     }
 
     /// Tries; while the lock is held, subscribes to the key's release channel (then tries
@@ -1151,7 +1282,26 @@ impl DistributedLock for RedisLock {
     /// attempt may have left (dropped in flight, or failed without knowing whether the
     /// script ran) is released in the background — also when the call gives up on it.
     async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
-        self.acquire_keys(std::slice::from_ref(key), opts).await
+        self.acquire_keys(std::slice::from_ref(key), opts, Mode::Exclusive)
+            .await
+    }
+
+    /// A reader, as [`acquire`](DistributedLock::acquire) waits and cleans up: granted
+    /// while no writer holds the key and none waits for it. Readers' records sit beside
+    /// the lock key, which holds the mark `readers` while any reader's lease lasts (so
+    /// writers and other recipes' clients see the key held); a writer that waits while
+    /// readers hold marks itself, and later readers wait for it (see the crate docs,
+    /// *Readers*).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire).
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        self.acquire_keys(std::slice::from_ref(key), opts, Mode::Shared)
+            .await
     }
 
     /// Never shortens the key's expiry: a `ttl` below what the key has left leaves the
@@ -1166,8 +1316,12 @@ impl DistributedLock for RedisLock {
         validate_ttl(ttl)?;
         let sent = Instant::now();
         let limit = self.config.request_timeout;
+        let mode = match lease.is_shared() {
+            true => Mode::Shared,
+            false => Mode::Exclusive,
+        };
         let extended = self
-            .extend_owner(lease.key(), lease.owner(), ttl, limit)
+            .extend_grant(lease.key(), lease.owner(), ttl, mode, limit)
             .await?;
         if !extended {
             return Err(LockError::lost(format!(
@@ -1207,8 +1361,9 @@ impl DistributedLock for RedisLock {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, LockError> {
-        let mut call = Call::script(&SCRIPTS.inspect, 1);
-        call.key(self.key_name(key, ""));
+        let mut call = Call::script(&SCRIPTS.inspect, 2);
+        call.key(self.key_name(key, ""))
+            .key(self.key_name(key, READERS));
         let (value, pttl): (Option<String>, i64) = self.call("inspect", call).await?;
         // PTTL -1 (no expiry) is reported as no remaining time.
         Ok(value.map(|value| holder_of(&self.lock_key(key), &value, pttl)))
@@ -1223,9 +1378,10 @@ impl DistributedLock for RedisLock {
         if self.is_cluster() || keys.len() < 2 {
             return tenure_api::backend::inspect_concurrently(self, keys).await;
         }
-        let mut call = Call::script(&SCRIPTS.inspect, keys.len());
+        let mut call = Call::script(&SCRIPTS.inspect, 2 * keys.len());
         for key in keys {
-            call.key(self.key_name(key, ""));
+            call.key(self.key_name(key, ""))
+                .key(self.key_name(key, READERS));
         }
         let read: Vec<(Option<String>, i64)> = self.call("inspect", call).await?;
         if read.len() != keys.len() {
@@ -1260,7 +1416,8 @@ impl DistributedLock for RedisLock {
             // can see them all.
             return tenure_api::backend::acquire_each(self, keys, opts).await;
         }
-        self.acquire_keys(validate_keys(keys)?, opts).await
+        self.acquire_keys(validate_keys(keys)?, opts, Mode::Exclusive)
+            .await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -1278,7 +1435,7 @@ impl DistributedLock for RedisLock {
             failures_tolerated: 0,
             clock_dependent: true,
             labels: true,
-            shared: false,
+            shared: true,
         }
     }
 }

@@ -37,6 +37,85 @@ use redis::Script;
 /// by far more than any sane clock error.
 pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
+/// The Lua the scripts share: the readers' mark, the server's clock, the fence counter's
+/// next count and its expiry, and the readers' records (see [`ACQUIRE_SHARED`]).
+macro_rules! fence_lua {
+    () => {
+        r#"
+local READERS = 'readers'
+local function fence_expiry(fence, ttl)
+  local want = math.max(2 * tonumber(ttl), 86400000)
+  local left = redis.call('PTTL', fence)
+  if left > want then want = left end
+  return string.format('%d', want)
+end
+local function keep_fence(fence, ttl)
+  local want = math.max(2 * tonumber(ttl), 86400000)
+  local left = redis.call('PTTL', fence)
+  if left >= 0 and left < want then
+    redis.call('PEXPIRE', fence, string.format('%d', want))
+  end
+end
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+-- The count of a new grant, as a string (or nil and an error reply): `mode` `none` takes
+-- `given` (the server's time in µs without it) and touches no fence key; `clock` takes
+-- max(counter + 1, server time in µs), or the proposal `given` within `window` µs;
+-- anything else INCRs the counter.
+local function next_count(fence, ttl, mode, given, window)
+  if mode == 'none' then
+    local count = tonumber(given)
+    if not count then
+      local now = redis.call('TIME')
+      count = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    end
+    return string.format('%d', count)
+  elseif mode == 'clock' then
+    local now = redis.call('TIME')
+    local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local least = tonumber(redis.call('GET', fence) or '0') + 1
+    local token = math.max(least, floor)
+    local proposed = tonumber(given)
+    window = math.min(math.max(tonumber(window) or 0, 0), 1000000)
+    if proposed and proposed == math.floor(proposed) and proposed >= least
+        and proposed <= floor and proposed >= floor - window then
+      token = proposed
+    end
+    token = string.format('%d', token)
+    redis.call('SET', fence, token, 'PX', fence_expiry(fence, ttl))
+    return token
+  end
+  -- INCR replies with an integer, which reaches Lua as a double: format it with %d,
+  -- as tostring() prints only 14 significant digits (1e14 and up: 1.2345e+14).
+  local n = redis.call('INCR', fence)
+  if n >= 9007199254740992 then
+    return nil, redis.error_reply('TENURE fence counter ' .. fence .. ' reached 2^53')
+  end
+  -- A plain counter must never expire (also when the key was used in clock mode).
+  redis.call('PERSIST', fence)
+  return string.format('%d', n)
+end
+-- Drops the readers' records whose deadline has passed; returns the latest deadline
+-- left (0: none).
+local function prune_readers(readers, now)
+  local latest = 0
+  local records = redis.call('HGETALL', readers)
+  for i = 1, #records, 2 do
+    local deadline = tonumber(string.match(records[i + 1], '^(%d+):'))
+    if not deadline or deadline <= now then
+      redis.call('HDEL', readers, records[i])
+    elseif deadline > latest then
+      latest = deadline
+    end
+  end
+  return latest
+end
+"#
+    };
+}
+
 /// Takes the first free of one or more locks (or the one already ours: a retried acquire
 /// whose reply was lost). KEYS: per lock, the lock key then its fence key (the lock keys
 /// alone in `none` mode). ARGV: owner, ttl ms, fence mode (`clock` for the clock-floored
@@ -48,7 +127,9 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// it by at most the window (capped at [`PROPOSAL_WINDOW_MAX`]). Redlock proposes one
 /// count to every node of a round. Returns
 /// `{1, count, i}` when lock `i` (from 0, in KEYS order) is granted, `{0, pttl, -1}`
-/// when every lock is held by another (`pttl`: the shortest remaining time among them).
+/// when every lock is held by another (`pttl`: the shortest remaining time among them),
+/// `{0, pttl, -2}` when readers ([`ACQUIRE_SHARED`]) hold one of them: a writer that
+/// waits then marks itself, so that no further reader is granted before it.
 ///
 /// An owner already holding one of the locks gets that one back, never a second: every
 /// lock is checked for the owner before a free one is taken; its expiry is pushed to the
@@ -58,13 +139,9 @@ pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 /// max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); in `INCR` mode it is made persistent. In `none`
 /// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
 /// passed: the count is the caller's, backed by no counter (a client sends its clock).
-pub const ACQUIRE: &str = r#"
-local function fence_expiry(fence, ttl)
-  local want = math.max(2 * tonumber(ttl), 86400000)
-  local left = redis.call('PTTL', fence)
-  if left > want then want = left end
-  return string.format('%d', want)
-end
+pub const ACQUIRE: &str = concat!(
+    fence_lua!(),
+    r#"
 local step = 2
 if ARGV[3] == 'none' then step = 1 end
 local values = {}
@@ -84,52 +161,24 @@ for i = 1, #KEYS, step do
     end
   end
 end
-local shortest = -2
+local shortest, read_held = -2, false
 for i = 1, #KEYS, step do
   if not values[i] then
-    local lock, fence = KEYS[i], KEYS[i + 1]
-    local token
-    if ARGV[3] == 'none' then
-      local count = tonumber(ARGV[5])
-      if not count then
-        local now = redis.call('TIME')
-        count = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      end
-      token = string.format('%d', count)
-    elseif ARGV[3] == 'clock' then
-      local now = redis.call('TIME')
-      local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      local least = tonumber(redis.call('GET', fence) or '0') + 1
-      token = math.max(least, floor)
-      local proposed = tonumber(ARGV[5])
-      local window = math.min(math.max(tonumber(ARGV[6]) or 0, 0), 1000000)
-      if proposed and proposed == math.floor(proposed) and proposed >= least
-          and proposed <= floor and proposed >= floor - window then
-        token = proposed
-      end
-      token = string.format('%d', token)
-      redis.call('SET', fence, token, 'PX', fence_expiry(fence, ARGV[2]))
-    else
-      -- INCR replies with an integer, which reaches Lua as a double: format it with %d,
-      -- as tostring() prints only 14 significant digits (1e14 and up: 1.2345e+14).
-      local n = redis.call('INCR', fence)
-      if n >= 9007199254740992 then
-        return redis.error_reply('TENURE fence counter ' .. fence .. ' reached 2^53')
-      end
-      -- A plain counter must never expire (also when the key was used in clock mode).
-      redis.call('PERSIST', fence)
-      token = string.format('%d', n)
-    end
+    local token, refused = next_count(KEYS[i + 1], ARGV[2], ARGV[3], ARGV[5], ARGV[6])
+    if not token then return refused end
     local value = ARGV[1] .. ':' .. token
     if ARGV[4] and ARGV[4] ~= '' then value = value .. ':' .. ARGV[4] end
-    redis.call('SET', lock, value, 'PX', ARGV[2])
+    redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
     return {1, tonumber(token), (i - 1) / step}
   end
+  if values[i] == READERS then read_held = true end
   local pttl = redis.call('PTTL', KEYS[i])
   if shortest < 0 or (pttl >= 0 and pttl < shortest) then shortest = pttl end
 end
+if read_held then return {0, shortest, -2} end
 return {0, shortest, -1}
-"#;
+"#
+);
 
 /// Pushes the expiry only if the lock is still ours (owner ids are unique per grant, so
 /// the owner alone identifies it), and never shortens it: a key with more than the ttl
@@ -141,45 +190,154 @@ return {0, shortest, -1}
 /// With the fence key, a fence key that has an expiry (clock mode) is kept alive for at
 /// least max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); a persistent one (a plain counter) is left
 /// alone. Without it (the original calling convention) only the lock is touched.
-pub const EXTEND: &str = r#"
+pub const EXTEND: &str = concat!(
+    fence_lua!(),
+    r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
   local extended = 1
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
     extended = redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
-  if KEYS[2] then
-    local want = math.max(2 * tonumber(ARGV[2]), 86400000)
-    local left = redis.call('PTTL', KEYS[2])
-    if left >= 0 and left < want then
-      redis.call('PEXPIRE', KEYS[2], string.format('%d', want))
-    end
-  end
+  if KEYS[2] then keep_fence(KEYS[2], ARGV[2]) end
   return extended
 end
 return 0
-"#;
+"#
+);
 
-/// Deletes the lock only if it is still ours, and announces the release on the channel
-/// (none if empty): by `PUBLISH`, or with `sharded` by `SPUBLISH` (a Redis Cluster, where
-/// the channel shares the lock key's slot). A server that refuses the message (an ACL
-/// without the channel, a server without `SPUBLISH`: before Redis 7) still releases; its
-/// waiters cannot subscribe either, and poll.
-/// KEYS: lock. ARGV: owner, channel, and optionally `sharded`. Returns 1 when released
-/// (2 when the message was refused), 0 otherwise.
-pub const RELEASE: &str = r#"
+/// Ends the grant of an owner, a writer's or a reader's, and announces a key left free
+/// on the channel (none if empty): by `PUBLISH`, or with `sharded` by `SPUBLISH` (a Redis
+/// Cluster, where the channel shares the lock key's slot). A server that refuses the
+/// message (an ACL without the channel, a server without `SPUBLISH`: before Redis 7) still
+/// releases; its waiters cannot subscribe either, and poll.
+/// KEYS: lock, and optionally its readers' records ([`ACQUIRE_SHARED`]). ARGV: owner,
+/// channel, and optionally `sharded`. A writer's lock is deleted if it is the owner's; a
+/// reader's record is removed, and the readers' mark follows the latest deadline left
+/// (deleted with the last reader). Returns 1 when the owner's grant was in date and is
+/// ended (2 when the message was refused), 0 otherwise (a reader's record past its
+/// deadline is removed all the same).
+pub const RELEASE: &str = concat!(
+    fence_lua!(),
+    r#"
 local current = redis.call('GET', KEYS[1])
+local released = 0
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then
-    local publish = 'PUBLISH'
-    if ARGV[3] == 'sharded' then publish = 'SPUBLISH' end
-    local sent = redis.pcall(publish, ARGV[2], 'released')
-    if type(sent) == 'table' and sent.err then return 2 end
+  released = 1
+elseif KEYS[2] and current == READERS then
+  local mine = redis.call('HGET', KEYS[2], ARGV[1])
+  if not mine then return 0 end
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  local now = now_ms()
+  if (tonumber(string.match(mine, '^(%d+):')) or 0) > now then released = 1 end
+  local latest = prune_readers(KEYS[2], now)
+  if latest > now then
+    -- Other readers hold on: the mark lives as long as the latest of them.
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', latest - now))
+    redis.call('PEXPIRE', KEYS[2], string.format('%d', latest - now))
+    return released
   end
-  return 1
+  redis.call('DEL', KEYS[1], KEYS[2])
+else
+  return 0
 end
-return 0
+if ARGV[2] ~= '' then
+  local publish = 'PUBLISH'
+  if ARGV[3] == 'sharded' then publish = 'SPUBLISH' end
+  local sent = redis.pcall(publish, ARGV[2], 'released')
+  if type(sent) == 'table' and sent.err and released == 1 then return 2 end
+end
+return released
+"#
+);
+
+/// Takes a reader's grant of a lock: granted while no writer holds the key and no writer
+/// waits for it (the writer's mark, [`UNMARK_WRITER`]), so a stream of readers never starves
+/// a writer. The lock key then holds the mark `readers` with the expiry of the latest
+/// reader's deadline, so writers (and other recipes' clients) see it held; each reader's
+/// record sits in a hash beside it, field owner, value `<deadline ms>:<count>[:label]`
+/// (the server's clock), which the grant prunes of readers past their deadline: a grant
+/// reads every record, so it costs time in the number of readers. The count comes from
+/// the fence counter as a writer's does, so every grant's token is larger than every
+/// earlier one, readers' and writers' alike.
+///
+/// KEYS: lock, readers' records, writer's mark, and the fence key (not in `none` mode).
+/// ARGV: as [`ACQUIRE`]'s (owner, ttl ms, fence mode, label, count or proposal, window).
+/// Returns `{1, count, 0}` when granted (or the owner's grant is already in date: a
+/// retried request), `{0, pttl, -1}` when a writer holds or waits (`pttl`: its time left).
+pub const ACQUIRE_SHARED: &str = concat!(
+    fence_lua!(),
+    r#"
+local lock, readers, writer = KEYS[1], KEYS[2], KEYS[3]
+local ttl = tonumber(ARGV[2])
+local current = redis.call('GET', lock)
+if current and current ~= READERS then return {0, redis.call('PTTL', lock), -1} end
+local now = now_ms()
+local mine = redis.call('HGET', readers, ARGV[1])
+if mine then
+  local deadline, count = string.match(mine, '^(%d+):(%d+)')
+  if tonumber(deadline) > now then return {1, tonumber(count), 0} end
+end
+local waiting = redis.call('PTTL', writer)
+if waiting > 0 then return {0, waiting, -1} end
+local token, refused = next_count(KEYS[4], ARGV[2], ARGV[3], ARGV[5], ARGV[6])
+if not token then return refused end
+local latest = math.max(prune_readers(readers, now), now + ttl)
+local record = string.format('%d', now + ttl) .. ':' .. token
+if ARGV[4] and ARGV[4] ~= '' then record = record .. ':' .. ARGV[4] end
+redis.call('HSET', readers, ARGV[1], record)
+local left = string.format('%d', latest - now)
+if not current then
+  redis.call('SET', lock, READERS, 'PX', left)
+elseif redis.call('PTTL', lock) < latest - now then
+  redis.call('PEXPIRE', lock, left)
+end
+redis.call('PEXPIRE', readers, left)
+return {1, tonumber(token), 0}
+"#
+);
+
+/// Pushes a reader's deadline to now + ttl, never earlier than it was, if its record is
+/// in date; the readers' mark and records live at least as long. KEYS: lock, readers'
+/// records, and optionally the fence key (kept alive as [`EXTEND`] keeps it). ARGV: owner,
+/// ttl ms. Returns 1 when the reader holds (and now for at least the ttl), 0 otherwise.
+pub const EXTEND_SHARED: &str = concat!(
+    fence_lua!(),
+    r#"
+if redis.call('GET', KEYS[1]) ~= READERS then return 0 end
+local mine = redis.call('HGET', KEYS[2], ARGV[1])
+if not mine then return 0 end
+local now = now_ms()
+local deadline, rest = string.match(mine, '^(%d+)(:.*)$')
+deadline = tonumber(deadline)
+if not deadline or deadline <= now then return 0 end
+local ttl = tonumber(ARGV[2])
+if now + ttl > deadline then
+  redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', now + ttl) .. rest)
+end
+for i = 1, 2 do
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+end
+if KEYS[3] then keep_fence(KEYS[3], ARGV[2]) end
+return 1
+"#
+);
+
+/// A waiting writer's mark, which keeps further readers out ([`ACQUIRE_SHARED`]) until
+/// it expires or is taken back: `SET mark <waiter> PX ms` marks; this takes it back if
+/// it is still `waiter`'s (another writer may have marked since) and announces it on the
+/// channel (none if empty; `sharded` as [`RELEASE`]), waking the readers it held back.
+/// KEYS: mark. ARGV: waiter, channel, optionally `sharded`. Returns 1 if taken back.
+pub const UNMARK_WRITER: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if ARGV[2] ~= '' then
+  local publish = 'PUBLISH'
+  if ARGV[3] == 'sharded' then publish = 'SPUBLISH' end
+  redis.pcall(publish, ARGV[2], 'released')
+end
+return 1
 "#;
 
 /// The write round of a quorum max-register (Redlock fencing): raises the fence counter
@@ -217,16 +375,34 @@ end
 return 0
 "#;
 
-/// Reads each holder's value and remaining time. KEYS: locks (one or more). Returns
-/// `{value, pttl}` per key, in order: `{false, -2}` for a free one.
-pub const INSPECT: &str = r#"
+/// Reads each holder's value and remaining time. KEYS: per lock, the lock and its
+/// readers' records. Returns `{value, pttl}` per lock, in order: `{false, -2}` for a free
+/// one; for one readers hold, the record of the reader in date whose lease ends last, as
+/// a writer's value (`<owner>:<count>[:label]`) and its time left.
+pub const INSPECT: &str = concat!(
+    fence_lua!(),
+    r#"
 local read = {}
-for _, key in ipairs(KEYS) do
-  read[#read + 1] = redis.call('GET', key)
-  read[#read + 1] = redis.call('PTTL', key)
+for i = 1, #KEYS, 2 do
+  local value = redis.call('GET', KEYS[i])
+  local pttl = redis.call('PTTL', KEYS[i])
+  if value == READERS then
+    local now, latest = now_ms(), 0
+    local records = redis.call('HGETALL', KEYS[i + 1])
+    for r = 1, #records, 2 do
+      local deadline, rest = string.match(records[r + 1], '^(%d+)(:.*)$')
+      deadline = tonumber(deadline)
+      if deadline and deadline > now and deadline > latest then
+        latest, value, pttl = deadline, records[r] .. rest, deadline - now
+      end
+    end
+  end
+  read[#read + 1] = value
+  read[#read + 1] = pttl
 end
 return read
-"#;
+"#
+);
 
 /// The widest window behind a server's clock in which it takes a proposed count (see
 /// [`ACQUIRE`]). A count so taken is never ahead of the server's clock: proposals add no
@@ -247,6 +423,12 @@ pub struct Scripts {
     pub inspect: Script,
     /// [`RAISE_FENCE`].
     pub raise_fence: Script,
+    /// [`ACQUIRE_SHARED`].
+    pub acquire_shared: Script,
+    /// [`EXTEND_SHARED`].
+    pub extend_shared: Script,
+    /// [`UNMARK_WRITER`].
+    pub unmark_writer: Script,
 }
 
 /// The shared script set.
@@ -256,6 +438,9 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(RELEASE),
     inspect: Script::new(INSPECT),
     raise_fence: Script::new(RAISE_FENCE),
+    acquire_shared: Script::new(ACQUIRE_SHARED),
+    extend_shared: Script::new(EXTEND_SHARED),
+    unmark_writer: Script::new(UNMARK_WRITER),
 });
 
 /// The code of the script whose SHA-1 is `hash` (lower-case hex), if it is one of
@@ -268,6 +453,9 @@ pub(crate) fn code_of(hash: &[u8]) -> Option<&'static str> {
         (&scripts.release, RELEASE),
         (&scripts.inspect, INSPECT),
         (&scripts.raise_fence, RAISE_FENCE),
+        (&scripts.acquire_shared, ACQUIRE_SHARED),
+        (&scripts.extend_shared, EXTEND_SHARED),
+        (&scripts.unmark_writer, UNMARK_WRITER),
     ]
     .into_iter()
     .find(|(script, _)| script.get_hash().as_bytes().eq_ignore_ascii_case(hash))
@@ -341,6 +529,9 @@ impl Call {
         self.script
     }
 }
+
+/// The lock key's value while readers hold it (see [`ACQUIRE_SHARED`]).
+pub const READERS_MARK: &str = "readers";
 
 /// How many low bits of a fencing token come from the owner id.
 pub const OWNER_BITS: u32 = 10;
@@ -438,6 +629,14 @@ mod tests {
         let floor = FENCE_EXPIRY_FLOOR.as_millis().to_string();
         for script in [ACQUIRE, EXTEND, RAISE_FENCE] {
             assert!(script.contains(&floor), "{script}");
+        }
+    }
+
+    #[test]
+    fn the_scripts_mark_read_held_keys_as_documented() {
+        let mark = format!("local READERS = '{READERS_MARK}'");
+        for script in [ACQUIRE, ACQUIRE_SHARED, EXTEND_SHARED, RELEASE, INSPECT] {
+            assert!(script.contains(&mark), "{script}");
         }
     }
 

@@ -431,7 +431,7 @@ impl Inner {
                         grant(node, key, owner, ttl, label, proposed, left)
                     })
                     .await;
-                let maybe_ours = !matches!(reply, Ok(Grant::Held(_)));
+                let maybe_ours = !matches!(reply, Ok(Grant::Held(_) | Grant::ReadHeld(_)));
                 let counted = match reply {
                     Ok(Grant::Granted(token)) => Some(token),
                     _ => None,
@@ -499,7 +499,7 @@ impl Inner {
                     let tokens = || {
                         grants.iter().filter_map(|reply| match reply {
                             Grant::Granted(token) => Some(*token),
-                            Grant::Held(_) => None,
+                            Grant::Held(_) | Grant::ReadHeld(_) => None,
                         })
                     };
                     let token = tokens().max().unwrap_or(FencingToken(0));

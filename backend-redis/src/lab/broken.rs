@@ -222,7 +222,7 @@ impl Broken {
                 };
                 Ok(Some(self.lease(key, owner, token, from, ttl)))
             }
-            Grant::Held(_) => Ok(None),
+            Grant::Held(_) | Grant::ReadHeld(_) => Ok(None),
         }
     }
 }

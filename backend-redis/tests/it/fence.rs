@@ -14,7 +14,7 @@ const TTL: Duration = Duration::from_secs(10);
 const LIMIT: Duration = Duration::from_secs(1);
 
 /// A plain client connection to the server, for setting up and reading raw keys.
-async fn plain(url: &str) -> MultiplexedConnection {
+pub(crate) async fn plain(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
@@ -22,7 +22,10 @@ async fn plain(url: &str) -> MultiplexedConnection {
         .unwrap()
 }
 
-async fn query<T: redis::FromRedisValue>(conn: &mut MultiplexedConnection, args: &[&str]) -> T {
+pub(crate) async fn query<T: redis::FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    args: &[&str],
+) -> T {
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {
         cmd.arg(*a);

@@ -12,6 +12,7 @@ mod faults;
 mod fence;
 mod floor;
 mod foreign;
+mod readers;
 mod replicas;
 mod security;
 mod semaphore;

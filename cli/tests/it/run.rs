@@ -861,12 +861,14 @@ fn a_tmpdir_too_long_for_a_socket_falls_back_to_tmp() {
 }
 
 /// `--shared` runs the command as a reader where the backend has shared locks, and is
-/// refused with the configuration exit code (78) where it has none (Redis), before the
+/// refused with the configuration exit code (78) where it has none (Redlock), before the
 /// command runs; with `--permits` it is a usage error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_runs_as_a_reader_or_is_refused() {
     let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.nodes()[0].url();
+    let url = cluster.nodes()[0]
+        .url()
+        .replacen("redis://", "redlock://", 1);
     tokio::task::spawn_blocking(move || shared_runs_or_is_refused_on(&url))
         .await
         .unwrap();
