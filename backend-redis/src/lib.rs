@@ -1022,20 +1022,16 @@ impl RedisLock {
             let owner = OwnerId::random();
             let attempt = self.attempt(keys, owner, ask, bound, Some(limit));
             let retry_in = match attempt.await {
-                Ok(Attempt::Granted(lease)) => {
-                    if let Some(mark) = &mut mark {
-                        mark.granted = true;
-                    }
-                    return Ok(lease);
-                }
+                Ok(Attempt::Granted(lease)) => return Ok(lease),
                 Ok(Attempt::Held { pttl, readers }) => {
                     failures = 0;
                     why = None;
-                    // Readers hold the key: a writer marks itself (again), so that no
-                    // further reader is granted before it, and tries again before the
-                    // mark runs out.
-                    let marks = match (readers, mode, keys) {
-                        (true, Mode::Exclusive, [key]) => Some(key),
+                    // Readers hold the key: a writer marks itself, so that no further
+                    // reader is granted before it, and renews its mark at every try
+                    // from then on (also behind another writer, until it is granted),
+                    // trying again before the mark runs out. Not over several keys.
+                    let marks = match (mode, keys) {
+                        (Mode::Exclusive, [key]) if readers || mark.is_some() => Some(key),
                         _ => None,
                     };
                     if let Some(key) = marks {

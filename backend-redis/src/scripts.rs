@@ -277,7 +277,14 @@ local now = now_ms()
 local mine = redis.call('HGET', readers, ARGV[1])
 if mine then
   local deadline, count = string.match(mine, '^(%d+):(%d+)')
-  if tonumber(deadline) > now then return {1, tonumber(count), 0} end
+  deadline = tonumber(deadline) or 0
+  if deadline > now then
+    -- The mark may have gone (deleted by hand): the reader in date keeps writers out.
+    if not current then
+      redis.call('SET', lock, READERS, 'PX', string.format('%d', deadline - now))
+    end
+    return {1, tonumber(count), 0}
+  end
 end
 local waiting = redis.call('PTTL', writer)
 if waiting > 0 then return {0, waiting, -1} end
@@ -387,6 +394,8 @@ for i = 1, #KEYS, 2 do
   local value = redis.call('GET', KEYS[i])
   local pttl = redis.call('PTTL', KEYS[i])
   if value == READERS then
+    -- A mark outliving every reader (by a millisecond) holds nobody: shown free.
+    value, pttl = false, -2
     local now, latest = now_ms(), 0
     local records = redis.call('HGETALL', KEYS[i + 1])
     for r = 1, #records, 2 do

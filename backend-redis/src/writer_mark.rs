@@ -10,15 +10,15 @@ use crate::scripts::{Call, SCRIPTS};
 use crate::{millis, Bound, RedisLock, Route, RELEASED, WRITER, WRITER_MARK};
 
 /// One writer's mark on a key, for one acquire call. Dropped (the call ended: granted,
-/// out of time, failed or cancelled), it is taken back in a task of its own — announced
-/// on the key's release channel unless the writer was granted, so that the readers it
-/// held back try again at once.
+/// out of time, failed or cancelled), it is taken back in a task of its own and
+/// announced on the key's release channel, so that the readers it held back try again
+/// at once (after a grant, they find the writer's lock and wait for its release; a
+/// release that came before the mark was taken back would otherwise have woken them
+/// only to meet the mark).
 pub(crate) struct WriterMark {
     lock: RedisLock,
     key: LockKey,
     waiter: OwnerId,
-    /// Set once the writer is granted: its readers then wait for its release instead.
-    pub(crate) granted: bool,
 }
 
 impl WriterMark {
@@ -27,7 +27,6 @@ impl WriterMark {
             lock: lock.clone(),
             key: key.clone(),
             waiter: OwnerId::random(),
-            granted: false,
         }
     }
 
@@ -55,32 +54,23 @@ impl Drop for WriterMark {
         // Without a runtime to take it back (dropped outside one), it runs out.
         if tokio::runtime::Handle::try_current().is_ok() {
             let (lock, key, waiter) = (self.lock.clone(), self.key.clone(), self.waiter);
-            let announce = !self.granted;
-            tokio::spawn(async move { lock.unmark_writer(&key, waiter, announce).await });
+            tokio::spawn(async move { lock.unmark_writer(&key, waiter).await });
         }
     }
 }
 
 impl RedisLock {
-    /// Takes `waiter`'s mark on `key` back if it is still there (see
-    /// [`UNMARK_WRITER`](crate::scripts::UNMARK_WRITER)), announcing it with `announce`:
-    /// whether it was.
+    /// Takes `waiter`'s mark on `key` back if it is still there, and announces it (see
+    /// [`UNMARK_WRITER`](crate::scripts::UNMARK_WRITER)): whether it was.
     ///
     /// # Cancel safety
     /// Cancel-safe: one script call, made or not; the mark runs out by itself.
-    async fn unmark_writer(
-        &self,
-        key: &LockKey,
-        waiter: OwnerId,
-        announce: bool,
-    ) -> Result<bool, LockError> {
+    async fn unmark_writer(&self, key: &LockKey, waiter: OwnerId) -> Result<bool, LockError> {
         let mut call = Call::script(&SCRIPTS.unmark_writer, 1);
-        call.key(self.key_name(key, WRITER)).arg(&waiter.hex()[..]);
-        match announce {
-            true => call.arg_fmt(self.key_name(key, RELEASED)),
-            false => call.arg(""),
-        };
-        call.arg(if self.is_cluster() { "sharded" } else { "" });
+        call.key(self.key_name(key, WRITER))
+            .arg(&waiter.hex()[..])
+            .arg_fmt(self.key_name(key, RELEASED))
+            .arg(if self.is_cluster() { "sharded" } else { "" });
         let unmarked: i64 = self.call("unmark writer", call).await?;
         Ok(unmarked == 1)
     }

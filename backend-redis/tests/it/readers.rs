@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey};
+use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey, ReleaseOutcome};
 use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::scripts::READERS_MARK;
 use tenure_redis::RedisLock;
@@ -59,7 +59,8 @@ async fn a_read_held_key_shows_its_last_reader_until_the_last_release_frees_it()
     assert_eq!(holders.len(), 1, "{holders:?}");
     assert_eq!((&holders[0].0, holders[0].1.owner), (&k, second.owner()));
 
-    lock.release(second).await.unwrap();
+    let released = lock.release(second).await.unwrap();
+    assert_eq!(released, ReleaseOutcome::Released);
     let shown = lock.inspect(&k).await.unwrap().expect("still read-held");
     assert_eq!(shown.owner, first.owner());
     let pttl: i64 = query(&mut conn, &["PTTL", &lock_key]).await;
@@ -67,7 +68,8 @@ async fn a_read_held_key_shows_its_last_reader_until_the_last_release_frees_it()
         (0..=10_000).contains(&pttl),
         "the mark follows the reader left: {pttl}"
     );
-    lock.release(first).await.unwrap();
+    let released = lock.release(first).await.unwrap();
+    assert_eq!(released, ReleaseOutcome::Released);
     for key in [&lock_key, &records] {
         let left: i64 = query(&mut conn, &["EXISTS", key]).await;
         assert_eq!(left, 0, "{key} left behind the last reader");
@@ -83,12 +85,14 @@ async fn a_dead_readers_record_is_pruned_and_its_lease_alone_keeps_writers_out()
     let k = LockKey::new("readers/dead").unwrap();
     let records = format!("{}:readers", lock.lock_key(&k));
     let mut conn = plain(&url).await;
-    let short = Duration::from_millis(500);
+    // Long enough that the checks while a reader is in date land in time on a loaded
+    // machine.
+    let short = Duration::from_secs(2);
 
     // A reader that dies holding: never released.
     let dead = lock.acquire_shared(&k, &once(short)).await.unwrap();
     assert!(lock.try_acquire(&k, short).await.unwrap().is_none());
-    tokio::time::sleep(short * 2).await;
+    tokio::time::sleep(short * 3 / 2).await;
     let writer = lock.try_acquire(&k, short).await.unwrap();
     let writer = writer.expect("a writer once the dead reader's lease ran out");
     lock.release(writer).await.unwrap();
@@ -99,7 +103,7 @@ async fn a_dead_readers_record_is_pruned_and_its_lease_alone_keeps_writers_out()
         .await
         .unwrap();
     let dying = lock.acquire_shared(&k, &once(short)).await.unwrap();
-    tokio::time::sleep(short * 2).await;
+    tokio::time::sleep(short * 3 / 2).await;
     let next = lock
         .acquire_shared(&k, &once(Duration::from_secs(30)))
         .await
@@ -118,10 +122,11 @@ async fn a_dead_readers_record_is_pruned_and_its_lease_alone_keeps_writers_out()
     assert!(lock.extend(&mut ended, short).await.is_err(), "ended alone");
     for lease in [dead, dying] {
         let outcome = lock.release(lease).await.unwrap();
-        assert_eq!(outcome, tenure_api::ReleaseOutcome::NotHeld);
+        assert_eq!(outcome, ReleaseOutcome::NotHeld);
     }
-    lock.release(live).await.unwrap();
-    lock.release(next).await.unwrap();
+    for lease in [live, next] {
+        assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+    }
     assert!(lock.try_acquire(&k, short).await.unwrap().is_some());
 }
 
