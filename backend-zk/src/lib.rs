@@ -79,6 +79,9 @@ pub struct QueuedNode {
     pub owner: OwnerId,
     /// Its queue position (the server's sequence number).
     pub sequence: i64,
+    /// A reader's node (tenure's, Curator's `__READ__`, kazoo's `__rlock__`): it waits
+    /// for the writers' nodes before it only.
+    pub reader: bool,
 }
 
 impl ZkLock {
@@ -165,6 +168,7 @@ impl ZkLock {
                 name: n.name,
                 owner: n.owner,
                 sequence: n.sequence,
+                reader: n.reader,
             })
             .collect())
     }
@@ -231,67 +235,17 @@ impl ZkLock {
             foreign: node.foreign,
         }))
     }
-}
 
-#[async_trait]
-impl DistributedLock for ZkLock {
-    /// Creates our node; if it is first we hold the lock, otherwise it is deleted again
-    /// and the answer is `Ok(None)`. A lost create reply is retried within the request timeout,
-    /// recognising our node by the owner id in its name.
+    /// [`DistributedLock::acquire`], of a reader's grant with `shared`.
     ///
     /// # Cancel safety
-    /// If dropped after the create was sent, our node is removed in the background (and
-    /// at the latest when the session ends): no orphan keeps the lock.
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        validate_ttl(ttl)?;
-        let owner = OwnerId::random();
-        let session = self.session().await?;
-        let client = session.client()?;
-        let dir = self.lock_dir(key);
-        let mut pending = Pending::new(&session, dir.clone(), owner, None, self.request_timeout());
-        let retry_until = Instant::now() + self.request_timeout();
-        let (node, created) = self.enqueue(&client, &mut pending, retry_until).await?;
-        pending.node = Some(node.clone());
-        let (position, sent) = self
-            .position(&client, &session, &dir, (&node, created), owner)
-            .await?;
-        match position {
-            // A session declared lost is being closed, and our node with it.
-            Position::First if session.is_lost() => Err(lost_while_queued(&session)),
-            Position::First => {
-                let lease = self.lease(key, owner, &node, &session, sent, ttl)?;
-                pending.finish(Some(node.name));
-                Ok(Some(lease))
-            }
-            Position::Behind(_) => {
-                if self.delete_own(&client, &dir, &node).await {
-                    pending.finish(None);
-                }
-                Ok(None)
-            }
-            Position::Gone => Err(LockError::Unavailable {
-                message: format!(
-                    "lock node {dir}/{} vanished right after its creation (session ended?)",
-                    node.name
-                ),
-                source: None,
-            }),
-        }
-    }
-
-    /// Queues an ephemeral sequential node and waits, woken by a watch on the predecessor
-    /// only, until it is first or `opts.wait` has passed. One owner id per call, reused by
-    /// its retries, so a retry after a lost reply finds its node instead of queueing twice;
-    /// a retry in the same session after any other failed request keeps its node (checked
-    /// to still exist, same `czxid`, owned by the session), and so its place in the queue.
-    /// If the session is lost while waiting, the call queues again in a new session (and
-    /// loses its place). Each request is bounded by the request timeout, so the call returns at
-    /// most about one request timeout after `opts.wait`.
-    ///
-    /// # Cancel safety
-    /// If dropped while waiting, our node is removed in the background, so no ghost
-    /// waiter blocks the queue (and the session's end removes it at the latest).
-    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+    /// As [`DistributedLock::acquire`].
+    async fn queue_for(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+        shared: bool,
+    ) -> Result<Lease, LockError> {
         opts.validate()?;
         let owner = OwnerId::random();
         let label = opts.label.as_deref();
@@ -301,7 +255,14 @@ impl DistributedLock for ZkLock {
         let mut failures = 0u32;
         loop {
             match self
-                .wait_in_queue(key, owner, opts.ttl, label, deadline, &mut pending)
+                .wait_in_queue(
+                    key,
+                    owner,
+                    opts.ttl,
+                    (label, shared),
+                    deadline,
+                    &mut pending,
+                )
                 .await
             {
                 Ok(lease) => {
@@ -351,6 +312,92 @@ impl DistributedLock for ZkLock {
                 Err(Stop::Failed(e)) => return Err(e),
             }
         }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    /// Creates our node; if it is first we hold the lock, otherwise it is deleted again
+    /// and the answer is `Ok(None)`. A lost create reply is retried within the request timeout,
+    /// recognising our node by the owner id in its name.
+    ///
+    /// # Cancel safety
+    /// If dropped after the create was sent, our node is removed in the background (and
+    /// at the latest when the session ends): no orphan keeps the lock.
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate_ttl(ttl)?;
+        let owner = OwnerId::random();
+        let session = self.session().await?;
+        let client = session.client()?;
+        let dir = self.lock_dir(key);
+        let grant = (None, false);
+        let mut pending = Pending::new(&session, dir.clone(), owner, grant, self.request_timeout());
+        let retry_until = Instant::now() + self.request_timeout();
+        let (node, created) = self.enqueue(&client, &mut pending, retry_until).await?;
+        pending.node = Some(node.clone());
+        let (position, sent) = self
+            .position(&client, &session, &dir, (&node, created), owner)
+            .await?;
+        match position {
+            // A session declared lost is being closed, and our node with it.
+            Position::First if session.is_lost() => Err(lost_while_queued(&session)),
+            Position::First => {
+                let lease = self.lease(key, owner, &node, &session, sent, ttl)?;
+                pending.finish(Some(node.name));
+                Ok(Some(lease))
+            }
+            Position::Behind(_) => {
+                if self.delete_own(&client, &dir, &node).await {
+                    pending.finish(None);
+                }
+                Ok(None)
+            }
+            Position::Gone => Err(LockError::Unavailable {
+                message: format!(
+                    "lock node {dir}/{} vanished right after its creation (session ended?)",
+                    node.name
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Queues an ephemeral sequential node and waits, woken by a watch on the predecessor
+    /// only, until it is first or `opts.wait` has passed. One owner id per call, reused by
+    /// its retries, so a retry after a lost reply finds its node instead of queueing twice;
+    /// a retry in the same session after any other failed request keeps its node (checked
+    /// to still exist, same `czxid`, owned by the session), and so its place in the queue.
+    /// If the session is lost while waiting, the call queues again in a new session (and
+    /// loses its place). Each request is bounded by the request timeout, so the call returns at
+    /// most about one request timeout after `opts.wait`.
+    ///
+    /// # Cancel safety
+    /// If dropped while waiting, our node is removed in the background, so no ghost
+    /// waiter blocks the queue (and the session's end removes it at the latest).
+    async fn acquire(&self, key: &LockKey, opts: &AcquireOptions) -> Result<Lease, LockError> {
+        self.queue_for(key, opts, false).await
+    }
+
+    /// A reader, queued as [`acquire`](DistributedLock::acquire) queues: its node is named
+    /// as Curator's (`…-__READ__<sequence>`) or kazoo's (`…__rlock__…`) read lock names
+    /// its own, and it holds once no writer's node is before it (readers' nodes beside
+    /// it share the key; every other contender is a writer), woken by a watch on the
+    /// last writer's node before it. A writer waits for every node before it, readers'
+    /// too, so readers that queue after a waiting writer wait for it. [`LockError::Config`]
+    /// with `node_names=legacy`, whose older clients would not wait for readers.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire).
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let layout = self.inner.config.node_names;
+        if !layout.has_readers() {
+            return Err(queue::no_readers(layout));
+        }
+        self.queue_for(key, opts, true).await
     }
 
     /// Checks that the lease's session is this client's current one and alive, and —
@@ -523,7 +570,8 @@ impl DistributedLock for ZkLock {
             failures_tolerated: (members - 1) / 2,
             clock_dependent: false,
             labels: true,
-            shared: false,
+            // Not in the legacy layout: older clients know no readers.
+            shared: self.inner.config.node_names.has_readers(),
         }
     }
 }

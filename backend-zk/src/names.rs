@@ -76,6 +76,28 @@ impl NodeNames {
             Self::Legacy => format!("{LEGACY_PREFIX}{owner}-"),
         }
     }
+
+    /// Whether readers' nodes have names in this layout (see
+    /// [`reader_prefix`](Self::reader_prefix)).
+    pub fn has_readers(self) -> bool {
+        self != Self::Legacy
+    }
+
+    /// The name prefix of `owner`'s reader's node, as the recipe's read lock names its
+    /// own: Curator's `InterProcessReadWriteLock` (`_c_<owner as UUID>-__READ__`), kazoo's
+    /// `ReadLock` (`<owner hex>__rlock__`). `None` in the legacy layout: older clients
+    /// know no readers, and would not wait for them.
+    pub fn reader_prefix(self, owner: OwnerId) -> Option<String> {
+        match self {
+            Self::Curator => {
+                let writer = self.prefix(owner);
+                let stem = writer.strip_suffix(CURATOR_LOCK)?;
+                Some(format!("{stem}-{CURATOR_READ}"))
+            }
+            Self::Kazoo => Some(format!("{owner}{KAZOO_READ}")),
+            Self::Legacy => None,
+        }
+    }
 }
 
 /// Curator's protected-mode prefix, before the UUID.
@@ -84,6 +106,10 @@ const CURATOR_PROTECTED: &str = "_c_";
 const CURATOR_LOCK: &str = "-lock-";
 /// kazoo's lock marker, between the UUID hex and the sequence.
 const KAZOO_LOCK: &str = "__lock__";
+/// Curator's read-lock name, between the UUID's `-` and the sequence.
+const CURATOR_READ: &str = "__READ__";
+/// kazoo's read-lock marker, between the UUID hex and the sequence.
+const KAZOO_READ: &str = "__rlock__";
 /// Name prefix of tenure's older lock nodes.
 const LEGACY_PREFIX: &str = "lock-";
 
@@ -143,6 +169,9 @@ pub(crate) fn encode_key(key: &str) -> String {
 /// Where another recipe's node name puts its sequence: after the last of these.
 const FOREIGN_MARKERS: [&str; 5] = ["__lock__", "__rlock__", "__READ__", "__WRIT__", "lock-"];
 
+/// The markers of other recipes' readers' nodes, which wait for writers only.
+const READER_MARKERS: [&str; 2] = [KAZOO_READ, CURATOR_READ];
+
 /// A lock node found in a key's directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockNode {
@@ -153,9 +182,12 @@ pub(crate) struct LockNode {
     pub(crate) owner: OwnerId,
     /// Its sequence number: the queue position.
     pub(crate) sequence: i64,
-    /// Named in a layout tenure never uses (no owner id in it, or a reader's): never
-    /// one of tenure's own nodes.
+    /// Named in a layout tenure never uses (no owner id in it): never one of tenure's
+    /// own nodes.
     pub(crate) foreign: bool,
+    /// A reader's node (tenure's or another recipe's read lock): it shares the key with
+    /// the readers beside it, and waits for the writers before it only.
+    pub(crate) reader: bool,
 }
 
 /// A sequence as ZooKeeper appends it: `%010d` of the parent's 32-bit `cversion` —
@@ -195,12 +227,19 @@ impl LockNode {
         let owner = OwnerId::parse(&owner).ok()?;
         // Exactly the name tenure writes (lowercase hex, a UUID's dashes where they go,
         // the full 10 or more characters of a sequence): no two names are one owner's.
-        let sequence_text = name.strip_prefix(layout.prefix(owner).as_str())?;
+        let (sequence_text, reader) = match name.strip_prefix(layout.prefix(owner).as_str()) {
+            Some(text) => (text, false),
+            None => (
+                name.strip_prefix(layout.reader_prefix(owner)?.as_str())?,
+                true,
+            ),
+        };
         Some(Self {
             name: name.to_string(),
             owner,
             sequence: sequence(sequence_text).filter(|_| sequence_text.len() >= 10)?,
             foreign: false,
+            reader,
         })
     }
 
@@ -219,6 +258,7 @@ impl LockNode {
                 owner: foreign_owner(&name[..at], name),
                 sequence,
                 foreign: true,
+                reader: READER_MARKERS.contains(marker),
             })
         })
     }
@@ -388,6 +428,44 @@ mod tests {
         assert_eq!(owner_of_path("/t/k/other"), None);
     }
 
+    /// Readers' nodes are named as Curator's and kazoo's read locks name theirs, and
+    /// told from writers' whoever made them; the legacy layout names none.
+    #[test]
+    fn readers_nodes_are_named_as_the_recipes_read_locks_and_told_apart() {
+        let ours = OwnerId([0xab; 16]);
+        let curator = NodeNames::Curator.reader_prefix(ours).unwrap();
+        assert_eq!(curator, "_c_abababab-abab-abab-abab-abababababab-__READ__");
+        let kazoo = NodeNames::Kazoo.reader_prefix(ours).unwrap();
+        assert_eq!(kazoo, format!("{ours}__rlock__"));
+        assert_eq!(NodeNames::Legacy.reader_prefix(ours), None);
+        assert!(!NodeNames::Legacy.has_readers() && NodeNames::Kazoo.has_readers());
+        for prefix in [&curator, &kazoo] {
+            let node = LockNode::parse(&format!("{prefix}0000000007")).unwrap();
+            assert!(
+                node.reader && node.is_of(ours) && node.sequence == 7,
+                "{node:?}"
+            );
+        }
+        let writer = LockNode::parse(&format!("{}0000000008", node_prefix(ours))).unwrap();
+        assert!(!writer.reader && writer.is_of(ours));
+        let uuid = "3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b";
+        for (name, reader) in [
+            (format!("_c_{uuid}-__WRIT__0000000009"), false),
+            ("__READ__0000000010".to_string(), true),
+            (
+                "0123456789abcdef0123456789abcdef__rlock__0000000011".to_string(),
+                true,
+            ),
+            (
+                "0123456789abcdef0123456789abcdef__lock__0000000012".to_string(),
+                false,
+            ),
+        ] {
+            let node = LockNode::parse(&name).unwrap();
+            assert_eq!((node.reader, node.is_of(ours)), (reader, false), "{name}");
+        }
+    }
+
     /// Other recipes' contenders in a key's directory are queued with tenure's, by the
     /// sequence ZooKeeper gave each: a kazoo or Curator holder is one tenure waits for.
     #[test]
@@ -410,7 +488,10 @@ mod tests {
         let sequences: Vec<i64> = q.iter().map(|n| n.sequence).collect();
         assert_eq!(sequences, [4, 7, 9, 10, 11, 12]);
         let foreign: Vec<bool> = q.iter().map(|n| n.foreign).collect();
-        assert_eq!(foreign, [false, false, true, true, true, false]);
+        // kazoo's and Curator's names with a UUID are tenure's layouts (a reader's too).
+        assert_eq!(foreign, [false, false, true, true, false, false]);
+        let readers: Vec<bool> = q.iter().map(|n| n.reader).collect();
+        assert_eq!(readers, [false, false, false, false, true, false]);
         let kazoo = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
         assert_eq!(q[0].owner, kazoo, "kazoo's UUID prefix");
         assert_eq!(q[1].owner, kazoo, "Curator's protected UUID");

@@ -21,6 +21,8 @@ pub(crate) struct Pending {
     pub(crate) owner: OwnerId,
     /// The grant's label: the node's data.
     pub(crate) label: Option<String>,
+    /// A reader's acquisition: its node is named as a reader's.
+    pub(crate) shared: bool,
     request_timeout: Duration,
     /// Our node, once known: a retry in this session checks it is still there and
     /// waits on it rather than queueing again.
@@ -35,7 +37,7 @@ impl Pending {
         session: &Arc<Session>,
         dir: String,
         owner: OwnerId,
-        label: Option<&str>,
+        (label, shared): (Option<&str>, bool),
         request_timeout: Duration,
     ) -> Self {
         Self {
@@ -44,6 +46,7 @@ impl Pending {
             dir,
             owner,
             label: label.map(str::to_owned),
+            shared,
             request_timeout,
             node: None,
             uncertain: false,

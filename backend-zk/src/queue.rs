@@ -24,6 +24,8 @@ pub(crate) struct Created {
     pub(crate) name: String,
     czxid: i64,
     sequence: i64,
+    /// A reader's node: first once no writer's node is before it.
+    reader: bool,
     /// Set once a listing showed a node that had lived through 2^31 or more changes of
     /// the directory: from then on the 32-bit order may be wrong for this node (a node
     /// that was that old when ours was created may look young once its sequence wraps),
@@ -33,9 +35,9 @@ pub(crate) struct Created {
 
 /// Where our node stands in its queue.
 pub(crate) enum Position {
-    /// First: we hold the lock.
+    /// First (a reader: no writer before it): we hold the lock.
     First,
-    /// Behind the named node.
+    /// Behind the named node (a reader: the last writer's before it).
     Behind(String),
     /// Our node is not there (session ended, or someone deleted it).
     Gone,
@@ -141,7 +143,13 @@ impl ZkLock {
     ) -> Result<(Created, Option<Instant>), LockError> {
         let dir = pending.dir.clone();
         let owner = pending.owner;
-        let prefix = self.inner.config.node_names.prefix(owner);
+        let layout = self.inner.config.node_names;
+        let prefix = match pending.shared {
+            false => layout.prefix(owner),
+            true => layout
+                .reader_prefix(owner)
+                .ok_or_else(|| no_readers(layout))?,
+        };
         let path = format!("{dir}/{prefix}");
         let options = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         let data = pending.label.as_deref().unwrap_or_default().as_bytes();
@@ -178,6 +186,7 @@ impl ZkLock {
                         name,
                         czxid: stat.czxid,
                         sequence: sequence.into_i64(),
+                        reader: pending.shared,
                         uncertain: Arc::default(),
                     };
                     return Ok((created, Some(sent)));
@@ -227,6 +236,7 @@ impl ZkLock {
                         name: node.name,
                         czxid: stat.czxid,
                         sequence: node.sequence,
+                        reader: node.reader,
                         uncertain: Arc::default(),
                     }))
                 }
@@ -312,6 +322,8 @@ impl ZkLock {
             let _ = bounded(self.request_timeout(), client.delete(&path, None)).await;
         }
         nodes.retain(|n| !n.is_of(owner) || n.name == node.name);
+        // A reader waits for the writers before it only (readers beside it share).
+        nodes.retain(|n| !node.reader || !n.reader || n.name == node.name);
         let position = match nodes.iter().position(|n| n.name == node.name) {
             None => Position::Gone,
             Some(_) if node.uncertain.load(Ordering::Relaxed) => {
@@ -380,6 +392,9 @@ impl ZkLock {
             id: session.id(),
             revision: node.sequence,
         });
+        if node.reader {
+            lease = lease.into_shared();
+        }
         self.bound_by_leader(&mut lease, session, sent, effective);
         Ok(lease)
     }
@@ -407,13 +422,14 @@ impl ZkLock {
         )
     }
 
-    /// One session's worth of `acquire`: queue up (or find our node) and wait to be first.
+    /// One session's worth of `acquire` (of a reader's grant, with `shared`): queue up
+    /// (or find our node) and wait to be first.
     pub(crate) async fn wait_in_queue(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
-        label: Option<&str>,
+        grant: (Option<&str>, bool),
         deadline: Instant,
         pending: &mut Option<Pending>,
     ) -> Result<Lease, Stop> {
@@ -428,7 +444,7 @@ impl ZkLock {
                 &session,
                 self.lock_dir(key),
                 owner,
-                label,
+                grant,
                 self.request_timeout(),
             ));
         }
@@ -493,6 +509,15 @@ impl ZkLock {
             }
         }
     }
+}
+
+/// A reader asked for in a layout without readers' nodes.
+pub(crate) fn no_readers(layout: crate::NodeNames) -> LockError {
+    LockError::Config(format!(
+        "the zk backend has no shared (read) locks with node_names={}: older tenure \
+         clients know no readers' nodes and would not wait for them",
+        layout.as_str()
+    ))
 }
 
 /// The session was declared lost (expired, closed, or disconnected too long) while an

@@ -268,3 +268,98 @@ async fn kazoo_names_share_a_lock_with_kazoo_as_it_comes() {
     let stat = client.check_stat("/interop/job14").await.unwrap();
     assert!(stat.is_some(), "persistent, as kazoo makes it");
 }
+
+/// Other recipes' readers' nodes (Curator's `__READ__`, kazoo's `__rlock__`) share a key
+/// with tenure's readers and keep tenure's writers out; their writers' nodes (Curator's
+/// `__WRIT__`) keep tenure's readers out. A tenure reader's node is named as Curator's
+/// read lock names its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
+    let zk = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let hosts = zk.connect_string();
+    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
+        .await
+        .unwrap();
+    let other = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    let once = AcquireOptions::new(TTL).wait(Duration::ZERO);
+    for (recipe, prefix, reader) in [
+        (
+            "curator reader",
+            "_c_3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b-__READ__",
+            true,
+        ),
+        (
+            "kazoo reader",
+            "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b__rlock__",
+            true,
+        ),
+        (
+            "curator writer",
+            "_c_3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b-__WRIT__",
+            false,
+        ),
+    ] {
+        let k = LockKey::new(format!("rw-{}", recipe.replace(' ', "-"))).unwrap();
+        let dir = lock.lock_dir(&k);
+        let mut path = String::new();
+        for component in dir.split('/').skip(1) {
+            path = format!("{path}/{component}");
+            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            match other.create(&path, &[], &persistent).await {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(e) => panic!("create {path}: {e}"),
+            }
+        }
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (_, sequence) = other
+            .create(&format!("{dir}/{prefix}"), b"worker-7", &options)
+            .await
+            .unwrap();
+        let ours = lock.acquire_shared(&k, &once).await;
+        match (reader, ours) {
+            (true, Ok(lease)) => {
+                assert!(lease.is_shared());
+                let name = lease.handle().path.rsplit('/').next().unwrap().to_owned();
+                assert!(
+                    name.starts_with("_c_") && name.contains("-__READ__"),
+                    "{name}"
+                );
+                assert!(
+                    lock.try_acquire(&k, TTL).await.unwrap().is_none(),
+                    "{recipe}: a writer got in beside two readers"
+                );
+                assert_eq!(lock.release(lease).await.unwrap(), ReleaseOutcome::Released);
+            }
+            (false, Err(tenure_api::LockError::Timeout { .. })) => {}
+            (_, other) => panic!("{recipe}: a tenure reader got {other:?}"),
+        }
+        assert!(
+            lock.try_acquire(&k, TTL).await.unwrap().is_none(),
+            "{recipe} holds: no tenure writer"
+        );
+        other
+            .delete(&format!("{dir}/{prefix}{sequence}"), None)
+            .await
+            .unwrap();
+        let writer = lock
+            .try_acquire(&k, TTL)
+            .await
+            .unwrap()
+            .expect("free again");
+        lock.release(writer).await.unwrap();
+    }
+    // Older clients know no readers' nodes: the legacy layout has no readers.
+    let legacy = ZkLock::connect(&format!("zk://{hosts}/interop?node_names=legacy"))
+        .await
+        .unwrap();
+    assert!(!legacy.capabilities().shared);
+    let k = LockKey::new("rw-legacy").unwrap();
+    match legacy.acquire_shared(&k, &once).await {
+        Err(tenure_api::LockError::Config(why)) => assert!(why.contains("legacy"), "{why}"),
+        other => panic!("a legacy reader: {other:?}"),
+    }
+    assert!(
+        legacy.inspect(&k).await.unwrap().is_none(),
+        "nothing queued"
+    );
+}

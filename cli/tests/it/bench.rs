@@ -187,7 +187,9 @@ fn a_reader_bench_runs_against_its_floors_where_the_backend_has_readers() {
         .block_on(RedisCluster::start(RedisOptions::default()))
         .unwrap();
     // Redlock has no readers.
-    let redlock = cluster.nodes()[0].url().replacen("redis://", "redlock://", 1);
+    let redlock = cluster.nodes()[0]
+        .url()
+        .replacen("redis://", "redlock://", 1);
     let refused = Command::new(env!("CARGO_BIN_EXE_tenure"))
         .args(["bench", "--url", &redlock, "--shared"])
         .args(["--mode", "seq", "--secs", "0.1"])
