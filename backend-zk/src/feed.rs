@@ -1,7 +1,7 @@
 //! The holders of a key as they change ([`DistributedLock::holder_changes`]): a persistent
 //! recursive watch on the key's directory, set before the directory is listed, then
-//! followed event by event, so every head of the queue — every holder, as the server saw
-//! it — is given in order.
+//! followed event by event, so every head of the queue — every writer that held, as the
+//! server saw it, and of readers holding together the oldest — is given in order.
 //!
 //! Which events the listing already shows: a node's sequence number is its directory's
 //! `cversion` when it was created, so a node created after the listing has a sequence at

@@ -151,8 +151,9 @@ impl ZkLock {
         )
     }
 
-    /// The queue of `key`: the holder first, then the waiters in the order they will be
-    /// served. Empty when the key is free.
+    /// The queue of `key`: the holder first (the oldest reader where readers hold: the
+    /// readers before the first writer all hold), then the waiters in the order they
+    /// will be served. Empty when the key is free.
     ///
     /// # Cancel safety
     /// Read-only: cancel-safe.
@@ -545,8 +546,8 @@ impl DistributedLock for ZkLock {
     }
 
     /// A persistent recursive watch on the key's directory, set before it is listed, then
-    /// followed event by event: every head of the queue — every holder as the server saw
-    /// it — in order, each with its token and label, read as soon as its node's creation
+    /// followed event by event: every head of the queue — every writer that held as the
+    /// server saw it, and of readers holding together the oldest — in order, each with its token and label, read as soon as its node's creation
     /// reaches the feed (`remaining` is `None`). Only a node created and deleted again
     /// before that read returned is skipped. A lost session or a broken watch is an `Err`
     /// item, and after it, as after a disconnection, the feed lists the directory afresh:

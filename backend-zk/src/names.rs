@@ -83,18 +83,22 @@ impl NodeNames {
         self != Self::Legacy
     }
 
-    /// The name prefix of `owner`'s reader's node, as the recipe's read lock names its
-    /// own: Curator's `InterProcessReadWriteLock` (`_c_<owner as UUID>-__READ__`), kazoo's
-    /// `ReadLock` (`<owner hex>__rlock__`). `None` in the legacy layout: older clients
-    /// know no readers, and would not wait for them.
+    /// The name prefix of `owner`'s reader's node, which the layout's exclusive locks
+    /// order as a contender: `_c_<owner as UUID>-__READ__-lock-` (Curator's
+    /// `InterProcessMutex`, go-zookeeper's `Lock` and kazoo's `Lock` with the `-lock-`
+    /// pattern read the sequence after the last `lock-`: a bare `__READ__<sequence>`, as
+    /// Curator's read-write lock names its readers, is one they do not see, and would be
+    /// granted beside), or `<owner hex>-read__lock__` (kazoo's `Lock` waits only for
+    /// `__lock__<sequence>`, not for its `ReadLock`'s `__rlock__`). `None` in the legacy
+    /// layout: older clients know no readers.
     pub fn reader_prefix(self, owner: OwnerId) -> Option<String> {
         match self {
             Self::Curator => {
                 let writer = self.prefix(owner);
                 let stem = writer.strip_suffix(CURATOR_LOCK)?;
-                Some(format!("{stem}-{CURATOR_READ}"))
+                Some(format!("{stem}-{CURATOR_READ}{CURATOR_LOCK}"))
             }
-            Self::Kazoo => Some(format!("{owner}{KAZOO_READ}")),
+            Self::Kazoo => Some(format!("{owner}{KAZOO_READER}{KAZOO_LOCK}")),
             Self::Legacy => None,
         }
     }
@@ -106,10 +110,13 @@ const CURATOR_PROTECTED: &str = "_c_";
 const CURATOR_LOCK: &str = "-lock-";
 /// kazoo's lock marker, between the UUID hex and the sequence.
 const KAZOO_LOCK: &str = "__lock__";
-/// Curator's read-lock name, between the UUID's `-` and the sequence.
+/// Curator's read-lock name, between the UUID's `-` and the sequence (tenure's readers add
+/// [`CURATOR_LOCK`] before the sequence, for Curator's mutex to see them).
 const CURATOR_READ: &str = "__READ__";
 /// kazoo's read-lock marker, between the UUID hex and the sequence.
 const KAZOO_READ: &str = "__rlock__";
+/// What tenure's readers put between the owner hex and [`KAZOO_LOCK`] in kazoo's layout.
+const KAZOO_READER: &str = "-read";
 /// Name prefix of tenure's older lock nodes.
 const LEGACY_PREFIX: &str = "lock-";
 
@@ -428,15 +435,19 @@ mod tests {
         assert_eq!(owner_of_path("/t/k/other"), None);
     }
 
-    /// Readers' nodes are named as Curator's and kazoo's read locks name theirs, and
-    /// told from writers' whoever made them; the legacy layout names none.
+    /// Readers' nodes are named so that the layout's exclusive locks order them (kazoo's
+    /// as its read lock names its own), and told from writers' whoever made them; the
+    /// legacy layout names none.
     #[test]
-    fn readers_nodes_are_named_as_the_recipes_read_locks_and_told_apart() {
+    fn readers_nodes_are_ordered_by_the_layouts_locks_and_told_apart() {
         let ours = OwnerId([0xab; 16]);
         let curator = NodeNames::Curator.reader_prefix(ours).unwrap();
-        assert_eq!(curator, "_c_abababab-abab-abab-abab-abababababab-__READ__");
+        assert_eq!(
+            curator,
+            "_c_abababab-abab-abab-abab-abababababab-__READ__-lock-"
+        );
         let kazoo = NodeNames::Kazoo.reader_prefix(ours).unwrap();
-        assert_eq!(kazoo, format!("{ours}__rlock__"));
+        assert_eq!(kazoo, format!("{ours}-read__lock__"));
         assert_eq!(NodeNames::Legacy.reader_prefix(ours), None);
         assert!(!NodeNames::Legacy.has_readers() && NodeNames::Kazoo.has_readers());
         for prefix in [&curator, &kazoo] {
@@ -452,6 +463,10 @@ mod tests {
         for (name, reader) in [
             (format!("_c_{uuid}-__WRIT__0000000009"), false),
             ("__READ__0000000010".to_string(), true),
+            // Curator's read-write lock's own reader.
+            (format!("_c_{uuid}-__READ__0000000013"), true),
+            // What a name with both markers is taken for: a writer (the safe side).
+            ("x__READ__-lock-0000000014".to_string(), false),
             (
                 "0123456789abcdef0123456789abcdef__rlock__0000000011".to_string(),
                 true,
@@ -488,8 +503,9 @@ mod tests {
         let sequences: Vec<i64> = q.iter().map(|n| n.sequence).collect();
         assert_eq!(sequences, [4, 7, 9, 10, 11, 12]);
         let foreign: Vec<bool> = q.iter().map(|n| n.foreign).collect();
-        // kazoo's and Curator's names with a UUID are tenure's layouts (a reader's too).
-        assert_eq!(foreign, [false, false, true, true, false, false]);
+        // kazoo's and Curator's names with a UUID are tenure's layouts (their readers'
+        // are not: tenure's readers are named for the exclusive locks to see).
+        assert_eq!(foreign, [false, false, true, true, true, false]);
         let readers: Vec<bool> = q.iter().map(|n| n.reader).collect();
         assert_eq!(readers, [false, false, false, false, true, false]);
         let kazoo = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();

@@ -363,3 +363,50 @@ async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
         "nothing queued"
     );
 }
+
+/// A tenure reader keeps the other recipes' exclusive locks out, real clients given the
+/// key's directory: Curator's `InterProcessMutex` and kazoo's `Lock` with the `-lock-`
+/// pattern (default names), kazoo's `Lock` as it comes (`node_names=kazoo`). Each is
+/// granted once the reader lets go. With readers named `…-__READ__<sequence>` (as
+/// Curator's read-write lock names its own), Curator's mutex was granted beside one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenure_reader_keeps_curator_and_kazoo_locks_out() {
+    let zk = ensemble().await;
+    let hosts = zk.connect_string();
+    let once = AcquireOptions::new(TTL).wait(Duration::ZERO);
+    for (recipe, options) in [
+        ("curator", ""),
+        ("kazoo", ""),
+        ("kazoo", "&node_names=kazoo"),
+    ] {
+        let lock = ZkLock::connect(&format!("zk://{hosts}/interop?prefix={options}"))
+            .await
+            .unwrap();
+        let k = LockKey::new(format!("read-{recipe}{}", options.len())).unwrap();
+        let dir = lock.lock_dir(&k);
+        let reader = lock.acquire_shared(&k, &once).await.unwrap();
+        let mut theirs = match (recipe, options) {
+            ("curator", _) => curator(&hosts, &dir).await,
+            (_, "") => kazoo(&hosts, &dir, &["-lock-"]).await,
+            _ => kazoo(&hosts, &dir, &[]).await,
+        };
+        let what = format!("{} ({options})", theirs.what());
+        assert!(
+            !theirs.acquire(Duration::from_secs(1)).await,
+            "{what} granted beside tenure's reader"
+        );
+        assert_eq!(
+            lock.release(reader).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert!(
+            theirs.acquire(Duration::from_secs(20)).await,
+            "{what} not granted once tenure's reader let go"
+        );
+        match lock.acquire_shared(&k, &once).await {
+            Err(tenure_api::LockError::Timeout { .. }) => {}
+            other => panic!("a tenure reader beside {what}: {other:?}"),
+        }
+        theirs.release().await;
+    }
+}
