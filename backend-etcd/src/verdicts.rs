@@ -21,7 +21,10 @@ impl Protocol for EtcdProtocol {
     fn expect(&self, fault: Fault, members: usize) -> Expect {
         let single = members < 3;
         match fault {
-            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => cell(
+            Fault::PausedHolder
+            | Fault::PausedPermitHolder
+            | Fault::PausedLeader
+            | Fault::PausedReader => cell(
                 F_SAFE,
                 "the leader expires the paused holder's lease; the contender's revision is \
                  larger, so the woken holder's write is rejected",

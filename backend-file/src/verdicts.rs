@@ -62,9 +62,10 @@ impl Protocol for FileProtocol {
 
     fn expect(&self, fault: Fault, _nodes: usize) -> Expect {
         match fault {
-            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => {
-                STOPPED_HOLDER_KEEPS_IT
-            }
+            Fault::PausedHolder
+            | Fault::PausedPermitHolder
+            | Fault::PausedLeader
+            | Fault::PausedReader => STOPPED_HOLDER_KEEPS_IT,
             Fault::ClientSuspend => STOPPED_HOLDER_KEEPS_IT,
             // Every link fault (`Fault::is_link_fault`), listed: the table names each fault.
             Fault::DelayedReply

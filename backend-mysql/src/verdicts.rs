@@ -30,6 +30,7 @@ impl Protocol for MySqlProtocol {
                  the contender's committed counter is larger, so the woken holder's write \
                  is rejected",
             ),
+            Fault::PausedReader => cell(NOT_APPLICABLE, "no shared (read) locks"),
             Fault::ClientSuspend => CLIENT_SUSPEND,
             Fault::MixedFleet => NO_OTHER_RECIPE,
             Fault::VanishedQueueRecord => cell(

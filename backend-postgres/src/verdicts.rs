@@ -50,6 +50,7 @@ impl Protocol for PostgresProtocol {
                  the contender's committed nextval is larger, so the woken holder's write \
                  is rejected",
             ),
+            Fault::PausedReader => cell(NOT_APPLICABLE, "no shared (read) locks"),
             Fault::ClientSuspend => CLIENT_SUSPEND,
             Fault::MixedFleet => NO_OTHER_RECIPE,
             Fault::VanishedQueueRecord => cell(
@@ -127,6 +128,7 @@ fn lease(fault: Fault, nodes: usize) -> Expect {
              later nextval taken under the row's lock, is larger, so the woken holder's \
              write is rejected",
         ),
+        Fault::PausedReader => cell(NOT_APPLICABLE, "no shared (read) locks"),
         Fault::ClientSuspend => CLIENT_SUSPEND,
         Fault::MixedFleet => NO_OTHER_RECIPE,
         Fault::VanishedQueueRecord => cell(

@@ -87,7 +87,7 @@ fn unfenced(fault: Fault) -> Option<Expect> {
                 "no fencing tokens, so no terms: Election refuses fence=none",
             ))
         }
-        Fault::PausedHolder | Fault::PausedPermitHolder => {
+        Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedReader => {
             "the key's TTL runs out during the pause and the contender is granted; with \
              fence=none tokens promise no order, so nothing is sure to stop the woken \
              holder's write"
@@ -138,7 +138,10 @@ impl Protocol for RedisProtocol {
         match fault {
             // (A semaphore's permit is a lock of its own, and an election's leadership is
             // its lock: the same protocol, the same verdicts.)
-            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => cell(
+            Fault::PausedHolder
+            | Fault::PausedPermitHolder
+            | Fault::PausedLeader
+            | Fault::PausedReader => cell(
                 F_SAFE,
                 "the key's TTL runs out during the pause and the contender is granted; its \
                  token comes from the same counter, larger, so the woken holder's write is \
@@ -257,6 +260,7 @@ mod tests {
             [
                 Fault::PausedHolder,
                 Fault::PausedPermitHolder,
+                Fault::PausedReader,
                 Fault::ClockJump,
                 Fault::Restart,
                 Fault::ReplicaFailover,

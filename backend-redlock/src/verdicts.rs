@@ -65,6 +65,7 @@ impl Protocol for RedlockProtocol {
                  a node with the holder's fence round, so its token is larger and the woken \
                  holder's write is rejected",
             ),
+            (Fault::PausedReader, _) => cell(NOT_APPLICABLE, "Redlock has no shared (read) locks"),
             (Fault::ClientSuspend, _) => CLIENT_SUSPEND,
             (Fault::VanishedQueueRecord, _) => NO_WAITER_RECORDS,
             (Fault::MixedFleet, _) => NO_OTHER_RECIPE,

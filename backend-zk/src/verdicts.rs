@@ -21,7 +21,10 @@ impl Protocol for ZkProtocol {
     fn expect(&self, fault: Fault, members: usize) -> Expect {
         let single = members < 3;
         match fault {
-            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader => cell(
+            Fault::PausedHolder
+            | Fault::PausedPermitHolder
+            | Fault::PausedLeader
+            | Fault::PausedReader => cell(
                 F_SAFE,
                 "the paused holder's session expires; the contender's node has a larger \
                  czxid, so the woken holder's write is rejected",

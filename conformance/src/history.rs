@@ -260,6 +260,17 @@ impl DistributedLock for Recorded {
         self.opened(invoked, self.inner.acquire_any(keys, opts).await)
     }
 
+    /// Recorded as any hold: the checker takes every hold for exclusive, so a history
+    /// may hold at most one reader of a key at a time (a paused reader against writers).
+    async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        opts: &AcquireOptions,
+    ) -> Result<Lease, LockError> {
+        let invoked = Instant::now();
+        self.opened(invoked, self.inner.acquire_shared(key, opts).await)
+    }
+
     fn holder_changes(&self, key: &LockKey) -> Option<tenure_api::HolderFeed> {
         self.inner.holder_changes(key)
     }
@@ -310,11 +321,7 @@ impl DistributedLock for Recorded {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // The checker knows exclusive holds only: a recorded client takes no shared ones.
-        Capabilities {
-            shared: false,
-            ..self.inner.capabilities()
-        }
+        self.inner.capabilities()
     }
 }
 

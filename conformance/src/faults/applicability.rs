@@ -39,6 +39,9 @@ pub fn applicability(fault: Fault, target: &Target) -> Option<Cell> {
                     .into(),
             })
         }
+        Fault::PausedReader if !target.caps.shared => Some(Cell::NotApplicable {
+            reason: "no shared (read) locks".into(),
+        }),
         Fault::MinorityLoss if target.nodes.len() < 3 => Some(Cell::NotApplicable {
             reason: "a single node has no minority to lose".into(),
         }),

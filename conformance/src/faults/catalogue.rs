@@ -18,6 +18,10 @@ pub enum Fault {
     /// As [`PausedHolder`](Self::PausedHolder), for an
     /// [`Election`](tenure_api::Election)'s leader; the contender campaigns.
     PausedLeader,
+    /// As [`PausedHolder`](Self::PausedHolder), for a reader
+    /// ([`acquire_shared`](tenure_api::DistributedLock::acquire_shared)); the contender
+    /// is a writer.
+    PausedReader,
     /// The holder's machine is suspended past its TTL (a laptop's sleep, a VM suspended
     /// through its guest): its monotonic clock stands still while the servers' run on;
     /// on waking it checks its guard before it writes.
@@ -91,10 +95,11 @@ pub const STALL: Duration = Duration::from_millis(1500);
 
 impl Fault {
     /// Every fault, in matrix order.
-    pub const ALL: [Fault; 24] = [
+    pub const ALL: [Fault; 25] = [
         Fault::PausedHolder,
         Fault::PausedPermitHolder,
         Fault::PausedLeader,
+        Fault::PausedReader,
         Fault::ClientSuspend,
         Fault::DelayedReply,
         Fault::ClockJump,
@@ -124,6 +129,7 @@ impl Fault {
             Fault::PausedHolder => "paused-holder",
             Fault::PausedPermitHolder => "paused-permit-holder",
             Fault::PausedLeader => "paused-leader",
+            Fault::PausedReader => "paused-reader",
             Fault::ClientSuspend => "client-suspend",
             Fault::DelayedReply => "delayed-reply",
             Fault::ClockJump => "clock-jump",
@@ -154,6 +160,7 @@ impl Fault {
             Fault::PausedHolder => "holder paused past TTL",
             Fault::PausedPermitHolder => "semaphore: holder paused past TTL",
             Fault::PausedLeader => "election: leader paused past TTL",
+            Fault::PausedReader => "read-write lock: reader paused past TTL",
             Fault::ClientSuspend => "holder's machine suspended past TTL",
             Fault::DelayedReply => "delayed replies",
             Fault::ClockJump => "server clock jump",

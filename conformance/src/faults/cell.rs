@@ -228,7 +228,10 @@ impl Cell {
         }
         let paused = matches!(
             fault,
-            Fault::PausedHolder | Fault::PausedPermitHolder | Fault::PausedLeader
+            Fault::PausedHolder
+                | Fault::PausedPermitHolder
+                | Fault::PausedLeader
+                | Fault::PausedReader
         );
         // Only where every counted trial was a double grant: a contender never granted
         // (UNAVAIL, allowed by `never_unsafe`) leaves the holder's one write alone.

@@ -56,6 +56,9 @@ pub(super) async fn client_trial(fault: Fault, target: &Target, index: usize) ->
         Fault::PausedLeader => {
             return paused_holder(target, record, Primitive::Leadership, Stop::Pause).await;
         }
+        Fault::PausedReader => {
+            return paused_holder(target, record, Primitive::Reader, Stop::Pause).await;
+        }
         Fault::ClientSuspend => {
             let tells = !target.stopping_clock;
             return paused_holder(target, record, Primitive::Lock, Stop::Suspend { tells }).await;

@@ -102,7 +102,8 @@ struct Woken {
 ///
 /// With a [`Primitive`] other than the lock, the holder holds a semaphore's permit (the
 /// semaphore's other permit held by an unrecorded client throughout, so the contender
-/// waits for the holder's) or an election's leadership (the contender campaigns).
+/// waits for the holder's), an election's leadership (the contender campaigns) or a
+/// reader's lease (the contender is a writer).
 ///
 /// Stopped by a [`Stop::Suspend`], the holder holds the lock on a guard timed by a
 /// [`SuspendedClock`]; on waking it writes only if its guard says it still holds.
@@ -165,6 +166,11 @@ pub(super) async fn paused_holder(
                         .campaign(&key, "holder", wait)
                         .await?
                         .into_guard()),
+                    Primitive::Reader => {
+                        let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
+                        let lock: Arc<dyn DistributedLock> = lock;
+                        lock.lock_shared(&key, &opts).await
+                    }
                     _ if stop != Stop::Pause => {
                         let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
                         let lease = lock.acquire(&key, &opts).await?;
@@ -273,6 +279,8 @@ pub(super) enum Primitive {
     Permit,
     /// An [`Election`]'s leadership.
     Leadership,
+    /// A reader's lease ([`DistributedLock::acquire_shared`]); the contender is a writer.
+    Reader,
 }
 
 impl Primitive {
@@ -285,7 +293,7 @@ impl Primitive {
                 Ok(semaphore) => Arc::new(semaphore),
                 Err(_) => lock, // 2 permits are always accepted
             },
-            Primitive::Lock | Primitive::Leadership => lock,
+            Primitive::Lock | Primitive::Leadership | Primitive::Reader => lock,
         }
     }
 }
