@@ -338,9 +338,12 @@ where
 
 /// [`poll_acquire`] for backends that can hear of a release but cannot queue waiters:
 /// after each failed attempt, the backoff pause is cut short when the future `released()`
-/// returns resolves. The backoff grows as in plain polling; each wake-up adds one attempt,
-/// so the signal's rate bounds the extra attempts, and a signal that never comes leaves
-/// plain polling.
+/// returns resolves. `released()` is called before each attempt, so that a release
+/// signalled while the attempt was finding the key held ends the pause after it — where
+/// its future registers when made (tokio's `Notify::notified` does, for
+/// `notify_waiters`), not only once polled as an `async` block does. The backoff grows as
+/// in plain polling; each wake-up adds one attempt, so the signal's rate bounds the extra
+/// attempts, and a signal that never comes leaves plain polling.
 ///
 /// # Cancel safety
 /// As cancel-safe as one `attempt` and one `released()` future.
@@ -361,6 +364,8 @@ where
     let deadline = opts.wait_deadline(started);
     let mut tries = 0u32;
     loop {
+        // Made before the attempt: a release during it is not missed (see above).
+        let woken = released();
         let last_error = match attempt().await {
             Ok(Some(lease)) => return Ok(lease),
             Ok(None) => None,
@@ -375,7 +380,7 @@ where
         }
         let pause = opts.backoff.delay(tries).min(deadline - now);
         tries = tries.saturating_add(1);
-        let (sleep, woken) = (clock.sleep_until(now + pause), released());
+        let sleep = clock.sleep_until(now + pause);
         futures::pin_mut!(sleep, woken);
         futures::future::select(sleep, woken).await;
     }

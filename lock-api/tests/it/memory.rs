@@ -392,6 +392,47 @@ async fn a_wait_of_duration_max_waits_without_bound() {
     attempt.await.expect("poll_acquire with an unbounded wait");
 }
 
+/// A release signalled while an attempt was finding the key held — after its check,
+/// before the pause — ends that pause at once: the signal's future is made before the
+/// attempt. It was made after, and such a release left the waiter to sleep out its
+/// backoff.
+#[tokio::test(start_paused = true)]
+async fn a_release_signalled_during_the_failed_attempt_is_not_missed() {
+    let lock = MemoryLock::new();
+    let k = key("woken-early");
+    let slow = AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(600))
+        .backoff(tenure_api::Backoff {
+            initial: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+            jitter: 0.0,
+        });
+    let held = std::sync::Mutex::new(lock.try_acquire(&k, TTL).await.unwrap());
+    let released = tokio::sync::Notify::new();
+    let started = tokio::time::Instant::now();
+    let (lock, k, held, signal) = (&lock, &k, &held, &released);
+    let lease = tenure_api::backend::poll_acquire_woken(
+        &tenure_api::SystemClock,
+        &slow,
+        move || async move {
+            let granted = lock.try_acquire(k, TTL).await;
+            // The holder lets go right after this attempt found the key held.
+            let holder = held.lock().unwrap().take();
+            if let Some(holder) = holder {
+                lock.release(holder).await.unwrap();
+                signal.notify_waiters();
+            }
+            granted
+        },
+        || released.notified(),
+    )
+    .await
+    .expect("granted once released");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(2), "woken: {waited:?}");
+    lock.release(lease).await.unwrap();
+}
+
 /// `poll_acquire_woken` retries as soon as the release signal fires, instead of sleeping
 /// out its backoff; without a signal it keeps to the backoff.
 #[tokio::test(start_paused = true)]
