@@ -262,6 +262,9 @@ impl DistributedLock for Recorded {
 
     /// Recorded as any hold: the checker takes every hold for exclusive, so a history
     /// may hold at most one reader of a key at a time (a paused reader against writers).
+    /// [`capabilities`](DistributedLock::capabilities) says `shared: false`, so that
+    /// `RwLock`, `MultiLock::shared` and the suite's read-write scenarios refuse a
+    /// recorded client rather than record readers side by side.
     async fn acquire_shared(
         &self,
         key: &LockKey,
@@ -321,7 +324,11 @@ impl DistributedLock for Recorded {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // The checker knows exclusive holds only (see `acquire_shared`).
+        Capabilities {
+            shared: false,
+            ..self.inner.capabilities()
+        }
     }
 }
 

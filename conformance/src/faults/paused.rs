@@ -166,10 +166,15 @@ pub(super) async fn paused_holder(
                         .campaign(&key, "holder", wait)
                         .await?
                         .into_guard()),
+                    // Paused only: no trial suspends a reader's machine.
                     Primitive::Reader => {
                         let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
                         let lock: Arc<dyn DistributedLock> = lock;
-                        lock.lock_shared(&key, &opts).await
+                        let guard = lock.lock_shared(&key, &opts).await?;
+                        match guard.is_shared() {
+                            true => Ok(guard),
+                            false => Err(LockError::backend("the reader's lease is not shared")),
+                        }
                     }
                     _ if stop != Stop::Pause => {
                         let opts = AcquireOptions::new(thread_target.ttl).wait(wait);
