@@ -33,28 +33,12 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
     ] {
         let k = LockKey::new(format!("job-{recipe}")).unwrap();
         let dir = lock.lock_dir(&k);
-        // The key's directory, as the other client makes it (every missing parent).
-        let mut path = String::new();
-        for component in dir.split('/').skip(1) {
-            path = format!("{path}/{component}");
-            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-            match other.create(&path, &[], &persistent).await {
-                Ok(_) | Err(ZkError::NodeExists) => {}
-                Err(e) => panic!("create {path}: {e}"),
-            }
-        }
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (_, sequence) = other
-            .create(&format!("{dir}/{prefix}"), b"worker-7", &options)
-            .await
-            .unwrap();
-        let node = format!("{dir}/{prefix}{sequence}");
+        let (node, name) = contender(&other, &dir, prefix).await;
         assert!(
             lock.try_acquire(&k, TTL).await.unwrap().is_none(),
             "{recipe} holds {node}: not granted beside it"
         );
         let holder = lock.inspect(&k).await.unwrap().expect("a holder");
-        let name = format!("{prefix}{sequence}");
         let (owner, foreign) = match recipe {
             // Named in a layout tenure uses too: told from tenure's by its owner only.
             "kazoo" | "curator" => (uuid, false),
@@ -80,6 +64,29 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
             .unwrap();
         lock.release(lease).await.unwrap();
     }
+}
+
+/// Another recipe's contender in `dir`, as its client makes one: the directory (every
+/// missing parent, persistent), then an ephemeral sequential node named `prefix`, its
+/// data `worker-7`. Its path, and its name (the prefix and the sequence the server
+/// appended).
+async fn contender(other: &zookeeper_client::Client, dir: &str, prefix: &str) -> (String, String) {
+    let mut path = String::new();
+    for component in dir.split('/').skip(1) {
+        path = format!("{path}/{component}");
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        match other.create(&path, &[], &persistent).await {
+            Ok(_) | Err(ZkError::NodeExists) => {}
+            Err(e) => panic!("create {path}: {e}"),
+        }
+    }
+    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (_, sequence) = other
+        .create(&format!("{dir}/{prefix}"), b"worker-7", &options)
+        .await
+        .unwrap();
+    let name = format!("{prefix}{sequence}");
+    (format!("{dir}/{name}"), name)
 }
 
 /// The other recipes' session timeout: how long their lock outlives their process.
@@ -301,20 +308,7 @@ async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
     ] {
         let k = LockKey::new(format!("rw-{}", recipe.replace(' ', "-"))).unwrap();
         let dir = lock.lock_dir(&k);
-        let mut path = String::new();
-        for component in dir.split('/').skip(1) {
-            path = format!("{path}/{component}");
-            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-            match other.create(&path, &[], &persistent).await {
-                Ok(_) | Err(ZkError::NodeExists) => {}
-                Err(e) => panic!("create {path}: {e}"),
-            }
-        }
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (_, sequence) = other
-            .create(&format!("{dir}/{prefix}"), b"worker-7", &options)
-            .await
-            .unwrap();
+        let (node, _) = contender(&other, &dir, prefix).await;
         let ours = lock.acquire_shared(&k, &once).await;
         match (reader, ours) {
             (true, Ok(lease)) => {
@@ -337,10 +331,7 @@ async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
             lock.try_acquire(&k, TTL).await.unwrap().is_none(),
             "{recipe} holds: no tenure writer"
         );
-        other
-            .delete(&format!("{dir}/{prefix}{sequence}"), None)
-            .await
-            .unwrap();
+        other.delete(&node, None).await.unwrap();
         let writer = lock
             .try_acquire(&k, TTL)
             .await

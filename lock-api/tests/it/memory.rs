@@ -392,6 +392,18 @@ async fn a_wait_of_duration_max_waits_without_bound() {
     attempt.await.expect("poll_acquire with an unbounded wait");
 }
 
+/// A long wait polling once a minute: a wake-up that ends a pause shows as a wait of
+/// seconds, not a minute.
+fn slow_polling() -> AcquireOptions {
+    AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(600))
+        .backoff(tenure_api::Backoff {
+            initial: Duration::from_secs(60),
+            max: Duration::from_secs(60),
+            jitter: 0.0,
+        })
+}
+
 /// A release signalled while an attempt was finding the key held — after its check,
 /// before the pause — ends that pause at once: the signal's future is made before the
 /// attempt. It was made after, and such a release left the waiter to sleep out its
@@ -400,13 +412,7 @@ async fn a_wait_of_duration_max_waits_without_bound() {
 async fn a_release_signalled_during_the_failed_attempt_is_not_missed() {
     let lock = MemoryLock::new();
     let k = key("woken-early");
-    let slow = AcquireOptions::new(TTL)
-        .wait(Duration::from_secs(600))
-        .backoff(tenure_api::Backoff {
-            initial: Duration::from_secs(60),
-            max: Duration::from_secs(60),
-            jitter: 0.0,
-        });
+    let slow = slow_polling();
     let held = std::sync::Mutex::new(lock.try_acquire(&k, TTL).await.unwrap());
     let released = tokio::sync::Notify::new();
     let started = tokio::time::Instant::now();
@@ -439,13 +445,7 @@ async fn a_release_signalled_during_the_failed_attempt_is_not_missed() {
 async fn a_release_signal_cuts_the_backoff_pause_short() {
     let lock = MemoryLock::new();
     let k = key("woken");
-    let slow = AcquireOptions::new(TTL)
-        .wait(Duration::from_secs(600))
-        .backoff(tenure_api::Backoff {
-            initial: Duration::from_secs(60),
-            max: Duration::from_secs(60),
-            jitter: 0.0,
-        });
+    let slow = slow_polling();
     for signalled in [true, false] {
         let held = lock.try_acquire(&k, TTL).await.unwrap().expect("free");
         let (release, released) = tokio::sync::oneshot::channel::<()>();
