@@ -37,18 +37,22 @@ use redis::Script;
 /// by far more than any sane clock error.
 pub const FENCE_EXPIRY_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
-/// The Lua the scripts share: the readers' mark, the server's clock, the fence counter's
-/// next count and its expiry, and the readers' records (see [`ACQUIRE_SHARED`]).
-macro_rules! fence_lua {
+// The Lua the scripts share, in pieces, so that each script defines only the functions
+// it calls (a script's local functions are made anew on every call).
+
+/// The readers' mark at the lock key (see [`ACQUIRE_SHARED`]).
+macro_rules! lua_mark {
     () => {
         r#"
 local READERS = 'readers'
-local function fence_expiry(fence, ttl)
-  local want = math.max(2 * tonumber(ttl), 86400000)
-  local left = redis.call('PTTL', fence)
-  if left > want then want = left end
-  return string.format('%d', want)
-end
+"#
+    };
+}
+
+/// Keeps a clock-floored fence key alive at least max(2 × ttl, a day).
+macro_rules! lua_keep_fence {
+    () => {
+        r#"
 local function keep_fence(fence, ttl)
   local want = math.max(2 * tonumber(ttl), 86400000)
   local left = redis.call('PTTL', fence)
@@ -56,9 +60,19 @@ local function keep_fence(fence, ttl)
     redis.call('PEXPIRE', fence, string.format('%d', want))
   end
 end
-local function now_ms()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+"#
+    };
+}
+
+/// The fence counter's next count, and its key's expiry.
+macro_rules! lua_next_count {
+    () => {
+        r#"
+local function fence_expiry(fence, ttl)
+  local want = math.max(2 * tonumber(ttl), 86400000)
+  local left = redis.call('PTTL', fence)
+  if left > want then want = left end
+  return string.format('%d', want)
 end
 -- The count of a new grant, as a string (or nil and an error reply): `mode` `none` takes
 -- `given` (the server's time in µs without it) and touches no fence key; `clock` takes
@@ -96,6 +110,18 @@ local function next_count(fence, ttl, mode, given, window)
   -- A plain counter must never expire (also when the key was used in clock mode).
   redis.call('PERSIST', fence)
   return string.format('%d', n)
+end
+"#
+    };
+}
+
+/// The server's clock in ms, and the readers' records pruned.
+macro_rules! lua_readers {
+    () => {
+        r#"
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 -- Drops the readers' records whose deadline has passed; returns the latest deadline
 -- left (0: none).
@@ -140,7 +166,8 @@ end
 /// mode (Redlock with `fencing=false`) the fence key is not touched and need not be
 /// passed: the count is the caller's, backed by no counter (a client sends its clock).
 pub const ACQUIRE: &str = concat!(
-    fence_lua!(),
+    lua_mark!(),
+    lua_next_count!(),
     r#"
 local step = 2
 if ARGV[3] == 'none' then step = 1 end
@@ -191,7 +218,7 @@ return {0, shortest, -1}
 /// least max(2 × ttl, [`FENCE_EXPIRY_FLOOR`]); a persistent one (a plain counter) is left
 /// alone. Without it (the original calling convention) only the lock is touched.
 pub const EXTEND: &str = concat!(
-    fence_lua!(),
+    lua_keep_fence!(),
     r#"
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, 33) == ARGV[1] .. ':' then
@@ -218,7 +245,8 @@ return 0
 /// ended (2 when the message was refused), 0 otherwise (a reader's record past its
 /// deadline is removed all the same).
 pub const RELEASE: &str = concat!(
-    fence_lua!(),
+    lua_mark!(),
+    lua_readers!(),
     r#"
 local current = redis.call('GET', KEYS[1])
 local released = 0
@@ -267,7 +295,9 @@ return released
 /// Returns `{1, count, 0}` when granted (or the owner's grant is already in date: a
 /// retried request), `{0, pttl, -1}` when a writer holds or waits (`pttl`: its time left).
 pub const ACQUIRE_SHARED: &str = concat!(
-    fence_lua!(),
+    lua_mark!(),
+    lua_next_count!(),
+    lua_readers!(),
     r#"
 local lock, readers, writer = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -310,7 +340,9 @@ return {1, tonumber(token), 0}
 /// records, and optionally the fence key (kept alive as [`EXTEND`] keeps it). ARGV: owner,
 /// ttl ms. Returns 1 when the reader holds (and now for at least the ttl), 0 otherwise.
 pub const EXTEND_SHARED: &str = concat!(
-    fence_lua!(),
+    lua_mark!(),
+    lua_keep_fence!(),
+    lua_readers!(),
     r#"
 if redis.call('GET', KEYS[1]) ~= READERS then return 0 end
 local mine = redis.call('HGET', KEYS[2], ARGV[1])
@@ -387,7 +419,8 @@ return 0
 /// one; for one readers hold, the record of the reader in date whose lease ends last, as
 /// a writer's value (`<owner>:<count>[:label]`) and its time left.
 pub const INSPECT: &str = concat!(
-    fence_lua!(),
+    lua_mark!(),
+    lua_readers!(),
     r#"
 local read = {}
 for i = 1, #KEYS, 2 do
