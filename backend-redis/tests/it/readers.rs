@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use redis::aio::MultiplexedConnection;
 use tenure_api::{AcquireOptions, DistributedLock, LockAdmin, LockKey, ReleaseOutcome};
 use tenure_redis::lab::{RedisCluster, RedisOptions};
 use tenure_redis::scripts::READERS_MARK;
@@ -11,18 +12,24 @@ use tenure_redis::RedisLock;
 
 use super::fence::{plain, query};
 
+/// A server, tenure's client of it, and a plain connection to read its keys.
+async fn server() -> (RedisCluster, RedisLock, MultiplexedConnection) {
+    let server = RedisCluster::start(RedisOptions::default()).await.unwrap();
+    let url = server.urls()[0].clone();
+    let lock = RedisLock::connect(&url).await.unwrap();
+    let conn = plain(&url).await;
+    (server, lock, conn)
+}
+
 fn once(ttl: Duration) -> AcquireOptions {
     AcquireOptions::new(ttl).wait(Duration::ZERO)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_held_key_shows_its_last_reader_until_the_last_release_frees_it() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    let lock = RedisLock::connect(&url).await.unwrap();
+    let (_server, lock, mut conn) = server().await;
     let k = LockKey::new("readers/shown").unwrap();
     let (lock_key, records) = (lock.lock_key(&k), format!("{}:readers", lock.lock_key(&k)));
-    let mut conn = plain(&url).await;
 
     let first = lock
         .acquire_shared(&k, &once(Duration::from_secs(10)))
@@ -79,12 +86,9 @@ async fn a_read_held_key_shows_its_last_reader_until_the_last_release_frees_it()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_readers_record_is_pruned_and_its_lease_alone_keeps_writers_out() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    let lock = RedisLock::connect(&url).await.unwrap();
+    let (_server, lock, mut conn) = server().await;
     let k = LockKey::new("readers/dead").unwrap();
     let records = format!("{}:readers", lock.lock_key(&k));
-    let mut conn = plain(&url).await;
     // Long enough that the checks while a reader is in date land in time on a loaded
     // machine.
     let short = Duration::from_secs(2);
@@ -132,12 +136,9 @@ async fn a_dead_readers_record_is_pruned_and_its_lease_alone_keeps_writers_out()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_is_dropped_while_waiting_takes_its_mark_back() {
-    let cluster = RedisCluster::start(RedisOptions::default()).await.unwrap();
-    let url = cluster.urls()[0].clone();
-    let lock = RedisLock::connect(&url).await.unwrap();
+    let (_server, lock, mut conn) = server().await;
     let k = LockKey::new("readers/mark").unwrap();
     let mark = format!("{}:writer", lock.lock_key(&k));
-    let mut conn = plain(&url).await;
     let ttl = Duration::from_secs(30);
 
     let reader = lock.acquire_shared(&k, &once(ttl)).await.unwrap();

@@ -19,12 +19,7 @@ const TTL: Duration = Duration::from_secs(10);
 /// foreign holder with an owner derived from its name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
-    let zk = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
-    let hosts = zk.connect_string();
-    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
-        .await
-        .unwrap();
-    let other = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    let (_zk, lock, other) = hand_made_lab().await;
     let uuid = OwnerId::parse("3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b").unwrap();
     for (recipe, prefix) in [
         ("kazoo", "3f2a9c1e5b7d4e8f9a0b1c2d3e4f5a6b__lock__"),
@@ -64,6 +59,18 @@ async fn a_kazoo_or_curator_holder_is_waited_for_never_shared() {
             .unwrap();
         lock.release(lease).await.unwrap();
     }
+}
+
+/// A server, tenure's client of `/interop`, and a plain client that makes other recipes'
+/// nodes by hand ([`contender`]).
+async fn hand_made_lab() -> (ZkEnsemble, ZkLock, zookeeper_client::Client) {
+    let zk = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
+    let hosts = zk.connect_string();
+    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
+        .await
+        .unwrap();
+    let other = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    (zk, lock, other)
 }
 
 /// Another recipe's contender in `dir`, as its client makes one: the directory (every
@@ -278,16 +285,11 @@ async fn kazoo_names_share_a_lock_with_kazoo_as_it_comes() {
 
 /// Other recipes' readers' nodes (Curator's `__READ__`, kazoo's `__rlock__`) share a key
 /// with tenure's readers and keep tenure's writers out; their writers' nodes (Curator's
-/// `__WRIT__`) keep tenure's readers out. A tenure reader's node is named as Curator's
-/// read lock names its own.
+/// `__WRIT__`) keep tenure's readers out. A tenure reader's node is named for Curator's
+/// mutex to order it (`…-__READ__-lock-<sequence>`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
-    let zk = ZkEnsemble::start(ZkOptions::default()).await.unwrap();
-    let hosts = zk.connect_string();
-    let lock = ZkLock::connect(&format!("zk://{hosts}/interop"))
-        .await
-        .unwrap();
-    let other = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    let (zk, lock, other) = hand_made_lab().await;
     let once = AcquireOptions::new(TTL).wait(Duration::ZERO);
     for (recipe, prefix, reader) in [
         (
@@ -340,9 +342,12 @@ async fn other_recipes_readers_share_with_tenures_and_their_writers_exclude() {
         lock.release(writer).await.unwrap();
     }
     // Older clients know no readers' nodes: the legacy layout has no readers.
-    let legacy = ZkLock::connect(&format!("zk://{hosts}/interop?node_names=legacy"))
-        .await
-        .unwrap();
+    let legacy = ZkLock::connect(&format!(
+        "zk://{}/interop?node_names=legacy",
+        zk.connect_string()
+    ))
+    .await
+    .unwrap();
     assert!(!legacy.capabilities().shared);
     let k = LockKey::new("rw-legacy").unwrap();
     match legacy.acquire_shared(&k, &once).await {
